@@ -1,0 +1,39 @@
+# The README's commands. Everything lives in the clone: .venv/, data/, .dagster_home/.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export DAGSTER_HOME := $(CURDIR)/.dagster_home
+export SCRAPE_DATA_DIR ?= $(CURDIR)/data
+
+.PHONY: demo test ui serve-demo clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e ".[test]"
+	touch $@
+
+$(DAGSTER_HOME)/dagster.yaml: dagster.yaml
+	mkdir -p $(DAGSTER_HOME)
+	cp dagster.yaml $@
+
+## make demo: set up, then scrape the built-in demo catalogue through Dagster and print a summary
+demo: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/scrape-assets demo
+
+## make test: set up with test dependencies, then run the whole test suite
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest
+
+## make ui: the Dagster UI on the same instance as `make demo` (http://127.0.0.1:3000)
+ui: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/dagster dev -w workspace.yaml
+
+## make serve-demo: the demo catalogue over real sockets on 127.0.0.1:8000
+serve-demo: $(VENV)/.installed
+	$(BIN)/scrape-assets serve-demo --port 8000
+
+clean:
+	rm -rf data .dagster_home

@@ -1,0 +1,131 @@
+"""Exceptions raised by scrape_assets.
+
+Every exception carries the context needed to act on it (the file, key, URL or
+partition it is about), so a log line alone tells the operator what to fix::
+
+    ScrapeError                      base class; never raised itself
+    ├── SpecError                    a site spec file is missing, malformed or invalid
+    ├── SettingsError                an environment variable has a bad value
+    ├── StorageError                 object storage unreachable, unwritable, or a key escapes the root
+    ├── ManifestError                a manifest cannot be read or does not match its partition
+    │   └── FetchConfigChangedError  resume refused: the frozen fetch config differs
+    ├── PartitionLockedError         another run holds the partition's lock
+    └── FetchError                   one page could not be fetched (carries url, attempts)
+        ├── TransientFetchError      worth retrying: 5xx, 408, 429, timeout, connection error
+        └── PermanentFetchError      not worth retrying: other 4xx, robots.txt, off-site redirect
+
+``FetchError`` never escapes a run: the crawler records it in the manifest and the
+dead letters. The others fail the step, so Dagster's ``RetryPolicy`` (or a person)
+can act on them.
+"""
+
+from __future__ import annotations
+
+
+class ScrapeError(Exception):
+    """Base class of every error raised by scrape_assets."""
+
+
+class SpecError(ScrapeError):
+    """A site spec is missing, malformed or invalid.
+
+    Attributes:
+        source: the spec file path (or shipped spec name) that is wrong.
+        key: dotted path of the offending key inside the spec, or ``None`` for the whole file.
+    """
+
+    def __init__(self, source: str, key: str | None, message: str):
+        self.source = source
+        self.key = key
+        where = f"{source}: {key}" if key else source
+        super().__init__(f"{where}: {message}")
+
+
+class SettingsError(ScrapeError):
+    """An environment variable (``SCRAPE_*``) has a value that cannot be used."""
+
+    def __init__(self, variable: str, value: str, expected: str):
+        self.variable = variable
+        super().__init__(f"{variable}={value!r} is invalid: expected {expected}")
+
+
+class StorageError(ScrapeError):
+    """Object storage cannot be used: unreachable, unwritable, or a key escapes the root."""
+
+    def __init__(self, location: str, message: str):
+        self.location = location
+        super().__init__(f"{location}: {message}")
+
+
+class ManifestError(ScrapeError):
+    """A manifest cannot be read, or does not belong to the partition it was loaded for."""
+
+    def __init__(self, location: str, message: str):
+        self.location = location
+        super().__init__(f"{location}: {message}")
+
+
+class FetchConfigChangedError(ManifestError):
+    """Resuming an incomplete snapshot was refused because the fetch config changed.
+
+    Attributes:
+        differing_keys: the config keys whose values differ, sorted.
+    """
+
+    def __init__(self, location: str, differing_keys: list[str]):
+        self.differing_keys = differing_keys
+        super().__init__(
+            location,
+            "the incomplete snapshot was fetched with a different config "
+            f"(differing keys: {', '.join(differing_keys)}); rerun with run config "
+            "`new_snapshot: true` to start a new snapshot",
+        )
+
+
+class PartitionLockedError(ScrapeError):
+    """Another run is writing the same partition."""
+
+    def __init__(self, partition: str, holder: str):
+        self.partition = partition
+        self.holder = holder
+        super().__init__(f"partition {partition!r} is being written by another run ({holder})")
+
+
+class FetchError(ScrapeError):
+    """One page could not be fetched.
+
+    Attributes:
+        url: the page URL.
+        reason: short machine-readable reason (``http_503``, ``timeout``, ``robots_disallowed``...).
+        http_status: the last HTTP status received, or ``None`` when no response arrived.
+        retry_after_s: the server's ``Retry-After`` in seconds, when it sent one.
+        attempts: HTTP attempts made on this page so far, counting attempts made by an
+            interrupted earlier run (``0`` when the page was refused before any request,
+            e.g. by robots.txt).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        reason: str,
+        detail: str = "",
+        http_status: int | None = None,
+        retry_after_s: float | None = None,
+        *,
+        attempts: int = 0,
+    ):
+        self.url = url
+        self.reason = reason
+        self.detail = detail
+        self.http_status = http_status
+        self.retry_after_s = retry_after_s
+        self.attempts = attempts
+        super().__init__(f"{url}: {reason}" + (f" ({detail})" if detail else ""))
+
+
+class TransientFetchError(FetchError):
+    """A failure worth retrying (RFC 9110 5xx, 408, 429, timeouts, connection errors)."""
+
+
+class PermanentFetchError(FetchError):
+    """A failure not worth retrying (other 4xx, disallowed by robots.txt, off-site redirect)."""

@@ -1,0 +1,244 @@
+"""Per-partition snapshot manifests: what was fetched, how, and how it went.
+
+A *snapshot* is one crawl of one category (partition). Its objects live under a key a
+person can read::
+
+    {site}/{category}/{snapshot_id}/manifest.json
+    {site}/{category}/{snapshot_id}/pages/page-0001.html
+    {site}/{category}/{snapshot_id}/parsed.json          (written by parsed_products)
+    {site}/{category}/{snapshot_id}/dead_letters.json    (written by dead_letters)
+
+``snapshot_id`` is the UTC start time, ``YYYY-MM-DDTHHMMSSZ``, so names sort by time.
+
+The manifest (JSON) holds the frozen fetch config and its SHA-256, and for every page
+its URL, status (``pending`` → ``done`` | ``failed``), attempts, HTTP status, content
+hash, byte size, fetched time and last error. It is rewritten atomically (see
+:mod:`scrape_assets.storage`) after every change of state, so after a crash it is
+either the previous state or the next, and a new run resumes from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Literal
+
+from scrape_assets.errors import FetchConfigChangedError, ManifestError
+from scrape_assets.storage import ObjectStore, check_key
+
+FORMAT_VERSION = 1
+PageStatus = Literal["pending", "done", "failed"]
+
+
+def utc_now_iso() -> str:
+    """Now in UTC, ISO 8601 with seconds and a ``Z`` suffix."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def new_snapshot_id(now: datetime | None = None) -> str:
+    """A sortable snapshot id from the UTC time, e.g. ``2026-11-30T084512Z``."""
+    return (now or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H%M%SZ")
+
+
+def config_hash(config: dict) -> str:
+    """SHA-256 (hex) of the canonical JSON of a fetch config."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def differing_keys(old: dict, new: dict) -> list[str]:
+    """Sorted keys whose values differ between two flat config dicts (missing counts as differing)."""
+    return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+
+
+@dataclass
+class PageEntry:
+    """One listing page of a snapshot.
+
+    Attributes:
+        url: absolute URL fetched.
+        status: ``pending`` (not yet fetched, or in flight when a run died), ``done`` or ``failed``.
+        attempts: HTTP attempts made so far, across runs.
+        http_status: last HTTP status, ``None`` when no response arrived.
+        content_hash: ``sha256:<hex>`` of the stored body (``done`` only).
+        bytes: stored body size in bytes.
+        fetched_at: UTC ISO 8601 time the body was stored.
+        last_error: reason of the last failure, e.g. ``http_404`` or ``timeout: ...``.
+        content_type, etag, last_modified: response headers kept for parsing and conditional GET.
+    """
+
+    url: str
+    status: PageStatus = "pending"
+    attempts: int = 0
+    http_status: int | None = None
+    content_hash: str | None = None
+    bytes: int | None = None
+    fetched_at: str | None = None
+    last_error: str | None = None
+    content_type: str | None = None
+    etag: str | None = None
+    last_modified: str | None = None
+
+
+@dataclass
+class Manifest:
+    """The state of one snapshot of one partition (see module docstring)."""
+
+    site: str
+    category: str
+    snapshot_id: str
+    fetch_config: dict
+    fetch_config_hash: str
+    start_url: str
+    created_at: str = field(default_factory=utc_now_iso)
+    updated_at: str = field(default_factory=utc_now_iso)
+    completed_at: str | None = None
+    discovery_complete: bool = False
+    total_pages: int | None = None
+    products_expected: int | None = None
+    pages: dict[int, PageEntry] = field(default_factory=dict)
+    format: int = FORMAT_VERSION
+
+    # -- keys -------------------------------------------------------------------------
+    @property
+    def prefix(self) -> str:
+        return snapshot_prefix(self.site, self.category, self.snapshot_id)
+
+    @property
+    def key(self) -> str:
+        return f"{self.prefix}/manifest.json"
+
+    def page_key(self, page_number: int) -> str:
+        """Storage key of a page body: ``.../pages/page-0001.html``."""
+        return f"{self.prefix}/pages/page-{page_number:04d}.html"
+
+    # -- state --------------------------------------------------------------------------
+    @property
+    def is_complete(self) -> bool:
+        return self.completed_at is not None
+
+    def counts(self) -> dict[str, int]:
+        """Pages by status, plus ``attempts`` summed over pages."""
+        out = {"pending": 0, "done": 0, "failed": 0, "attempts": 0}
+        for entry in self.pages.values():
+            out[entry.status] += 1
+            out["attempts"] += entry.attempts
+        return out
+
+    def to_json(self) -> bytes:
+        data = asdict(self)
+        data["pages"] = {str(n): asdict(p) for n, p in sorted(self.pages.items())}
+        return json.dumps(data, indent=1, sort_keys=True).encode("utf-8")
+
+    @classmethod
+    def from_json(cls, raw: bytes, location: str) -> Manifest:
+        """Parse a manifest.
+
+        Raises:
+            ManifestError: not JSON, a different format version, or missing fields.
+        """
+        try:
+            data = json.loads(raw)
+            if data.get("format") != FORMAT_VERSION:
+                raise ManifestError(location, f"format {data.get('format')!r}, expected {FORMAT_VERSION}")
+            pages = {int(n): PageEntry(**p) for n, p in data.pop("pages").items()}
+            return cls(pages=pages, **data)
+        except ManifestError:
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise ManifestError(location, f"unreadable manifest: {exc}") from exc
+
+    def save(self, store: ObjectStore) -> None:
+        """Write the manifest atomically (temp + fsync + rename locally; one PUT on S3)."""
+        self.updated_at = utc_now_iso()
+        store.write_bytes_atomic(self.key, self.to_json())
+
+
+def snapshot_prefix(site: str, category: str, snapshot_id: str) -> str:
+    prefix = f"{site}/{category}/{snapshot_id}"
+    check_key(prefix)
+    return prefix
+
+
+def list_snapshots(store: ObjectStore, site: str, category: str) -> list[str]:
+    """Snapshot ids of a partition that have a manifest, oldest first."""
+    check_key(f"{site}/{category}")
+    names = store.list_names(f"{site}/{category}")
+    return [n for n in names if store.exists(f"{site}/{category}/{n}/manifest.json")]
+
+
+def load_manifest(store: ObjectStore, site: str, category: str, snapshot_id: str) -> Manifest:
+    """Load one snapshot's manifest.
+
+    Raises:
+        ManifestError: missing, unreadable, or recorded for another site/category.
+    """
+    key = f"{snapshot_prefix(site, category, snapshot_id)}/manifest.json"
+    try:
+        manifest = Manifest.from_json(store.read_bytes(key), key)
+    except FileNotFoundError:
+        raise ManifestError(key, "no manifest: this snapshot does not exist") from None
+    if (manifest.site, manifest.category, manifest.snapshot_id) != (site, category, snapshot_id):
+        raise ManifestError(key, f"manifest belongs to {manifest.site}/{manifest.category}/{manifest.snapshot_id}")
+    return manifest
+
+
+def latest_manifest(store: ObjectStore, site: str, category: str, *, complete: bool = False) -> Manifest | None:
+    """The newest snapshot's manifest of a partition (the newest *complete* one if asked), or None."""
+    for snapshot_id in reversed(list_snapshots(store, site, category)):
+        manifest = load_manifest(store, site, category, snapshot_id)
+        if manifest.is_complete or not complete:
+            return manifest
+    return None
+
+
+def open_snapshot(
+    store: ObjectStore,
+    *,
+    site: str,
+    category: str,
+    start_url: str,
+    fetch_config: dict,
+    new_snapshot: bool = False,
+    now: datetime | None = None,
+) -> tuple[Manifest, bool]:
+    """Resume the partition's incomplete snapshot, or start a new one.
+
+    Args:
+        fetch_config: the frozen fetch config (JSON-serialisable, flat) of this run.
+        new_snapshot: start a new snapshot even if the latest one is incomplete with another config.
+
+    Returns:
+        ``(manifest, resumed)``; a new manifest is saved before it is returned.
+
+    Raises:
+        FetchConfigChangedError: the latest snapshot is incomplete, was fetched with a
+            different config, and ``new_snapshot`` is false. Lists the differing keys.
+    """
+    digest = config_hash(fetch_config)
+    latest = latest_manifest(store, site, category)
+    if latest is not None and not latest.is_complete and not new_snapshot:
+        if latest.fetch_config_hash != digest:
+            raise FetchConfigChangedError(latest.key, differing_keys(latest.fetch_config, fetch_config))
+        return latest, True
+    snapshot_id = new_snapshot_id(now)
+    if latest is not None and snapshot_id <= latest.snapshot_id:
+        snapshot_id = _after(latest.snapshot_id)
+    manifest = Manifest(
+        site=site,
+        category=category,
+        snapshot_id=snapshot_id,
+        fetch_config=fetch_config,
+        fetch_config_hash=digest,
+        start_url=start_url,
+        pages={1: PageEntry(url=start_url)},
+    )
+    manifest.save(store)
+    return manifest, False
+
+
+def _after(snapshot_id: str) -> str:
+    """A snapshot id sorting just after ``snapshot_id`` (two runs in the same second)."""
+    base, _, n = snapshot_id.partition("Z-")
+    return f"{base}Z-{int(n or 0) + 1}" if n else f"{snapshot_id}-1"

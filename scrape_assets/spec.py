@@ -1,0 +1,219 @@
+"""Site specs: a catalogue site described as configuration (YAML).
+
+A spec names the site, its base URL, its categories (partition key -> listing start
+path, relative to the base URL), the CSS selectors for a product card and its fields,
+the pager, and how to derive a product id. Two specs ship in ``scrape_assets/sites/``:
+``demo`` (the built-in catalogue) and ``books_toscrape`` (https://books.toscrape.com/).
+
+Load one with :func:`load_spec`; every problem raises :class:`~scrape_assets.errors.SpecError`
+naming the file, the key and what was expected.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Literal
+from urllib.parse import urljoin, urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
+
+from scrape_assets.errors import SpecError
+
+#: Partition keys double as storage path segments: keep them boring.
+PARTITION_KEY_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+PartitionKey = Annotated[str, StringConstraints(pattern=PARTITION_KEY_PATTERN)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Field_(_Strict):
+    """Where one product field lives inside a card: a CSS selector, and an attribute or the text."""
+
+    css: str = Field(min_length=1)
+    attr: str | None = None
+
+
+class Selectors(_Strict):
+    """CSS selectors (as understood by selectolax / lexbor) for a listing page."""
+
+    product: str = Field(min_length=1, description="one element per product card")
+    title: Field_
+    url: Field_
+    price: Field_
+    rating: Field_ = Field(description="element whose class holds a word One..Five")
+    availability: Field_
+
+
+class Pagination(_Strict):
+    """How listing pages chain together.
+
+    ``page_url`` is a pattern with ``{n}`` resolved against the listing's start URL
+    (``page-{n}.html`` turns ``.../mystery_3/index.html`` into ``.../mystery_3/page-2.html``);
+    with it, all N pages are known from page 1's pager. Without it, ``next`` links are followed.
+    """
+
+    pager: str | None = Field(default=None, description='element whose text is "Page X of N"')
+    pager_regex: str = r"Page\s+(\d+)\s+of\s+(\d+)"
+    next_link: str | None = Field(default=None, description="<a> whose href is the next page")
+    page_url: str | None = None
+    results_count: str | None = Field(default=None, description='element whose text is the number of results ("32")')
+    max_pages: int = Field(default=1000, ge=1, le=100_000)
+
+    @field_validator("pager_regex")
+    @classmethod
+    def _regex_has_two_groups(cls, value: str) -> str:
+        try:
+            compiled = re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression: {exc}") from exc
+        if compiled.groups != 2:
+            raise ValueError("expected a regular expression with 2 groups (current page, total pages)")
+        return value
+
+    @field_validator("page_url")
+    @classmethod
+    def _pattern_has_n(cls, value: str | None) -> str | None:
+        if value is not None and "{n}" not in value:
+            raise ValueError("expected a pattern containing {n}, e.g. 'page-{n}.html'")
+        return value
+
+
+class ProductId(_Strict):
+    """Derive a product id from the product URL with a regex whose first group is the id."""
+
+    source: Literal["url"] = "url"
+    regex: str
+
+    @field_validator("regex")
+    @classmethod
+    def _one_group(cls, value: str) -> str:
+        try:
+            compiled = re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression: {exc}") from exc
+        if compiled.groups < 1:
+            raise ValueError("expected a regular expression with a capturing group for the id")
+        return value
+
+
+class Politeness(_Strict):
+    """Per-host limits; overridable by ``SCRAPE_REQUESTS_PER_SECOND`` / ``SCRAPE_MAX_CONCURRENCY``."""
+
+    requests_per_second: float = Field(default=1.0, gt=0, le=10_000)
+    max_concurrency: int = Field(default=2, ge=1, le=256)
+    obey_robots_txt: bool = True
+
+
+class SiteSpec(_Strict):
+    """One site. See the module docstring and ``scrape_assets/sites/*.yaml``."""
+
+    name: Annotated[str, StringConstraints(pattern=PARTITION_KEY_PATTERN)]
+    base_url: str
+    currency: str = Field(default="GBP", pattern=r"^[A-Z]{3}$", description="ISO 4217 code when a price has no symbol")
+    categories: dict[PartitionKey, str] = Field(min_length=1)
+    selectors: Selectors
+    pagination: Pagination = Pagination()
+    product_id: ProductId
+    politeness: Politeness = Politeness()
+
+    @field_validator("base_url")
+    @classmethod
+    def _absolute_http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError("expected an absolute http(s) URL such as 'https://books.toscrape.com/'")
+        return value if value.endswith("/") else value + "/"
+
+    @field_validator("categories")
+    @classmethod
+    def _relative_paths(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, path in value.items():
+            if urlsplit(path).netloc or path.startswith("/") or ".." in path.split("/"):
+                raise ValueError(
+                    f"category {key!r}: expected a path relative to base_url without '..', got {path!r}"
+                )
+        return value
+
+    def start_url(self, category: str, base_url: str | None = None) -> str:
+        """Absolute URL of page 1 of ``category``, on ``base_url`` (default: the spec's)."""
+        try:
+            path = self.categories[category]
+        except KeyError:
+            raise SpecError(
+                self.name, "categories", f"unknown category {category!r}; known: {', '.join(self.categories)}"
+            ) from None
+        return urljoin(base_url or self.base_url, path)
+
+
+def shipped_spec_names() -> list[str]:
+    """Names of the specs shipped in ``scrape_assets/sites/`` (``demo``, ``books_toscrape``)."""
+    folder = resources.files("scrape_assets.sites")
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def _format_location(loc: tuple) -> str:
+    return ".".join(str(part) for part in loc)
+
+
+def parse_spec(text: str, source: str) -> SiteSpec:
+    """Parse and validate spec YAML.
+
+    Args:
+        text: the YAML document.
+        source: file path or name used in error messages.
+
+    Returns:
+        The validated :class:`SiteSpec`.
+
+    Raises:
+        SpecError: the YAML is malformed or a key is missing, unknown or of the wrong type;
+            the message names ``source``, the dotted key and what was expected.
+    """
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(source, None, f"not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise SpecError(source, None, f"expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return SiteSpec.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = _format_location(first["loc"]) or None
+        detail = first["msg"]
+        if first["type"] == "missing":
+            detail = "required key is missing"
+        elif first["type"] == "extra_forbidden":
+            detail = "unknown key (check the spelling against scrape_assets/sites/demo.yaml)"
+        elif first["type"] == "string_pattern_mismatch" and first["loc"][:1] == ("categories",):
+            detail = f"category keys must match {PARTITION_KEY_PATTERN} (lower-case letters, digits, '-', '_')"
+        more = f" (and {exc.error_count() - 1} more problem(s))" if exc.error_count() > 1 else ""
+        raise SpecError(source, key, detail + more) from exc
+
+
+def load_spec(name_or_path: str) -> SiteSpec:
+    """Load a shipped spec by name (``demo``) or a spec file by path (``./my_site.yaml``).
+
+    Raises:
+        SpecError: unknown name, unreadable file, or invalid content.
+    """
+    if name_or_path in shipped_spec_names():
+        text = resources.files("scrape_assets.sites").joinpath(f"{name_or_path}.yaml").read_text("utf-8")
+        return parse_spec(text, f"{name_or_path} (scrape_assets/sites/{name_or_path}.yaml)")
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        try:
+            text = path.read_text("utf-8")
+        except OSError as exc:
+            raise SpecError(str(path), None, f"cannot read spec file: {exc.strerror or exc}") from exc
+        return parse_spec(text, str(path))
+    raise SpecError(
+        name_or_path,
+        None,
+        f"unknown site: expected a shipped spec name ({', '.join(shipped_spec_names())}) or a path to a .yaml file",
+    )

@@ -1,0 +1,199 @@
+"""Object storage for raw pages, manifests and parsed output.
+
+One :class:`ObjectStore` wraps a root given as an fsspec URL (via universal_pathlib):
+a local folder by default (``$SCRAPE_DATA_DIR/objects``), ``s3://bucket/prefix`` in
+production (install the ``s3`` extra), ``memory://`` in tests.
+
+Keys are ``/``-separated relative paths built from validated segments; a key that
+could escape the root (``..``, absolute, backslashes, percent-encoded separators,
+control characters) raises :class:`~scrape_assets.errors.StorageError` before any I/O.
+
+Writes are atomic: on a local disk a temp file in the same folder is written,
+fsynced, renamed over the target and the folder fsynced (POSIX ``rename(2)`` is
+atomic); on object stores a single PUT is atomic by construction. A reader therefore
+sees the old object or the new one, never a mix. Temp files orphaned by a crash
+(``.*.tmp``) are removed by :meth:`ObjectStore.sweep_temp_files`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from upath import UPath
+
+from scrape_assets.errors import StorageError
+
+_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,127}$")
+TEMP_SUFFIX = ".tmp"
+
+
+def redact_url(url: str, *, keep_path: bool = True) -> str:
+    """Return ``url`` without user info or query (where credentials hide), for logs and metadata.
+
+    Pass ``keep_path=False`` for URLs whose path is itself a secret (webhooks).
+    """
+    parts = urlsplit(url)
+    if not parts.scheme or len(parts.scheme) == 1:  # a plain path (or a Windows drive letter)
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path if keep_path else "/…", "", ""))
+
+
+def check_key(key: str) -> list[str]:
+    """Split and validate a storage key.
+
+    Args:
+        key: a relative key such as ``demo/travel/2026-11-30T084512Z/manifest.json``.
+
+    Returns:
+        The key's segments.
+
+    Raises:
+        StorageError: a segment is empty, ``.``/``..``, or has characters outside
+            ``[A-Za-z0-9._=-]`` (which rules out separators, encoded or not).
+    """
+    segments = key.split("/")
+    for segment in segments:
+        if not _SEGMENT.match(segment) or segment in (".", ".."):
+            raise StorageError(
+                key,
+                f"invalid storage key segment {segment!r}: expected letters, digits, '.', '_', '=', '-' "
+                "and no '..', absolute paths or separators",
+            )
+    return segments
+
+
+class ObjectStore:
+    """Atomic, root-confined object storage over an fsspec URL or a local path.
+
+    Args:
+        url: root location: a local path or an fsspec URL (``file://``, ``s3://``, ``memory://``).
+        storage_options: passed to fsspec (credentials belong here or in the environment,
+            never in the URL, which appears redacted in logs).
+    """
+
+    def __init__(self, url: str, storage_options: dict | None = None):
+        self.url = url
+        try:
+            self.root = UPath(url, **(storage_options or {}))
+        except (ValueError, ImportError) as exc:
+            raise StorageError(redact_url(url), f"cannot open object storage: {exc}") from exc
+        self.is_local = self.root.protocol in ("", "file", "local")
+
+    def __repr__(self) -> str:
+        return f"ObjectStore({self.describe()!r})"
+
+    def describe(self) -> str:
+        """The root as a person would type it, with credentials removed."""
+        return str(self.root) if self.is_local else redact_url(self.url)
+
+    def path(self, key: str) -> UPath:
+        """The :class:`UPath` for ``key`` under the root (validated by :func:`check_key`)."""
+        return self.root.joinpath(*check_key(key))
+
+    def ensure_writable(self) -> None:
+        """Create the root if needed and prove it is writable with a probe object.
+
+        Raises:
+            StorageError: naming the root and the underlying error.
+        """
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe = f"write-probe-{uuid.uuid4().hex}"
+            self.write_bytes_atomic(probe, b"ok")
+            self.path(probe).unlink()
+        except StorageError:
+            raise
+        except (OSError, ValueError) as exc:
+            raise StorageError(self.describe(), f"object storage is not writable: {exc}") from exc
+
+    def write_bytes_atomic(self, key: str, data: bytes) -> int:
+        """Write ``data`` to ``key`` atomically; return the number of bytes written.
+
+        Raises:
+            StorageError: the key is invalid or the write failed (the old object, if any, is intact).
+        """
+        target = self.path(key)
+        try:
+            if self.is_local:
+                _write_local_atomic(Path(target.path), data)
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)  # one PUT: atomic on object stores
+        except OSError as exc:
+            raise StorageError(f"{self.describe()}/{key}", f"write failed: {exc}") from exc
+        return len(data)
+
+    def read_bytes(self, key: str) -> bytes:
+        """Read the object at ``key``.
+
+        Raises:
+            FileNotFoundError: no such object.
+            StorageError: the key is invalid or the read failed for another reason.
+        """
+        try:
+            return self.path(key).read_bytes()
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise StorageError(f"{self.describe()}/{key}", f"read failed: {exc}") from exc
+
+    def exists(self, key: str) -> bool:
+        """Whether an object (or folder) exists at ``key``."""
+        return self.path(key).exists()
+
+    def list_names(self, prefix: str) -> list[str]:
+        """Sorted names directly under ``prefix`` (empty when the prefix does not exist)."""
+        folder = self.path(prefix)
+        try:
+            return sorted(p.name for p in folder.iterdir())
+        except FileNotFoundError:
+            return []
+        except NotADirectoryError:
+            return []
+
+    def delete(self, key: str) -> None:
+        """Delete the object at ``key`` if it exists."""
+        try:
+            self.path(key).unlink()
+        except FileNotFoundError:
+            pass
+
+    def sweep_temp_files(self, prefix: str) -> int:
+        """Remove temp files orphaned by a crash under ``prefix`` (one level); return how many."""
+        if not self.is_local:
+            return 0  # object stores write in one PUT: no temp files exist
+        removed = 0
+        folder = Path(self.path(prefix).path)
+        if not folder.is_dir():
+            return 0
+        for item in folder.rglob(f".*{TEMP_SUFFIX}"):
+            item.unlink(missing_ok=True)
+            removed += 1
+        return removed
+
+
+def _write_local_atomic(target: Path, data: bytes) -> None:
+    """temp file + fsync + rename + fsync of the folder (POSIX durability recipe)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}{TEMP_SUFFIX}"
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

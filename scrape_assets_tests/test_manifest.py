@@ -1,0 +1,130 @@
+"""Manifests: atomic saves, resume rules, refused resume on a changed fetch config."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from datetime import datetime, timezone
+
+import pytest
+
+from scrape_assets.errors import FetchConfigChangedError, ManifestError
+from scrape_assets.manifest import (
+    Manifest,
+    PageEntry,
+    differing_keys,
+    latest_manifest,
+    list_snapshots,
+    load_manifest,
+    open_snapshot,
+)
+from scrape_assets.storage import ObjectStore
+
+CONFIG = {"site": "demo", "base_url": "http://x/", "max_attempts": 3, "requests_per_second": 5.0}
+T0 = datetime(2026, 11, 30, 8, 45, 12, tzinfo=timezone.utc)
+
+
+def _open(store, **kw):
+    return open_snapshot(store, site="demo", category="travel", start_url="http://x/t/index.html", **kw)
+
+
+def test_new_snapshot_is_saved_with_page_one_pending(tmp_path):
+    store = ObjectStore(str(tmp_path))
+    manifest, resumed = _open(store, fetch_config=CONFIG, now=T0)
+    assert resumed is False
+    assert manifest.snapshot_id == "2026-11-30T084512Z"
+    assert manifest.key == "demo/travel/2026-11-30T084512Z/manifest.json"
+    assert manifest.page_key(7) == "demo/travel/2026-11-30T084512Z/pages/page-0007.html"
+    loaded = load_manifest(store, "demo", "travel", manifest.snapshot_id)
+    assert loaded.pages == {1: PageEntry(url="http://x/t/index.html")}
+    assert loaded.fetch_config == CONFIG
+    assert len(loaded.fetch_config_hash) == 64
+
+
+def test_incomplete_snapshot_is_resumed_with_attempts(tmp_path):
+    store = ObjectStore(str(tmp_path))
+    manifest, _ = _open(store, fetch_config=CONFIG, now=T0)
+    manifest.pages[1] = PageEntry(url="http://x/t/index.html", status="done", attempts=2, http_status=200)
+    manifest.pages[2] = PageEntry(url="http://x/t/page-2.html", status="pending", attempts=1)
+    manifest.save(store)
+    again, resumed = _open(store, fetch_config=dict(CONFIG))
+    assert resumed is True
+    assert again.snapshot_id == manifest.snapshot_id
+    assert again.pages[2].attempts == 1 and again.pages[1].status == "done"
+
+
+def test_changed_config_refuses_resume_listing_keys_unless_new_snapshot(tmp_path):
+    store = ObjectStore(str(tmp_path))
+    _open(store, fetch_config=CONFIG, now=T0)
+    changed = {**CONFIG, "max_attempts": 5, "requests_per_second": 1.0}
+    with pytest.raises(FetchConfigChangedError) as info:
+        _open(store, fetch_config=changed)
+    assert info.value.differing_keys == ["max_attempts", "requests_per_second"]
+    assert "max_attempts, requests_per_second" in str(info.value)
+    assert "new_snapshot: true" in str(info.value)
+    fresh, resumed = _open(store, fetch_config=changed, new_snapshot=True, now=T0)
+    assert resumed is False
+    assert fresh.snapshot_id == "2026-11-30T084512Z-1"  # same second: still unique and sorted after
+    assert list_snapshots(store, "demo", "travel") == ["2026-11-30T084512Z", "2026-11-30T084512Z-1"]
+
+
+def test_complete_snapshot_starts_a_new_one_and_latest_complete_is_found(tmp_path):
+    store = ObjectStore(str(tmp_path))
+    first, _ = _open(store, fetch_config=CONFIG, now=T0)
+    first.completed_at = "2026-11-30T08:46:00Z"
+    first.save(store)
+    second, resumed = _open(store, fetch_config={**CONFIG, "max_attempts": 9}, now=T0.replace(hour=9))
+    assert resumed is False  # a changed config is fine once the previous snapshot completed
+    assert latest_manifest(store, "demo", "travel").snapshot_id == second.snapshot_id
+    assert latest_manifest(store, "demo", "travel", complete=True).snapshot_id == first.snapshot_id
+
+
+def test_manifest_round_trip_and_corruption_is_reported(tmp_path):
+    store = ObjectStore(str(tmp_path))
+    manifest, _ = _open(store, fetch_config=CONFIG, now=T0)
+    raw = store.read_bytes(manifest.key)
+    assert Manifest.from_json(raw, "m").to_json() == raw
+    store.write_bytes_atomic(manifest.key, raw[: len(raw) // 2])
+    with pytest.raises(ManifestError, match="unreadable manifest"):
+        load_manifest(store, "demo", "travel", manifest.snapshot_id)
+
+
+def test_concurrent_saves_never_leave_a_torn_manifest(tmp_path):
+    """Readers racing many writers only ever see a complete manifest (atomic rename)."""
+    store = ObjectStore(str(tmp_path))
+    manifest, _ = _open(store, fetch_config=CONFIG, now=T0)
+    stop = threading.Event()
+    seen, errors = [], []
+
+    def writer(offset):
+        for i in range(40):
+            m = Manifest.from_json(manifest.to_json(), "copy")
+            for n in range(2, 60):
+                m.pages[n] = PageEntry(url=f"http://x/t/page-{n}.html", attempts=i + offset)
+            m.save(store)
+
+    def reader():
+        while not stop.is_set():
+            try:
+                seen.append(len(json.loads(store.read_bytes(manifest.key))["pages"]))
+            except (ValueError, FileNotFoundError) as exc:  # pragma: no cover - the failure we test for
+                errors.append(exc)
+
+    r = threading.Thread(target=reader)
+    r.start()
+    writers = [threading.Thread(target=writer, args=(k,)) for k in range(3)]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join()
+    stop.set()
+    r.join()
+    assert errors == []
+    assert set(seen) <= {1, 59} and 59 in seen
+    leftovers = [n for n in os.listdir(tmp_path / manifest.prefix) if n.endswith(".tmp")]
+    assert leftovers == []
+
+
+def test_differing_keys():
+    assert differing_keys({"a": 1, "b": 2}, {"a": 1, "b": 3, "c": 4}) == ["b", "c"]

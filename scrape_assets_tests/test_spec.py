@@ -1,0 +1,71 @@
+"""Spec loading and validation: clear errors naming the file, the key and what was expected."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from scrape_assets.errors import SpecError
+from scrape_assets.spec import load_spec, parse_spec, shipped_spec_names
+
+
+def test_shipped_specs_load():
+    assert shipped_spec_names() == ["books_toscrape", "demo"]
+    demo = load_spec("demo")
+    assert demo.base_url == "http://demo.scrape-assets.invalid/"
+    assert len(demo.categories) == 12
+    books = load_spec("books_toscrape")
+    assert list(books.categories)[:2] == ["all", "books"]
+    assert books.categories["all"] == "catalogue/page-1.html"
+    assert books.categories["travel"] == "catalogue/category/books/travel_2/index.html"
+    assert books.categories["sequential-art"] == "catalogue/category/books/sequential-art_5/index.html"
+    assert len(books.categories) == 52  # all + books + the 50 sidebar categories
+    assert books.start_url("mystery", "http://127.0.0.1:9/") == (
+        "http://127.0.0.1:9/catalogue/category/books/mystery_3/index.html"
+    )
+
+
+def _demo_dict() -> dict:
+    from importlib import resources
+
+    return yaml.safe_load(resources.files("scrape_assets.sites").joinpath("demo.yaml").read_text())
+
+
+@pytest.mark.parametrize(
+    "mutate, key, expected",
+    [
+        (lambda d: d.pop("base_url"), "base_url", "required key is missing"),
+        (lambda d: d.update(base_url="ftp://x"), "base_url", "absolute http(s) URL"),
+        (lambda d: d["selectors"].update(prodct="x"), "selectors.prodct", "unknown key"),
+        (lambda d: d["categories"].update({"Bad Key!": "x.html"}), "categories.Bad Key!", "category keys must match"),
+        (lambda d: d["categories"].update(escape="../../etc/passwd"), "categories", "without '..'"),
+        (lambda d: d["pagination"].update(page_url="page.html"), "pagination.page_url", "{n}"),
+        (lambda d: d["product_id"].update(regex="("), "product_id.regex", "not a valid regular expression"),
+        (lambda d: d["politeness"].update(requests_per_second=0), "politeness.requests_per_second", "greater than 0"),
+    ],
+)
+def test_bad_spec_names_file_key_and_expectation(tmp_path, mutate, key, expected):
+    data = _demo_dict()
+    mutate(data)
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError) as info:
+        load_spec(str(path))
+    message = str(info.value)
+    assert str(path) in message
+    assert key in message
+    assert expected in message
+    assert info.value.key.startswith(key.split(".")[0])
+
+
+def test_malformed_yaml_and_unknown_site(tmp_path):
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(SpecError, match="broken.yaml: not valid YAML"):
+        load_spec(str(bad))
+    with pytest.raises(SpecError, match="unknown site: expected a shipped spec name \\(books_toscrape, demo\\)"):
+        load_spec("no_such_site")
+    with pytest.raises(SpecError, match="expected a mapping at the top level"):
+        parse_spec("- a\n- b\n", "list.yaml")
+    with pytest.raises(SpecError, match="missing.yaml: cannot read spec file"):
+        load_spec(str(tmp_path / "missing.yaml"))

@@ -1,0 +1,73 @@
+"""Object storage: atomic writes, root confinement, temp-file sweeping."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from scrape_assets.errors import StorageError
+from scrape_assets.storage import ObjectStore, redact_url
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["../escape", "a/../../b", "/etc/passwd", "a//b", "a/%2e%2e/b", "a/..%2fb", "a\\b", "a/.hidden/..", "", "a/b\x00"],
+)
+def test_keys_that_escape_the_root_are_refused(tmp_path, key):
+    store = ObjectStore(str(tmp_path / "root"))
+    with pytest.raises(StorageError, match="invalid storage key segment"):
+        store.write_bytes_atomic(key, b"x")
+    assert not (tmp_path / "escape").exists()
+    assert list(tmp_path.rglob("*")) == [] or all(str(p).startswith(str(tmp_path / "root")) for p in tmp_path.rglob("*"))
+
+
+def test_atomic_write_replaces_whole_object_and_leaves_no_temp(tmp_path):
+    store = ObjectStore(str(tmp_path))
+    store.write_bytes_atomic("site/cat/snap/manifest.json", b"old")
+    store.write_bytes_atomic("site/cat/snap/manifest.json", b"new-content")
+    assert store.read_bytes("site/cat/snap/manifest.json") == b"new-content"
+    assert sorted(os.listdir(tmp_path / "site/cat/snap")) == ["manifest.json"]
+
+
+def test_failed_write_keeps_the_previous_object(tmp_path, monkeypatch):
+    store = ObjectStore(str(tmp_path))
+    store.write_bytes_atomic("a/b.json", b"good")
+
+    def broken_replace(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(StorageError, match="a/b.json: write failed"):
+        store.write_bytes_atomic("a/b.json", b"partial")
+    monkeypatch.undo()
+    assert store.read_bytes("a/b.json") == b"good"
+    assert os.listdir(tmp_path / "a") == ["b.json"]  # the temp file was removed
+
+
+def test_sweep_removes_orphaned_temp_files(tmp_path):
+    store = ObjectStore(str(tmp_path))
+    store.write_bytes_atomic("s/c/snap/pages/page-0001.html", b"x")
+    orphan = tmp_path / "s/c/snap/pages/.page-0002.html.deadbeef.tmp"
+    orphan.write_bytes(b"half")
+    assert store.sweep_temp_files("s/c/snap") == 1
+    assert not orphan.exists()
+    assert store.read_bytes("s/c/snap/pages/page-0001.html") == b"x"
+
+
+def test_unwritable_root_gives_one_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    store = ObjectStore(str(blocker / "objects"))
+    with pytest.raises(StorageError, match="objects"):
+        store.ensure_writable()
+
+
+def test_memory_store_and_redaction():
+    store = ObjectStore("memory://bucket/prefix")
+    assert not store.is_local
+    store.write_bytes_atomic("x/y.html", b"body")
+    assert store.read_bytes("x/y.html") == b"body"
+    assert store.list_names("x") == ["y.html"]
+    assert redact_url("s3://key:secret@bucket/prefix?token=abc") == "s3://bucket/prefix"
+    assert redact_url("https://hooks.example.com/services/T0/B0/SECRET", keep_path=False) == "https://hooks.example.com/…"

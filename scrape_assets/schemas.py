@@ -1,0 +1,295 @@
+"""pandera schemas for parsed products and per-page summaries, and lazy validation of both.
+
+Frames and dtypes (pandas 3 names; ``str`` is ``pd.StringDtype(na_value=nan)`` there and plain
+``object`` on pandas 2, and the schemas accept either):
+
+* products, built by :func:`products_frame`: one row per product seen on a listing page,
+  columns :data:`PRODUCT_COLUMNS` in that order. Text columns ``str``; ``price`` ``object``
+  holding ``decimal.Decimal`` (exact, never float); ``rating`` and ``page_number`` ``int64``.
+* pages, built by :func:`pages_frame`: one row per fetched listing page, columns
+  :data:`PAGE_COLUMNS`: ``products_parsed``
+  and ``cards_found`` ``int64``, ``site_claims_products`` ``bool``.
+
+:func:`validate_parsed` validates both with ``lazy=True`` and returns a JSON-serialisable
+:class:`ValidationReport` holding every failure case; it never raises for data problems.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+import numpy as np
+import pandas as pd
+import pandera.pandas as pa
+from pandera.typing import Series
+
+from scrape_assets.spec import PARTITION_KEY_PATTERN
+
+PRODUCT_COLUMNS: tuple[str, ...] = (
+    "category",
+    "product_id",
+    "title",
+    "price",
+    "currency",
+    "rating",
+    "availability",
+    "url",
+    "page_number",
+    "snapshot_id",
+    "fetched_at",
+)
+PAGE_COLUMNS: tuple[str, ...] = ("category", "page_number", "products_parsed", "cards_found", "site_claims_products")
+
+_STR_COLUMNS = ("category", "product_id", "title", "currency", "availability", "url", "snapshot_id", "fetched_at")
+_INT_COLUMNS = ("rating", "page_number")
+#: UTC timestamps as written by ``datetime.now(timezone.utc).isoformat()`` (or with ``Z``).
+FETCHED_AT_PATTERN = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(Z|\+00:00)$"
+LAYOUT_GUARD_MESSAGE = "page parsed to zero products while the site says it has some: the layout may have changed"
+#: At most this many failure cases are kept in a ValidationReport (the count covers all).
+MAX_FAILURE_CASES = 100
+
+
+def _is_positive_decimal(value: object) -> bool:
+    return isinstance(value, Decimal) and value.is_finite() and value > 0
+
+
+class ProductsSchema(pa.DataFrameModel):
+    """One row per product seen on one listing page of one category in one snapshot."""
+
+    category: Series[str] = pa.Field(
+        str_matches=PARTITION_KEY_PATTERN, description="partition key of the category (spec `categories` key)"
+    )
+    product_id: Series[str] = pa.Field(str_length={"min_value": 1}, description="site's id, from the product URL")
+    title: Series[str] = pa.Field(str_length={"min_value": 1}, description="full title, mojibake repaired")
+    price: Series[object] = pa.Field(description="decimal.Decimal > 0, in units of `currency` (e.g. pounds)")
+    currency: Series[str] = pa.Field(str_matches=r"^[A-Z]{3}$", description="ISO 4217 code of `price`")
+    rating: Series[int] = pa.Field(in_range={"min_value": 1, "max_value": 5}, description="stars, 1..5")
+    availability: Series[str] = pa.Field(str_length={"min_value": 1}, description='as shown, e.g. "In stock"')
+    url: Series[str] = pa.Field(str_matches=r"^https?://", description="absolute product URL on the canonical site")
+    page_number: Series[int] = pa.Field(ge=1, description="1-based listing page the product was seen on")
+    snapshot_id: Series[str] = pa.Field(str_length={"min_value": 1}, description="snapshot the page belongs to")
+    fetched_at: Series[str] = pa.Field(
+        str_matches=FETCHED_AT_PATTERN, description="when the page was fetched, UTC ISO 8601 string"
+    )
+
+    class Config:
+        strict = True
+        ordered = True
+        unique = ["category", "product_id"]
+
+    @pa.check("price", name="is_positive_decimal")
+    def _price_is_positive_decimal(cls, price: Series[object]) -> Series[bool]:
+        return price.map(_is_positive_decimal).astype(bool)
+
+
+class PagesSchema(pa.DataFrameModel):
+    """One row per fetched listing page: how many product cards it had and how many parsed."""
+
+    category: Series[str] = pa.Field(str_matches=PARTITION_KEY_PATTERN, description="partition key of the category")
+    page_number: Series[int] = pa.Field(ge=1, description="1-based listing page number")
+    products_parsed: Series[int] = pa.Field(ge=0, description="product rows parsed from the page")
+    cards_found: Series[int] = pa.Field(ge=0, description="elements matching the spec's product selector")
+    site_claims_products: Series[bool] = pa.Field(
+        description="the site says this page lists products (pager or results count > 0)"
+    )
+
+    class Config:
+        strict = True
+        unique = ["category", "page_number"]
+
+    @pa.dataframe_check(name="layout_guard", error=LAYOUT_GUARD_MESSAGE)
+    def _layout_guard(cls, pages: pd.DataFrame) -> Series[bool]:
+        return ~pages["site_claims_products"].astype(bool) | (pages["products_parsed"] > 0)
+
+    @pa.dataframe_check(name="parsed_at_most_cards", error="more products parsed than product cards found")
+    def _parsed_at_most_cards(cls, pages: pd.DataFrame) -> Series[bool]:
+        return pages["products_parsed"] <= pages["cards_found"]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _check_keys(kind: str, rows: list[dict], columns: tuple[str, ...]) -> None:
+    expected = set(columns)
+    for index, row in enumerate(rows):
+        if row.keys() != expected:
+            missing, unknown = sorted(expected - row.keys()), sorted(row.keys() - expected)
+            raise ValueError(f"{kind} row {index}: missing keys {missing}, unknown keys {unknown}")
+
+
+def products_frame(rows: list[dict]) -> pd.DataFrame:
+    """Build the products frame from parsed rows completed with the partition's columns.
+
+    Args:
+        rows: one dict per product with every key of :data:`PRODUCT_COLUMNS` (the parser's
+            keys plus ``category``, ``page_number``, ``snapshot_id``, ``fetched_at``).
+
+    Returns:
+        A frame with exactly :data:`PRODUCT_COLUMNS` in order and a ``RangeIndex``: text
+        columns ``str``, ``price`` ``object`` (Decimal), ``rating``/``page_number`` ``int64``.
+        Bad values are kept for :func:`validate_parsed` to report: ``None`` becomes a null,
+        and an integer column holding a non-integer stays ``object``. ``[]`` gives an empty
+        frame with those columns and dtypes.
+
+    Raises:
+        ValueError: a row lacks a key or has an unknown one (a programming error, not data);
+            the message names the row index and the keys.
+    """
+    _check_keys("product", rows, PRODUCT_COLUMNS)
+    columns: dict[str, pd.Series] = {}
+    for name in PRODUCT_COLUMNS:
+        values = [row[name] for row in rows]
+        if name in _STR_COLUMNS:
+            columns[name] = pd.Series(values, dtype="str")
+        elif name in _INT_COLUMNS and all(_is_int(v) for v in values):
+            columns[name] = pd.Series(values, dtype="int64")
+        else:
+            columns[name] = pd.Series(values, dtype=object)
+    return pd.DataFrame(columns, columns=list(PRODUCT_COLUMNS))
+
+
+def pages_frame(rows: list[dict]) -> pd.DataFrame:
+    """Build the per-page summary frame.
+
+    Args:
+        rows: one dict per listing page with exactly the keys of :data:`PAGE_COLUMNS`.
+
+    Returns:
+        A frame with :data:`PAGE_COLUMNS` in order: ``category`` ``str``, the counts
+        ``int64``, ``site_claims_products`` ``bool`` (a column holding other values stays
+        ``object`` for :func:`validate_parsed` to report).
+
+    Raises:
+        ValueError: a row lacks a key or has an unknown one; the message names the row index.
+    """
+    _check_keys("page", rows, PAGE_COLUMNS)
+    columns: dict[str, pd.Series] = {}
+    for name in PAGE_COLUMNS:
+        values = [row[name] for row in rows]
+        if name == "category":
+            columns[name] = pd.Series(values, dtype="str")
+        elif name == "site_claims_products" and all(isinstance(v, (bool, np.bool_)) for v in values):
+            columns[name] = pd.Series(values, dtype="bool")
+        elif name != "site_claims_products" and all(_is_int(v) for v in values):
+            columns[name] = pd.Series(values, dtype="int64")
+        else:
+            columns[name] = pd.Series(values, dtype=object)
+    return pd.DataFrame(columns, columns=list(PAGE_COLUMNS))
+
+
+@dataclass
+class ValidationReport:
+    """Result of :func:`validate_parsed`, ready to attach as Dagster check metadata.
+
+    Attributes:
+        passed: no failure case in either frame.
+        failure_count: number of failure cases (a frame-wide check counts one per row).
+        failure_cases: the first :data:`MAX_FAILURE_CASES` cases, JSON-serialisable dicts with
+            keys ``schema`` (``"products"`` or ``"pages"``), ``schema_context``
+            (``"Column"``/``"DataFrameSchema"``), ``column`` (for a frame-wide check on a row:
+            the columns, comma-joined), ``check`` (e.g. ``"in_range(1, 5)"``, ``"not_nullable"``,
+            ``"multiple_fields_uniqueness"``, ``"is_positive_decimal"``, ``"layout_guard"``),
+            ``failure_case`` (the value as str/int/float/bool/None, a Decimal as str; for a
+            frame-wide check on a row, a dict column -> value), ``index`` (row label or
+            ``None``) and, for checks that carry one, ``message`` (the layout guard's text).
+        by_check: number of failure cases per ``"<schema>.<column>: <check>"`` for column
+            checks and ``"<schema>: <check>"`` for frame-wide ones (``"pages: layout_guard"``).
+    """
+
+    passed: bool
+    failure_count: int
+    failure_cases: list[dict] = field(default_factory=list)
+    by_check: dict[str, int] = field(default_factory=dict)
+
+
+def _jsonable(value: object) -> object:
+    """A failure-case value as str/int/float/bool/None (Decimal -> str, numpy scalars -> Python)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return None if math.isnan(value) else value
+    if isinstance(value, Decimal):
+        return None if value.is_nan() else str(value)
+    if value is pd.NA or value is pd.NaT:
+        return None
+    return str(value)
+
+
+def _cases(schema_name: str, schema: type[pa.DataFrameModel], failure_cases: pd.DataFrame) -> list[dict]:
+    """Turn pandera's long failure-case frame into dicts; one dict per row for row-wise frame checks.
+
+    pandera names a check that has an ``error`` by that message; name it by its ``name`` and
+    keep the message under ``"message"``.
+    """
+    messages = {check.error: check.name for check in schema.to_schema().checks if check.error}
+    cases: list[dict] = []
+    row_checks: dict[tuple[str, object], dict] = {}
+    for record in failure_cases.to_dict("records"):
+        index = _jsonable(record["index"])
+        column = _jsonable(record["column"])
+        value = _jsonable(record["failure_case"])
+        check = str(record["check"])
+        if record["schema_context"] == "DataFrameSchema" and index is not None and column is not None:
+            key = (check, index)
+            if key not in row_checks:
+                row_checks[key] = {
+                    "schema": schema_name,
+                    "schema_context": "DataFrameSchema",
+                    "column": [],
+                    "check": messages.get(check, check),
+                    "failure_case": {},
+                    "index": index,
+                }
+                if check in messages:
+                    row_checks[key]["message"] = check
+                cases.append(row_checks[key])
+            row_checks[key]["column"].append(column)
+            row_checks[key]["failure_case"][column] = value
+            continue
+        cases.append(
+            {
+                "schema": schema_name,
+                "schema_context": str(record["schema_context"]),
+                "column": column,
+                "check": check,
+                "failure_case": value,
+                "index": index,
+            }
+        )
+    for case in row_checks.values():
+        case["column"] = ",".join(case["column"])
+    return cases
+
+
+def validate_parsed(products: pd.DataFrame, pages: pd.DataFrame) -> ValidationReport:
+    """Validate the products and pages frames lazily and report every failure case at once.
+
+    Args:
+        products: frame shaped like :func:`products_frame`'s output.
+        pages: frame with :data:`PAGE_COLUMNS` (one row per listing page).
+
+    Returns:
+        A :class:`ValidationReport`; ``passed`` is False when either frame has a failure
+        case (a wrong dtype, a missing or extra column, a null, a failed check, a duplicate
+        key, or a page that tripped the layout guard).
+    """
+    cases: list[dict] = []
+    for schema_name, schema, frame in (("products", ProductsSchema, products), ("pages", PagesSchema, pages)):
+        try:
+            schema.validate(frame, lazy=True)
+        except pa.errors.SchemaErrors as exc:
+            cases.extend(_cases(schema_name, schema, exc.failure_cases))
+    by_check: dict[str, int] = {}
+    for case in cases:
+        row_wide = case["schema_context"] == "DataFrameSchema" or case["column"] is None
+        where = case["schema"] if row_wide else f"{case['schema']}.{case['column']}"
+        key = f"{where}: {case['check']}"
+        by_check[key] = by_check.get(key, 0) + 1
+    return ValidationReport(
+        passed=not cases, failure_count=len(cases), failure_cases=cases[:MAX_FAILURE_CASES], by_check=by_check
+    )

@@ -1,0 +1,334 @@
+"""Tests for scrape_assets.parsing: field parsers, decoding, and the real books.toscrape.com pages."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from scrape_assets.parsing import (
+    PagerInfo,
+    Reject,
+    decode_html,
+    parse_listing,
+    parse_pager,
+    parse_price,
+    parse_rating,
+    sniff_charset,
+)
+from scrape_assets.spec import load_spec
+
+REALDATA = Path(__file__).parents[2] / "shared" / "realdata" / "books.toscrape.com"
+needs_realdata = pytest.mark.skipif(
+    not REALDATA.is_dir(), reason=f"real saved pages not found at {REALDATA} (../shared/realdata/ from the repo root)"
+)
+LIVE_BASE = "https://books.toscrape.com/"
+MIRROR_BASE = "http://127.0.0.1:9/"
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return load_spec("books_toscrape")
+
+
+# --- parse_price ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("£51.77", (Decimal("51.77"), "GBP")),
+        ("Â£51.77", (Decimal("51.77"), "GBP")),
+        ("$1,234.50", (Decimal("1234.50"), "USD")),
+        ("12.00", (Decimal("12.00"), "EUR")),
+        ("€3,50", (Decimal("3.50"), "EUR")),
+        ("€1.234,56", (Decimal("1234.56"), "EUR")),
+        ("¥1,200", (Decimal("1200"), "JPY")),
+        ("GBP 12.00", (Decimal("12.00"), "GBP")),
+        ("12.00 CHF", (Decimal("12.00"), "CHF")),
+        ("  £ 7 ", (Decimal("7"), "GBP")),
+        ("RRP £12", (Decimal("12"), "GBP")),
+        ("USD12", (Decimal("12"), "USD")),
+    ],
+)
+def test_parse_price(text, expected):
+    assert parse_price(text, "EUR") == expected
+
+
+def test_parse_price_keeps_exact_digits():
+    amount, _ = parse_price("£0.10", "GBP")
+    assert amount == Decimal("0.10") and str(amount) == "0.10"
+
+
+@pytest.mark.parametrize("text", ["", "£", "free", "Â£--"])
+def test_parse_price_without_number_names_the_input(text):
+    with pytest.raises(ValueError) as info:
+        parse_price(text, "GBP")
+    assert f"no number in {text!r}" in str(info.value)
+    assert "expected an amount" in str(info.value)
+
+
+# --- parse_rating ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("class_attr", "expected"),
+    [
+        ("star-rating One", 1),
+        ("star-rating Two", 2),
+        ("star-rating Three", 3),
+        ("star-rating Four", 4),
+        ("star-rating Five", 5),
+        ("  five  star-rating ", 5),
+    ],
+)
+def test_parse_rating(class_attr, expected):
+    assert parse_rating(class_attr) == expected
+
+
+@pytest.mark.parametrize("class_attr", ["star-rating", "star-rating Six", "", "star-rating One Two"])
+def test_parse_rating_rejects_bad_input_naming_it(class_attr):
+    with pytest.raises(ValueError) as info:
+        parse_rating(class_attr)
+    assert repr(class_attr) in str(info.value)
+    assert "One..Five" in str(info.value)
+
+
+# --- decoding -------------------------------------------------------------------------------
+
+DOUBLE_ENCODED = "<p>£51.77 Café</p>".encode().decode("latin-1").encode("utf-8")
+
+
+def test_decode_html_repairs_double_encoded_utf8():
+    assert DOUBLE_ENCODED.count(b"\xc3\x82\xc2\xa3") == 1  # the bytes the saved pages carry
+    assert decode_html(DOUBLE_ENCODED) == "<p>£51.77 Café</p>"
+    assert decode_html(DOUBLE_ENCODED, "text/html; charset=utf-8") == "<p>£51.77 Café</p>"
+
+
+def test_decode_html_repairs_utf8_mislabelled_as_latin1():
+    body = "<p>£51.77 “quoted”</p>".encode()
+    assert sniff_charset(body, "text/html; charset=ISO-8859-1") == "sloppy-windows-1252"
+    assert decode_html(body, "text/html; charset=ISO-8859-1") == "<p>£51.77 “quoted”</p>"
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [None, "text/html", "text/html; charset=", "text/html; charset=no-such-charset", 'text/html; charset="utf-8"'],
+)
+def test_decode_html_missing_or_unknown_charset_falls_back_to_utf8(content_type):
+    body = "<p>£51.77</p>".encode() + b"\xff\xfe broken"
+    assert decode_html(body, content_type) == "<p>£51.77</p>\ufffd\ufffd broken"
+
+
+def test_decode_html_wrong_charset_does_not_crash():
+    body = "<p>£51.77</p>!".encode()  # 15 bytes: not even valid UTF-16
+    text = decode_html(body, "text/html; charset=utf-16")
+    assert text == body[:14].decode("utf-16-le") + "\ufffd"
+    assert decode_html(b"\x81\x8d\x8f\x90\x9d", "text/html; charset=windows-1252") == "\x81\x8d\x8f\x90\x9d"
+
+
+def test_decode_html_meta_charset_and_bom():
+    legacy = b'<html><head><meta charset="windows-1252"></head><body>\xa351.77</body></html>'
+    assert "£51.77" in decode_html(legacy)
+    http_equiv = b'<meta http-equiv="content-type" content="text/html; charset=iso-8859-1"><p>\xa3</p>'
+    assert decode_html(http_equiv).endswith("<p>£</p>")
+    # the header wins over <meta>
+    meta_says_1252 = "<meta charset=windows-1252><p>£</p>".encode()
+    assert decode_html(meta_says_1252, "text/html; charset=utf-8").endswith("<p>£</p>")
+    # a BOM wins over both, and is dropped
+    assert decode_html(b"\xef\xbb\xbf<p>\xc2\xa3</p>", "text/html; charset=latin-1") == "<p>£</p>"
+    assert sniff_charset(b'<meta charset="utf-16"><p>x</p>') == "utf-8"
+
+
+# --- parse_listing on small pages -------------------------------------------------------------
+
+CARD = """
+<article class="product_pod">
+  <p class="star-rating {rating}"></p>
+  <h3><a href="{href}" title="{title}">short...</a></h3>
+  <p class="price_color">{price}</p>
+  <p class="instock availability"> <i></i>
+      In   stock </p>
+</article>"""
+
+
+def _page(*cards: str, extra: str = "") -> bytes:
+    return f"<html><body>{''.join(cards)}{extra}</body></html>".encode()
+
+
+def _card(href="the-book_12/index.html", title="The Book", price="£10.00", rating="Two") -> str:
+    return CARD.format(href=href, title=title, price=price, rating=rating)
+
+
+def test_parse_listing_bad_cards_become_rejects(spec):
+    page_url = "https://books.toscrape.com/catalogue/page-3.html"
+    body = _page(
+        _card(),
+        _card(href="no-price_13/index.html", price=""),
+        _card(href="bad-rating_14/index.html", rating="Six"),
+        _card(href="no-id/index.html"),
+        '<article class="product_pod"><p class="price_color">£1</p></article>',
+    )
+    parsed = parse_listing(body, spec, page_url)
+    assert parsed.cards_found == 5
+    assert parsed.products == [
+        {
+            "product_id": "12",
+            "title": "The Book",
+            "price": Decimal("10.00"),
+            "currency": "GBP",
+            "rating": 2,
+            "availability": "In stock",
+            "url": "https://books.toscrape.com/catalogue/the-book_12/index.html",
+        }
+    ]
+    assert parsed.rejects == [
+        Reject(
+            url="https://books.toscrape.com/catalogue/no-price_13/index.html",
+            reason="price: no number in '' (expected an amount such as '£51.77')",
+        ),
+        Reject(
+            url="https://books.toscrape.com/catalogue/bad-rating_14/index.html",
+            reason="rating: expected exactly one rating word One..Five in 'star-rating Six'",
+        ),
+        Reject(
+            url="https://books.toscrape.com/catalogue/no-id/index.html",
+            reason="product_id: '_(\\\\d+)/index\\\\.html$' does not match "
+            "'https://books.toscrape.com/catalogue/no-id/index.html'",
+        ),
+        Reject(url=page_url, reason="url: no element matches 'h3 > a'"),
+    ]
+    assert parsed.pager == PagerInfo(None, None, None, None)
+
+
+def test_parse_listing_without_cards_returns_no_products(spec):
+    parsed = parse_listing(b"<html><body><p>Under maintenance</p></body></html>", spec, LIVE_BASE)
+    assert (parsed.products, parsed.rejects, parsed.cards_found) == ([], [], 0)
+    assert parse_listing(b"", spec, LIVE_BASE).cards_found == 0
+
+
+def test_parse_listing_repairs_mojibake_in_fields(spec):
+    body = _page(_card(title="CafÃ© â\x80\x9cNoirâ\x80\x9d", price="Â£3.50")).decode().encode("utf-8")
+    (product,) = parse_listing(body, spec, LIVE_BASE).products
+    assert product["title"] == "Café “Noir”"
+    assert product["price"] == Decimal("3.50") and product["currency"] == "GBP"
+
+
+def test_parse_listing_rewrites_mirror_urls_only_with_both_bases(spec):
+    body = _page(_card())
+    page_url = MIRROR_BASE + "catalogue/page-1.html"
+    rewritten = parse_listing(body, spec, page_url, fetch_base_url=MIRROR_BASE, canonical_base_url=LIVE_BASE)
+    assert rewritten.products[0]["url"] == LIVE_BASE + "catalogue/the-book_12/index.html"
+    as_resolved = parse_listing(body, spec, page_url, canonical_base_url=LIVE_BASE)
+    assert as_resolved.products[0]["url"] == MIRROR_BASE + "catalogue/the-book_12/index.html"
+
+
+def test_parse_pager_accepts_text_and_bytes(spec):
+    html = (
+        '<form class="form-horizontal"><strong>1,032</strong> results</form>'
+        '<ul class="pager"><li class="current"> Page 3 of 52 </li>'
+        '<li class="next"><a href="page-4.html">next</a></li></ul>'
+    )
+    expected = PagerInfo(3, 52, "http://h/c/page-4.html", 1032)
+    assert parse_pager(html, spec, "http://h/c/page-3.html") == expected
+    assert parse_pager(html.encode(), spec, "http://h/c/page-3.html") == expected
+    utf16 = html.encode("utf-16-le")
+    assert parse_pager(utf16, spec, "http://h/c/page-3.html", content_type="text/html; charset=utf-16le") == expected
+    unmatched = '<ul class="pager"><li class="current">Seite 3</li></ul>'
+    assert parse_pager(unmatched, spec, "http://h/") == PagerInfo(None, None, None, None)
+
+
+# --- the real saved pages -------------------------------------------------------------------
+
+LISTINGS = {
+    "all": [f"catalogue/page-{n}.html" for n in range(1, 51)],
+    "mystery_3": ["catalogue/category/books/mystery_3/index.html"],
+    "travel_2": ["catalogue/category/books/travel_2/index.html"],
+}
+
+
+@pytest.fixture(scope="module")
+def expected():
+    if not REALDATA.is_dir():
+        pytest.skip(f"real saved pages not found at {REALDATA}")
+    return json.loads((REALDATA / "EXPECTED.json").read_text("utf-8"))
+
+
+def _parse_listing_files(spec, paths: list[str], base: str):
+    """Parse saved pages as if fetched from ``base``; product URLs always name the live site."""
+    return [
+        parse_listing(
+            (REALDATA / path).read_bytes(),
+            spec,
+            base + path,
+            fetch_base_url=base,
+            canonical_base_url=LIVE_BASE,
+            content_type="text/html; charset=utf-8",
+        )
+        for path in paths
+    ]
+
+
+@needs_realdata
+@pytest.mark.parametrize("base", [LIVE_BASE, MIRROR_BASE], ids=["live", "mirror"])
+@pytest.mark.parametrize("listing", list(LISTINGS))
+def test_real_pages_match_expected(spec, expected, listing, base):
+    want = expected[listing]
+    pages = _parse_listing_files(spec, LISTINGS[listing], base)
+    products = [product for page in pages for product in page.products]
+
+    assert len(pages) == want["pages_present"]
+    assert all(page.rejects == [] for page in pages)
+    assert sum(page.cards_found for page in pages) == want["products"]
+    assert len(products) == want["products"]
+    assert len({p["product_id"] for p in products}) == want["unique_product_ids"]
+    assert sum(p["price"] for p in products) == Decimal(str(want["price_sum"]))
+    assert all(isinstance(p["price"], Decimal) for p in products)
+    assert Counter(str(p["rating"]) for p in products) == want["rating_histogram"]
+    assert {p["currency"] for p in products} == {"GBP"}
+    assert all(p["url"].startswith(LIVE_BASE + "catalogue/") for p in products)
+
+    first, want_first = products[0], want["first_product"]
+    assert first == {**want_first, "price": Decimal(str(want_first["price"]))}
+    assert type(first["product_id"]) is str and type(first["rating"]) is int
+
+
+@needs_realdata
+@pytest.mark.parametrize("base", [LIVE_BASE, MIRROR_BASE], ids=["live", "mirror"])
+def test_real_pagers(spec, expected, base):
+    first_all, *_, last_all = _parse_listing_files(spec, LISTINGS["all"], base)
+    assert expected["all"]["pager_text_on_first_page"] == "Page 1 of 50"
+    assert first_all.pager == PagerInfo(1, 50, base + "catalogue/page-2.html", 1000)
+    assert last_all.pager == PagerInfo(50, 50, None, 1000)
+
+    (mystery,) = _parse_listing_files(spec, LISTINGS["mystery_3"], base)
+    assert expected["mystery_3"]["pager_text_on_first_page"] == "Page 1 of 2"
+    # next_url stays on the host the page came from: the crawler fetches it there
+    assert mystery.pager == PagerInfo(1, 2, base + "catalogue/category/books/mystery_3/page-2.html", 32)
+    assert mystery.pager.next_url.endswith("mystery_3/page-2.html")
+
+    (travel,) = _parse_listing_files(spec, LISTINGS["travel_2"], base)
+    assert expected["travel_2"]["pager_text_on_first_page"] is None
+    assert travel.pager == PagerInfo(None, None, None, 11)
+
+
+@needs_realdata
+def test_real_titles_are_repaired(spec):
+    pages = _parse_listing_files(spec, LISTINGS["all"], LIVE_BASE)
+    titles = {p["product_id"]: p["title"] for page in pages for p in page.products}
+    assert titles["459"].startswith("At The Existentialist Café: Freedom, Being")
+    assert titles["865"] == "The White Cat and the Monk: A Retelling of the Poem “Pangur Bán”"
+    assert not [t for t in titles.values() if "Ã" in t or "â\x80" in t or "Â" in t]
+
+
+@needs_realdata
+@pytest.mark.parametrize("path", ["catalogue/page-7.html", "catalogue/page-28.html", LISTINGS["mystery_3"][0]])
+def test_field_repair_matches_whole_document_repair(spec, path):
+    body = (REALDATA / path).read_bytes()
+    per_field = parse_listing(body, spec, LIVE_BASE + path)
+    whole_document = parse_listing(decode_html(body).encode("utf-8"), spec, LIVE_BASE + path)
+    assert per_field == whole_document
+    assert len(per_field.products) == 20

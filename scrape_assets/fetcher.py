@@ -1,0 +1,433 @@
+"""Fetch one URL politely, with retries: robots.txt, per-host limits, backoff, size caps.
+
+:class:`PageFetcher` is the only code that talks HTTP for pages. One instance per run is
+shared by every page of that run, so its :class:`~scrape_assets.politeness.HostLimiter` and
+:class:`~scrape_assets.politeness.RobotsCache` see all of the run's requests. What is retried
+and how long to wait is decided by the pure functions of :mod:`scrape_assets.retry`.
+
+Outcomes of :meth:`PageFetcher.fetch`::
+
+    2xx, 304                              FetchedPage
+    robots.txt forbids / is unreachable   PermanentFetchError "robots_disallowed" / "robots_unreachable"
+    other 4xx                             PermanentFetchError "http_<status>", no retry
+    redirect to another scheme/host/port  PermanentFetchError "offsite_redirect"
+    redirect back to a visited URL        PermanentFetchError "redirect_loop"
+    more than max_redirects redirects     PermanentFetchError "too_many_redirects"
+    body larger than max_body_bytes       PermanentFetchError "body_too_large"
+    5xx, 408, 429, timeout, connection    retried with backoff; once max_attempts are used:
+    error, short/reset body               TransientFetchError "http_<status>", "timeout",
+                                          "connection_error", "incomplete_body"
+
+Deadline: httpx's read timeout applies to each socket read, so a server trickling one byte
+per second never trips it. Every request (one redirect hop) therefore also runs under a total
+deadline of :attr:`FetchPolicy.request_deadline_s` (``3 * timeout_s``), counted from when its
+politeness slot was granted; exceeding it is a ``"timeout"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import httpx
+
+from scrape_assets.errors import FetchError, PermanentFetchError, TransientFetchError
+from scrape_assets.politeness import HostLimiter, RobotsCache
+from scrape_assets.retry import backoff_delay_s, classify_exception, classify_status, parse_retry_after
+from scrape_assets.spec import Politeness
+
+logger = logging.getLogger(__name__)
+
+#: Statuses whose ``Location`` the fetcher follows (RFC 9110 §15.4); only GET is ever sent.
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+@dataclass(frozen=True)
+class FetchPolicy:
+    """How pages are fetched; frozen into the manifest so a resumed run fetches the same way.
+
+    Attributes:
+        user_agent: the ``User-Agent`` header, also the name matched against robots.txt groups.
+        requests_per_second: most requests started per second per host (``> 0``).
+        max_concurrency: most requests in flight per host (``>= 1``).
+        max_attempts: HTTP attempts per page, counting those of an interrupted earlier run.
+        timeout_s: httpx connect, read, write and pool timeout, seconds; see also
+            :attr:`request_deadline_s`.
+        backoff_base_s: ceiling of the first retry delay, seconds; doubles per attempt.
+        backoff_max_s: ceiling of any jittered retry delay, seconds.
+        retry_after_max_s: the longest ``Retry-After`` honoured, seconds (longer ones are capped).
+        max_body_bytes: largest accepted body after content decoding, bytes.
+        max_redirects: most same-origin redirects followed in one attempt.
+        obey_robots_txt: check robots.txt (RFC 9309) before fetching.
+
+    Raises:
+        ValueError: a field is out of range (the message names it).
+    """
+
+    user_agent: str
+    requests_per_second: float
+    max_concurrency: int
+    max_attempts: int = 3
+    timeout_s: float = 20.0
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 30.0
+    retry_after_max_s: float = 120.0
+    max_body_bytes: int = 10_000_000
+    max_redirects: int = 5
+    obey_robots_txt: bool = True
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.user_agent.strip():
+            problems.append("user_agent must not be empty")
+        if not self.requests_per_second > 0:
+            problems.append(f"requests_per_second must be > 0, got {self.requests_per_second}")
+        for name in ("max_concurrency", "max_attempts", "max_body_bytes"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.timeout_s > 0:
+            problems.append(f"timeout_s must be > 0, got {self.timeout_s}")
+        for name in ("backoff_base_s", "backoff_max_s", "retry_after_max_s", "max_redirects"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
+        if problems:
+            raise ValueError("invalid FetchPolicy: " + "; ".join(problems))
+
+    @classmethod
+    def from_politeness(cls, politeness: Politeness, *, user_agent: str, **overrides: Any) -> FetchPolicy:
+        """Build a policy from a site spec's :class:`~scrape_assets.spec.Politeness` block.
+
+        Args:
+            politeness: the spec's per-host limits and robots.txt switch.
+            user_agent: the ``User-Agent`` to send.
+            **overrides: any other :class:`FetchPolicy` field (``max_attempts=5``...).
+        """
+        return cls(
+            user_agent=user_agent,
+            requests_per_second=politeness.requests_per_second,
+            max_concurrency=politeness.max_concurrency,
+            obey_robots_txt=politeness.obey_robots_txt,
+            **overrides,
+        )
+
+    @property
+    def request_deadline_s(self) -> float:
+        """Total seconds one request (one redirect hop, body included) may take: ``3 * timeout_s``."""
+        return self.timeout_s * 3
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-serialisable dict (the manifest's frozen fetch config)."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class FetchedPage:
+    """One successfully fetched page (2xx, or 304 for a conditional GET).
+
+    Attributes:
+        url: the requested URL.
+        final_url: the URL that answered, after same-origin redirects.
+        http_status: the final status (2xx or 304).
+        headers: response headers, lower-case names; repeated headers joined with ``", "``.
+        body: the body after content decoding (gzip...), at most ``max_body_bytes``; empty for 304.
+        elapsed_ms: time spent in the successful attempt's requests, milliseconds, excluding
+            waits for a politeness slot.
+        attempts: attempts made in this call (``1`` when the first one succeeded); prior
+            attempts of an interrupted run are not included.
+    """
+
+    url: str
+    final_url: str
+    http_status: int
+    headers: dict[str, str]
+    body: bytes
+    elapsed_ms: float
+    attempts: int
+
+
+def build_client(policy: FetchPolicy, *, mounts: dict[str, httpx.AsyncBaseTransport] | None = None) -> httpx.AsyncClient:
+    """Create the run's HTTP client, configured for :class:`PageFetcher`.
+
+    Timeouts are ``policy.timeout_s`` each; redirects are not followed automatically (the
+    fetcher follows same-origin ones itself; robots.txt requests opt in and may follow up to
+    ``max_redirects``). The pool holds ``max_concurrency`` keep-alive connections and two spare
+    ones (robots.txt redirects to another host). Use one client per site and run, and close it
+    (``async with``).
+
+    Args:
+        policy: the fetch policy.
+        mounts: transports by URL pattern, e.g. ``{"http://demo.scrape-assets.invalid":
+            DemoTransport()}`` to serve the demo site in-process.
+
+    Returns:
+        A new, unopened :class:`httpx.AsyncClient`.
+    """
+    return httpx.AsyncClient(
+        headers={"User-Agent": policy.user_agent},
+        timeout=httpx.Timeout(policy.timeout_s),
+        follow_redirects=False,
+        max_redirects=policy.max_redirects,
+        limits=httpx.Limits(
+            max_connections=policy.max_concurrency + 2, max_keepalive_connections=policy.max_concurrency
+        ),
+        mounts=mounts,
+    )
+
+
+def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    return url.scheme, url.host, url.port or _DEFAULT_PORTS.get(url.scheme)
+
+
+@dataclass
+class _Progress:
+    """What one request got before it failed (filled in from inside the deadline)."""
+
+    status: int | None = None
+    headers_received: bool = False
+
+
+class PageFetcher:
+    """Fetches pages politely with retries; one instance per run (see the module docstring).
+
+    Its limiter and robots.txt cache hold asyncio primitives: use an instance within one event
+    loop (one ``asyncio.run``), sharing it between all the run's concurrent ``fetch`` calls.
+
+    Args:
+        client: the run's client, from :func:`build_client` (must not follow redirects).
+        policy: the fetch policy.
+        sleep: awaited with the back-off delay in seconds between attempts (fake it in tests).
+        rng: jitter source; a fresh unseeded ``random.Random`` when ``None``.
+        clock: monotonic clock in seconds, for ``elapsed_ms``.
+        limiter: per-host limits; a new ``HostLimiter`` from the policy when ``None``.
+        robots: robots.txt cache; a new ``RobotsCache`` sharing ``limiter`` when ``None``.
+    """
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        policy: FetchPolicy,
+        *,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        limiter: HostLimiter | None = None,
+        robots: RobotsCache | None = None,
+    ):
+        self.client = client
+        self.policy = policy
+        self._sleep = sleep
+        self._rng = rng if rng is not None else random.Random()
+        self._clock = clock
+        self.limiter = limiter or HostLimiter(policy.requests_per_second, policy.max_concurrency)
+        self.robots = robots or RobotsCache(limiter=self.limiter, deadline_s=policy.request_deadline_s)
+
+    async def fetch(
+        self,
+        url: str,
+        *,
+        prior_attempts: int = 0,
+        on_attempt: Callable[[int], Awaitable[None]] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> FetchedPage:
+        """Fetch ``url`` with GET, following same-origin redirects, retrying transient failures.
+
+        Args:
+            url: absolute http(s) URL.
+            prior_attempts: attempts already made on this page by an interrupted earlier run;
+                at most ``max_attempts - prior_attempts`` attempts are made now.
+            on_attempt: awaited before each attempt with the attempt's total number
+                (``prior_attempts + 1``, ...), e.g. to persist the count in the manifest. Its
+                exceptions propagate.
+            headers: extra request headers, e.g. ``If-None-Match`` for a conditional GET.
+
+        Returns:
+            The :class:`FetchedPage` (status 2xx or 304).
+
+        Raises:
+            PermanentFetchError: not worth retrying (see the module docstring's table); also
+                ``"invalid_url"`` for a non-http(s) URL.
+            TransientFetchError: the attempts are used up (``attempts`` is the total, prior ones
+                included); ``"attempts_exhausted"`` when ``prior_attempts >= max_attempts``.
+                ``reason``/``http_status``/``retry_after_s`` describe the last failure.
+        """
+        if prior_attempts < 0:
+            raise ValueError(f"prior_attempts must be >= 0, got {prior_attempts}")
+        try:
+            return await self._fetch(url, prior_attempts, on_attempt, dict(headers or {}))
+        except FetchError as exc:
+            logger.warning(
+                "giving up on %s after %d attempt(s): %s%s",
+                url,
+                exc.attempts,
+                exc.reason,
+                f" ({exc.detail})" if exc.detail else "",
+            )
+            raise
+
+    async def _fetch(
+        self,
+        url: str,
+        prior_attempts: int,
+        on_attempt: Callable[[int], Awaitable[None]] | None,
+        extra_headers: dict[str, str],
+    ) -> FetchedPage:
+        try:
+            parsed = httpx.URL(url)
+        except httpx.InvalidURL as exc:
+            raise PermanentFetchError(url, "invalid_url", str(exc), attempts=prior_attempts) from exc
+        if parsed.scheme not in _DEFAULT_PORTS or not parsed.host:
+            raise PermanentFetchError(url, "invalid_url", "expected an absolute http(s) URL", attempts=prior_attempts)
+        await self._check_robots(url, url, prior_attempts)
+        max_attempts = self.policy.max_attempts
+        if prior_attempts >= max_attempts:
+            raise TransientFetchError(
+                url, "attempts_exhausted", f"{prior_attempts} of {max_attempts} attempts already made",
+                attempts=prior_attempts,
+            )
+        attempt = prior_attempts
+        while True:
+            attempt += 1
+            if on_attempt is not None:
+                await on_attempt(attempt)
+            try:
+                return await self._attempt(url, attempt, attempt - prior_attempts, extra_headers)
+            except TransientFetchError as exc:
+                if attempt >= max_attempts:
+                    raise
+                delay = backoff_delay_s(
+                    attempt,
+                    base_s=self.policy.backoff_base_s,
+                    max_s=self.policy.backoff_max_s,
+                    retry_after_s=exc.retry_after_s,
+                    retry_after_max_s=self.policy.retry_after_max_s,
+                    rng=self._rng,
+                )
+                logger.info("attempt %d/%d on %s failed (%s); retrying in %.2f s", attempt, max_attempts, url, exc.reason, delay)
+                await self._sleep(delay)
+
+    async def _check_robots(self, page_url: str, url: str, attempts: int) -> None:
+        if not self.policy.obey_robots_txt:
+            return
+        decision = await self.robots.check(self.client, url, self.policy.user_agent)
+        if not decision.allowed:
+            reason = decision.reason or "robots_disallowed"
+            raise PermanentFetchError(page_url, reason, decision.detail, attempts=attempts)
+
+    async def _attempt(self, url: str, attempt: int, attempts_in_call: int, extra_headers: dict[str, str]) -> FetchedPage:
+        """One attempt: the request and its same-origin redirects. Raises FetchError subclasses."""
+        current = httpx.URL(url).copy_with(fragment=None)
+        origin = _origin(current)
+        visited = {str(current)}
+        redirects = 0
+        elapsed_s = 0.0
+        while True:
+            status, headers, body, took_s = await self._request(url, current, attempt, extra_headers)
+            elapsed_s += took_s
+            location = headers.get("location")
+            if status in REDIRECT_STATUSES and location:
+                target = self._redirect_target(url, current, location, status, attempt)
+                if _origin(target) != origin:
+                    raise PermanentFetchError(
+                        url, "offsite_redirect", f"{current} -> {target}", http_status=status, attempts=attempt
+                    )
+                if str(target) in visited:
+                    raise PermanentFetchError(
+                        url, "redirect_loop", f"{current} -> {target} was visited", http_status=status, attempts=attempt
+                    )
+                redirects += 1
+                if redirects > self.policy.max_redirects:
+                    raise PermanentFetchError(
+                        url, "too_many_redirects", f"more than {self.policy.max_redirects}",
+                        http_status=status, attempts=attempt,
+                    )
+                await self._check_robots(url, str(target), attempt)
+                visited.add(str(target))
+                current = target
+                continue
+            decision = classify_status(status)
+            if decision == "ok":
+                return FetchedPage(
+                    url=url,
+                    final_url=str(current),
+                    http_status=status,
+                    headers=headers,
+                    body=body,
+                    elapsed_ms=elapsed_s * 1000.0,
+                    attempts=attempts_in_call,
+                )
+            if decision == "retry":
+                retry_after_s = parse_retry_after(headers.get("retry-after"), datetime.now(timezone.utc))
+                raise TransientFetchError(
+                    url, f"http_{status}", http_status=status, retry_after_s=retry_after_s, attempts=attempt
+                )
+            raise PermanentFetchError(url, f"http_{status}", http_status=status, attempts=attempt)
+
+    @staticmethod
+    def _redirect_target(url: str, current: httpx.URL, location: str, status: int, attempt: int) -> httpx.URL:
+        try:
+            return current.join(location).copy_with(fragment=None)
+        except httpx.InvalidURL as exc:
+            raise PermanentFetchError(
+                url, "invalid_redirect", f"Location {location!r}: {exc}", http_status=status, attempts=attempt
+            ) from exc
+
+    async def _request(
+        self, url: str, target: httpx.URL, attempt: int, extra_headers: dict[str, str]
+    ) -> tuple[int, dict[str, str], bytes, float]:
+        """One GET within a politeness slot and the deadline: ``(status, headers, body, seconds)``."""
+        progress = _Progress()
+        deadline_s = self.policy.request_deadline_s
+        async with self.limiter.slot(target.host):
+            started = self._clock()
+            try:
+                status, headers, body = await asyncio.wait_for(
+                    self._download(url, target, attempt, extra_headers, progress), deadline_s
+                )
+            except (httpx.RequestError, TimeoutError, asyncio.TimeoutError) as exc:
+                decision, reason = classify_exception(exc, headers_received=progress.headers_received)
+                if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+                    detail = f"no complete response from {target} within the {deadline_s:g} s deadline"
+                else:
+                    detail = f"{target}: {type(exc).__name__}" + (f": {exc}" if str(exc) else "")
+                error_type = TransientFetchError if decision == "retry" else PermanentFetchError
+                raise error_type(url, reason, detail, http_status=progress.status, attempts=attempt) from exc
+            return status, headers, body, self._clock() - started
+
+    async def _download(
+        self, url: str, target: httpx.URL, attempt: int, extra_headers: dict[str, str], progress: _Progress
+    ) -> tuple[int, dict[str, str], bytes]:
+        request_headers = {"User-Agent": self.policy.user_agent, **extra_headers}
+        async with self.client.stream("GET", target, headers=request_headers, follow_redirects=False) as response:
+            status = response.status_code
+            progress.status = status
+            progress.headers_received = True
+            headers = {name.lower(): value for name, value in response.headers.items()}
+            if status in REDIRECT_STATUSES or classify_status(status) != "ok":
+                return status, headers, b""  # the body of a redirect or an error is not needed
+            limit = self.policy.max_body_bytes
+            declared = headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > limit:
+                raise PermanentFetchError(
+                    url, "body_too_large", f"Content-Length {declared} > max_body_bytes {limit}",
+                    http_status=status, attempts=attempt,
+                )
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > limit:
+                    raise PermanentFetchError(
+                        url, "body_too_large", f"more than max_body_bytes {limit} bytes received",
+                        http_status=status, attempts=attempt,
+                    )
+                chunks.append(chunk)
+            return status, headers, b"".join(chunks)

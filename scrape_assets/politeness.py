@@ -1,0 +1,222 @@
+"""Politeness: robots.txt (RFC 9309) and per-host rate and concurrency limits.
+
+One :class:`RobotsCache` and one :class:`HostLimiter` live for one run and are shared by
+every page of that run (the :class:`~scrape_assets.fetcher.PageFetcher` owns them).
+
+robots.txt outcomes (RFC 9309 §2.3.1), decided once per origin per run::
+
+    2xx                       parse with protego; each URL allowed or "robots_disallowed"
+    4xx except 429            "unavailable" (§2.3.1.3): every URL allowed
+    429, 5xx                  "unreachable" (§2.3.1.4): every URL refused, "robots_unreachable"
+    network error, timeout    "unreachable" (§2.3.1.4): every URL refused, "robots_unreachable"
+    more redirects than the   "unavailable" (§2.3.1.2 lets crawlers treat it so): allowed
+    client follows (5)
+    anything else (1xx, 3xx   "unreachable": refused (we cannot tell what the site wants)
+    without Location)
+
+429 is read as "unreachable" although it is a 4xx: a site rate-limiting its robots.txt is
+telling us to back off, which is how Google's crawler treats it too. An unreachable robots.txt
+is not retried within a run (the next run fetches it again); refusing is a decision, not an
+error, so :meth:`RobotsCache.check` returns a :class:`RobotsDecision` whose ``reason`` tells
+the crawler which dead-letter reason to record. ``Crawl-delay`` is not part of RFC 9309 and is
+not honoured: the site spec's politeness settings govern the request rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Literal
+
+import httpx
+from aiolimiter import AsyncLimiter
+from protego import Protego
+
+#: RFC 9309 §2.5: crawlers must parse at least the first 500 KiB; we read 512 KiB, drop the rest.
+ROBOTS_MAX_BYTES = 512 * 1024
+
+RobotsReason = Literal["robots_disallowed", "robots_unreachable"]
+
+
+@dataclass(frozen=True)
+class RobotsDecision:
+    """Whether robots.txt lets us fetch one URL, and why not.
+
+    Attributes:
+        allowed: ``True`` when the URL may be fetched.
+        reason: ``None`` when allowed; otherwise ``"robots_disallowed"`` (a rule forbids the
+            URL) or ``"robots_unreachable"`` (robots.txt answered 429/5xx or not at all, so the
+            whole origin is refused for this run). Use it as the dead-letter reason.
+        robots_url: the robots.txt URL the decision comes from.
+        detail: a human-readable explanation (``"robots.txt answered HTTP 503"``...).
+    """
+
+    allowed: bool
+    reason: RobotsReason | None
+    robots_url: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class _RobotsFile:
+    state: Literal["parsed", "unavailable", "unreachable"]
+    robots_url: str
+    detail: str
+    parser: Protego | None = None
+
+
+def robots_url_for(url: str) -> str:
+    """The robots.txt URL of ``url``'s origin (scheme, host, port; RFC 9309 §2.3).
+
+    Raises:
+        httpx.InvalidURL: ``url`` cannot be parsed.
+    """
+    parsed = httpx.URL(url)
+    return str(httpx.URL(scheme=parsed.scheme, host=parsed.host, port=parsed.port, path="/robots.txt"))
+
+
+class RobotsCache:
+    """Fetches and caches robots.txt once per origin, for one run.
+
+    Concurrency-safe: when many tasks ask about the same origin at once, one request is made
+    and the others wait for its result. See the module docstring for the outcome table.
+
+    Args:
+        limiter: when given, the robots.txt request takes a slot of the origin's host like any
+            page request does.
+        deadline_s: total seconds allowed for the robots.txt request including its body (a
+            server trickling bytes never trips httpx's per-read timeout); past it the origin is
+            "unreachable".
+    """
+
+    def __init__(self, *, limiter: HostLimiter | None = None, deadline_s: float = 60.0):
+        self._limiter = limiter
+        self._deadline_s = deadline_s
+        self._files: dict[str, _RobotsFile] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def allowed(self, client: httpx.AsyncClient, url: str, user_agent: str) -> bool:
+        """``True`` when robots.txt lets ``user_agent`` fetch ``url``; see :meth:`check`."""
+        return (await self.check(client, url, user_agent)).allowed
+
+    async def check(self, client: httpx.AsyncClient, url: str, user_agent: str) -> RobotsDecision:
+        """Decide whether ``user_agent`` may fetch ``url``, fetching robots.txt on first use.
+
+        Args:
+            client: the run's HTTP client (redirects are followed for robots.txt only).
+            url: the absolute http(s) URL about to be fetched.
+            user_agent: the full User-Agent header; protego matches robots.txt groups against it
+                case-insensitively (``User-agent: scrape-assets`` matches
+                ``scrape-assets/0.1 (+https://...)``).
+
+        Returns:
+            The :class:`RobotsDecision`. Never raises for network problems or HTTP statuses:
+            those become ``robots_unreachable`` decisions.
+
+        Raises:
+            httpx.InvalidURL: ``url`` cannot be parsed.
+        """
+        robots_url = robots_url_for(url)
+        robots = self._files.get(robots_url)
+        if robots is None:
+            lock = self._locks.setdefault(robots_url, asyncio.Lock())
+            async with lock:
+                robots = self._files.get(robots_url)
+                if robots is None:
+                    robots = await self._fetch(client, robots_url, user_agent)
+                    self._files[robots_url] = robots
+        if robots.state == "unreachable":
+            return RobotsDecision(False, "robots_unreachable", robots_url, robots.detail)
+        if robots.state == "unavailable" or robots.parser is None:
+            return RobotsDecision(True, None, robots_url, robots.detail)
+        if robots.parser.can_fetch(url, user_agent):
+            return RobotsDecision(True, None, robots_url, "allowed by robots.txt")
+        return RobotsDecision(False, "robots_disallowed", robots_url, f"disallowed by {robots_url}")
+
+    async def _fetch(self, client: httpx.AsyncClient, robots_url: str, user_agent: str) -> _RobotsFile:
+        host = httpx.URL(robots_url).host
+        try:
+            if self._limiter is None:
+                status, body = await asyncio.wait_for(self._download(client, robots_url, user_agent), self._deadline_s)
+            else:
+                async with self._limiter.slot(host):
+                    status, body = await asyncio.wait_for(
+                        self._download(client, robots_url, user_agent), self._deadline_s
+                    )
+        except httpx.TooManyRedirects as exc:
+            return _RobotsFile("unavailable", robots_url, f"robots.txt redirected too often ({exc}); allowing all")
+        except (httpx.RequestError, TimeoutError, asyncio.TimeoutError) as exc:
+            what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            return _RobotsFile("unreachable", robots_url, f"robots.txt could not be fetched ({what})")
+        if 200 <= status <= 299:
+            parser = Protego.parse(body.decode("utf-8", errors="replace"))
+            return _RobotsFile("parsed", robots_url, f"robots.txt answered HTTP {status}", parser)
+        if 400 <= status <= 499 and status != 429:
+            return _RobotsFile("unavailable", robots_url, f"robots.txt answered HTTP {status}; allowing all")
+        return _RobotsFile("unreachable", robots_url, f"robots.txt answered HTTP {status}")
+
+    @staticmethod
+    async def _download(client: httpx.AsyncClient, robots_url: str, user_agent: str) -> tuple[int, bytes]:
+        async with client.stream(
+            "GET", robots_url, headers={"User-Agent": user_agent}, follow_redirects=True
+        ) as response:
+            if not 200 <= response.status_code <= 299:
+                return response.status_code, b""
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in response.aiter_bytes():
+                chunks.append(chunk)
+                size += len(chunk)
+                if size >= ROBOTS_MAX_BYTES:
+                    break
+            return response.status_code, b"".join(chunks)[:ROBOTS_MAX_BYTES]
+
+
+class HostLimiter:
+    """Per-host request rate and concurrency limits, shared by all pages of a run.
+
+    Each host gets its own ``asyncio.Semaphore(max_concurrency)`` and a leaky bucket
+    (``aiolimiter.AsyncLimiter(1, 1 / requests_per_second)``) holding one request: requests
+    start at least ``1 / requests_per_second`` seconds apart, with no initial burst. A slot first
+    waits for a concurrency permit, then for the rate; the permit is held until the ``async
+    with`` block exits, so back-off sleeps belong outside the block.
+
+    Args:
+        requests_per_second: most requests started per second per host (``> 0``).
+        max_concurrency: most requests in flight at once per host (``>= 1``).
+
+    Raises:
+        ValueError: a limit is out of range.
+
+    Example::
+
+        async with limiter.slot("books.toscrape.com"):
+            response = await client.get(url)
+    """
+
+    def __init__(self, requests_per_second: float, max_concurrency: int):
+        if not requests_per_second > 0:
+            raise ValueError(f"requests_per_second must be > 0, got {requests_per_second}")
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        self.requests_per_second = requests_per_second
+        self.max_concurrency = max_concurrency
+        self._hosts: dict[str, tuple[asyncio.Semaphore, AsyncLimiter]] = {}
+
+    def _limits_for(self, host: str) -> tuple[asyncio.Semaphore, AsyncLimiter]:
+        key = host.lower()
+        limits = self._hosts.get(key)
+        if limits is None:
+            limits = (asyncio.Semaphore(self.max_concurrency), AsyncLimiter(1, 1.0 / self.requests_per_second))
+            self._hosts[key] = limits
+        return limits
+
+    @asynccontextmanager
+    async def slot(self, host: str) -> AsyncIterator[None]:
+        """Hold one request slot for ``host`` (case-insensitive, without port) while inside."""
+        semaphore, rate = self._limits_for(host)
+        async with semaphore:
+            await rate.acquire()
+            yield

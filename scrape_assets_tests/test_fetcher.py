@@ -1,0 +1,598 @@
+"""Tests for scrape_assets.fetcher.
+
+HTTP semantics (statuses, retries, redirects, size caps, robots.txt) run against
+``httpx.MockTransport``; socket behaviour (resets, short bodies, stalls, trickles, refused
+connections) runs against a raw asyncio server on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import socket
+import struct
+import time
+from collections.abc import Awaitable, Callable
+
+import httpx
+import pytest
+
+from scrape_assets.errors import FetchError, PermanentFetchError, TransientFetchError
+from scrape_assets.fetcher import FetchedPage, FetchPolicy, PageFetcher, build_client
+from scrape_assets.spec import Politeness
+
+UA = "scrape-assets-test/0.1 (+https://example.invalid/bot)"
+URL = "http://shop.test/catalogue/page-1.html"
+POLICY = FetchPolicy(user_agent=UA, requests_per_second=1000, max_concurrency=4, obey_robots_txt=False)
+
+
+class Harness:
+    """Runs one fetch against a handler, recording requests, sleeps and on_attempt calls."""
+
+    def __init__(self, handler, policy: FetchPolicy = POLICY):
+        self.handler = handler
+        self.policy = policy
+        self.requests: list[httpx.Request] = []
+        self.sleeps: list[float] = []
+        self.on_attempt_calls: list[int] = []
+
+    async def _sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+
+    async def _on_attempt(self, attempt: int) -> None:
+        self.on_attempt_calls.append(attempt)
+
+    def fetch(self, url: str = URL, **kwargs) -> FetchedPage:
+        async def handler(request: httpx.Request) -> httpx.Response:
+            self.requests.append(request)
+            response = self.handler(request)
+            return await response if asyncio.iscoroutine(response) else response
+
+        async def main() -> FetchedPage:
+            async with build_client(self.policy, mounts={"all://": httpx.MockTransport(handler)}) as client:
+                fetcher = PageFetcher(client, self.policy, sleep=self._sleep, rng=random.Random(42))
+                return await fetcher.fetch(url, on_attempt=self._on_attempt, **kwargs)
+
+        return asyncio.run(main())
+
+    @property
+    def paths(self) -> list[str]:
+        return [request.url.path for request in self.requests]
+
+
+def sequence(*responses: httpx.Response | Exception):
+    """A handler answering with ``responses`` in order (exceptions are raised), then repeating the last."""
+    remaining = list(responses)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        item = remaining.pop(0) if len(remaining) > 1 else remaining[0]
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    return handler
+
+
+# --- success, retries, attempts ------------------------------------------------------------
+
+
+def test_503_503_200_succeeds_on_the_third_attempt():
+    harness = Harness(sequence(httpx.Response(503), httpx.Response(503), httpx.Response(200, text="<html>ok</html>")))
+    page = harness.fetch()
+    assert page.attempts == 3
+    assert page.http_status == 200
+    assert page.body == b"<html>ok</html>"
+    assert page.url == URL
+    assert page.final_url == URL
+    assert page.headers["content-type"] == "text/plain; charset=utf-8"
+    assert page.elapsed_ms >= 0
+    assert harness.on_attempt_calls == [1, 2, 3]
+    assert len(harness.sleeps) == 2
+    assert 0 <= harness.sleeps[0] <= POLICY.backoff_base_s
+    assert 0 <= harness.sleeps[1] <= 2 * POLICY.backoff_base_s
+    assert all(r.headers["user-agent"] == UA for r in harness.requests)
+
+
+def test_429_with_retry_after_waits_at_least_that_long():
+    harness = Harness(sequence(httpx.Response(429, headers={"Retry-After": "7"}), httpx.Response(200, text="ok")))
+    page = harness.fetch()
+    assert page.attempts == 2
+    assert harness.sleeps == [7.0]  # jittered backoff for attempt 1 is at most 0.5 s
+
+
+def test_retry_after_is_capped_by_the_policy():
+    policy = FetchPolicy(user_agent=UA, requests_per_second=1000, max_concurrency=1, retry_after_max_s=10.0, obey_robots_txt=False)
+    harness = Harness(sequence(httpx.Response(503, headers={"Retry-After": "86400"}), httpx.Response(200)), policy)
+    harness.fetch()
+    assert harness.sleeps == [10.0]
+
+
+def test_404_is_permanent_after_one_attempt():
+    harness = Harness(sequence(httpx.Response(404)))
+    with pytest.raises(PermanentFetchError) as raised:
+        harness.fetch()
+    assert (raised.value.reason, raised.value.http_status, raised.value.attempts) == ("http_404", 404, 1)
+    assert raised.value.url == URL
+    assert len(harness.requests) == 1
+    assert harness.sleeps == []
+
+
+def test_always_500_gives_up_after_max_attempts_and_logs_once(caplog):
+    harness = Harness(sequence(httpx.Response(500, headers={"Retry-After": "2"})))
+    with caplog.at_level(logging.INFO, logger="scrape_assets.fetcher"):
+        with pytest.raises(TransientFetchError) as raised:
+            harness.fetch()
+    error = raised.value
+    assert (error.reason, error.http_status, error.attempts, error.retry_after_s) == ("http_500", 500, 3, 2.0)
+    assert len(harness.requests) == 3
+    assert len(harness.sleeps) == 2
+    assert min(harness.sleeps) >= 2.0
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "after 3 attempt(s): http_500" in warnings[0].getMessage()
+    assert URL in warnings[0].getMessage()
+
+
+def test_prior_attempts_carry_over_to_one_last_attempt():
+    harness = Harness(sequence(httpx.Response(503)))
+    with pytest.raises(TransientFetchError) as raised:
+        harness.fetch(prior_attempts=2)
+    assert raised.value.attempts == 3
+    assert len(harness.requests) == 1
+    assert harness.on_attempt_calls == [3]
+    assert harness.sleeps == []
+
+
+def test_prior_attempts_success_counts_attempts_of_this_call():
+    harness = Harness(sequence(httpx.Response(503), httpx.Response(200)))
+    page = harness.fetch(prior_attempts=1)
+    assert page.attempts == 2
+    assert harness.on_attempt_calls == [2, 3]
+
+
+def test_prior_attempts_exhausted_makes_no_request():
+    harness = Harness(sequence(httpx.Response(200)))
+    with pytest.raises(TransientFetchError) as raised:
+        harness.fetch(prior_attempts=3)
+    assert (raised.value.reason, raised.value.attempts) == ("attempts_exhausted", 3)
+    assert harness.requests == []
+    assert harness.on_attempt_calls == []
+
+
+def test_transport_errors_are_retried():
+    request = httpx.Request("GET", URL)
+    harness = Harness(sequence(httpx.ConnectError("refused", request=request), httpx.ReadTimeout("slow", request=request), httpx.Response(200, text="ok")))
+    page = harness.fetch()
+    assert page.attempts == 3
+    assert page.body == b"ok"
+
+
+def test_connection_error_reason_when_it_keeps_failing():
+    harness = Harness(sequence(httpx.ConnectError("refused", request=httpx.Request("GET", URL))))
+    with pytest.raises(TransientFetchError) as raised:
+        harness.fetch()
+    assert (raised.value.reason, raised.value.http_status, raised.value.attempts) == ("connection_error", None, 3)
+
+
+def test_conditional_get_304_is_a_success():
+    harness = Harness(sequence(httpx.Response(304, headers={"ETag": '"v1"'})))
+    page = harness.fetch(headers={"If-None-Match": '"v1"'})
+    assert (page.http_status, page.body, page.headers["etag"]) == (304, b"", '"v1"')
+    assert harness.requests[0].headers["if-none-match"] == '"v1"'
+
+
+def test_on_attempt_errors_propagate():
+    async def on_attempt(attempt: int) -> None:
+        raise RuntimeError("manifest write failed")
+
+    async def main():
+        async with build_client(POLICY, mounts={"all://": httpx.MockTransport(sequence(httpx.Response(200)))}) as client:
+            await PageFetcher(client, POLICY).fetch(URL, on_attempt=on_attempt)
+
+    with pytest.raises(RuntimeError, match="manifest write failed"):
+        asyncio.run(main())
+
+
+@pytest.mark.parametrize("url", ["ftp://shop.test/x", "/relative/path", "http://"])
+def test_invalid_url_is_permanent(url):
+    harness = Harness(sequence(httpx.Response(200)))
+    with pytest.raises(PermanentFetchError) as raised:
+        harness.fetch(url)
+    assert (raised.value.reason, raised.value.attempts) == ("invalid_url", 0)
+    assert harness.requests == []
+
+
+# --- redirects -----------------------------------------------------------------------------
+
+
+def test_same_host_redirect_is_followed():
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/old":
+            return httpx.Response(301, headers={"Location": "new?page=2"})
+        return httpx.Response(200, text="moved here")
+
+    harness = Harness(handler)
+    page = harness.fetch("http://shop.test/old")
+    assert page.final_url == "http://shop.test/new?page=2"
+    assert page.url == "http://shop.test/old"
+    assert page.body == b"moved here"
+    assert page.attempts == 1
+    assert harness.paths == ["/old", "/new"]
+
+
+@pytest.mark.parametrize(
+    "location",
+    ["http://elsewhere.test/x", "https://shop.test/x", "http://shop.test:8080/x", "//cdn.shop.test/x"],
+)
+def test_offsite_redirect_is_permanent(location):
+    harness = Harness(sequence(httpx.Response(302, headers={"Location": location})))
+    with pytest.raises(PermanentFetchError) as raised:
+        harness.fetch()
+    assert (raised.value.reason, raised.value.http_status, raised.value.attempts) == ("offsite_redirect", 302, 1)
+    assert len(harness.requests) == 1
+
+
+def test_explicit_default_port_is_the_same_origin():
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/a":
+            return httpx.Response(301, headers={"Location": "http://shop.test:80/b"})
+        return httpx.Response(200)
+
+    assert Harness(handler).fetch("http://shop.test/a").http_status == 200
+
+
+def test_redirect_loop_is_permanent():
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(302, headers={"Location": "/b" if request.url.path == "/a" else "/a"})
+
+    harness = Harness(handler)
+    with pytest.raises(PermanentFetchError) as raised:
+        harness.fetch("http://shop.test/a")
+    assert raised.value.reason == "redirect_loop"
+    assert harness.paths == ["/a", "/b"]
+
+
+def test_too_many_redirects_is_permanent():
+    def handler(request: httpx.Request) -> httpx.Response:
+        n = int(request.url.path.strip("/r"))
+        return httpx.Response(302, headers={"Location": f"/r{n + 1}"})
+
+    policy = FetchPolicy(user_agent=UA, requests_per_second=1000, max_concurrency=1, max_redirects=2, obey_robots_txt=False)
+    harness = Harness(handler, policy)
+    with pytest.raises(PermanentFetchError) as raised:
+        harness.fetch("http://shop.test/r0")
+    assert raised.value.reason == "too_many_redirects"
+    assert harness.paths == ["/r0", "/r1", "/r2"]
+
+
+def test_retryable_status_after_a_redirect_retries_from_the_start():
+    answers = iter([httpx.Response(301, headers={"Location": "/new"}), httpx.Response(503), httpx.Response(301, headers={"Location": "/new"}), httpx.Response(200)])
+    harness = Harness(lambda request: next(answers))
+    page = harness.fetch("http://shop.test/old")
+    assert page.attempts == 2
+    assert harness.paths == ["/old", "/new", "/old", "/new"]
+
+
+# --- body size ----------------------------------------------------------------------------
+
+
+SMALL = FetchPolicy(user_agent=UA, requests_per_second=1000, max_concurrency=1, max_body_bytes=100, obey_robots_txt=False)
+
+
+def test_content_length_above_the_limit_is_refused():
+    harness = Harness(sequence(httpx.Response(200, content=b"x" * 101)), SMALL)
+    with pytest.raises(PermanentFetchError) as raised:
+        harness.fetch()
+    assert (raised.value.reason, raised.value.http_status, raised.value.attempts) == ("body_too_large", 200, 1)
+    assert "Content-Length 101" in raised.value.detail
+    assert len(harness.requests) == 1
+
+
+def test_streamed_body_above_the_limit_is_refused():
+    async def chunks():
+        for _ in range(10):
+            yield b"y" * 30
+
+    harness = Harness(lambda request: httpx.Response(200, content=chunks()), SMALL)
+    with pytest.raises(PermanentFetchError) as raised:
+        harness.fetch()
+    assert raised.value.reason == "body_too_large"
+    assert raised.value.detail == "more than max_body_bytes 100 bytes received"  # no Content-Length to refuse early
+    assert len(harness.requests) == 1
+
+
+def test_body_exactly_at_the_limit_is_accepted():
+    harness = Harness(sequence(httpx.Response(200, content=b"z" * 100)), SMALL)
+    assert harness.fetch().body == b"z" * 100
+
+
+# --- robots.txt ---------------------------------------------------------------------------
+
+
+ROBOTS_POLICY = FetchPolicy(user_agent=UA, requests_per_second=1000, max_concurrency=2)
+
+
+def _site(robots: httpx.Response, pages: Callable[[httpx.Request], httpx.Response] | None = None):
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/robots.txt":
+            return robots
+        return pages(request) if pages else httpx.Response(200, text="page")
+
+    return handler
+
+
+def test_robots_disallowed_is_permanent_without_a_page_request():
+    harness = Harness(_site(httpx.Response(200, text="User-agent: *\nDisallow: /catalogue/\n")), ROBOTS_POLICY)
+    with pytest.raises(PermanentFetchError) as raised:
+        harness.fetch()
+    assert (raised.value.reason, raised.value.attempts, raised.value.http_status) == ("robots_disallowed", 0, None)
+    assert harness.paths == ["/robots.txt"]
+    assert harness.on_attempt_calls == []
+
+
+def test_robots_unreachable_is_permanent_with_its_own_reason():
+    harness = Harness(_site(httpx.Response(503)), ROBOTS_POLICY)
+    with pytest.raises(PermanentFetchError) as raised:
+        harness.fetch()
+    assert raised.value.reason == "robots_unreachable"
+    assert "HTTP 503" in raised.value.detail
+
+
+def test_robots_allowed_page_is_fetched():
+    harness = Harness(_site(httpx.Response(404)), ROBOTS_POLICY)
+    assert harness.fetch().body == b"page"
+    assert harness.paths == ["/robots.txt", "/catalogue/page-1.html"]
+
+
+def test_redirect_into_a_disallowed_path_is_refused():
+    def pages(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(302, headers={"Location": "/private/x"})
+
+    harness = Harness(_site(httpx.Response(200, text="User-agent: *\nDisallow: /private/\n"), pages), ROBOTS_POLICY)
+    with pytest.raises(PermanentFetchError) as raised:
+        harness.fetch()
+    assert (raised.value.reason, raised.value.attempts) == ("robots_disallowed", 1)
+    assert harness.paths == ["/robots.txt", "/catalogue/page-1.html"]
+
+
+def test_robots_txt_is_fetched_once_for_many_pages():
+    requests: list[httpx.Request] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        requests.append(request)
+        await asyncio.sleep(0.01)
+        return httpx.Response(404) if request.url.path == "/robots.txt" else httpx.Response(200)
+
+    async def main():
+        async with build_client(ROBOTS_POLICY, mounts={"all://": httpx.MockTransport(handler)}) as client:
+            fetcher = PageFetcher(client, ROBOTS_POLICY)
+            return await asyncio.gather(*(fetcher.fetch(f"http://shop.test/p{i}") for i in range(8)))
+
+    pages = asyncio.run(main())
+    assert [p.http_status for p in pages] == [200] * 8
+    assert [r.url.path for r in requests].count("/robots.txt") == 1
+
+
+# --- policy and client --------------------------------------------------------------------
+
+
+def test_policy_as_dict_is_json_serialisable():
+    frozen = json.loads(json.dumps(POLICY.as_dict()))
+    assert frozen == {
+        "user_agent": UA,
+        "requests_per_second": 1000,
+        "max_concurrency": 4,
+        "max_attempts": 3,
+        "timeout_s": 20.0,
+        "backoff_base_s": 0.5,
+        "backoff_max_s": 30.0,
+        "retry_after_max_s": 120.0,
+        "max_body_bytes": 10_000_000,
+        "max_redirects": 5,
+        "obey_robots_txt": False,
+    }
+    assert POLICY.request_deadline_s == 60.0
+
+
+def test_policy_from_politeness():
+    policy = FetchPolicy.from_politeness(
+        Politeness(requests_per_second=2.5, max_concurrency=3, obey_robots_txt=False), user_agent=UA, max_attempts=5
+    )
+    assert (policy.requests_per_second, policy.max_concurrency, policy.obey_robots_txt, policy.max_attempts) == (2.5, 3, False, 5)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("max_attempts", 0, "max_attempts must be >= 1"),
+        ("requests_per_second", 0, "requests_per_second must be > 0"),
+        ("timeout_s", -1, "timeout_s must be > 0"),
+        ("user_agent", " ", "user_agent must not be empty"),
+        ("max_redirects", -1, "max_redirects must be >= 0"),
+    ],
+)
+def test_policy_rejects_bad_values(field, value, message):
+    kwargs = dict(user_agent=UA, requests_per_second=1.0, max_concurrency=1)
+    kwargs[field] = value
+    with pytest.raises(ValueError, match=message):
+        FetchPolicy(**kwargs)
+
+
+def test_build_client_configuration_and_mounts():
+    policy = FetchPolicy(user_agent=UA, requests_per_second=1, max_concurrency=3, timeout_s=7.0, obey_robots_txt=False)
+    demo = httpx.MockTransport(lambda request: httpx.Response(200, text=f"demo {request.url.path}"))
+
+    async def main():
+        async with build_client(policy, mounts={"http://demo.scrape-assets.invalid": demo}) as client:
+            assert client.follow_redirects is False
+            assert client.timeout == httpx.Timeout(7.0)
+            assert client.headers["user-agent"] == UA
+            return await PageFetcher(client, policy, sleep=_no_sleep).fetch("http://demo.scrape-assets.invalid/c/page-1.html")
+
+    page = asyncio.run(main())
+    assert page.body == b"demo /c/page-1.html"
+
+
+async def _no_sleep(seconds: float) -> None:
+    return None
+
+
+# --- real sockets on 127.0.0.1 ------------------------------------------------------------
+
+Responder = Callable[[int, asyncio.StreamWriter], Awaitable[None]]
+
+
+class RawServer:
+    """A raw HTTP/1.1 server on 127.0.0.1: reads one request head, then lets ``responder`` write."""
+
+    def __init__(self, responder: Responder):
+        self.responder = responder
+        self.requests = 0
+        self._tasks: set[asyncio.Task] = set()
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def __aenter__(self) -> RawServer:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/page"
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        self._server.close()
+        for task in self._tasks:
+            task.cancel()
+        for writer in self._writers:
+            writer.transport.abort()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._tasks.add(asyncio.current_task())
+        self._writers.append(writer)
+        try:
+            while True:  # keep-alive: one connection may carry several requests
+                await reader.readuntil(b"\r\n\r\n")
+                self.requests += 1
+                await self.responder(self.requests, writer)
+                if writer.is_closing():
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+        except asyncio.CancelledError:  # our own __aexit__ stopping a stalled responder
+            writer.transport.abort()
+
+
+def _head(content_length: int) -> bytes:
+    return f"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {content_length}\r\n\r\n".encode()
+
+
+async def reset_mid_body(n: int, writer: asyncio.StreamWriter) -> None:
+    writer.write(_head(1000) + b"a" * 100)
+    await writer.drain()
+    await asyncio.sleep(0.05)
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close -> RST
+    writer.transport.abort()
+
+
+async def short_body(n: int, writer: asyncio.StreamWriter) -> None:
+    writer.write(_head(1000) + b"b" * 100)
+    await writer.drain()
+    writer.close()
+
+
+async def short_then_complete(n: int, writer: asyncio.StreamWriter) -> None:
+    if n == 1:
+        await short_body(n, writer)
+    else:
+        writer.write(_head(5) + b"hello")
+        await writer.drain()
+
+
+async def stall_after_headers(n: int, writer: asyncio.StreamWriter) -> None:
+    writer.write(_head(100))
+    await writer.drain()
+    await asyncio.sleep(3600)
+
+
+async def trickle(n: int, writer: asyncio.StreamWriter) -> None:
+    writer.write(_head(1000))
+    for _ in range(1000):
+        await writer.drain()
+        writer.write(b"t")
+        await asyncio.sleep(0.1)
+
+
+def _socket_policy(**overrides) -> FetchPolicy:
+    kwargs = dict(user_agent=UA, requests_per_second=1000, max_concurrency=2, timeout_s=2.0, obey_robots_txt=False)
+    kwargs.update(overrides)
+    return FetchPolicy(**kwargs)
+
+
+def _fetch_from(responder: Responder, policy: FetchPolicy) -> tuple[FetchedPage | FetchError, int, float]:
+    """Fetch from a RawServer: ``(page or error, requests the server saw, seconds taken)``."""
+
+    async def main():
+        async with RawServer(responder) as server, build_client(policy) as client:
+            fetcher = PageFetcher(client, policy, sleep=_no_sleep)
+            started = time.monotonic()
+            try:
+                result: FetchedPage | FetchError = await fetcher.fetch(server.url)
+            except FetchError as exc:
+                result = exc
+            return result, server.requests, time.monotonic() - started
+
+    return asyncio.run(main())
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("responder", [reset_mid_body, short_body], ids=["reset", "short"])
+def test_broken_body_is_retried_then_transient(responder):
+    result, requests, _ = _fetch_from(responder, _socket_policy())
+    assert isinstance(result, TransientFetchError)
+    assert (result.reason, result.http_status, result.attempts) == ("incomplete_body", 200, 3)
+    assert requests == 3
+
+
+@pytest.mark.timeout(30)
+def test_short_body_once_then_success():
+    result, requests, _ = _fetch_from(short_then_complete, _socket_policy())
+    assert isinstance(result, FetchedPage)
+    assert (result.body, result.attempts, requests) == (b"hello", 2, 2)
+
+
+@pytest.mark.timeout(30)
+def test_stall_after_headers_times_out():
+    result, requests, took_s = _fetch_from(stall_after_headers, _socket_policy(timeout_s=0.5, max_attempts=2))
+    assert isinstance(result, TransientFetchError)
+    assert (result.reason, result.http_status, result.attempts) == ("timeout", 200, 2)
+    assert requests == 2
+    assert took_s < 10  # two 0.5 s read timeouts, not a hang
+
+
+@pytest.mark.timeout(30)
+def test_trickling_server_hits_the_total_deadline():
+    # Each byte arrives within the 0.5 s read timeout; the 1.5 s deadline stops the request.
+    policy = _socket_policy(timeout_s=0.5, max_attempts=1)
+    result, requests, took_s = _fetch_from(trickle, policy)
+    assert isinstance(result, TransientFetchError)
+    assert (result.reason, result.attempts) == ("timeout", 1)
+    assert "1.5 s deadline" in result.detail
+    assert 1.0 <= took_s < 10
+
+
+@pytest.mark.timeout(30)
+def test_connection_refused_is_a_connection_error():
+    with socket.socket() as probe:  # find a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    policy = _socket_policy(max_attempts=2)
+
+    async def main():
+        async with build_client(policy) as client:
+            await PageFetcher(client, policy, sleep=_no_sleep).fetch(f"http://127.0.0.1:{port}/page")
+
+    with pytest.raises(TransientFetchError) as raised:
+        asyncio.run(main())
+    assert (raised.value.reason, raised.value.http_status, raised.value.attempts) == ("connection_error", None, 2)

@@ -1,0 +1,265 @@
+"""Tests for scrape_assets.politeness: robots.txt (RFC 9309) and per-host limits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from scrape_assets.politeness import HostLimiter, RobotsCache, RobotsDecision, robots_url_for
+
+UA = "scrape-assets/0.1 (+https://example.invalid/bot)"
+
+ROBOTS = """\
+User-agent: *
+Disallow: /private/
+Allow: /private/open.html
+
+User-agent: OtherBot
+Disallow: /
+"""
+
+ROBOTS_WITH_OUR_GROUP = """\
+User-agent: *
+Disallow: /private/
+
+User-agent: scrape-assets
+Disallow: /no-bots/
+"""
+
+
+def _client(handler) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.MockTransport(handler), follow_redirects=False)
+
+
+def _robots_handler(status: int, body: str = "", requests: list[httpx.Request] | None = None):
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if requests is not None:
+            requests.append(request)
+        assert request.url.path == "/robots.txt"
+        return httpx.Response(status, text=body)
+
+    return handler
+
+
+def test_robots_url_is_per_origin():
+    assert robots_url_for("https://Example.com/a/b?c=1#d") == "https://example.com/robots.txt"
+    assert robots_url_for("http://example.com:8080/a") == "http://example.com:8080/robots.txt"
+    assert robots_url_for("http://[::1]:81/x") == "http://[::1]:81/robots.txt"
+
+
+def test_disallow_rules_are_respected():
+    async def main():
+        requests: list[httpx.Request] = []
+        cache = RobotsCache()
+        async with _client(_robots_handler(200, ROBOTS, requests)) as client:
+            public = await cache.check(client, "http://shop.test/catalogue/page-1.html", UA)
+            private = await cache.check(client, "http://shop.test/private/x.html", UA)
+            opened = await cache.allowed(client, "http://shop.test/private/open.html", UA)
+            other_agent = await cache.allowed(client, "http://shop.test/catalogue/page-1.html", "OtherBot/1.0")
+        return requests, public, private, opened, other_agent
+
+    requests, public, private, opened, other_agent = asyncio.run(main())
+    assert public == RobotsDecision(True, None, "http://shop.test/robots.txt", "allowed by robots.txt")
+    assert private == RobotsDecision(
+        False, "robots_disallowed", "http://shop.test/robots.txt", "disallowed by http://shop.test/robots.txt"
+    )
+    assert opened is True  # the longer Allow wins (RFC 9309 §2.2.2)
+    assert other_agent is False
+    assert len(requests) == 1
+    assert requests[0].headers["user-agent"] == UA
+
+
+def test_group_naming_our_product_token_replaces_the_star_group():
+    async def main():
+        cache = RobotsCache()
+        async with _client(_robots_handler(200, ROBOTS_WITH_OUR_GROUP)) as client:
+            return (
+                await cache.allowed(client, "http://shop.test/no-bots/a", UA),
+                await cache.allowed(client, "http://shop.test/private/a", UA),
+                await cache.allowed(client, "http://shop.test/private/a", "SomeBot/2"),
+            )
+
+    # RFC 9309 §2.2.1: only the most specific matching group applies.
+    assert asyncio.run(main()) == (False, True, False)
+
+
+def test_404_allows_everything():
+    async def main():
+        cache = RobotsCache()
+        async with _client(_robots_handler(404, "not here")) as client:
+            return await cache.check(client, "http://shop.test/private/x.html", UA)
+
+    decision = asyncio.run(main())
+    assert decision.allowed is True
+    assert decision.reason is None
+    assert "404" in decision.detail
+
+
+@pytest.mark.parametrize("status", [500, 503, 429])
+def test_server_error_disallows_everything_with_a_reason(status):
+    async def main():
+        cache = RobotsCache()
+        async with _client(_robots_handler(status)) as client:
+            first = await cache.check(client, "http://shop.test/", UA)
+            second = await cache.check(client, "http://shop.test/catalogue/", UA)
+        return first, second
+
+    first, second = asyncio.run(main())
+    assert (first.allowed, first.reason) == (False, "robots_unreachable")
+    assert (second.allowed, second.reason) == (False, "robots_unreachable")
+    assert f"HTTP {status}" in first.detail
+
+
+def test_network_error_disallows_everything():
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    async def main():
+        async with _client(handler) as client:
+            return await RobotsCache().check(client, "http://shop.test/a", UA)
+
+    decision = asyncio.run(main())
+    assert (decision.allowed, decision.reason) == (False, "robots_unreachable")
+    assert "ConnectError" in decision.detail
+
+
+def test_stalled_robots_txt_is_unreachable_after_the_deadline():
+    async def handler(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(30)
+        return httpx.Response(200, text="")
+
+    async def main():
+        async with _client(handler) as client:
+            started = time.monotonic()
+            decision = await RobotsCache(deadline_s=0.2).check(client, "http://shop.test/a", UA)
+            return decision, time.monotonic() - started
+
+    decision, took_s = asyncio.run(main())
+    assert decision.reason == "robots_unreachable"
+    assert took_s < 5
+
+
+def test_robots_redirect_is_followed():
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "shop.test":
+            return httpx.Response(301, headers={"Location": "https://www.shop.test/robots.txt"})
+        return httpx.Response(200, text="User-agent: *\nDisallow: /\n")
+
+    async def main():
+        async with _client(handler) as client:
+            return await RobotsCache().check(client, "http://shop.test/a", UA)
+
+    assert asyncio.run(main()).reason == "robots_disallowed"
+
+
+def test_one_fetch_for_concurrent_askers():
+    requests: list[httpx.Request] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        requests.append(request)
+        await asyncio.sleep(0.05)  # keep the first fetch in flight while the others ask
+        return httpx.Response(200, text=ROBOTS)
+
+    async def main():
+        cache = RobotsCache()
+        async with _client(handler) as client:
+            same_host = await asyncio.gather(
+                *(cache.allowed(client, f"http://shop.test/private/{i}", UA) for i in range(10))
+            )
+            other_host = await cache.allowed(client, "http://other.test/private/1", UA)
+        return same_host, other_host
+
+    same_host, other_host = asyncio.run(main())
+    assert same_host == [False] * 10
+    assert other_host is False
+    assert [str(r.url) for r in requests] == ["http://shop.test/robots.txt", "http://other.test/robots.txt"]
+
+
+def test_robots_fetch_takes_a_host_slot():
+    limiter = HostLimiter(requests_per_second=1000, max_concurrency=1)
+
+    async def main():
+        async with _client(_robots_handler(404)) as client:
+            async with limiter.slot("shop.test"):
+                pending = asyncio.create_task(RobotsCache(limiter=limiter).check(client, "http://shop.test/a", UA))
+                await asyncio.sleep(0.1)
+                blocked = not pending.done()
+            return blocked, await asyncio.wait_for(pending, 5)
+
+    blocked, decision = asyncio.run(main())
+    assert blocked is True
+    assert decision.allowed is True
+
+
+def test_host_limiter_caps_concurrency():
+    limiter = HostLimiter(requests_per_second=1000, max_concurrency=3)
+    in_flight = 0
+    max_in_flight = 0
+
+    async def request():
+        nonlocal in_flight, max_in_flight
+        async with limiter.slot("shop.test"):
+            in_flight += 1
+            max_in_flight = max(max_in_flight, in_flight)
+            await asyncio.sleep(0.05)
+            in_flight -= 1
+
+    async def main():
+        await asyncio.gather(*(request() for _ in range(12)))
+
+    asyncio.run(main())
+    assert max_in_flight == 3
+    assert in_flight == 0
+
+
+def test_host_limiter_spaces_requests_by_the_rate():
+    rps = 20.0
+    slots = 6
+    limiter = HostLimiter(requests_per_second=rps, max_concurrency=10)
+    started: list[float] = []
+
+    async def request():
+        async with limiter.slot("shop.test"):
+            started.append(time.monotonic())
+
+    async def main():
+        await asyncio.gather(*(request() for _ in range(slots)))
+
+    asyncio.run(main())
+    took_s = max(started) - min(started)
+    expected_s = (slots - 1) / rps  # 0.25 s
+    assert took_s >= expected_s * 0.8
+    assert took_s < expected_s + 2.0  # generous: only guards against "waits far too long"
+
+
+def test_host_limiter_hosts_are_independent_and_case_insensitive():
+    limiter = HostLimiter(requests_per_second=1000, max_concurrency=1)
+
+    async def main():
+        async with limiter.slot("shop.test"):
+            same_host = asyncio.create_task(_enter(limiter, "SHOP.test"))
+            # Another host is not blocked by shop.test's only slot.
+            await asyncio.wait_for(_enter(limiter, "other.test"), 5)
+            await asyncio.sleep(0.05)
+            blocked = not same_host.done()
+        await asyncio.wait_for(same_host, 5)
+        return blocked
+
+    assert asyncio.run(main()) is True
+
+
+async def _enter(limiter: HostLimiter, host: str) -> None:
+    async with limiter.slot(host):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("rps", "concurrency", "message"),
+    [(0, 1, "requests_per_second must be > 0"), (1, 0, "max_concurrency must be >= 1")],
+)
+def test_host_limiter_rejects_bad_limits(rps, concurrency, message):
+    with pytest.raises(ValueError, match=message):
+        HostLimiter(requests_per_second=rps, max_concurrency=concurrency)

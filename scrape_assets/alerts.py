@@ -1,0 +1,41 @@
+"""Alerts: a log line always, and a JSON POST to a webhook when one is configured.
+
+The payload is Slack-compatible (``{"text": ...}``) plus structured fields. The webhook
+URL is a secret: it is never logged or put in metadata; delivery errors are logged
+with the URL redacted and never fail the caller (an alert must not break a sensor).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+
+from scrape_assets.storage import redact_url
+
+logger = logging.getLogger(__name__)
+
+
+def send_alert(text: str, *, webhook_url: str | None, fields: dict | None = None, timeout_s: float = 10.0) -> bool:
+    """Log ``text`` at WARNING and POST it to ``webhook_url`` if set.
+
+    Args:
+        text: one human-readable line.
+        webhook_url: where to POST ``{"text": text, **fields}``; ``None`` logs only.
+        fields: extra JSON-serialisable fields (category, success_rate, ...).
+
+    Returns:
+        True when the webhook accepted it (2xx), False when it was not sent or failed.
+    """
+    logger.warning("ALERT: %s", text)
+    if not webhook_url:
+        return False
+    try:
+        response = httpx.post(webhook_url, json={"text": text, **(fields or {})}, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        logger.error("alert webhook %s unreachable: %s", redact_url(webhook_url, keep_path=False), type(exc).__name__)
+        return False
+    if response.is_success:
+        return True
+    logger.error("alert webhook %s answered HTTP %s", redact_url(webhook_url, keep_path=False), response.status_code)
+    return False

@@ -1,0 +1,71 @@
+"""Success-rate collapse detection: a pure function over observations and a small state.
+
+A *collapse* of a subject (a category, or ``all`` for a whole run) is any of:
+
+- its page success rate is below ``floor`` (default 0.9);
+- its rate dropped by more than ``max_drop`` (default 0.3) below the median of its
+  last ``history_size`` rates (needs ``min_history`` earlier observations);
+- the products parsed or loaded for it fell to zero.
+
+One alert per collapse: a subject alerts when it enters the collapsed state and again
+only after a healthy observation has cleared it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class CollapseRules:
+    floor: float = 0.9
+    max_drop: float = 0.3
+    history_size: int = 5
+    min_history: int = 3
+
+
+@dataclass
+class CollapseState:
+    """JSON-serialisable memory of the sensor (kept in its cursor)."""
+
+    history: dict[str, list[float]] = field(default_factory=dict)
+    collapsed: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"history": self.history, "collapsed": self.collapsed}
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> CollapseState:
+        data = data or {}
+        return cls(history=dict(data.get("history", {})), collapsed=dict(data.get("collapsed", {})))
+
+
+def observe_rate(state: CollapseState, subject: str, rate: float, rules: CollapseRules) -> str | None:
+    """Record a success rate; return an alert text when the subject newly collapses."""
+    history = state.history.get(subject, [])
+    reason = None
+    if rate < rules.floor:
+        reason = f"success rate {rate:.0%} is below the floor {rules.floor:.0%}"
+    elif len(history) >= rules.min_history:
+        median = statistics.median(history[-rules.history_size :])
+        if median - rate > rules.max_drop:
+            reason = f"success rate {rate:.0%} dropped from a recent median of {median:.0%}"
+    state.history[subject] = (history + [rate])[-rules.history_size :]
+    return _transition(state, f"rate:{subject}", reason, subject)
+
+
+def observe_products(state: CollapseState, subject: str, products: int) -> str | None:
+    """Record a product count; return an alert text when it newly falls to zero."""
+    reason = "products fell to zero (layout change or empty site?)" if products == 0 else None
+    return _transition(state, f"products:{subject}", reason, subject)
+
+
+def _transition(state: CollapseState, key: str, reason: str | None, subject: str) -> str | None:
+    if reason is None:
+        state.collapsed.pop(key, None)
+        return None
+    if key in state.collapsed:
+        return None  # still collapsed: already alerted
+    state.collapsed[key] = reason
+    return f"{subject}: {reason}"

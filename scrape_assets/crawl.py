@@ -1,0 +1,264 @@
+"""Crawl one partition (category) into a snapshot: discovery, fetching, resume.
+
+Discovery starts at page 1. When its pager says "Page 1 of N" and the spec gives a
+``page_url`` pattern, pages 2..N are known at once and fetched concurrently, so one
+dead page hides nothing; otherwise ``next`` links are followed page by page.
+
+Every change of a page's state is persisted in the manifest before the crawl moves on
+(see :mod:`scrape_assets.manifest`): the attempt count before each HTTP attempt, the
+body (atomically) and then ``done``, or ``failed`` with its reason. A run that dies
+therefore resumes with at most the in-flight pages to fetch again. Pages that fail
+for good are recorded (they become dead letters) and never fail the crawl; storage
+errors do fail it, so the step's RetryPolicy can resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import urljoin, urlsplit
+
+from scrape_assets.errors import FetchError
+from scrape_assets.fetcher import PageFetcher
+from scrape_assets.manifest import Manifest, PageEntry, open_snapshot, utc_now_iso
+from scrape_assets.parsing import parse_pager
+from scrape_assets.spec import SiteSpec
+from scrape_assets.storage import ObjectStore
+
+logger = logging.getLogger(__name__)
+
+ProgressCallback = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class CrawlReport:
+    """Outcome of one partition's crawl (this run's share and the snapshot's totals)."""
+
+    category: str
+    snapshot_id: str
+    resumed: bool
+    pages_total: int
+    pages_done: int
+    pages_failed: int
+    requests_made: int  # HTTP attempts made by this run
+    pages_fetched: int  # pages that became done in this run
+    bytes_stored: int  # bytes written by this run
+    products_expected: int | None
+    duration_s: float
+
+    @property
+    def success_rate(self) -> float:
+        """done / (done + failed); 1.0 for an empty snapshot."""
+        finished = self.pages_done + self.pages_failed
+        return self.pages_done / finished if finished else 1.0
+
+
+class PartitionCrawler:
+    """Fetch every listing page of one category into a snapshot.
+
+    Args:
+        spec: the site spec.
+        category: partition key (a key of ``spec.categories``).
+        store: object storage for pages and the manifest.
+        fetcher: a polite, retrying :class:`~scrape_assets.fetcher.PageFetcher` (shared per run).
+        fetch_config: the frozen fetch config recorded in the manifest.
+        fetch_base_url: where pages are fetched from (the spec's base URL or a mirror).
+        progress: called with one human-readable line now and then.
+    """
+
+    def __init__(
+        self,
+        spec: SiteSpec,
+        category: str,
+        store: ObjectStore,
+        fetcher: PageFetcher,
+        *,
+        fetch_config: dict,
+        fetch_base_url: str,
+        max_attempts: int,
+        progress: ProgressCallback | None = None,
+    ):
+        self.spec = spec
+        self.category = category
+        self.store = store
+        self.fetcher = fetcher
+        self.fetch_config = fetch_config
+        self.fetch_base_url = fetch_base_url
+        self.max_attempts = max_attempts
+        self.progress = progress or (lambda line: logger.info(line))
+        self._lock = asyncio.Lock()
+        self._requests = 0
+        self._fetched = 0
+        self._bytes = 0
+
+    async def run(self, *, new_snapshot: bool = False) -> CrawlReport:
+        """Crawl (or resume) the partition; return its report.
+
+        Raises:
+            FetchConfigChangedError: resume refused (see :func:`~scrape_assets.manifest.open_snapshot`).
+            StorageError: a page or the manifest could not be written.
+        """
+        started = time.monotonic()
+        manifest, resumed = open_snapshot(
+            self.store,
+            site=self.spec.name,
+            category=self.category,
+            start_url=self.spec.start_url(self.category, self.fetch_base_url),
+            fetch_config=self.fetch_config,
+            new_snapshot=new_snapshot,
+        )
+        swept = self.store.sweep_temp_files(manifest.prefix)
+        if resumed:
+            c = manifest.counts()
+            self.progress(
+                f"{self.category}: resuming snapshot {manifest.snapshot_id} "
+                f"({c['done']} done, {c['failed']} failed, {c['pending']} pending"
+                + (f", {swept} orphaned temp files removed" if swept else "")
+                + ")"
+            )
+        self.manifest = manifest
+        await self._crawl()
+        manifest.completed_at = utc_now_iso()
+        async with self._lock:
+            manifest.save(self.store)
+        c = manifest.counts()
+        return CrawlReport(
+            category=self.category,
+            snapshot_id=manifest.snapshot_id,
+            resumed=resumed,
+            pages_total=len(manifest.pages),
+            pages_done=c["done"],
+            pages_failed=c["failed"],
+            requests_made=self._requests,
+            pages_fetched=self._fetched,
+            bytes_stored=self._bytes,
+            products_expected=manifest.products_expected,
+            duration_s=round(time.monotonic() - started, 3),
+        )
+
+    # -- discovery ------------------------------------------------------------------------
+    async def _crawl(self) -> None:
+        manifest = self.manifest
+        if manifest.pages[1].status == "pending":
+            await self._fetch(1)
+        if manifest.pages[1].status == "done" and not manifest.discovery_complete:
+            await self._discover_from_page_one()
+        # Fetch whatever is pending (all of 2..N at once, or the next link's page).
+        while True:
+            pending = sorted(n for n, p in manifest.pages.items() if p.status == "pending")
+            if not pending:
+                if manifest.discovery_complete:
+                    return
+                await self._follow_next_links()
+                if not any(p.status == "pending" for p in manifest.pages.values()):
+                    return
+                continue
+            await asyncio.gather(*(self._fetch(n) for n in pending))
+            if not manifest.discovery_complete:
+                await self._follow_next_links()
+
+    async def _discover_from_page_one(self) -> None:
+        manifest = self.manifest
+        pager = self._pager(1)
+        manifest.products_expected = pager.results_count
+        pattern = self.spec.pagination.page_url
+        if pager.total_pages is not None and pattern:
+            total = min(pager.total_pages, self.spec.pagination.max_pages)
+            manifest.total_pages = total
+            for n in range(2, total + 1):
+                manifest.pages.setdefault(n, PageEntry(url=self._page_url(n)))
+            manifest.discovery_complete = True
+        elif pager.next_url is None:
+            manifest.total_pages = pager.total_pages or 1
+            manifest.discovery_complete = True
+        else:
+            manifest.total_pages = pager.total_pages
+        async with self._lock:
+            manifest.save(self.store)
+        if manifest.total_pages and manifest.total_pages > 1:
+            self.progress(f"{self.category}: {manifest.total_pages} pages to fetch")
+
+    async def _follow_next_links(self) -> None:
+        """Add the page after the highest done page, from its ``next`` link (next-link mode)."""
+        manifest = self.manifest
+        last = max(manifest.pages)
+        entry = manifest.pages[last]
+        if entry.status != "done":
+            manifest.discovery_complete = True  # a dead page ends the chain: nothing more to find
+        else:
+            next_url = self._pager(last).next_url
+            if next_url is None or last >= self.spec.pagination.max_pages:
+                manifest.discovery_complete = True
+            elif not _same_origin(next_url, self.fetch_base_url):
+                logger.warning("%s: next link %s leaves the site; not followed", self.category, next_url)
+                manifest.discovery_complete = True
+            else:
+                manifest.pages[last + 1] = PageEntry(url=next_url)
+        async with self._lock:
+            manifest.save(self.store)
+
+    def _page_url(self, n: int) -> str:
+        start = self.manifest.start_url
+        return urljoin(start, self.spec.pagination.page_url.format(n=n))
+
+    def _pager(self, n: int):
+        entry = self.manifest.pages[n]
+        body = self.store.read_bytes(self.manifest.page_key(n))
+        return parse_pager(body, self.spec, entry.url, content_type=entry.content_type)
+
+    # -- fetching ---------------------------------------------------------------------------
+    async def _fetch(self, n: int) -> None:
+        manifest = self.manifest
+        entry = manifest.pages[n]
+        if entry.attempts >= self.max_attempts:
+            # The last allowed attempt was in flight when an earlier run died.
+            entry.status = "failed"
+            entry.last_error = entry.last_error or "attempts_exhausted: interrupted on the last attempt"
+            async with self._lock:
+                manifest.save(self.store)
+            return
+
+        async def on_attempt(attempt: int) -> None:
+            entry.attempts = attempt
+            self._requests += 1
+            async with self._lock:
+                manifest.save(self.store)
+
+        try:
+            page = await self.fetcher.fetch(entry.url, prior_attempts=entry.attempts, on_attempt=on_attempt)
+        except FetchError as exc:
+            entry.status = "failed"
+            entry.http_status = exc.http_status
+            entry.last_error = exc.reason + (f": {exc.detail}" if exc.detail else "")
+            async with self._lock:
+                manifest.save(self.store)
+            self.progress(f"{self.category}: page {n} failed for good ({entry.last_error}) {entry.url}")
+            return
+        key = manifest.page_key(n)
+        # Body first, then the manifest: a crash in between costs one refetch, never a lie.
+        size = await asyncio.to_thread(self.store.write_bytes_atomic, key, page.body)
+        entry.status = "done"
+        entry.http_status = page.http_status
+        entry.content_hash = "sha256:" + hashlib.sha256(page.body).hexdigest()
+        entry.bytes = size
+        entry.fetched_at = utc_now_iso()
+        entry.last_error = None
+        entry.content_type = page.headers.get("content-type")
+        entry.etag = page.headers.get("etag")
+        entry.last_modified = page.headers.get("last-modified")
+        self._fetched += 1
+        self._bytes += size
+        async with self._lock:
+            manifest.save(self.store)
+        done = sum(1 for p in manifest.pages.values() if p.status == "done")
+        if done % 10 == 0 or done == manifest.total_pages:
+            self.progress(f"{self.category}: {done}/{manifest.total_pages or '?'} pages done")
+
+
+def _same_origin(url: str, base_url: str) -> bool:
+    a, b = urlsplit(url), urlsplit(base_url)
+    return (a.scheme, a.netloc) == (b.scheme, b.netloc)

@@ -1,0 +1,19 @@
+"""The one composition root: Definitions built from the modules in ``defs/``."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from scrape_assets.defs import jobs, schedules, sensors
+from scrape_assets.defs.assets.dead_letters import dead_letters
+from scrape_assets.defs.assets.parsed_products import parsed_products
+from scrape_assets.defs.assets.products_table import products_table
+from scrape_assets.defs.assets.raw_pages import raw_pages
+from scrape_assets.defs.resources import build_resources
+
+defs = dg.Definitions.merge(
+    dg.Definitions(assets=[raw_pages, parsed_products, products_table, dead_letters], resources=build_resources()),
+    jobs.defs,
+    schedules.defs,
+    sensors.defs,
+)

@@ -1,0 +1,1 @@
+"""The assets: raw_pages -> parsed_products -> products_table, and dead_letters."""

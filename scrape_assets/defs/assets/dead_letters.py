@@ -1,0 +1,87 @@
+"""``dead_letters``: pages and products that failed for good, with their reason."""
+
+
+import json
+
+import dagster as dg
+
+from scrape_assets.defs.partitions import category_partitions
+from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource
+from scrape_assets.extract import load_parsed
+from scrape_assets.manifest import Manifest, latest_manifest, utc_now_iso
+from scrape_assets.warehouse import dead_letters as dead_letters_table
+
+
+def dead_letter_rows(manifest: Manifest, parse_rejects: list[dict]) -> list[dict]:
+    """Rows ``category, url, stage, reason, http_status, attempts, snapshot_id, recorded_at``.
+
+    Failed pages come from the manifest (stage ``fetch``); product cards the parser
+    rejected come from ``parsed.json`` (stage ``parse``).
+    """
+    now = utc_now_iso()
+    rows = [
+        {
+            "category": manifest.category,
+            "url": entry.url,
+            "stage": "fetch",
+            "reason": entry.last_error or "failed",
+            "http_status": entry.http_status,
+            "attempts": entry.attempts,
+            "snapshot_id": manifest.snapshot_id,
+            "recorded_at": now,
+        }
+        for _, entry in sorted(manifest.pages.items())
+        if entry.status == "failed"
+    ]
+    rows += [
+        {
+            "category": manifest.category,
+            "url": reject["url"],
+            "stage": "parse",
+            "reason": reject["reason"],
+            "http_status": None,
+            "attempts": 0,
+            "snapshot_id": manifest.snapshot_id,
+            "recorded_at": now,
+        }
+        for reject in parse_rejects
+    ]
+    return rows
+
+
+@dg.asset(
+    deps=["raw_pages", "parsed_products"],
+    partitions_def=category_partitions,
+    backfill_policy=dg.BackfillPolicy.single_run(),
+    group_name="scrape",
+    kinds={"sql", "json"},
+)
+def dead_letters(
+    context: dg.AssetExecutionContext, site: SiteResource, store: ObjectStoreResource, warehouse: WarehouseResource
+):
+    """One row per page or product that failed for good, with stage, reason and HTTP status.
+
+    Kept as the warehouse table ``dead_letters`` (replaced per partition) and as
+    ``dead_letters.json`` next to the snapshot.
+    """
+    spec = site.spec()
+    object_store = store.store()
+    wh = warehouse.warehouse()
+    counts = {}
+    for category in context.partition_keys:
+        manifest = latest_manifest(object_store, spec.name, category, complete=True)
+        if manifest is None:
+            counts[category] = 0
+            continue
+        rows = dead_letter_rows(manifest, load_parsed(object_store, manifest).rejects)
+        object_store.write_bytes_atomic(f"{manifest.prefix}/dead_letters.json", json.dumps(rows, indent=1).encode())
+        counts[category] = wh.replace_partition(dead_letters_table, category, rows)
+        if rows:
+            context.log.warning(f"{category}: {len(rows)} dead letter(s): " + "; ".join(f"{r['url']} ({r['reason']})" for r in rows[:5]))
+    return dg.MaterializeResult(
+        metadata={
+            "dead_letters": sum(counts.values()),
+            "by_category": dg.MetadataValue.json(counts),
+            "table": "dead_letters",
+        }
+    )

@@ -1,0 +1,34 @@
+"""``daily_scrape_job``: every asset, all categories, in one run."""
+
+
+import dagster as dg
+
+from scrape_assets.defs.partitions import category_partitions
+
+SCRAPE_ASSETS = ["raw_pages", "parsed_products", "products_table", "dead_letters"]
+REPARSE_ASSETS = ["parsed_products", "products_table", "dead_letters"]
+
+daily_scrape_job = dg.define_asset_job(
+    "daily_scrape_job",
+    selection=dg.AssetSelection.assets(*SCRAPE_ASSETS),
+    partitions_def=category_partitions,
+    description="Fetch, parse, validate and load categories (one run covers a range of categories).",
+)
+
+reparse_job = dg.define_asset_job(
+    "reparse_job",
+    selection=dg.AssetSelection.assets(*REPARSE_ASSETS),
+    partitions_def=category_partitions,
+    description="Re-parse saved pages and reload the tables: zero HTTP requests (after a parser fix).",
+)
+
+
+def all_categories_tags(partitions_def: dg.StaticPartitionsDefinition) -> dict[str, str]:
+    """Run tags selecting every partition as one range (one run, one process start)."""
+    keys = partitions_def.get_partition_keys()
+    return {"dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]}
+
+
+defs = dg.Definitions(jobs=[daily_scrape_job, reparse_job])
+
+__all__ = ["all_categories_tags", "category_partitions", "daily_scrape_job", "defs", "reparse_job"]

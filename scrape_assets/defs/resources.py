@@ -1,0 +1,103 @@
+"""Resources, wired from ``SCRAPE_*`` settings in this one file.
+
+Each resource is a ``dg.ConfigurableResource`` so tests (and the UI's launchpad) can
+swap values without touching code; secrets come in through ``dg.EnvVar`` so Dagster
+never displays them.
+"""
+
+
+import dagster as dg
+import httpx
+from pydantic import Field
+
+from scrape_assets import __version__
+from scrape_assets.demo_site import DEMO_BASE_URL, DemoTransport
+from scrape_assets.fetcher import FetchPolicy, build_client
+from scrape_assets.settings import load_settings
+from scrape_assets.spec import SiteSpec, load_spec
+from scrape_assets.storage import ObjectStore
+from scrape_assets.warehouse import Warehouse
+
+USER_AGENT = f"scrape_assets/{__version__} (polite catalogue crawler; python-httpx)"
+
+
+class SiteResource(dg.ConfigurableResource):
+    """The site to scrape and how politely (spec + overrides)."""
+
+    site: str = Field(default="demo", description="shipped spec name or path to a spec YAML")
+    base_url: str | None = Field(default=None, description="fetch from this base instead of the spec's (a mirror)")
+    requests_per_second: float | None = Field(default=None, description="per-host rate; default from the spec")
+    max_concurrency: int | None = Field(default=None, description="per-host concurrent requests; default from the spec")
+    max_attempts: int = Field(default=3, ge=1, description="HTTP attempts per page before it is dead-lettered")
+    timeout_s: float = Field(default=20.0, gt=0, description="per-request timeout in seconds")
+    user_agent: str = USER_AGENT
+
+    def spec(self) -> SiteSpec:
+        return load_spec(self.site)
+
+    def fetch_base_url(self) -> str:
+        url = self.base_url or self.spec().base_url
+        return url if url.endswith("/") else url + "/"
+
+    def fetch_policy(self) -> FetchPolicy:
+        politeness = self.spec().politeness
+        return FetchPolicy(
+            user_agent=self.user_agent,
+            requests_per_second=self.requests_per_second or politeness.requests_per_second,
+            max_concurrency=self.max_concurrency or politeness.max_concurrency,
+            max_attempts=self.max_attempts,
+            timeout_s=self.timeout_s,
+            obey_robots_txt=politeness.obey_robots_txt,
+        )
+
+    def fetch_config(self) -> dict:
+        """The frozen fetch config recorded in each manifest (a change refuses resume)."""
+        return {"site": self.site, "base_url": self.fetch_base_url(), **self.fetch_policy().as_dict()}
+
+    def client(self) -> httpx.AsyncClient:
+        """An httpx client; the demo host is served in-process (no socket, no network)."""
+        return build_client(self.fetch_policy(), mounts={DEMO_BASE_URL.rstrip("/"): DemoTransport()})
+
+
+class ObjectStoreResource(dg.ConfigurableResource):
+    """Object storage root for raw pages, manifests and parsed output."""
+
+    url: str = Field(description="local path or fsspec URL (s3://bucket/prefix)")
+
+    def store(self) -> ObjectStore:
+        return ObjectStore(self.url)
+
+
+class WarehouseResource(dg.ConfigurableResource):
+    """The SQL warehouse holding ``products`` and ``dead_letters``."""
+
+    url: str = Field(description="SQLAlchemy URL")
+
+    def warehouse(self) -> Warehouse:
+        return Warehouse(self.url)
+
+
+class AlertsResource(dg.ConfigurableResource):
+    """Where alerts go: the log always, a webhook (JSON POST, Slack-compatible) when set."""
+
+    webhook_url: str | None = Field(default=None, description="secret; set via SCRAPE_ALERT_WEBHOOK_URL")
+
+
+def build_resources(env: dict | None = None) -> dict:
+    """The resources of a deployment, from ``SCRAPE_*`` variables (see README)."""
+    settings = load_settings(env)
+    return {
+        "site": SiteResource(
+            site=settings.site,
+            base_url=settings.base_url,
+            requests_per_second=settings.requests_per_second,
+            max_concurrency=settings.max_concurrency,
+            max_attempts=settings.max_attempts,
+            user_agent=settings.user_agent or USER_AGENT,
+        ),
+        "store": ObjectStoreResource(url=settings.storage_url),
+        "warehouse": WarehouseResource(url=settings.warehouse_url),
+        "alerts": AlertsResource(
+            webhook_url=dg.EnvVar("SCRAPE_ALERT_WEBHOOK_URL") if settings.alert_webhook_set else None
+        ),
+    }

@@ -1,0 +1,134 @@
+"""Turn a snapshot's saved pages into product rows: storage in, rows out, no network.
+
+``parsed_products`` calls :func:`extract_snapshot` for the latest complete snapshot of a
+partition and saves the result next to it as ``parsed.json`` (:func:`save_parsed`), which
+``products_table`` and ``dead_letters`` read back with :func:`load_parsed`. Because only
+saved pages are read, a backfill after a parser fix makes zero HTTP requests.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from scrape_assets.errors import ManifestError
+from scrape_assets.manifest import Manifest
+from scrape_assets.parsing import parse_listing
+from scrape_assets.spec import SiteSpec
+from scrape_assets.storage import ObjectStore
+
+#: Bump when the parsing rules change: it is the ``code_version`` of ``parsed_products``.
+PARSER_VERSION = "1"
+
+
+@dataclass
+class ParsedSnapshot:
+    """Rows parsed from one snapshot.
+
+    Attributes:
+        products: one dict per product with the columns of ``schemas.PRODUCT_COLUMNS``.
+        pages: one dict per done page: ``category, page_number, products_parsed, cards_found,
+            site_claims_products`` (the layout guard's input).
+        rejects: product cards that could not be parsed: ``url, page_number, reason``.
+    """
+
+    category: str
+    snapshot_id: str
+    parser_version: str = PARSER_VERSION
+    products: list[dict] = field(default_factory=list)
+    pages: list[dict] = field(default_factory=list)
+    rejects: list[dict] = field(default_factory=list)
+
+
+def parsed_key(manifest: Manifest) -> str:
+    return f"{manifest.prefix}/parsed.json"
+
+
+def extract_snapshot(
+    store: ObjectStore, manifest: Manifest, spec: SiteSpec, *, fetch_base_url: str
+) -> ParsedSnapshot:
+    """Parse every ``done`` page of a snapshot.
+
+    Args:
+        fetch_base_url: the base the pages were fetched from; product URLs on it are
+            rewritten onto the spec's canonical ``base_url`` (a mirror does not change identity).
+
+    Raises:
+        ManifestError: a page marked done is missing from storage.
+    """
+    out = ParsedSnapshot(category=manifest.category, snapshot_id=manifest.snapshot_id)
+    for n, entry in sorted(manifest.pages.items()):
+        if entry.status != "done":
+            continue
+        try:
+            body = store.read_bytes(manifest.page_key(n))
+        except FileNotFoundError:
+            raise ManifestError(manifest.key, f"page {n} is marked done but {manifest.page_key(n)} is missing") from None
+        page = parse_listing(
+            body,
+            spec,
+            entry.url,
+            canonical_base_url=spec.base_url,
+            fetch_base_url=fetch_base_url,
+            content_type=entry.content_type,
+        )
+        for product in page.products:
+            out.products.append(
+                {
+                    "category": manifest.category,
+                    **product,
+                    "page_number": n,
+                    "snapshot_id": manifest.snapshot_id,
+                    "fetched_at": entry.fetched_at,
+                }
+            )
+        for reject in page.rejects:
+            out.rejects.append({"url": reject.url or entry.url, "page_number": n, "reason": reject.reason})
+        claims = page.pager.total_pages is not None or bool(page.pager.results_count)
+        out.pages.append(
+            {
+                "category": manifest.category,
+                "page_number": n,
+                "products_parsed": len(page.products),
+                "cards_found": page.cards_found,
+                "site_claims_products": claims,
+            }
+        )
+    return out
+
+
+def save_parsed(store: ObjectStore, manifest: Manifest, parsed: ParsedSnapshot) -> int:
+    """Write ``parsed.json`` next to the snapshot atomically; return bytes written."""
+    payload = {
+        "category": parsed.category,
+        "snapshot_id": parsed.snapshot_id,
+        "parser_version": parsed.parser_version,
+        "products": [{**p, "price": str(p["price"])} for p in parsed.products],
+        "pages": parsed.pages,
+        "rejects": parsed.rejects,
+    }
+    return store.write_bytes_atomic(parsed_key(manifest), json.dumps(payload, ensure_ascii=False).encode("utf-8"))
+
+
+def load_parsed(store: ObjectStore, manifest: Manifest) -> ParsedSnapshot:
+    """Read ``parsed.json`` of a snapshot (prices back to :class:`~decimal.Decimal`).
+
+    Raises:
+        ManifestError: the snapshot has not been parsed yet (materialize ``parsed_products`` first).
+    """
+    try:
+        data = json.loads(store.read_bytes(parsed_key(manifest)))
+    except FileNotFoundError:
+        raise ManifestError(
+            parsed_key(manifest), "snapshot not parsed yet: materialize parsed_products for this partition first"
+        ) from None
+    products = [{**p, "price": Decimal(p["price"])} for p in data["products"]]
+    return ParsedSnapshot(
+        category=data["category"],
+        snapshot_id=data["snapshot_id"],
+        parser_version=data["parser_version"],
+        products=products,
+        pages=data["pages"],
+        rejects=data["rejects"],
+    )

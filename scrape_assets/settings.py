@@ -1,0 +1,87 @@
+"""Settings from ``SCRAPE_*`` environment variables, read in one place.
+
+Only ``scrape_assets/defs/resources.py`` and ``defs/partitions.py`` call
+:func:`load_settings`; everything else receives values through Dagster resources.
+
+| variable | meaning | default |
+|---|---|---|
+| ``SCRAPE_SITE`` | shipped spec name or path to a spec file | ``demo`` |
+| ``SCRAPE_BASE_URL`` | overrides the spec's base URL (a local mirror) | from the spec |
+| ``SCRAPE_DATA_DIR`` | root of local object storage and the default warehouse | ``./data`` |
+| ``SCRAPE_STORAGE_URL`` | object storage root (fsspec URL) | ``$SCRAPE_DATA_DIR/objects`` |
+| ``SCRAPE_WAREHOUSE_URL`` | SQLAlchemy URL | ``sqlite:///$SCRAPE_DATA_DIR/warehouse.db`` |
+| ``SCRAPE_REQUESTS_PER_SECOND`` | per-host rate limit | spec |
+| ``SCRAPE_MAX_CONCURRENCY`` | per-host concurrent requests | spec |
+| ``SCRAPE_MAX_ATTEMPTS`` | attempts per page before it is dead-lettered | 3 |
+| ``SCRAPE_ALERT_WEBHOOK_URL`` | alerts POSTed here as JSON | unset: log only |
+| ``SCRAPE_USER_AGENT`` | User-Agent sent (put a contact in it for real sites) | ``scrape_assets/<version> (...)`` |
+| ``SCRAPE_SCHEDULE_CRON`` | cron of the daily schedule (UTC) | ``0 2 * * *`` |
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from scrape_assets.errors import SettingsError
+from scrape_assets.spec import load_spec
+
+
+@dataclass(frozen=True)
+class Settings:
+    site: str
+    base_url: str | None
+    data_dir: str
+    storage_url: str
+    warehouse_url: str
+    requests_per_second: float | None
+    max_concurrency: int | None
+    max_attempts: int
+    alert_webhook_set: bool
+    schedule_cron: str
+    user_agent: str | None
+
+
+def _number(env, name: str, kind: type, minimum: float):
+    raw = env.get(name)
+    if raw in (None, ""):
+        return None
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise SettingsError(name, raw, f"a {kind.__name__} ≥ {minimum}") from None
+    if value < minimum:
+        raise SettingsError(name, raw, f"a {kind.__name__} ≥ {minimum}")
+    return value
+
+
+def load_settings(env: dict | None = None) -> Settings:
+    """Read and validate ``SCRAPE_*`` variables (``env`` defaults to ``os.environ``).
+
+    Raises:
+        SettingsError: a variable has a value of the wrong kind.
+        SpecError: ``SCRAPE_SITE`` names no shipped spec and no readable spec file.
+    """
+    env = dict(os.environ if env is None else env)
+    data_dir = env.get("SCRAPE_DATA_DIR") or "./data"
+    data_path = Path(data_dir).expanduser().resolve()
+    site = env.get("SCRAPE_SITE") or "demo"
+    load_spec(site)  # fail early, naming the input
+    base_url = env.get("SCRAPE_BASE_URL") or None
+    if base_url and not base_url.startswith(("http://", "https://")):
+        raise SettingsError("SCRAPE_BASE_URL", base_url, "an absolute http(s) URL")
+    max_attempts = _number(env, "SCRAPE_MAX_ATTEMPTS", int, 1)
+    return Settings(
+        site=site,
+        base_url=base_url,
+        data_dir=str(data_path),
+        storage_url=env.get("SCRAPE_STORAGE_URL") or str(data_path / "objects"),
+        warehouse_url=env.get("SCRAPE_WAREHOUSE_URL") or f"sqlite:///{data_path / 'warehouse.db'}",
+        requests_per_second=_number(env, "SCRAPE_REQUESTS_PER_SECOND", float, 0.001),
+        max_concurrency=_number(env, "SCRAPE_MAX_CONCURRENCY", int, 1),
+        max_attempts=3 if max_attempts is None else max_attempts,
+        alert_webhook_set=bool(env.get("SCRAPE_ALERT_WEBHOOK_URL")),
+        schedule_cron=env.get("SCRAPE_SCHEDULE_CRON") or "0 2 * * *",
+        user_agent=env.get("SCRAPE_USER_AGENT") or None,
+    )

@@ -1,0 +1,141 @@
+"""The warehouse: ``products`` and ``dead_letters`` tables, loaded idempotently per partition.
+
+Any SQLAlchemy URL works (``sqlite:///data/warehouse.db`` by default, PostgreSQL in
+production). A partition is loaded by delete-then-insert inside one transaction, so a
+rerun gives the same table and a failed load leaves the previous rows in place.
+SQLite connections use WAL and a busy timeout so runs of different categories can load
+in parallel without "database is locked".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import sqlalchemy as sa
+
+from scrape_assets.errors import SettingsError
+from scrape_assets.storage import redact_url
+
+metadata = sa.MetaData()
+
+products = sa.Table(
+    "products",
+    metadata,
+    sa.Column("category", sa.String(64), primary_key=True),
+    sa.Column("product_id", sa.String(64), primary_key=True),
+    sa.Column("title", sa.Text, nullable=False),
+    sa.Column("price", sa.Numeric(12, 2), nullable=False, comment="in units of `currency`"),
+    sa.Column("currency", sa.String(3), nullable=False, comment="ISO 4217"),
+    sa.Column("rating", sa.SmallInteger, nullable=False, comment="1..5 stars"),
+    sa.Column("availability", sa.Text, nullable=False),
+    sa.Column("url", sa.Text, nullable=False),
+    sa.Column("page_number", sa.Integer, nullable=False, comment="1-based listing page"),
+    sa.Column("snapshot_id", sa.String(64), nullable=False),
+    sa.Column("fetched_at", sa.String(32), nullable=False, comment="UTC ISO 8601"),
+)
+
+dead_letters = sa.Table(
+    "dead_letters",
+    metadata,
+    sa.Column("category", sa.String(64), nullable=False, index=True),
+    sa.Column("url", sa.Text, nullable=False),
+    sa.Column("stage", sa.String(16), nullable=False, comment="fetch | parse"),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("http_status", sa.Integer, nullable=True),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("snapshot_id", sa.String(64), nullable=False),
+    sa.Column("recorded_at", sa.String(32), nullable=False, comment="UTC ISO 8601"),
+)
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+class Warehouse:
+    """A SQLAlchemy engine plus the per-partition load operations.
+
+    Args:
+        url: SQLAlchemy URL. Credentials in it never reach logs (see :meth:`describe`).
+
+    Raises:
+        SettingsError: the URL cannot be parsed or its driver is not installed.
+    """
+
+    def __init__(self, url: str):
+        self.url = url
+        try:
+            self.engine = sa.create_engine(url)
+        except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ImportError) as exc:
+            raise SettingsError("SCRAPE_WAREHOUSE_URL", redact_url(url), f"a SQLAlchemy URL ({exc})") from exc
+        if self.engine.dialect.name == "sqlite":
+            sa.event.listen(self.engine, "connect", _sqlite_pragmas)
+        self._created = False
+
+    def describe(self) -> str:
+        """The URL without password, for logs and metadata."""
+        return self.engine.url.render_as_string(hide_password=True)
+
+    def create_tables(self) -> None:
+        """Create ``products`` and ``dead_letters`` if missing (idempotent)."""
+        if not self._created:
+            if self.engine.dialect.name == "sqlite" and self.engine.url.database:
+                from pathlib import Path
+
+                Path(self.engine.url.database).parent.mkdir(parents=True, exist_ok=True)
+            metadata.create_all(self.engine)
+            self._created = True
+
+    def replace_partition(self, table: sa.Table, category: str, rows: Iterable[Mapping]) -> int:
+        """Delete the partition's rows and insert ``rows``, in one transaction.
+
+        Returns:
+            Rows inserted.
+
+        Raises:
+            sqlalchemy.exc.IntegrityError: duplicate keys in ``rows`` (nothing is changed).
+        """
+        self.create_tables()
+        rows = list(rows)
+        with self.engine.begin() as conn:
+            conn.execute(table.delete().where(table.c.category == category))
+            if rows:
+                conn.execute(table.insert(), rows)
+        return len(rows)
+
+    def count(self, table: sa.Table, category: str | None = None) -> int:
+        """Rows in ``table`` (of one category when given)."""
+        self.create_tables()
+        query = sa.select(sa.func.count()).select_from(table)
+        if category is not None:
+            query = query.where(table.c.category == category)
+        with self.engine.connect() as conn:
+            return int(conn.execute(query).scalar_one())
+
+    def duplicate_product_keys(self, category: str | None = None) -> list[tuple[str, str, int]]:
+        """``(category, product_id, count)`` for keys that appear more than once (should be none)."""
+        self.create_tables()
+        query = (
+            sa.select(products.c.category, products.c.product_id, sa.func.count().label("n"))
+            .group_by(products.c.category, products.c.product_id)
+            .having(sa.func.count() > 1)
+        )
+        if category is not None:
+            query = query.where(products.c.category == category)
+        with self.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(query)]
+
+    def rows(self, table: sa.Table, category: str | None = None) -> list[dict]:
+        """All rows of ``table`` as dicts, ordered by its columns (for tests and summaries)."""
+        self.create_tables()
+        query = sa.select(table).order_by(*table.c)
+        if category is not None:
+            query = query.where(table.c.category == category)
+        with self.engine.connect() as conn:
+            return [dict(r._mapping) for r in conn.execute(query)]
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()

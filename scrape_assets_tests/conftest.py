@@ -1,0 +1,137 @@
+"""Shared fixtures: isolated settings, real Dagster instances, real HTTP servers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+# Tests never read the developer's SCRAPE_* settings or write into ./data.
+for _name in [n for n in os.environ if n.startswith("SCRAPE_")]:
+    del os.environ[_name]
+os.environ["SCRAPE_DATA_DIR"] = tempfile.mkdtemp(prefix="scrape-assets-tests-")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+REALDATA = REPO_ROOT.parent / "shared" / "realdata" / "books.toscrape.com"
+
+ALL_ASSETS = ("raw_pages", "parsed_products", "products_table", "dead_letters")
+
+
+def make_resources(tmp_path: Path, **site_overrides) -> dict:
+    """Resources like production's, rooted in ``tmp_path``."""
+    from scrape_assets.defs.resources import AlertsResource, ObjectStoreResource, SiteResource, WarehouseResource
+
+    return {
+        "site": SiteResource(**{"site": "demo", **site_overrides}),
+        "store": ObjectStoreResource(url=str(tmp_path / "objects")),
+        "warehouse": WarehouseResource(url=f"sqlite:///{tmp_path / 'warehouse.db'}"),
+        "alerts": AlertsResource(webhook_url=None),
+    }
+
+
+def materialize(instance, resources: dict, partitions: list[str], selection=ALL_ASSETS, run_config=None, raise_on_error=True):
+    """Materialize ``selection`` for ``partitions`` (consecutive keys) in ONE run, like the schedule."""
+    import dagster as dg
+
+    from scrape_assets.defs.assets.dead_letters import dead_letters
+    from scrape_assets.defs.assets.parsed_products import parsed_products
+    from scrape_assets.defs.assets.products_table import products_table
+    from scrape_assets.defs.assets.raw_pages import raw_pages
+
+    assets = [raw_pages, parsed_products, products_table, dead_letters]
+    return dg.materialize(
+        assets,
+        selection=list(selection),
+        instance=instance,
+        resources=resources,
+        run_config=run_config,
+        tags={
+            "dagster/asset_partition_range_start": partitions[0],
+            "dagster/asset_partition_range_end": partitions[-1],
+        },
+        raise_on_error=raise_on_error,
+    )
+
+
+@pytest.fixture
+def instance():
+    import dagster as dg
+
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+@pytest.fixture
+def demo_server():
+    """The demo catalogue over real sockets on 127.0.0.1 (with a request log)."""
+    from scrape_assets.demo_site import make_server
+
+    server = make_server("127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+class _LoggingStaticHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - keep test output quiet
+        pass
+
+    def do_GET(self):
+        with self.server.lock:
+            self.server.paths.append(self.path)
+        super().do_GET()
+
+
+@pytest.fixture
+def realdata_server():
+    """A plain static file server rooted at ../shared/realdata/books.toscrape.com/."""
+    if not REALDATA.is_dir():
+        pytest.skip(f"real saved pages not found at {REALDATA} (../shared/realdata is provided next to the repo)")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_LoggingStaticHandler, directory=str(REALDATA)))
+    server.daemon_threads = True
+    server.paths = []
+    server.lock = threading.Lock()
+    server.base_url = f"http://127.0.0.1:{server.server_address[1]}/"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+class _WebhookHandler(__import__("http.server").server.BaseHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002
+        pass
+
+    def do_POST(self):
+        import json
+
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        with self.server.lock:
+            self.server.received.append(json.loads(body))
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+
+@pytest.fixture
+def webhook_server():
+    """A real HTTP endpoint on 127.0.0.1 collecting alert POSTs in ``.received``."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _WebhookHandler)
+    server.daemon_threads = True
+    server.received = []
+    server.lock = threading.Lock()
+    server.url = f"http://127.0.0.1:{server.server_address[1]}/hooks/SECRET-TOKEN"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()

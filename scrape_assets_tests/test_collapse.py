@@ -1,0 +1,33 @@
+"""Collapse rules (pure): floor, sharp drop against history, products to zero, one alert per collapse."""
+
+from scrape_assets.collapse import CollapseRules, CollapseState, observe_products, observe_rate
+
+RULES = CollapseRules(floor=0.9, max_drop=0.3, history_size=5, min_history=3)
+
+
+def test_floor_alerts_once_until_recovered():
+    state = CollapseState()
+    assert observe_rate(state, "travel", 1.0, RULES) is None
+    first = observe_rate(state, "travel", 0.5, RULES)
+    assert first == "travel: success rate 50% is below the floor 90%"
+    assert observe_rate(state, "travel", 0.4, RULES) is None  # still collapsed: no second alert
+    assert observe_rate(state, "travel", 1.0, RULES) is None  # recovered
+    assert observe_rate(state, "travel", 0.2, RULES) == "travel: success rate 20% is below the floor 90%"
+
+
+def test_sharp_drop_against_history_even_above_floor():
+    rules = CollapseRules(floor=0.5, max_drop=0.3, min_history=3)
+    state = CollapseState()
+    for _ in range(3):
+        assert observe_rate(state, "all", 1.0, rules) is None
+    assert observe_rate(state, "all", 0.6, rules) == "all: success rate 60% dropped from a recent median of 100%"
+
+
+def test_products_to_zero_and_state_round_trip():
+    state = CollapseState()
+    assert observe_products(state, "mystery", 32) is None
+    assert observe_products(state, "mystery", 0).startswith("mystery: products fell to zero")
+    restored = CollapseState.from_dict(state.to_dict())
+    assert observe_products(restored, "mystery", 0) is None
+    assert observe_products(restored, "mystery", 30) is None
+    assert restored.collapsed == {}

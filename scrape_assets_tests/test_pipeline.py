@@ -1,0 +1,143 @@
+"""The whole graph through a real Dagster instance on the demo catalogue."""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+from decimal import Decimal
+from importlib import resources as importlib_resources
+
+import dagster as dg
+import yaml
+
+from scrape_assets.demo_site import catalogue
+from scrape_assets.manifest import latest_manifest, list_snapshots
+from scrape_assets.storage import ObjectStore
+from scrape_assets.warehouse import Warehouse, dead_letters, products
+from scrape_assets_tests.conftest import make_resources, materialize
+
+CATEGORIES = ["travel", "mystery", "classics"]  # consecutive in demo.yaml, so one range
+BUSINESS_COLUMNS = ("category", "product_id", "title", "price", "currency", "rating", "availability", "url", "page_number")
+
+
+def _table(tmp_path, columns=None):
+    rows = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(products)
+    return [tuple(r[c] for c in (columns or r.keys())) for r in rows]
+
+
+def test_whole_graph_loads_expected_rows_and_rerun_gives_same_table(tmp_path, instance):
+    res = make_resources(tmp_path)
+    result = materialize(instance, res, CATEGORIES)
+    assert result.success
+    materialized = Counter(e.asset_key.path[0] for e in result.get_asset_materialization_events())
+    assert materialized == {"raw_pages": 3, "parsed_products": 3, "products_table": 3, "dead_letters": 3}
+    checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
+    assert checks == {"parsed_products_match_schema": True, "products_table_matches_parsed": True}
+
+    raw = [e for e in result.get_asset_materialization_events() if e.asset_key.path[0] == "raw_pages"][0]
+    md = raw.materialization.metadata
+    assert md["pages_done"].value == 1 + 2 + 1 and md["pages_failed"].value == 0
+    assert md["success_rate"].value == 1.0
+    assert md["products_expected"].value == 11 + 32 + 19
+    assert md["by_category"].value["mystery"]["pages_done"] == 2
+
+    # Every product of the demo catalogue for these categories, with today's prices.
+    demo = catalogue()
+    expected = {
+        (key, str(p.id), p.title, p.price) for key in CATEGORIES for p in demo.category(key).products
+    }
+    first = _table(tmp_path)
+    assert {(r[0], r[1], r[2], r[3]) for r in first} == expected
+    assert len(first) == 62
+    assert all(r[4] == "GBP" for r in first)
+    assert all(r[7].startswith("http://demo.scrape-assets.invalid/catalogue/") for r in first)
+
+    # A full rerun fetches a new snapshot and produces the same table (business columns).
+    again = materialize(instance, res, CATEGORIES)
+    assert again.success
+    store = ObjectStore(str(tmp_path / "objects"))
+    assert len(list_snapshots(store, "demo", "travel")) == 2
+    assert _table(tmp_path, BUSINESS_COLUMNS) == [tuple(r[:9]) for r in first] or sorted(
+        _table(tmp_path, BUSINESS_COLUMNS)
+    ) == sorted(r[:9] for r in first)
+
+    # Re-parsing the same snapshot gives a byte-for-byte identical table (all columns).
+    before = _table(tmp_path)
+    reparse = materialize(instance, res, CATEGORIES, selection=["parsed_products", "products_table", "dead_letters"])
+    assert reparse.success
+    assert _table(tmp_path) == before
+    assert Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").duplicate_product_keys() == []
+
+
+def test_backfill_with_server_stopped_reparses_without_any_request(tmp_path, instance, demo_server):
+    res = make_resources(tmp_path, base_url=demo_server.base_url)
+    assert materialize(instance, res, ["travel", "mystery"]).success
+    requests_before = demo_server.request_count()
+    assert requests_before == 1 + 1 + 2  # robots.txt + travel + mystery x2
+    table_before = _table(tmp_path)
+    # Product URLs are canonical (the spec's base), even though fetched from 127.0.0.1.
+    assert all(r[7].startswith("http://demo.scrape-assets.invalid/") for r in table_before)
+    demo_server.shutdown()
+    demo_server.server_close()
+
+    backfill = materialize(instance, res, ["travel", "mystery"], selection=["parsed_products", "products_table"])
+    assert backfill.success
+    assert _table(tmp_path) == table_before
+    assert demo_server.request_count() == requests_before
+
+
+def _broken_spec(tmp_path) -> str:
+    """The demo spec with the price selector changed, as if the site's layout changed overnight."""
+    data = yaml.safe_load(importlib_resources.files("scrape_assets.sites").joinpath("demo.yaml").read_text())
+    data["selectors"]["price"] = {"css": "p.price_tag"}
+    path = tmp_path / "demo_changed_layout.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_blocking_check_stops_products_table_and_earlier_rows_stay(tmp_path, instance):
+    good = make_resources(tmp_path)
+    assert materialize(instance, good, ["travel"]).success
+    before = _table(tmp_path)
+    assert len(before) == 11
+
+    broken = make_resources(tmp_path, site=_broken_spec(tmp_path))
+    result = materialize(instance, broken, ["travel"], raise_on_error=False)
+    checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
+    check = checks["parsed_products_match_schema"]
+    assert check.passed is False
+    cases = check.metadata["failure_cases"].value
+    guard = [case for case in cases if case["check"] == "layout_guard"]
+    assert guard and "zero products" in guard[0]["message"]
+    assert guard[0]["failure_case"]["category"] == "travel" and guard[0]["failure_case"]["page_number"] == 1
+    assert check.metadata["failure_count"].value >= 1
+    materialized = {e.asset_key.path[0] for e in result.get_asset_materialization_events()}
+    assert "products_table" not in materialized
+    assert _table(tmp_path) == before  # the earlier rows of the partition stay
+
+
+def test_fetch_config_change_refuses_resume_until_new_snapshot(tmp_path, instance):
+    from scrape_assets.manifest import load_manifest
+
+    res = make_resources(tmp_path)
+    assert materialize(instance, res, ["travel"], selection=["raw_pages"]).success
+    store = ObjectStore(str(tmp_path / "objects"))
+    manifest = latest_manifest(store, "demo", "travel")
+    manifest.completed_at = None  # as if the run had died
+    manifest.pages[1].status = "pending"
+    manifest.save(store)
+
+    changed = make_resources(tmp_path, max_attempts=5)
+    refused = materialize(instance, changed, ["travel"], selection=["raw_pages"], raise_on_error=False)
+    assert not refused.success
+    failure = [e for e in refused.all_events if e.event_type_value == "STEP_FAILURE"][0]
+    assert "differing keys: max_attempts" in failure.step_failure_data.error.message
+    assert load_manifest(store, "demo", "travel", manifest.snapshot_id).completed_at is None
+
+    fresh = materialize(
+        instance, changed, ["travel"], selection=["raw_pages"],
+        run_config={"ops": {"raw_pages": {"config": {"new_snapshot": True}}}},
+    )
+    assert fresh.success
+    assert len(list_snapshots(store, "demo", "travel")) == 2
+    assert latest_manifest(store, "demo", "travel").fetch_config["max_attempts"] == 5

@@ -1,0 +1,49 @@
+"""Warehouse: delete-then-insert per partition in one transaction, on real SQLite."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+import sqlalchemy as sa
+
+from scrape_assets.warehouse import Warehouse, products
+
+
+def _row(category, pid, price="9.99"):
+    return {
+        "category": category, "product_id": pid, "title": f"T{pid}", "price": Decimal(price), "currency": "GBP",
+        "rating": 3, "availability": "In stock", "url": f"http://x/{pid}", "page_number": 1,
+        "snapshot_id": "s1", "fetched_at": "2026-11-30T08:00:00Z",
+    }
+
+
+def test_replace_partition_is_idempotent_and_scoped(tmp_path):
+    wh = Warehouse(f"sqlite:///{tmp_path / 'w.db'}")
+    wh.replace_partition(products, "a", [_row("a", "1"), _row("a", "2")])
+    wh.replace_partition(products, "b", [_row("b", "1")])
+    before = wh.rows(products)
+    wh.replace_partition(products, "a", [_row("a", "1"), _row("a", "2")])
+    assert wh.rows(products) == before
+    assert wh.count(products) == 3 and wh.duplicate_product_keys() == []
+    wh.replace_partition(products, "a", [_row("a", "3", "1.50")])
+    assert [(r["category"], r["product_id"], r["price"]) for r in wh.rows(products)] == [
+        ("a", "3", Decimal("1.50")), ("b", "1", Decimal("9.99"))
+    ]
+
+
+def test_failed_load_keeps_previous_rows(tmp_path):
+    wh = Warehouse(f"sqlite:///{tmp_path / 'w.db'}")
+    wh.replace_partition(products, "a", [_row("a", "1")])
+    with pytest.raises(sa.exc.IntegrityError):
+        wh.replace_partition(products, "a", [_row("a", "7"), _row("a", "7")])
+    assert [r["product_id"] for r in wh.rows(products)] == ["1"]
+
+
+def test_sqlite_uses_wal_and_busy_timeout(tmp_path):
+    wh = Warehouse(f"sqlite:///{tmp_path / 'w.db'}")
+    with wh.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30000
+
+

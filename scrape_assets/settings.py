@@ -44,15 +44,16 @@ class Settings:
 
 
 def _number(env, name: str, kind: type, minimum: float):
+    what = "an integer" if kind is int else "a number"
     raw = env.get(name)
     if raw in (None, ""):
         return None
     try:
         value = kind(raw)
     except ValueError:
-        raise SettingsError(name, raw, f"a {kind.__name__} ≥ {minimum}") from None
+        raise SettingsError(name, raw, f"{what} ≥ {minimum}") from None
     if value < minimum:
-        raise SettingsError(name, raw, f"a {kind.__name__} ≥ {minimum}")
+        raise SettingsError(name, raw, f"{what} ≥ {minimum}")
     return value
 
 

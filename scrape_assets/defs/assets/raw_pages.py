@@ -99,8 +99,8 @@ def raw_pages(context: dg.AssetExecutionContext, config: RawPagesConfig, site: S
     Retry-After), resumes an interrupted snapshot, never fails for a dead page.
     """
     categories = list(context.partition_keys)
-    context.log.info(f"fetching {len(categories)} categor{'y' if len(categories) == 1 else 'ies'} from {site.fetch_base_url()}")
     try:
+        context.log.info(f"fetching {len(categories)} categor{'y' if len(categories) == 1 else 'ies'} from {site.fetch_base_url()}")
         reports = asyncio.run(
             crawl_partitions(site, store, categories, new_snapshot=config.new_snapshot, log=context.log)
         )

@@ -1,0 +1,116 @@
+"""Sensors and the schedule, evaluated against a real test instance with real runs."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import dagster as dg
+
+from scrape_assets.defs.resources import AlertsResource
+from scrape_assets.defs.schedules import daily_scrape_schedule
+from scrape_assets.defs.sensors import run_failure_alert_sensor, success_rate_collapse_sensor
+from scrape_assets_tests.conftest import make_resources, materialize
+
+DEAD_HOST = "http://127.0.0.1:9/"  # discard port: connection refused, every page fails
+
+
+def _tick(instance, cursor, webhook_url):
+    context = dg.build_sensor_context(
+        instance=instance, cursor=cursor, resources={"alerts": AlertsResource(webhook_url=webhook_url)}
+    )
+    result = success_rate_collapse_sensor(context)
+    return context.cursor, result
+
+
+def test_collapse_alerts_once_then_clears_on_recovery(tmp_path, instance, webhook_server):
+    healthy = make_resources(tmp_path)
+    broken = make_resources(tmp_path / "b", base_url=DEAD_HOST, max_attempts=1)
+
+    assert materialize(instance, healthy, ["travel", "mystery"]).success
+    cursor, result = _tick(instance, None, webhook_server.url)
+    assert webhook_server.received == []  # a healthy run does not alert
+    assert "no collapse" in result.skip_message
+
+    run = materialize(instance, broken, ["travel", "mystery"], selection=["raw_pages"])
+    assert run.success  # dead pages never fail the run
+    cursor, _ = _tick(instance, cursor, webhook_server.url)
+    texts = sorted(m["text"] for m in webhook_server.received)
+    assert texts == [
+        "scrape_assets collapse: all: success rate 0% is below the floor 90%",
+        "scrape_assets collapse: mystery: success rate 0% is below the floor 90%",
+        "scrape_assets collapse: travel: success rate 0% is below the floor 90%",
+    ]
+    assert all(m["kind"] == "collapse" for m in webhook_server.received)
+
+    # Same cursor again, and another collapsed run: still one alert per collapse.
+    cursor, _ = _tick(instance, cursor, webhook_server.url)
+    assert materialize(instance, broken, ["travel", "mystery"], selection=["raw_pages"]).success
+    cursor, _ = _tick(instance, cursor, webhook_server.url)
+    assert len(webhook_server.received) == 3
+
+    # Recovery clears the state; a new collapse alerts again.
+    assert materialize(instance, healthy, ["travel"], selection=["raw_pages"]).success
+    cursor, _ = _tick(instance, cursor, webhook_server.url)
+    assert len(webhook_server.received) == 3
+    assert materialize(instance, broken, ["travel"], selection=["raw_pages"]).success
+    cursor, _ = _tick(instance, cursor, webhook_server.url)
+    assert webhook_server.received[-1]["text"] == "scrape_assets collapse: travel: success rate 0% is below the floor 90%"
+    assert len(webhook_server.received) == 4
+    state = json.loads(cursor)["state"]
+    assert set(state["collapsed"]) == {"rate:travel", "rate:mystery", "rate:all"}
+
+
+def test_products_falling_to_zero_alerts(tmp_path, instance, webhook_server):
+    from scrape_assets_tests.test_pipeline import _broken_spec
+
+    assert materialize(instance, make_resources(tmp_path), ["travel"]).success
+    cursor, _ = _tick(instance, None, webhook_server.url)
+    result = materialize(instance, make_resources(tmp_path, site=_broken_spec(tmp_path)), ["travel"], raise_on_error=False)
+    assert not result.success
+    cursor, _ = _tick(instance, cursor, webhook_server.url)
+    cursor, _ = _tick(instance, cursor, webhook_server.url)
+    assert [m["text"] for m in webhook_server.received] == [
+        "scrape_assets collapse: travel: products fell to zero (layout change or empty site?)"
+    ]
+
+
+def test_alerts_without_webhook_only_log(tmp_path, instance, caplog):
+    assert materialize(instance, make_resources(tmp_path, base_url=DEAD_HOST, max_attempts=1), ["travel"], selection=["raw_pages"]).success
+    with caplog.at_level("WARNING"):
+        _tick(instance, None, None)
+    assert "ALERT: scrape_assets collapse: travel: success rate 0% is below the floor 90%" in caplog.text
+
+
+def test_run_failure_sensor_posts_without_leaking_the_webhook(tmp_path, instance, webhook_server, caplog):
+    result = materialize(
+        instance, make_resources(tmp_path, site=str(tmp_path / "missing.yaml")), ["travel"], raise_on_error=False
+    )
+    assert not result.success
+    run = instance.get_run_by_id(result.run_id)
+    failure = [e for e in result.all_events if e.event_type_value in ("STEP_FAILURE", "RUN_FAILURE")][-1]
+    context = dg.build_run_status_sensor_context(
+        sensor_name="run_failure_alert_sensor",
+        dagster_instance=instance,
+        dagster_run=run,
+        dagster_event=failure,
+        resources={"alerts": AlertsResource(webhook_url=webhook_server.url)},
+    ).for_run_failure()
+    with caplog.at_level("WARNING"):
+        run_failure_alert_sensor(context)
+    assert len(webhook_server.received) == 1
+    alert = webhook_server.received[0]
+    assert alert["kind"] == "run_failure" and alert["run_id"] == result.run_id
+    assert alert["text"].startswith(f"scrape_assets run {result.run_id[:8]} of __ephemeral_asset_job__ failed")
+    assert "SECRET-TOKEN" not in caplog.text
+
+
+def test_daily_schedule_launches_one_run_for_all_categories():
+    context = dg.build_schedule_context(scheduled_execution_time=datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc))
+    request = daily_scrape_schedule(context)
+    assert request.run_key == "daily-2026-11-30"
+    assert request.tags["dagster/asset_partition_range_start"] == "travel"
+    assert request.tags["dagster/asset_partition_range_end"] == "sequential-art"
+    assert daily_scrape_schedule.cron_schedule == "0 2 * * *"
+    assert daily_scrape_schedule.execution_timezone == "UTC"
+    assert daily_scrape_schedule.default_status == dg.DefaultScheduleStatus.RUNNING

@@ -34,6 +34,27 @@ def _instance():
     return dg.DagsterInstance.get()
 
 
+def preflight(resources: dict) -> None:
+    """Fail before launching anything when storage or the warehouse cannot be used.
+
+    Raises:
+        StorageError: object storage unreachable or unwritable (names the location).
+        SettingsError: the warehouse URL is invalid or its database unreachable.
+    """
+    import sqlalchemy as sa
+
+    from scrape_assets.errors import SettingsError
+
+    resources["store"].store().ensure_writable()
+    warehouse = resources["warehouse"].warehouse()
+    try:
+        warehouse.create_tables()
+    except sa.exc.SQLAlchemyError as exc:
+        raise SettingsError(
+            "SCRAPE_WAREHOUSE_URL", warehouse.describe(), f"a reachable, writable database ({exc.__class__.__name__}: {exc.orig if hasattr(exc, 'orig') else exc})"
+        ) from exc
+
+
 def summarize(resources: dict) -> dict:
     """Figures of the latest complete snapshot of every category, and the table sizes."""
     from scrape_assets.manifest import latest_manifest
@@ -88,6 +109,7 @@ def run_demo(new_snapshot: bool = False) -> int:
     from scrape_assets.definitions import defs
     from scrape_assets.defs.jobs import all_categories_tags, category_partitions
 
+    preflight(defs.resources)
     instance = _instance()
     job = defs.resolve_job_def("daily_scrape_job")
     keys = category_partitions.get_partition_keys()

@@ -88,7 +88,10 @@ class PartitionLockedError(ScrapeError):
     def __init__(self, partition: str, holder: str):
         self.partition = partition
         self.holder = holder
-        super().__init__(f"partition {partition!r} is being written by another run ({holder})")
+        super().__init__(
+            f"partition {partition!r} is being written by another run: {holder}; "
+            "launch again when it has finished, or set SCRAPE_LOCK_WAIT_S to wait for it"
+        )
 
 
 class FetchError(ScrapeError):

@@ -15,6 +15,7 @@ Only ``scrape_assets/defs/resources.py`` and ``defs/partitions.py`` call
 | ``SCRAPE_MAX_ATTEMPTS`` | attempts per page before it is dead-lettered | 3 |
 | ``SCRAPE_ALERT_WEBHOOK_URL`` | alerts POSTed here as JSON | unset: log only |
 | ``SCRAPE_USER_AGENT`` | User-Agent sent (put a contact in it for real sites) | ``scrape_assets/<version> (...)`` |
+| ``SCRAPE_LOCK_WAIT_S`` | seconds a run waits for another run holding the same partition | 0: stop at once |
 | ``SCRAPE_SCHEDULE_CRON`` | cron of the daily schedule (UTC) | ``0 2 * * *`` |
 """
 
@@ -41,6 +42,7 @@ class Settings:
     alert_webhook_set: bool
     schedule_cron: str
     user_agent: str | None
+    lock_wait_s: float
 
 
 def _number(env, name: str, kind: type, minimum: float):
@@ -85,4 +87,5 @@ def load_settings(env: dict | None = None) -> Settings:
         alert_webhook_set=bool(env.get("SCRAPE_ALERT_WEBHOOK_URL")),
         schedule_cron=env.get("SCRAPE_SCHEDULE_CRON") or "0 2 * * *",
         user_agent=env.get("SCRAPE_USER_AGENT") or None,
+        lock_wait_s=_number(env, "SCRAPE_LOCK_WAIT_S", float, 0) or 0.0,
     )

@@ -51,3 +51,41 @@ def test_bad_settings_give_one_clear_error(tmp_path):
     done = subprocess.run([str(cli), "demo"], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 2
     assert "SCRAPE_MAX_ATTEMPTS='zero' is invalid: expected an integer ≥ 1" in done.stderr
+
+
+def _demo(tmp_path, **env_updates):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCRAPE_")}
+    env.update({"DAGSTER_HOME": str(tmp_path / "home"), "SCRAPE_DATA_DIR": str(tmp_path / "data"), **env_updates})
+    cli = Path(sys.executable).with_name("scrape-assets")
+    return subprocess.run([str(cli), "demo"], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+
+def test_bad_inputs_each_give_one_clear_error_naming_the_input(tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a regular file where a folder should be")
+    malformed = tmp_path / "malformed.yaml"
+    malformed.write_text("name: demo\nbase_url: [oops\n")
+    cases = {
+        "unwritable data dir": (
+            {"SCRAPE_DATA_DIR": str(blocker / "data")},
+            f"scrape-assets: error: {blocker / 'data' / 'objects'}: object storage is not writable",
+        ),
+        "unreachable storage URL": (
+            {"SCRAPE_STORAGE_URL": "nosuchproto://bucket/prefix"},
+            "scrape-assets: error: nosuchproto://bucket/prefix: cannot open object storage: Unsupported filesystem",
+        ),
+        "malformed spec": (
+            {"SCRAPE_SITE": str(malformed)},
+            f"scrape-assets: error: {malformed}: not valid YAML",
+        ),
+        "bad warehouse URL": (
+            {"SCRAPE_WAREHOUSE_URL": "nosuchdb://x/y"},
+            "scrape-assets: error: SCRAPE_WAREHOUSE_URL='nosuchdb://x/y' is invalid: expected a SQLAlchemy URL",
+        ),
+    }
+    for name, (env, expected) in cases.items():
+        done = _demo(tmp_path, **env)
+        assert done.returncode == 2, (name, done.stderr[-2000:])
+        lines = [line for line in done.stderr.splitlines() if line.startswith("scrape-assets: error:")]
+        assert len(lines) == 1 and lines[0].startswith(expected), (name, done.stderr[-2000:])
+        assert "Traceback" not in done.stderr, name

@@ -13,6 +13,7 @@ from pydantic import Field
 from scrape_assets import __version__
 from scrape_assets.demo_site import DEMO_BASE_URL, DemoTransport
 from scrape_assets.fetcher import FetchPolicy, build_client
+from scrape_assets.locks import partition_locks
 from scrape_assets.settings import load_settings
 from scrape_assets.spec import SiteSpec, load_spec
 from scrape_assets.storage import ObjectStore
@@ -63,9 +64,23 @@ class ObjectStoreResource(dg.ConfigurableResource):
     """Object storage root for raw pages, manifests and parsed output."""
 
     url: str = Field(description="local path or fsspec URL (s3://bucket/prefix)")
+    lock_wait_s: float = Field(
+        default=0.0, ge=0, description="seconds to wait for another run holding a partition before stopping"
+    )
 
     def store(self) -> ObjectStore:
         return ObjectStore(self.url)
+
+    def locks(self, context: dg.AssetExecutionContext, site: str):
+        """Hold this asset's locks on the run's partitions (see :mod:`scrape_assets.locks`)."""
+        return partition_locks(
+            self.store(),
+            site,
+            list(context.partition_keys),
+            owner=context.run_id,
+            scope=context.asset_key.to_user_string(),
+            wait_s=self.lock_wait_s,
+        )
 
 
 class WarehouseResource(dg.ConfigurableResource):
@@ -95,7 +110,7 @@ def build_resources(env: dict | None = None) -> dict:
             max_attempts=settings.max_attempts,
             user_agent=settings.user_agent or USER_AGENT,
         ),
-        "store": ObjectStoreResource(url=settings.storage_url),
+        "store": ObjectStoreResource(url=settings.storage_url, lock_wait_s=settings.lock_wait_s),
         "warehouse": WarehouseResource(url=settings.warehouse_url),
         "alerts": AlertsResource(
             webhook_url=dg.EnvVar("SCRAPE_ALERT_WEBHOOK_URL") if settings.alert_webhook_set else None

@@ -68,16 +68,18 @@ def dead_letters(
     object_store = store.store()
     wh = warehouse.warehouse()
     counts = {}
-    for category in context.partition_keys:
-        manifest = latest_manifest(object_store, spec.name, category, complete=True)
-        if manifest is None:
-            counts[category] = 0
-            continue
-        rows = dead_letter_rows(manifest, load_parsed(object_store, manifest).rejects)
-        object_store.write_bytes_atomic(f"{manifest.prefix}/dead_letters.json", json.dumps(rows, indent=1).encode())
-        counts[category] = wh.replace_partition(dead_letters_table, category, rows)
-        if rows:
-            context.log.warning(f"{category}: {len(rows)} dead letter(s): " + "; ".join(f"{r['url']} ({r['reason']})" for r in rows[:5]))
+    with store.locks(context, spec.name):
+        for category in context.partition_keys:
+            manifest = latest_manifest(object_store, spec.name, category, complete=True)
+            if manifest is None:
+                counts[category] = 0
+                continue
+            rows = dead_letter_rows(manifest, load_parsed(object_store, manifest).rejects)
+            object_store.write_bytes_atomic(f"{manifest.prefix}/dead_letters.json", json.dumps(rows, indent=1).encode())
+            counts[category] = wh.replace_partition(dead_letters_table, category, rows)
+            if rows:
+                context.log.warning(f"{category}: {len(rows)} dead letter(s): " + "; ".join(f"{r['url']} ({r['reason']})" for r in rows[:5]))
+
     return dg.MaterializeResult(
         metadata={
             "dead_letters": sum(counts.values()),

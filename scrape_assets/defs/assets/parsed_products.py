@@ -39,28 +39,30 @@ def parsed_products(context: dg.AssetExecutionContext, site: SiteResource, store
     object_store = store.store()
     all_products, all_pages = [], []
     per_category = {}
-    for category in context.partition_keys:
-        manifest = latest_manifest(object_store, spec.name, category, complete=True)
-        if manifest is None:
-            raise ManifestError(
-                f"{spec.name}/{category}", "no complete snapshot: materialize raw_pages for this partition first"
+    with store.locks(context, spec.name):
+        for category in context.partition_keys:
+            manifest = latest_manifest(object_store, spec.name, category, complete=True)
+            if manifest is None:
+                raise ManifestError(
+                    f"{spec.name}/{category}", "no complete snapshot: materialize raw_pages for this partition first"
+                )
+            parsed = extract_snapshot(
+                object_store, manifest, spec, fetch_base_url=manifest.fetch_config.get("base_url", spec.base_url)
             )
-        parsed = extract_snapshot(
-            object_store, manifest, spec, fetch_base_url=manifest.fetch_config.get("base_url", spec.base_url)
-        )
-        save_parsed(object_store, manifest, parsed)
-        all_products += parsed.products
-        all_pages += parsed.pages
-        per_category[category] = {
-            "snapshot_id": manifest.snapshot_id,
-            "products": len(parsed.products),
-            "pages_parsed": len(parsed.pages),
-            "rejects": len(parsed.rejects),
-        }
-        context.log.info(
-            f"{category}: parsed {len(parsed.products)} products from {len(parsed.pages)} pages "
-            f"of snapshot {manifest.snapshot_id} ({len(parsed.rejects)} rejected cards)"
-        )
+            save_parsed(object_store, manifest, parsed)
+            all_products += parsed.products
+            all_pages += parsed.pages
+            per_category[category] = {
+                "snapshot_id": manifest.snapshot_id,
+                "products": len(parsed.products),
+                "pages_parsed": len(parsed.pages),
+                "rejects": len(parsed.rejects),
+            }
+            context.log.info(
+                f"{category}: parsed {len(parsed.products)} products from {len(parsed.pages)} pages "
+                f"of snapshot {manifest.snapshot_id} ({len(parsed.rejects)} rejected cards)"
+            )
+
     products = products_frame(all_products)
     report = validate_parsed(products, pages_frame(all_pages))
     if not report.passed:

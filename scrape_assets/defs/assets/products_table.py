@@ -65,7 +65,8 @@ def products_table(
 
     Delete-then-insert in one transaction per category: a rerun gives the same table.
     """
-    wh, loaded, problems = load_categories(context, site, store, warehouse)
+    with store.locks(context, site.spec().name):
+        wh, loaded, problems = load_categories(context, site, store, warehouse)
     return dg.MaterializeResult(
         metadata={
             "rows_loaded": sum(loaded.values()),

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from scrape_assets.crawl import CrawlReport, PartitionCrawler
 from scrape_assets.defs.partitions import category_partitions
+from scrape_assets.defs.pools import configured_host_pool
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
 from scrape_assets.errors import FetchConfigChangedError, PartitionLockedError, SettingsError, SpecError
 from scrape_assets.fetcher import PageFetcher
@@ -89,6 +90,7 @@ async def crawl_partitions(
     partitions_def=category_partitions,
     backfill_policy=dg.BackfillPolicy.single_run(),
     retry_policy=RAW_PAGES_RETRY_POLICY,
+    pool=configured_host_pool(),
     group_name="scrape",
     kinds={"python", "html"},
 )
@@ -101,9 +103,10 @@ def raw_pages(context: dg.AssetExecutionContext, config: RawPagesConfig, site: S
     categories = list(context.partition_keys)
     try:
         context.log.info(f"fetching {len(categories)} categor{'y' if len(categories) == 1 else 'ies'} from {site.fetch_base_url()}")
-        reports = asyncio.run(
-            crawl_partitions(site, store, categories, new_snapshot=config.new_snapshot, log=context.log)
-        )
+        with store.locks(context, site.spec().name):
+            reports = asyncio.run(
+                crawl_partitions(site, store, categories, new_snapshot=config.new_snapshot, log=context.log)
+            )
     except (FetchConfigChangedError, SpecError, SettingsError, PartitionLockedError) as exc:
         # Retrying cannot fix these: fail once, with the message that says what to do.
         raise dg.Failure(description=str(exc), allow_retries=False) from exc

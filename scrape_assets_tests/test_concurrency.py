@@ -1,0 +1,145 @@
+"""Concurrent runs: partition locks, the per-host pool across runs, parallel SQLite loads."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from scrape_assets.errors import PartitionLockedError
+from scrape_assets.locks import partition_lock
+from scrape_assets.manifest import latest_manifest, list_snapshots, load_manifest
+from scrape_assets.storage import ObjectStore
+from scrape_assets.warehouse import Warehouse, products
+from scrape_assets_tests.conftest import REPO_ROOT
+
+DAGSTER = str(Path(sys.executable).with_name("dagster"))
+
+
+def _env(tmp_path: Path, name: str, *, pools: bool, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCRAPE_")}
+    home = tmp_path / f"home-{name}"
+    home.mkdir(exist_ok=True)
+    if pools:
+        shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
+    else:
+        (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    env.update(DAGSTER_HOME=str(home), SCRAPE_DATA_DIR=str(tmp_path / "data"), **extra)
+    return env
+
+
+def _start(env, select: str, partition: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [DAGSTER, "asset", "materialize", "-m", "scrape_assets.definitions", "--select", select, "--partition", partition],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def _wait_for_fetching(store: ObjectStore, category: str, proc: subprocess.Popen, pages: int = 2) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if store.exists(f"demo/{category}"):
+            manifest = latest_manifest(store, "demo", category)
+            if manifest and manifest.counts()["done"] >= pages:
+                return
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(0.05)
+    raise AssertionError("the first run never started fetching")
+
+
+def test_lock_is_exclusive_names_the_holder_and_dies_with_it(tmp_path):
+    store = ObjectStore(str(tmp_path))
+    with partition_lock(store, "demo", "travel", owner="run-A"):
+        with pytest.raises(PartitionLockedError) as info:
+            with partition_lock(store, "demo", "travel", owner="run-B"):
+                pass
+        assert "raw_pages of run run-A (pid" in str(info.value) and "SCRAPE_LOCK_WAIT_S" in str(info.value)
+        with partition_lock(store, "demo", "mystery", owner="run-B"):  # other partitions are free
+            pass
+    with partition_lock(store, "demo", "travel", owner="run-B"):
+        pass
+    # A holder killed with SIGKILL releases the lock (the kernel drops the flock).
+    holder = subprocess.Popen(
+        [sys.executable, "-c", (
+            "import sys, time; from scrape_assets.storage import ObjectStore; "
+            "from scrape_assets.locks import partition_lock\n"
+            f"with partition_lock(ObjectStore({str(tmp_path)!r}), 'demo', 'travel', owner='doomed'):\n"
+            "    print('held', flush=True); time.sleep(600)"
+        )],
+        stdout=subprocess.PIPE, text=True,
+    )
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(PartitionLockedError, match="run doomed"):
+        with partition_lock(store, "demo", "travel", owner="run-C"):
+            pass
+    holder.kill()
+    holder.wait()
+    with partition_lock(store, "demo", "travel", owner="run-C", wait_s=5):
+        pass
+
+
+def test_second_run_of_the_same_partition_stops_with_a_clear_message(tmp_path, demo_server):
+    # 12 pages at 1.5 requests/s: the first run is still fetching when the second has started.
+    env = _env(tmp_path, "nopool", pools=False, SCRAPE_BASE_URL=demo_server.base_url,
+               SCRAPE_REQUESTS_PER_SECOND="1.5", SCRAPE_MAX_CONCURRENCY="1")
+    store = ObjectStore(str(tmp_path / "data" / "objects"))
+    first = _start(env, "raw_pages", "default")
+    _wait_for_fetching(store, "default", first, pages=1)
+    second = _start(env, "raw_pages", "default")
+    _, err2 = second.communicate(timeout=120)
+    _, err1 = first.communicate(timeout=300)
+    assert first.returncode == 0, err1[-2000:]
+    assert second.returncode != 0
+    assert "partition 'demo/default' is being written by another run: raw_pages of run " in err2
+    # The first run's snapshot is whole: one snapshot, every page fetched exactly once.
+    assert len(list_snapshots(store, "demo", "default")) == 1
+    manifest = latest_manifest(store, "demo", "default")
+    assert manifest.is_complete and manifest.counts() == {"pending": 0, "done": 12, "failed": 0, "attempts": 12}
+    pages = [r.path for r in demo_server.requests if r.path.startswith("/catalogue/")]
+    assert len(pages) == len(set(pages)) == 12
+
+
+def test_host_pool_serialises_fetching_across_runs(tmp_path, demo_server):
+    """With dagster.yaml's pool, a second run waits for the slot instead of doubling the request rate."""
+    rps = 2.0  # 12 pages take 6 s: the second run starts while the first is still fetching
+    env = _env(tmp_path, "pool", pools=True, SCRAPE_BASE_URL=demo_server.base_url,
+               SCRAPE_REQUESTS_PER_SECOND=str(rps), SCRAPE_MAX_CONCURRENCY="1")
+    store = ObjectStore(str(tmp_path / "data" / "objects"))
+    first = _start(env, "raw_pages", "default")
+    _wait_for_fetching(store, "default", first, pages=1)
+    second = _start(env, "raw_pages", "nonfiction")
+    out1, err1 = first.communicate(timeout=300)
+    out2, err2 = second.communicate(timeout=300)
+    assert first.returncode == 0, err1[-2000:]
+    assert second.returncode == 0, err2[-2000:]
+    # Two hosts' worth of limits never overlapped: requests stay ≥ 1/rps apart (10% slack).
+    times = sorted(r.at_s for r in demo_server.requests if r.path.startswith("/catalogue/"))
+    assert len(times) == 12 + 6
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert min(gaps) >= 0.9 / rps, min(gaps)
+    for category, pages in (("default", 12), ("nonfiction", 6)):
+        assert latest_manifest(store, "demo", category).counts()["done"] == pages
+
+
+def test_parallel_processes_load_sqlite_without_database_is_locked(tmp_path):
+    categories = ["travel", "mystery", "classics", "romance"]
+    procs = [
+        _start(_env(tmp_path, c, pools=False), "*", c)  # in-process demo host: no network
+        for c in categories
+    ]
+    results = [p.communicate(timeout=300) for p in procs]
+    for proc, (_, err) in zip(procs, results):
+        assert proc.returncode == 0, err[-2000:]
+        assert "database is locked" not in err
+    wh = Warehouse(f"sqlite:///{tmp_path / 'data' / 'warehouse.db'}")
+    assert {c: wh.count(products, c) for c in categories} == {"travel": 11, "mystery": 32, "classics": 19, "romance": 35}
+    assert wh.duplicate_product_keys() == []
+    store = ObjectStore(str(tmp_path / "data" / "objects"))
+    for c in categories:
+        (snapshot,) = list_snapshots(store, "demo", c)
+        assert load_manifest(store, "demo", c, snapshot).is_complete

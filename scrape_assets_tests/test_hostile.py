@@ -1,0 +1,118 @@
+"""Hostile input never writes outside the storage root, and links to other hosts are not followed."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources as importlib_resources
+
+import pytest
+import yaml
+
+from scrape_assets.demo_site import respond
+from scrape_assets.errors import SpecError
+from scrape_assets.manifest import latest_manifest
+from scrape_assets.spec import load_spec
+from scrape_assets.storage import ObjectStore
+from scrape_assets_tests.conftest import make_resources, materialize
+
+
+def _demo_spec() -> dict:
+    return yaml.safe_load(importlib_resources.files("scrape_assets.sites").joinpath("demo.yaml").read_text())
+
+
+@pytest.mark.parametrize("key", ["../escape", "..", "a/b", "%2e%2e", "/abs", "a\\b", "UPPER", "a%2fb"])
+def test_partition_keys_that_could_escape_are_refused(tmp_path, key):
+    data = _demo_spec()
+    data["categories"][key] = "catalogue/x/index.html"
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError, match="categories"):
+        load_spec(str(path))
+
+
+@pytest.mark.parametrize(
+    "value", ["../../etc/passwd", "/etc/passwd", "http://evil.example/x.html", "//evil.example/x.html", "a/../../b.html"]
+)
+def test_category_paths_that_leave_the_site_are_refused(tmp_path, value):
+    data = _demo_spec()
+    data["categories"]["travel"] = value
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError, match="expected a path relative to base_url"):
+        load_spec(str(path))
+
+
+def _page_with_next(next_href: str) -> bytes:
+    """Demo page 1 of travel, with a pager whose next link is ``next_href``."""
+    body = respond("GET", "/catalogue/category/books/travel_2/index.html").body.decode()
+    pager = (
+        '<ul class="pager"><li class="current">Page 1 of 3</li>'
+        f'<li class="next"><a href="{next_href}">next</a></li></ul>'
+    )
+    return body.replace("</section>", pager + "</section>", 1).encode()
+
+
+class _Hostile(BaseHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002
+        pass
+
+    def do_GET(self):
+        with self.server.lock:
+            self.server.paths.append(self.path)
+        body = self.server.pages.get(self.path.split("?")[0])
+        self.send_response(200 if body else 404)
+        body = body or b"not found"
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def hostile_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
+    server.daemon_threads = True
+    server.lock = threading.Lock()
+    server.paths = []
+    port = server.server_address[1]
+    server.base_url = f"http://127.0.0.1:{port}/"
+    server.pages = {
+        # travel: next link to another host (127.0.0.2 is a different host on the same machine)
+        "/catalogue/category/books/travel_2/index.html": _page_with_next(f"http://127.0.0.2:{port}/steal.html"),
+        # mystery: next link that climbs out with ../ and encoded separators
+        "/catalogue/category/books/mystery_3/index.html": _page_with_next("../../../../../../../tmp/%2e%2e%2fescape/page-2.html"),
+    }
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_links_off_site_are_not_followed_and_nothing_is_written_outside_the_root(tmp_path, instance, hostile_server):
+    data = _demo_spec()
+    data["pagination"].pop("page_url")  # follow next links, where hostile links would bite
+    spec_path = tmp_path / "next_links.yaml"
+    spec_path.write_text(yaml.safe_dump(data))
+    root = tmp_path / "objects"
+    before = {p for p in tmp_path.parent.rglob("*")}
+
+    res = make_resources(tmp_path, site=str(spec_path), base_url=hostile_server.base_url, max_attempts=1)
+    result = materialize(instance, res, ["travel", "mystery"], selection=["raw_pages"])
+    assert result.success
+
+    store = ObjectStore(str(root))
+    travel = latest_manifest(store, "demo", "travel")
+    assert sorted(travel.pages) == [1]  # the off-site next link was not followed
+    assert travel.is_complete and travel.pages[1].status == "done"
+    mystery = latest_manifest(store, "demo", "mystery")
+    # The ../ link resolves to a URL on the same host; it is fetched (404 here) and stored by page number.
+    assert mystery.pages[2].url == f"{hostile_server.base_url}tmp/%2e%2e%2fescape/page-2.html"
+    assert (mystery.pages[2].status, mystery.pages[2].http_status) == ("failed", 404)
+    assert not any("127.0.0.2" in p or "steal" in p for p in hostile_server.paths)
+
+    created = {p for p in tmp_path.parent.rglob("*")} - before
+    outside = [p for p in created if not (p == root or root in p.parents or p.name == "warehouse.db" or p.parent == tmp_path)]
+    assert outside == [], outside
+    assert all(p.name.startswith(("page-", "manifest", "raw_pages", ".")) or p.is_dir() for p in root.rglob("*") if p.is_file())

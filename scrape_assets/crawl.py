@@ -22,9 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
-from scrape_assets.errors import FetchError
+from scrape_assets.crashpoints import crashpoint
+from scrape_assets.errors import FetchError, PermanentFetchError
 from scrape_assets.fetcher import PageFetcher
-from scrape_assets.manifest import Manifest, PageEntry, open_snapshot, utc_now_iso
+from scrape_assets.manifest import Manifest, PageEntry, latest_manifest, open_snapshot, utc_now_iso
 from scrape_assets.parsing import parse_pager
 from scrape_assets.spec import SiteSpec
 from scrape_assets.storage import ObjectStore
@@ -46,9 +47,12 @@ class CrawlReport:
     pages_failed: int
     requests_made: int  # HTTP attempts made by this run
     pages_fetched: int  # pages that became done in this run
+    pages_not_modified: int  # of those, answered 304 to a conditional GET
+    pages_unchanged: int  # of those, 200 with the same content hash as the previous snapshot
     bytes_stored: int  # bytes written by this run
     products_expected: int | None
     duration_s: float
+    data_version: str = ""
 
     @property
     def success_rate(self) -> float:
@@ -67,6 +71,9 @@ class PartitionCrawler:
         fetcher: a polite, retrying :class:`~scrape_assets.fetcher.PageFetcher` (shared per run).
         fetch_config: the frozen fetch config recorded in the manifest.
         fetch_base_url: where pages are fetched from (the spec's base URL or a mirror).
+        run_id: the run crawling, recorded in the manifest.
+        adopt_complete: see :func:`~scrape_assets.manifest.open_snapshot`; an adopted
+            complete snapshot is reported as resumed, with nothing fetched.
         progress: called with one human-readable line now and then.
     """
 
@@ -80,8 +87,12 @@ class PartitionCrawler:
         fetch_config: dict,
         fetch_base_url: str,
         max_attempts: int,
+        run_id: str | None = None,
+        adopt_complete: Callable[[Manifest], bool] | None = None,
         progress: ProgressCallback | None = None,
     ):
+        self.run_id = run_id
+        self.adopt_complete = adopt_complete
         self.spec = spec
         self.category = category
         self.store = store
@@ -93,7 +104,10 @@ class PartitionCrawler:
         self._lock = asyncio.Lock()
         self._requests = 0
         self._fetched = 0
+        self._not_modified = 0
+        self._unchanged = 0
         self._bytes = 0
+        self._previous: dict[str, tuple[Manifest, int]] = {}
 
     async def run(self, *, new_snapshot: bool = False) -> CrawlReport:
         """Crawl (or resume) the partition; return its report.
@@ -110,8 +124,13 @@ class PartitionCrawler:
             start_url=self.spec.start_url(self.category, self.fetch_base_url),
             fetch_config=self.fetch_config,
             new_snapshot=new_snapshot,
+            run_id=self.run_id,
+            adopt_complete=self.adopt_complete,
         )
-        swept = self.store.sweep_temp_files(manifest.prefix)
+        swept = self._sweep_abandoned(manifest)
+        if not manifest.is_complete:  # a complete one is read (and written into) by later stages
+            swept += self.store.sweep_temp_files(manifest.prefix)
+        self._previous = self._previous_pages(manifest)
         if resumed:
             c = manifest.counts()
             self.progress(
@@ -121,10 +140,11 @@ class PartitionCrawler:
                 + ")"
             )
         self.manifest = manifest
-        await self._crawl()
-        manifest.completed_at = utc_now_iso()
-        async with self._lock:
-            manifest.save(self.store)
+        if not manifest.is_complete:  # else adopted: completed by a run that died before recording it
+            await self._crawl()
+            manifest.completed_at = utc_now_iso()
+            async with self._lock:
+                manifest.save(self.store)
         c = manifest.counts()
         return CrawlReport(
             category=self.category,
@@ -135,10 +155,23 @@ class PartitionCrawler:
             pages_failed=c["failed"],
             requests_made=self._requests,
             pages_fetched=self._fetched,
+            pages_not_modified=self._not_modified,
+            pages_unchanged=self._unchanged,
             bytes_stored=self._bytes,
             products_expected=manifest.products_expected,
+            data_version=manifest.data_version,
             duration_s=round(time.monotonic() - started, 3),
         )
+
+    def _sweep_abandoned(self, manifest: Manifest) -> int:
+        """Remove snapshot folders without a manifest (a crash inside a new snapshot's first write)."""
+        partition = f"{manifest.site}/{manifest.category}"
+        removed = 0
+        for name in self.store.list_names(partition):
+            prefix = f"{partition}/{name}"
+            if name[:1].isdigit() and name != manifest.snapshot_id and not self.store.exists(f"{prefix}/manifest.json"):
+                removed += self.store.sweep_temp_files(prefix, prune=True)
+        return removed
 
     # -- discovery ------------------------------------------------------------------------
     async def _crawl(self) -> None:
@@ -205,9 +238,16 @@ class PartitionCrawler:
         start = self.manifest.start_url
         return urljoin(start, self.spec.pagination.page_url.format(n=n))
 
+    def _previous_pages(self, manifest: Manifest) -> dict[str, tuple[Manifest, int]]:
+        """Done pages of the latest earlier complete snapshot, by URL (validators and hashes)."""
+        previous = latest_manifest(self.store, manifest.site, manifest.category, complete=True)
+        if previous is None or previous.snapshot_id == manifest.snapshot_id:
+            return {}
+        return {e.url: (previous, n) for n, e in previous.pages.items() if e.status == "done"}
+
     def _pager(self, n: int):
         entry = self.manifest.pages[n]
-        body = self.store.read_bytes(self.manifest.page_key(n))
+        body = self.store.read_bytes(self.manifest.body_key(n))
         return parse_pager(body, self.spec, entry.url, content_type=entry.content_type)
 
     # -- fetching ---------------------------------------------------------------------------
@@ -218,42 +258,61 @@ class PartitionCrawler:
             # The last allowed attempt was in flight when an earlier run died.
             entry.status = "failed"
             entry.last_error = entry.last_error or "attempts_exhausted: interrupted on the last attempt"
-            async with self._lock:
-                manifest.save(self.store)
+            manifest.record(self.store, n)
             return
 
         async def on_attempt(attempt: int) -> None:
             entry.attempts = attempt
             self._requests += 1
-            async with self._lock:
-                manifest.save(self.store)
+            manifest.record(self.store, n)
 
+        previous = self._previous.get(entry.url)
+        conditional = {}
+        if previous is not None:  # conditional GET (RFC 9110 §13.1): validators of the last snapshot
+            old = previous[0].pages[previous[1]]
+            if old.etag:
+                conditional["If-None-Match"] = old.etag
+            if old.last_modified:
+                conditional["If-Modified-Since"] = old.last_modified
         try:
-            page = await self.fetcher.fetch(entry.url, prior_attempts=entry.attempts, on_attempt=on_attempt)
+            page = await self.fetcher.fetch(
+                entry.url, prior_attempts=entry.attempts, on_attempt=on_attempt, headers=conditional or None
+            )
+            if page.http_status == 304 and previous is None:
+                raise PermanentFetchError(entry.url, "unexpected_304", "304 Not Modified without a conditional request", http_status=304)
         except FetchError as exc:
             entry.status = "failed"
             entry.http_status = exc.http_status
             entry.last_error = exc.reason + (f": {exc.detail}" if exc.detail else "")
-            async with self._lock:
-                manifest.save(self.store)
+            manifest.record(self.store, n)
             self.progress(f"{self.category}: page {n} failed for good ({entry.last_error}) {entry.url}")
             return
-        key = manifest.page_key(n)
-        # Body first, then the manifest: a crash in between costs one refetch, never a lie.
-        size = await asyncio.to_thread(self.store.write_bytes_atomic, key, page.body)
+        old = previous[0].pages[previous[1]] if previous else None
+        content_hash = old.content_hash if page.http_status == 304 else "sha256:" + hashlib.sha256(page.body).hexdigest()
+        if old is not None and content_hash == old.content_hash:
+            # Not modified (304) or byte-identical: point at the stored body, store nothing.
+            entry.body_key = previous[0].body_key(previous[1])
+            entry.bytes = old.bytes
+            entry.content_type = old.content_type
+            entry.not_modified = page.http_status == 304
+            self._not_modified += entry.not_modified
+            self._unchanged += not entry.not_modified
+        else:
+            # Body first, then the manifest: a crash in between costs one refetch, never a lie.
+            entry.bytes = await asyncio.to_thread(self.store.write_bytes_atomic, manifest.page_key(n), page.body)
+            crashpoint("crawl.after_body_write")
+            entry.body_key = None
+            entry.content_type = page.headers.get("content-type")
+            self._bytes += entry.bytes
         entry.status = "done"
         entry.http_status = page.http_status
-        entry.content_hash = "sha256:" + hashlib.sha256(page.body).hexdigest()
-        entry.bytes = size
+        entry.content_hash = content_hash
         entry.fetched_at = utc_now_iso()
         entry.last_error = None
-        entry.content_type = page.headers.get("content-type")
-        entry.etag = page.headers.get("etag")
-        entry.last_modified = page.headers.get("last-modified")
+        entry.etag = page.headers.get("etag") or (old.etag if old else None)
+        entry.last_modified = page.headers.get("last-modified") or (old.last_modified if old else None)
         self._fetched += 1
-        self._bytes += size
-        async with self._lock:
-            manifest.save(self.store)
+        manifest.record(self.store, n)
         done = sum(1 for p in manifest.pages.values() if p.status == "done")
         if done % 10 == 0 or done == manifest.total_pages:
             self.progress(f"{self.category}: {done}/{manifest.total_pages or '?'} pages done")

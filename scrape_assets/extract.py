@@ -1,13 +1,19 @@
 """Turn a snapshot's saved pages into product rows: storage in, rows out, no network.
 
 ``parsed_products`` calls :func:`extract_snapshot` for the latest complete snapshot of a
-partition and saves the result next to it as ``parsed.json`` (:func:`save_parsed`), which
-``products_table`` and ``dead_letters`` read back with :func:`load_parsed`. Because only
-saved pages are read, a backfill after a parser fix makes zero HTTP requests.
+partition and saves the result next to it as ``parsed.json`` (:func:`save_parsed`). The
+partition's *parse state* (``{site}/{category}/parse_state.json``) then records which
+snapshot's ``parsed.json`` is current and its *input version* (the snapshot's data
+version plus :data:`PARSER_VERSION`). ``products_table`` and ``dead_letters`` read the
+current rows with :func:`load_current`. When a new snapshot has the same input version
+(every page unchanged, same parser), nothing is re-parsed: the state keeps pointing at
+the earlier ``parsed.json``. Because only saved pages are read, a backfill after a parser
+fix makes zero HTTP requests.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -62,9 +68,9 @@ def extract_snapshot(
         if entry.status != "done":
             continue
         try:
-            body = store.read_bytes(manifest.page_key(n))
+            body = store.read_bytes(manifest.body_key(n))
         except FileNotFoundError:
-            raise ManifestError(manifest.key, f"page {n} is marked done but {manifest.page_key(n)} is missing") from None
+            raise ManifestError(manifest.key, f"page {n} is marked done but {manifest.body_key(n)} is missing") from None
         page = parse_listing(
             body,
             spec,
@@ -108,7 +114,58 @@ def save_parsed(store: ObjectStore, manifest: Manifest, parsed: ParsedSnapshot) 
         "pages": parsed.pages,
         "rejects": parsed.rejects,
     }
+    store.sweep_temp_files(manifest.prefix, names=["parsed.json"])  # left by a crash in an earlier write
     return store.write_bytes_atomic(parsed_key(manifest), json.dumps(payload, ensure_ascii=False).encode("utf-8"))
+
+
+@dataclass(frozen=True)
+class ParseState:
+    """Which ``parsed.json`` is current for a partition, and what it was parsed from."""
+
+    snapshot_id: str  # the snapshot holding the current parsed.json
+    input_version: str  # data version of the pages + parser version
+    latest_snapshot_id: str  # the latest complete snapshot it stands for (may be newer)
+
+
+def input_version(manifest: Manifest, spec: SiteSpec) -> str:
+    """What a parse depends on: the pages' content (data version), the parser's code
+    (:data:`PARSER_VERSION`) and the spec's parsing rules (selectors, ids, currency, base URL)."""
+    rules = spec.model_dump_json(include={"base_url", "currency", "selectors", "pagination", "product_id"})
+    return f"{manifest.data_version}+parser{PARSER_VERSION}+spec{hashlib.sha256(rules.encode()).hexdigest()[:12]}"
+
+
+def _state_key(site: str, category: str) -> str:
+    return f"{site}/{category}/parse_state.json"
+
+
+def load_parse_state(store: ObjectStore, site: str, category: str) -> ParseState | None:
+    """The partition's parse state, or None before its first parse."""
+    try:
+        data = json.loads(store.read_bytes(_state_key(site, category)))
+    except FileNotFoundError:
+        return None
+    return ParseState(**data)
+
+
+def save_parse_state(store: ObjectStore, site: str, category: str, state: ParseState) -> None:
+    store.sweep_temp_files(f"{site}/{category}", names=["parse_state.json"])  # left by a crash in an earlier write
+    store.write_bytes_atomic(_state_key(site, category), json.dumps(state.__dict__).encode())
+
+
+def load_current(store: ObjectStore, site: str, category: str) -> tuple[ParsedSnapshot, ParseState]:
+    """The partition's current parsed rows and their parse state.
+
+    Raises:
+        ManifestError: the partition has never been parsed (materialize parsed_products first).
+    """
+    state = load_parse_state(store, site, category)
+    if state is None:
+        raise ManifestError(
+            _state_key(site, category), "partition not parsed yet: materialize parsed_products for it first"
+        )
+    from scrape_assets.manifest import load_manifest
+
+    return load_parsed(store, load_manifest(store, site, category, state.snapshot_id)), state
 
 
 def load_parsed(store: ObjectStore, manifest: Manifest) -> ParsedSnapshot:

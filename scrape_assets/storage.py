@@ -20,15 +20,28 @@ from __future__ import annotations
 import os
 import re
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from upath import UPath
 
+from scrape_assets.crashpoints import crashpoint
 from scrape_assets.errors import StorageError
 
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,127}$")
 TEMP_SUFFIX = ".tmp"
+_PROBE = re.compile(r"^\.?write-probe-(\d+)-")
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
 
 
 def redact_url(url: str, *, keep_path: bool = True) -> str:
@@ -100,18 +113,32 @@ class ObjectStore:
     def ensure_writable(self) -> None:
         """Create the root if needed and prove it is writable with a probe object.
 
+        Probes (and their temp files) left at the root by a process killed mid-probe are
+        removed first; the probe's name carries its process id for that (local roots only).
+
         Raises:
             StorageError: naming the root and the underlying error.
         """
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            probe = f"write-probe-{uuid.uuid4().hex}"
+            self._sweep_dead_probes()
+            probe = f"write-probe-{os.getpid()}-{uuid.uuid4().hex}"
             self.write_bytes_atomic(probe, b"ok")
             self.path(probe).unlink()
         except StorageError:
             raise
+        except ImportError as exc:
+            raise StorageError(self.describe(), f"no filesystem driver for this URL: {exc} (for S3: pip install -e '.[s3]')") from exc
         except (OSError, ValueError) as exc:
             raise StorageError(self.describe(), f"object storage is not writable: {exc}") from exc
+
+    def _sweep_dead_probes(self) -> None:
+        if not self.is_local:
+            return
+        for item in Path(self.root.path).glob("*write-probe-*"):
+            match = _PROBE.match(item.name)
+            if match and not _process_alive(int(match[1])):
+                item.unlink(missing_ok=True)
 
     def write_bytes_atomic(self, key: str, data: bytes) -> int:
         """Write ``data`` to ``key`` atomically; return the number of bytes written.
@@ -129,6 +156,21 @@ class ObjectStore:
         except OSError as exc:
             raise StorageError(f"{self.describe()}/{key}", f"write failed: {exc}") from exc
         return len(data)
+
+    def append_bytes(self, key: str, data: bytes) -> None:
+        """Append ``data`` to a local object (journals). Not atomic: readers must tolerate a torn tail.
+
+        Raises:
+            StorageError: not a local store, or the write failed.
+        """
+        if not self.is_local:
+            raise StorageError(self.describe(), "append is only supported on a local disk")
+        target = Path(self.path(key).path)
+        try:
+            with open(target, "ab") as handle:
+                handle.write(data)
+        except OSError as exc:
+            raise StorageError(f"{self.describe()}/{key}", f"append failed: {exc}") from exc
 
     def read_bytes(self, key: str) -> bytes:
         """Read the object at ``key``.
@@ -165,17 +207,36 @@ class ObjectStore:
         except FileNotFoundError:
             pass
 
-    def sweep_temp_files(self, prefix: str) -> int:
-        """Remove temp files orphaned by a crash under ``prefix`` (one level); return how many."""
+    def sweep_temp_files(self, prefix: str, *, names: Iterable[str] | None = None, prune: bool = False) -> int:
+        """Remove temp files orphaned by a crash under ``prefix`` (recursively); return how many.
+
+        Only sweep where no other process can be writing (hold the partition's lock for the
+        stage that writes there).
+
+        Args:
+            names: only the temp files of these objects directly in ``prefix`` (e.g.
+                ``["parsed.json"]``), for a folder that other stages write into too.
+            prune: also remove folders left empty, ``prefix`` included.
+        """
         if not self.is_local:
             return 0  # object stores write in one PUT: no temp files exist
         removed = 0
         folder = Path(self.path(prefix).path)
         if not folder.is_dir():
             return 0
-        for item in folder.rglob(f".*{TEMP_SUFFIX}"):
+        if names is None:
+            orphans = list(folder.rglob(f".*{TEMP_SUFFIX}"))
+        else:
+            orphans = [item for name in names for item in folder.glob(f".{name}.*{TEMP_SUFFIX}")]
+        for item in orphans:
             item.unlink(missing_ok=True)
             removed += 1
+        if prune:
+            for empty in sorted((p for p in folder.rglob("*") if p.is_dir()), reverse=True) + [folder]:
+                try:
+                    empty.rmdir()
+                except OSError:
+                    pass  # not empty
         return removed
 
 
@@ -188,10 +249,12 @@ def _write_local_atomic(target: Path, data: bytes) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+        crashpoint("storage.after_temp_write")
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    crashpoint("storage.after_replace")
     dir_fd = os.open(target.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

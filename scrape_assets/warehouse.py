@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 
 import sqlalchemy as sa
 
+from scrape_assets.crashpoints import crashpoint
 from scrape_assets.errors import SettingsError
 from scrape_assets.storage import redact_url
 
@@ -45,6 +46,27 @@ dead_letters = sa.Table(
     sa.Column("attempts", sa.Integer, nullable=False),
     sa.Column("snapshot_id", sa.String(64), nullable=False),
     sa.Column("recorded_at", sa.String(32), nullable=False, comment="UTC ISO 8601"),
+)
+
+price_history = sa.Table(
+    "price_history",
+    metadata,
+    sa.Column("snapshot_date", sa.String(10), primary_key=True, comment="UTC date of the snapshot, YYYY-MM-DD"),
+    sa.Column("category", sa.String(64), primary_key=True),
+    sa.Column("product_id", sa.String(64), primary_key=True),
+    sa.Column("price", sa.Numeric(12, 2), nullable=False, comment="in units of `currency`"),
+    sa.Column("currency", sa.String(3), nullable=False, comment="ISO 4217"),
+    sa.Column("snapshot_id", sa.String(64), nullable=False, comment="the latest snapshot of that day"),
+)
+
+partition_loads = sa.Table(
+    "partition_loads",
+    metadata,
+    sa.Column("table_name", sa.String(64), primary_key=True),
+    sa.Column("category", sa.String(64), primary_key=True),
+    sa.Column("input_version", sa.String(128), nullable=False, comment="what the loaded rows were parsed from"),
+    sa.Column("snapshot_id", sa.String(64), nullable=False),
+    sa.Column("loaded_at", sa.String(32), nullable=False, comment="UTC ISO 8601"),
 )
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -97,9 +119,79 @@ class Warehouse:
         rows = list(rows)
         with self.engine.begin() as conn:
             conn.execute(table.delete().where(table.c.category == category))
+            crashpoint("warehouse.after_delete")
             if rows:
                 conn.execute(table.insert(), rows)
+            crashpoint("warehouse.after_insert")
         return len(rows)
+
+    def loaded_version(self, table: sa.Table, category: str) -> str | None:
+        """The input version last loaded into ``table`` for ``category`` (None: never loaded)."""
+        self.create_tables()
+        query = sa.select(partition_loads.c.input_version).where(
+            partition_loads.c.table_name == table.name, partition_loads.c.category == category
+        )
+        with self.engine.connect() as conn:
+            return conn.execute(query).scalar_one_or_none()
+
+    def load_products(
+        self,
+        category: str,
+        rows: list[Mapping] | None,
+        *,
+        input_version: str,
+        snapshot_id: str,
+        loaded_at: str,
+        history_date: str,
+        history_snapshot_id: str,
+        history_rows: Iterable[Mapping],
+    ) -> int:
+        """Load one partition of ``products`` and its day in ``price_history``, in one transaction.
+
+        Args:
+            rows: the partition's product rows, or None to leave ``products`` as it is
+                (unchanged input: only the price history of the day is written).
+            input_version: recorded in ``partition_loads`` to recognise an unchanged input.
+            history_date: ``YYYY-MM-DD``; the (date, category) rows of ``price_history`` are replaced,
+                so re-running a day never duplicates.
+            history_rows: mappings with ``product_id, price, currency``.
+
+        Returns:
+            Product rows inserted (0 when ``rows`` is None).
+        """
+        self.create_tables()
+        history = [
+            {"snapshot_date": history_date, "category": category, "snapshot_id": history_snapshot_id,
+             "product_id": r["product_id"], "price": r["price"], "currency": r["currency"]}
+            for r in history_rows
+        ]
+        with self.engine.begin() as conn:
+            inserted = 0
+            if rows is not None:
+                conn.execute(products.delete().where(products.c.category == category))
+                crashpoint("warehouse.after_delete")
+                if rows:
+                    conn.execute(products.insert(), list(rows))
+                crashpoint("warehouse.after_insert")
+                inserted = len(rows)
+                conn.execute(
+                    partition_loads.delete().where(
+                        partition_loads.c.table_name == products.name, partition_loads.c.category == category
+                    )
+                )
+                conn.execute(
+                    partition_loads.insert(),
+                    [{"table_name": products.name, "category": category, "input_version": input_version,
+                      "snapshot_id": snapshot_id, "loaded_at": loaded_at}],
+                )
+            conn.execute(
+                price_history.delete().where(
+                    price_history.c.snapshot_date == history_date, price_history.c.category == category
+                )
+            )
+            if history:
+                conn.execute(price_history.insert(), history)
+        return inserted
 
     def count(self, table: sa.Table, category: str | None = None) -> int:
         """Rows in ``table`` (of one category when given)."""

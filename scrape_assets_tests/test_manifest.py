@@ -128,3 +128,67 @@ def test_concurrent_saves_never_leave_a_torn_manifest(tmp_path):
 
 def test_differing_keys():
     assert differing_keys({"a": 1, "b": 2}, {"a": 1, "b": 3, "c": 4}) == ["b", "c"]
+
+
+def test_journal_records_replay_on_load_and_a_torn_tail_is_ignored(tmp_path):
+    store = ObjectStore(str(tmp_path))
+    manifest, _ = _open(store, fetch_config=CONFIG, now=T0)
+    manifest.pages[2] = PageEntry(url="http://x/t/page-2.html")
+    manifest.save(store)
+    manifest.pages[1].attempts = 1
+    manifest.record(store, 1)
+    manifest.pages[1].status, manifest.pages[1].http_status = "done", 200
+    manifest.record(store, 1)
+    manifest.pages[2].attempts = 1
+    manifest.record(store, 2)
+    on_disk = json.loads(store.read_bytes(manifest.key))
+    assert on_disk["pages"]["1"]["status"] == "pending"  # the file itself was not rewritten
+    loaded = load_manifest(store, "demo", "travel", manifest.snapshot_id)
+    assert (loaded.pages[1].status, loaded.pages[1].attempts, loaded.pages[2].attempts) == ("done", 1, 1)
+    assert loaded.journal_seq == 3
+    # A crash in the middle of an append leaves a torn last line: it is ignored.
+    store.append_bytes(manifest.journal_key, b'{"seq":4,"page":2,"entry":{"url":"http://x/t/pa')
+    loaded = load_manifest(store, "demo", "travel", manifest.snapshot_id)
+    assert loaded.pages[2].status == "pending" and loaded.journal_seq == 3
+    # A corrupt line in the middle is an error, not silently skipped.
+    store.append_bytes(manifest.journal_key, b'\n{"seq":5,"page":2,"entry":{"url":"u","status":"done"}}\n')
+    with pytest.raises(ManifestError, match="journal line 4 unreadable"):
+        load_manifest(store, "demo", "travel", manifest.snapshot_id)
+
+
+def test_compaction_folds_the_journal_and_stale_lines_are_not_replayed(tmp_path):
+    store = ObjectStore(str(tmp_path))
+    manifest, _ = _open(store, fetch_config=CONFIG, now=T0)
+    manifest.pages[1].status = "done"
+    manifest.record(store, 1)
+    journal_before = store.read_bytes(manifest.journal_key)
+    manifest.pages[1].status = "failed"  # a later state, folded in by a full save
+    manifest.save(store)
+    assert not store.exists(manifest.journal_key)
+    # A crash between writing manifest.json and removing the journal leaves old lines behind.
+    store.append_bytes(manifest.journal_key, journal_before)
+    loaded = load_manifest(store, "demo", "travel", manifest.snapshot_id)
+    assert loaded.pages[1].status == "failed" and loaded.journal_seq == 1
+
+
+def test_journal_compacts_every_n_lines(tmp_path, monkeypatch):
+    import scrape_assets.manifest as manifest_module
+
+    monkeypatch.setattr(manifest_module, "COMPACT_EVERY", 5)
+    store = ObjectStore(str(tmp_path))
+    manifest, _ = _open(store, fetch_config=CONFIG, now=T0)
+    for attempt in range(1, 8):
+        manifest.pages[1].attempts = attempt
+        manifest.record(store, 1)
+    assert json.loads(store.read_bytes(manifest.key))["pages"]["1"]["attempts"] == 5
+    assert len(store.read_bytes(manifest.journal_key).splitlines()) == 2
+    assert load_manifest(store, "demo", "travel", manifest.snapshot_id).pages[1].attempts == 7
+
+
+def test_remote_store_rewrites_the_manifest_on_every_record():
+    store = ObjectStore("memory://manifests-test")
+    manifest, _ = _open(store, fetch_config=CONFIG, now=T0)
+    manifest.pages[1].status = "done"
+    manifest.record(store, 1)
+    assert json.loads(store.read_bytes(manifest.key))["pages"]["1"]["status"] == "done"
+    assert not store.exists(manifest.journal_key)

@@ -6,7 +6,16 @@ import dagster as dg
 from scrape_assets.defs.partitions import category_partitions
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
 from scrape_assets.errors import ManifestError
-from scrape_assets.extract import PARSER_VERSION, extract_snapshot, save_parsed
+from scrape_assets.extract import (
+    PARSER_VERSION,
+    ParseState,
+    extract_snapshot,
+    input_version,
+    load_current,
+    load_parse_state,
+    save_parse_state,
+    save_parsed,
+)
 from scrape_assets.manifest import latest_manifest
 from scrape_assets.schemas import products_frame, pages_frame, validate_parsed
 
@@ -46,22 +55,37 @@ def parsed_products(context: dg.AssetExecutionContext, site: SiteResource, store
                 raise ManifestError(
                     f"{spec.name}/{category}", "no complete snapshot: materialize raw_pages for this partition first"
                 )
-            parsed = extract_snapshot(
-                object_store, manifest, spec, fetch_base_url=manifest.fetch_config.get("base_url", spec.base_url)
+            version = input_version(manifest, spec)
+            state = load_parse_state(object_store, spec.name, category)
+            if state is not None and state.input_version == version:
+                # Every page unchanged and the same parser: reuse the parse, re-parse nothing.
+                parsed, _ = load_current(object_store, spec.name, category)
+                pages_parsed, unchanged = 0, True
+                note = f"unchanged since snapshot {state.snapshot_id}: 0 pages re-parsed"
+            else:
+                parsed = extract_snapshot(
+                    object_store, manifest, spec, fetch_base_url=manifest.fetch_config.get("base_url", spec.base_url)
+                )
+                save_parsed(object_store, manifest, parsed)
+                pages_parsed, unchanged = len(parsed.pages), False
+                note = f"parsed {len(parsed.products)} products from {pages_parsed} pages of snapshot {manifest.snapshot_id}"
+            save_parse_state(
+                object_store,
+                spec.name,
+                category,
+                ParseState(snapshot_id=parsed.snapshot_id, input_version=version, latest_snapshot_id=manifest.snapshot_id),
             )
-            save_parsed(object_store, manifest, parsed)
             all_products += parsed.products
             all_pages += parsed.pages
             per_category[category] = {
                 "snapshot_id": manifest.snapshot_id,
+                "parsed_snapshot_id": parsed.snapshot_id,
                 "products": len(parsed.products),
-                "pages_parsed": len(parsed.pages),
+                "pages_parsed": pages_parsed,
+                "unchanged": unchanged,
                 "rejects": len(parsed.rejects),
             }
-            context.log.info(
-                f"{category}: parsed {len(parsed.products)} products from {len(parsed.pages)} pages "
-                f"of snapshot {manifest.snapshot_id} ({len(parsed.rejects)} rejected cards)"
-            )
+            context.log.info(f"{category}: {note} ({len(parsed.rejects)} rejected cards)")
 
     products = products_frame(all_products)
     report = validate_parsed(products, pages_frame(all_pages))
@@ -80,7 +104,8 @@ def parsed_products(context: dg.AssetExecutionContext, site: SiteResource, store
     return dg.MaterializeResult(
         metadata={
             "products": len(products),
-            "pages_parsed": len(all_pages),
+            "pages_parsed": sum(c["pages_parsed"] for c in per_category.values()),
+            "partitions_unchanged": sum(c["unchanged"] for c in per_category.values()),
             "by_category": dg.MetadataValue.json(per_category),
             "parser_version": PARSER_VERSION,
         },

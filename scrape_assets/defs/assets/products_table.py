@@ -5,9 +5,8 @@ import dagster as dg
 
 from scrape_assets.defs.partitions import category_partitions
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource
-from scrape_assets.errors import ManifestError
-from scrape_assets.extract import load_parsed
-from scrape_assets.manifest import latest_manifest
+from scrape_assets.extract import load_current
+from scrape_assets.manifest import utc_now_iso
 from scrape_assets.schemas import PRODUCT_COLUMNS, pages_frame, products_frame, validate_parsed
 from scrape_assets.warehouse import products
 
@@ -19,33 +18,47 @@ class SchemaValidationFailed(dg.Failure):
 
 
 def load_categories(context, site: SiteResource, store: ObjectStoreResource, warehouse: WarehouseResource):
+    """Validate every partition of the run, then load each (skipping unchanged inputs)."""
     spec = site.spec()
     object_store = store.store()
     wh = warehouse.warehouse()
-    loaded, problems = {}, []
-    parsed_by_category = {}
-    for category in context.partition_keys:
-        manifest = latest_manifest(object_store, spec.name, category, complete=True)
-        if manifest is None:
-            raise ManifestError(f"{spec.name}/{category}", "no complete snapshot: materialize raw_pages first")
-        parsed_by_category[category] = load_parsed(object_store, manifest)
+    loaded, in_table, problems = {}, {}, []
+    current = {category: load_current(object_store, spec.name, category) for category in context.partition_keys}
     # Validate everything before touching the table: a bad partition loads nothing.
-    for category, parsed in parsed_by_category.items():
+    for category, (parsed, _) in current.items():
         report = validate_parsed(products_frame(parsed.products), pages_frame(parsed.pages))
         if not report.passed:
             raise SchemaValidationFailed(
                 description=f"{category}: parsed rows fail the schema ({report.by_check}); products_table not changed",
                 metadata={"failure_cases": dg.MetadataValue.json(report.failure_cases)},
             )
-    for category, parsed in parsed_by_category.items():
+    for category, (parsed, state) in current.items():
         rows = [{column: product[column] for column in PRODUCT_COLUMNS} for product in parsed.products]
-        loaded[category] = wh.replace_partition(products, category, rows)
-        count = wh.count(products, category)
+        unchanged = wh.loaded_version(products, category) == state.input_version
+        loaded[category] = wh.load_products(
+            category,
+            None if unchanged else rows,
+            input_version=state.input_version,
+            snapshot_id=parsed.snapshot_id,
+            loaded_at=utc_now_iso(),
+            history_date=snapshot_date(state.latest_snapshot_id),
+            history_snapshot_id=state.latest_snapshot_id,
+            history_rows=rows,
+        )
+        count = in_table[category] = wh.count(products, category)
         duplicates = wh.duplicate_product_keys(category)
         if count != len(rows) or duplicates:
             problems.append({"category": category, "rows_parsed": len(rows), "rows_in_table": count, "duplicates": len(duplicates)})
-        context.log.info(f"{category}: loaded {loaded[category]} rows into products (snapshot {parsed.snapshot_id})")
-    return wh, loaded, problems
+        context.log.info(
+            f"{category}: " + (f"unchanged input: products not reloaded ({count} rows)" if unchanged
+                               else f"loaded {loaded[category]} rows into products (parsed from snapshot {parsed.snapshot_id})")
+        )
+    return wh, loaded, in_table, problems
+
+
+def snapshot_date(snapshot_id: str) -> str:
+    """``2026-11-30T084512Z`` -> ``2026-11-30`` (the UTC day of the snapshot)."""
+    return snapshot_id[:10]
 
 
 @dg.asset(
@@ -63,14 +76,17 @@ def products_table(
 ):
     """The ``products`` table: one row per (category, product_id), replaced per partition.
 
-    Delete-then-insert in one transaction per category: a rerun gives the same table.
+    Delete-then-insert in one transaction per category: a rerun gives the same table. An
+    unchanged input is not reloaded; ``price_history`` gets the day's prices either way.
     """
     with store.locks(context, site.spec().name):
-        wh, loaded, problems = load_categories(context, site, store, warehouse)
+        wh, loaded, in_table, problems = load_categories(context, site, store, warehouse)
     return dg.MaterializeResult(
         metadata={
             "rows_loaded": sum(loaded.values()),
-            "rows_by_category": dg.MetadataValue.json(loaded),
+            "partitions_reloaded": sum(1 for c in loaded if loaded[c]),
+            "rows_by_category": dg.MetadataValue.json(in_table),
+            "rows_loaded_by_category": dg.MetadataValue.json(loaded),
             "table": "products",
             "warehouse": wh.describe(),
             "total_rows_in_table": wh.count(products),

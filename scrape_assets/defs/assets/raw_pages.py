@@ -2,6 +2,9 @@
 
 
 import asyncio
+import functools
+import hashlib
+from collections.abc import Callable
 
 import dagster as dg
 from pydantic import Field
@@ -12,6 +15,7 @@ from scrape_assets.defs.pools import configured_host_pool
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
 from scrape_assets.errors import FetchConfigChangedError, PartitionLockedError, SettingsError, SpecError
 from scrape_assets.fetcher import PageFetcher
+from scrape_assets.manifest import Manifest
 
 # Crashes and infrastructure errors (storage unwritable, process killed) retry the step;
 # the retry resumes the snapshot from its manifest. Page failures never reach here.
@@ -41,6 +45,9 @@ def crawl_metadata(reports: list[CrawlReport]) -> dict:
             "pages_done": r.pages_done,
             "pages_failed": r.pages_failed,
             "requests_made": r.requests_made,
+            "pages_not_modified": r.pages_not_modified,
+            "pages_unchanged": r.pages_unchanged,
+            "data_version": r.data_version,
             "success_rate": round(r.success_rate, 4),
             "products_expected": r.products_expected,
             "bytes_stored": r.bytes_stored,
@@ -53,6 +60,8 @@ def crawl_metadata(reports: list[CrawlReport]) -> dict:
         "pages_failed": failed,
         "pages_attempted": done + failed,
         "requests_made": sum(r.requests_made for r in reports),
+        "pages_not_modified": sum(r.pages_not_modified for r in reports),
+        "pages_unchanged": sum(r.pages_unchanged for r in reports),
         "success_rate": round(done / (done + failed), 4) if done + failed else 1.0,
         "products_expected": sum(expected) if expected else None,
         "bytes_stored": sum(r.bytes_stored for r in reports),
@@ -61,8 +70,45 @@ def crawl_metadata(reports: list[CrawlReport]) -> dict:
     }
 
 
+def run_data_version(reports: list[CrawlReport]) -> dg.DataVersion:
+    """The Dagster data version: derived from the pages' content hashes, so an unchanged
+    crawl keeps the version and downstream assets stay up to date in the UI.
+
+    A run covering several categories records one version for all of them (Dagster
+    gives a single-run backfill one output); per-category versions are in ``by_category``
+    and drive the skip logic of ``parsed_products`` and ``products_table``.
+    """
+    if len(reports) == 1:
+        return dg.DataVersion(reports[0].data_version)
+    digest = hashlib.sha256("|".join(f"{r.category}={r.data_version}" for r in sorted(reports, key=lambda r: r.category)).encode())
+    return dg.DataVersion(digest.hexdigest()[:24])
+
+
+def completed_by_an_interrupted_run(instance: dg.DagsterInstance, manifest: Manifest) -> bool:
+    """Whether a complete snapshot was finished by a run of this instance that died before
+    recording ``raw_pages`` for its partition (killed, or the step failed on another category).
+
+    A run covering several categories completes them one by one but records them together at
+    the end; its restart (or step retry) adopts such snapshots instead of fetching them again.
+    Recorded means: the partition's latest ``raw_pages`` materialization names this snapshot
+    in ``by_category``. Never adopted: a snapshot of a run this instance does not know, or
+    when the latest materialization cannot tell which snapshot it recorded.
+    """
+    if manifest.run_id is None or instance.get_run_by_id(manifest.run_id) is None:
+        return False
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey("raw_pages"), asset_partitions=[manifest.category]), limit=1
+    ).records
+    if not records:
+        return True
+    by_category = records[0].asset_materialization.metadata.get("by_category")
+    recorded = (by_category.value if by_category is not None else {}).get(manifest.category, {}).get("snapshot_id")
+    return recorded is not None and recorded != manifest.snapshot_id
+
+
 async def crawl_partitions(
-    site: SiteResource, store: ObjectStoreResource, categories: list[str], *, new_snapshot: bool, log
+    site: SiteResource, store: ObjectStoreResource, categories: list[str], *, new_snapshot: bool, log,
+    run_id: str | None = None, adopt_complete: Callable[[Manifest], bool] | None = None,
 ) -> list[CrawlReport]:
     """Crawl several categories concurrently, sharing one client and the per-host limits."""
     spec = site.spec()
@@ -79,6 +125,8 @@ async def crawl_partitions(
                 fetch_config=site.fetch_config(),
                 fetch_base_url=site.fetch_base_url(),
                 max_attempts=site.max_attempts,
+                run_id=run_id,
+                adopt_complete=adopt_complete,
                 progress=log.info,
             )
             for category in categories
@@ -105,7 +153,10 @@ def raw_pages(context: dg.AssetExecutionContext, config: RawPagesConfig, site: S
         context.log.info(f"fetching {len(categories)} categor{'y' if len(categories) == 1 else 'ies'} from {site.fetch_base_url()}")
         with store.locks(context, site.spec().name):
             reports = asyncio.run(
-                crawl_partitions(site, store, categories, new_snapshot=config.new_snapshot, log=context.log)
+                crawl_partitions(
+                    site, store, categories, new_snapshot=config.new_snapshot, log=context.log, run_id=context.run_id,
+                    adopt_complete=functools.partial(completed_by_an_interrupted_run, context.instance),
+                )
             )
     except (FetchConfigChangedError, SpecError, SettingsError, PartitionLockedError) as exc:
         # Retrying cannot fix these: fail once, with the message that says what to do.
@@ -115,4 +166,4 @@ def raw_pages(context: dg.AssetExecutionContext, config: RawPagesConfig, site: S
             f"{r.category}: snapshot {r.snapshot_id}{' (resumed)' if r.resumed else ''}: "
             f"{r.pages_done} done, {r.pages_failed} failed, {r.requests_made} requests, {r.duration_s:.1f}s"
         )
-    return dg.MaterializeResult(metadata=crawl_metadata(reports))
+    return dg.MaterializeResult(metadata=crawl_metadata(reports), data_version=run_data_version(reports))

@@ -1,0 +1,133 @@
+"""Incremental refresh: conditional GET, unchanged pages stored once, unchanged partitions skipped."""
+
+from __future__ import annotations
+
+import datetime
+
+from scrape_assets.manifest import latest_manifest, list_snapshots, load_manifest
+from scrape_assets.storage import ObjectStore
+from scrape_assets.warehouse import Warehouse, products
+from scrape_assets_tests.conftest import make_resources, materialize
+
+PAGES = {"travel": 1, "mystery": 2}
+
+
+def _page_requests(server):
+    return [r for r in server.requests if r.path.startswith("/catalogue/")]
+
+
+def test_second_snapshot_uses_conditional_get_and_stores_nothing_new(tmp_path, instance, demo_server):
+    res = make_resources(tmp_path, base_url=demo_server.base_url)
+    assert materialize(instance, res, ["travel", "mystery"], selection=["raw_pages"]).success
+    first_requests = _page_requests(demo_server)
+    assert len(first_requests) == 3 and not any("if-none-match" in r.headers for r in first_requests)
+    store = ObjectStore(str(tmp_path / "objects"))
+    first = {c: latest_manifest(store, "demo", c) for c in PAGES}
+
+    demo_server.clear_requests()
+    result = materialize(instance, res, ["travel", "mystery"], selection=["raw_pages"])
+    assert result.success
+    second_requests = _page_requests(demo_server)
+    assert len(second_requests) == 3
+    # Every request carried the validators recorded in the first snapshot's manifest.
+    for request in second_requests:
+        category = "travel" if "travel" in request.path else "mystery"
+        n = 1 if request.path.endswith("index.html") else 2
+        assert request.headers["if-none-match"] == first[category].pages[n].etag
+        assert request.headers["if-modified-since"] == first[category].pages[n].last_modified
+
+    for category, pages in PAGES.items():
+        second = latest_manifest(store, "demo", category)
+        assert second.snapshot_id != first[category].snapshot_id
+        for n in range(1, pages + 1):
+            entry = second.pages[n]
+            assert (entry.status, entry.http_status, entry.not_modified) == ("done", 304, True)
+            assert entry.body_key == first[category].page_key(n)  # reuses the stored body
+            assert entry.content_hash == first[category].pages[n].content_hash
+        assert not store.exists(f"{second.prefix}/pages")  # nothing stored again
+        assert second.data_version == first[category].data_version
+
+    md = result.get_asset_materialization_events()[0].materialization.metadata
+    assert md["pages_not_modified"].value == 3 and md["bytes_stored"].value == 0
+
+
+def test_changed_day_refetches_and_stores_changed_pages(tmp_path, instance):
+    from scrape_assets.demo_site import make_server
+    import threading
+
+    res_day = {}
+    stores = ObjectStore(str(tmp_path / "objects"))
+    for day in (datetime.date(2026, 11, 30), datetime.date(2026, 12, 1)):
+        server = make_server("127.0.0.1", 0, day=day)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            res = make_resources(tmp_path, base_url=server.base_url)
+            assert materialize(instance, res, ["travel"]).success
+            res_day[day] = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(products)
+        finally:
+            server.shutdown()
+            server.server_close()
+    snapshots = list_snapshots(stores, "demo", "travel")
+    assert len(snapshots) == 2
+    first, second = (load_manifest(stores, "demo", "travel", s) for s in snapshots)
+    if first.data_version != second.data_version:
+        assert second.pages[1].body_key is None and second.pages[1].http_status == 200
+        assert stores.exists(second.page_key(1))
+        before, after = res_day.values()
+        assert [r["product_id"] for r in before] == [r["product_id"] for r in after]
+        assert [r["price"] for r in before] != [r["price"] for r in after]
+
+
+def test_unchanged_second_run_reparses_nothing_reloads_nothing_and_history_has_no_duplicates(tmp_path, instance, demo_server):
+    from scrape_assets.warehouse import partition_loads, price_history
+
+    res = make_resources(tmp_path, base_url=demo_server.base_url)
+    first = materialize(instance, res, ["travel", "mystery"])
+    assert first.success
+    wh = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}")
+    table_before = wh.rows(products)
+    loads_before = wh.rows(partition_loads)
+
+    second = materialize(instance, res, ["travel", "mystery"])
+    assert second.success
+    md = {e.asset_key.path[0]: e.materialization.metadata for e in second.get_asset_materialization_events()}
+    assert md["parsed_products"]["pages_parsed"].value == 0
+    assert md["parsed_products"]["partitions_unchanged"].value == 2
+    assert md["products_table"]["rows_loaded"].value == 0
+    assert md["products_table"]["partitions_reloaded"].value == 0
+    assert md["products_table"]["rows_by_category"].value == {"travel": 11, "mystery": 32}
+    assert wh.rows(products) == table_before  # untouched, not even re-stamped
+    assert wh.rows(partition_loads) == loads_before
+
+    # One price per (day, category, product), however often the day is re-run.
+    history = wh.rows(price_history)
+    assert len(history) == 11 + 32
+    assert {r["snapshot_date"] for r in history} == {latest_manifest(ObjectStore(str(tmp_path / "objects")), "demo", "travel").snapshot_id[:10]}
+    assert {(r["category"], r["product_id"], r["price"]) for r in history} == {
+        (r["category"], r["product_id"], r["price"]) for r in table_before
+    }
+    assert materialize(instance, res, ["travel", "mystery"], selection=["parsed_products", "products_table"]).success
+    assert len(wh.rows(price_history)) == 11 + 32
+
+
+def test_parser_version_change_reparses_saved_pages_without_requests(tmp_path, instance, demo_server, monkeypatch):
+    import scrape_assets.extract as extract
+
+    res = make_resources(tmp_path, base_url=demo_server.base_url)
+    first = materialize(instance, res, ["travel"])
+    assert first.success
+    event = [e for e in first.get_asset_materialization_events() if e.asset_key.path[0] == "parsed_products"][0]
+    assert event.materialization.tags["dagster/code_version"] == extract.PARSER_VERSION
+    requests = demo_server.request_count()
+
+    unchanged = materialize(instance, res, ["travel"], selection=["parsed_products", "products_table"])
+    md = {e.asset_key.path[0]: e.materialization.metadata for e in unchanged.get_asset_materialization_events()}
+    assert md["parsed_products"]["pages_parsed"].value == 0
+
+    monkeypatch.setattr(extract, "PARSER_VERSION", "test-bump")  # as after a parser fix
+    reparse = materialize(instance, res, ["travel"], selection=["parsed_products", "products_table"])
+    md = {e.asset_key.path[0]: e.materialization.metadata for e in reparse.get_asset_materialization_events()}
+    assert md["parsed_products"]["pages_parsed"].value == 1
+    assert md["products_table"]["rows_loaded"].value == 11
+    assert demo_server.request_count() == requests  # zero HTTP requests

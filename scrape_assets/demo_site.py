@@ -19,11 +19,13 @@ Twelve categories hold 678 products (ids 1..678, unique across the catalogue), 2
 category of each product come from a fixed seed and never change.
 
 The date knob: prices move from day to day (±15 % around a fixed base, always £5.10-£59.80,
-two decimals), as a pure function of (product id, day). The day is the ``day`` argument, else
+two decimals), but only in :data:`CHANGED_PER_DAY` categories a day, chosen from the date;
+the others serve yesterday's bytes, so a daily refresh sees 304s for them. A product's
+price is a pure function of (product id, the last day its category changed). The day is the ``day`` argument, else
 the ``SCRAPE_DEMO_DATE`` environment variable (``YYYY-MM-DD``), else today's UTC date.
 
-Responses carry a strong ``ETag`` (hash of the body) and ``Last-Modified`` (the day's
-midnight UTC); ``If-None-Match`` and ``If-Modified-Since`` give 304 (RFC 9110 §13). Limits:
+Responses carry a strong ``ETag`` (hash of the body) and ``Last-Modified`` (midnight UTC
+of the day the category last changed); ``If-None-Match`` and ``If-Modified-Since`` give 304 (RFC 9110 §13). Limits:
 only GET and HEAD (others get 405); no product detail pages, images, CSS or search; query
 strings are ignored; no gzip; no Range requests.
 """
@@ -202,10 +204,32 @@ def _title(product_id: int) -> str:
     return _TITLE_PATTERNS[_draw("pattern", product_id) % len(_TITLE_PATTERNS)].format(**words)
 
 
-def _price(product_id: int, day: datetime.date) -> Decimal:
+def _price(product_id: int, epoch: datetime.date) -> Decimal:
     base_pence = 600 + _draw("base", product_id) % 4601  # £6.00..£52.00, fixed per product
-    factor_bp = 8500 + _draw("day", product_id, day.isoformat()) % 3001  # 0.85..1.15, per day
+    factor_bp = 8500 + _draw("day", product_id, epoch.isoformat()) % 3001  # 0.85..1.15, per price epoch
     return Decimal((base_pence * factor_bp + 5000) // 10000).scaleb(-2)  # exact pence, e.g. 20.60
+
+
+#: How many categories change their prices each day (the rest keep yesterday's pages).
+CHANGED_PER_DAY = 2
+_LOOK_BACK_DAYS = 400
+
+
+@functools.lru_cache(maxsize=1024)
+def changed_categories(day: datetime.date) -> frozenset[str]:
+    """The :data:`CHANGED_PER_DAY` categories whose prices change on ``day`` (seeded by the date)."""
+    keys = sorted((row[0] for row in CATEGORY_TABLE), key=lambda key: _draw("changes", key, day.isoformat()))
+    return frozenset(keys[:CHANGED_PER_DAY])
+
+
+@functools.lru_cache(maxsize=4096)
+def price_epoch(key: str, day: datetime.date) -> datetime.date:
+    """The last day on or before ``day`` when category ``key`` changed (its pages' Last-Modified)."""
+    for back in range(_LOOK_BACK_DAYS):
+        candidate = day - datetime.timedelta(days=back)
+        if key in changed_categories(candidate):
+            return candidate
+    return day - datetime.timedelta(days=_LOOK_BACK_DAYS)
 
 
 @functools.cache
@@ -223,8 +247,9 @@ def _assignment() -> tuple[tuple[int, ...], ...]:
 def _catalogue(day: datetime.date) -> DemoCatalogue:
     categories = []
     for (key, number, name, _), ids in zip(CATEGORY_TABLE, _assignment()):
+        epoch = price_epoch(key, day)
         products = tuple(
-            DemoProduct(i, title, slugify(title), 1 + _draw("rating", i) % 5, _price(i, day))
+            DemoProduct(i, title, slugify(title), 1 + _draw("rating", i) % 5, _price(i, epoch))
             for i, title in ((i, _title(i)) for i in ids)
         )
         categories.append(DemoCategory(key, number, name, products))
@@ -322,7 +347,8 @@ def respond(
         return _error(404, "Not Found", f"{path} is not a page of the demo catalogue.", method)
     resolved = resolve_day(day)
     body, content_type, etag = _render(route, resolved)
-    midnight = datetime.datetime.combine(resolved, datetime.time(), datetime.timezone.utc)
+    changed = price_epoch(route[1], resolved) if route[0] == "listing" else resolved
+    midnight = datetime.datetime.combine(changed, datetime.time(), datetime.timezone.utc)
     validators = {"ETag": etag, "Last-Modified": format_datetime(midnight, usegmt=True)}
     lower = {k.lower(): v for k, v in (headers or {}).items()}
     if "if-none-match" in lower:

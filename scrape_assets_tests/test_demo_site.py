@@ -28,6 +28,9 @@ from scrape_assets.demo_site import (
     catalogue,
     make_server,
     resolve_day,
+    changed_categories,
+    CHANGED_PER_DAY,
+    CATEGORY_TABLE,
     respond,
 )
 from scrape_assets.spec import load_spec
@@ -45,6 +48,11 @@ def listing(key: str, page: int = 1) -> str:
     """Request target of page ``page`` of category ``key``, e.g. ``/catalogue/.../travel_2/index.html``."""
     start = "/" + SPEC.categories[key]
     return start if page == 1 else start.replace("index.html", f"page-{page}.html")
+
+
+CHANGED_TODAY = sorted(changed_categories(DAY))[0]
+CHANGED_TOMORROW = sorted(changed_categories(NEXT_DAY))[0]
+UNCHANGED_TOMORROW = sorted({row[0] for row in CATEGORY_TABLE} - changed_categories(NEXT_DAY))[0]
 
 
 def get(target: str, headers: dict[str, str] | None = None, day: datetime.date = DAY):
@@ -90,8 +98,15 @@ def test_product_ids_are_unique_across_the_catalogue():
 def test_prices_move_by_day_but_products_do_not():
     today, tomorrow = catalogue(DAY).products, catalogue(NEXT_DAY).products
     assert [(p.id, p.title, p.slug, p.rating) for p in today] == [(p.id, p.title, p.slug, p.rating) for p in tomorrow]
-    changed = sum(a.price != b.price for a, b in zip(today, tomorrow))
-    assert changed > 0.95 * len(today)
+    changed_keys = changed_categories(NEXT_DAY)
+    assert len(changed_keys) == CHANGED_PER_DAY == 2
+    for key in (row[0] for row in CATEGORY_TABLE):
+        a, b = catalogue(DAY).category(key).products, catalogue(NEXT_DAY).category(key).products
+        moved = sum(x.price != y.price for x, y in zip(a, b))
+        if key in changed_keys:
+            assert moved > 0.8 * len(a), key  # a changed category reprices (nearly) everything
+        else:
+            assert moved == 0, key  # the others keep yesterday's prices and bytes
     for product in today + tomorrow:
         assert Decimal("5") <= product.price <= Decimal("60")
         assert product.price.as_tuple().exponent == -2
@@ -214,7 +229,8 @@ def test_same_day_gives_byte_identical_pages_in_a_fresh_process():
         command = [sys.executable, "-c", code, listing(key)]
         out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
         assert out.stdout == hashlib.sha256(get(listing(key)).body).hexdigest()
-    assert get(listing("mystery"), day=NEXT_DAY).body != get(listing("mystery")).body
+    assert get(listing(CHANGED_TOMORROW), day=NEXT_DAY).body != get(listing(CHANGED_TOMORROW)).body
+    assert get(listing(UNCHANGED_TOMORROW), day=NEXT_DAY).body == get(listing(UNCHANGED_TOMORROW)).body
 
 
 def test_home_page_lists_the_categories():
@@ -245,20 +261,22 @@ def test_other_methods_are_refused():
 
 
 def test_validators_and_conditional_get():
-    full = get(listing("mystery"))
+    full = get(listing(CHANGED_TODAY))
     etag = full.headers["ETag"]
     assert etag == '"' + hashlib.sha256(full.body).hexdigest()[:32] + '"'
     assert full.headers["Last-Modified"] == "Wed, 01 May 2024 00:00:00 GMT"
     for validator in (etag, f"W/{etag}", f'"nope", {etag}', "*"):
-        not_modified = get(listing("mystery"), {"if-none-match": validator})
+        not_modified = get(listing(CHANGED_TODAY), {"if-none-match": validator})
         assert (not_modified.status, not_modified.body) == (304, b""), validator
         assert not_modified.headers == {"ETag": etag, "Last-Modified": "Wed, 01 May 2024 00:00:00 GMT"}
-    assert get(listing("mystery"), {"If-None-Match": '"stale"'}).status == 200
-    assert get(listing("mystery"), {"If-None-Match": etag}, day=NEXT_DAY).status == 200
-    assert get(listing("mystery"), {"If-Modified-Since": "Wed, 01 May 2024 00:00:00 GMT"}).status == 304
-    assert get(listing("mystery"), {"If-Modified-Since": "Thu, 02 May 2024 08:00:00 GMT"}).status == 304
-    assert get(listing("mystery"), {"If-Modified-Since": "Tue, 30 Apr 2024 23:59:59 GMT"}).status == 200
-    assert get(listing("mystery"), {"If-Modified-Since": "not a date"}).status == 200
+    assert get(listing(CHANGED_TODAY), {"If-None-Match": '"stale"'}).status == 200
+    tomorrow_etag = get(listing(CHANGED_TOMORROW)).headers["ETag"]
+    assert get(listing(CHANGED_TOMORROW), {"If-None-Match": tomorrow_etag}, day=NEXT_DAY).status == 200
+    assert get(listing(UNCHANGED_TOMORROW), {"If-None-Match": get(listing(UNCHANGED_TOMORROW)).headers["ETag"]}, day=NEXT_DAY).status == 304
+    assert get(listing(CHANGED_TODAY), {"If-Modified-Since": "Wed, 01 May 2024 00:00:00 GMT"}).status == 304
+    assert get(listing(CHANGED_TODAY), {"If-Modified-Since": "Thu, 02 May 2024 08:00:00 GMT"}).status == 304
+    assert get(listing(CHANGED_TODAY), {"If-Modified-Since": "Tue, 30 Apr 2024 23:59:59 GMT"}).status == 200
+    assert get(listing(CHANGED_TODAY), {"If-Modified-Since": "not a date"}).status == 200
     # If-None-Match wins over If-Modified-Since (RFC 9110 §13.2.2)
     both = {"If-None-Match": '"stale"', "If-Modified-Since": "Thu, 02 May 2024 08:00:00 GMT"}
     assert get(listing("mystery"), both).status == 200

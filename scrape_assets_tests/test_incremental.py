@@ -51,32 +51,57 @@ def test_second_snapshot_uses_conditional_get_and_stores_nothing_new(tmp_path, i
     assert md["pages_not_modified"].value == 3 and md["bytes_stored"].value == 0
 
 
-def test_changed_day_refetches_and_stores_changed_pages(tmp_path, instance):
-    from scrape_assets.demo_site import make_server
+def test_next_day_refetches_only_the_categories_that_changed(tmp_path, instance):
     import threading
 
-    res_day = {}
-    stores = ObjectStore(str(tmp_path / "objects"))
-    for day in (datetime.date(2026, 11, 30), datetime.date(2026, 12, 1)):
-        server = make_server("127.0.0.1", 0, day=day)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
+    from scrape_assets.demo_site import changed_categories, make_server
+    from scrape_assets.warehouse import price_history
+
+    day1, day2 = datetime.date(2026, 11, 30), datetime.date(2026, 12, 1)
+    keys = ["travel", "mystery", "classics", "romance", "fiction", "default"]
+    changed = changed_categories(day2) & set(keys)
+    assert changed, "the seeded schedule changes at least one of these on day 2"
+    store = ObjectStore(str(tmp_path / "objects"))
+    wh = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}")
+    results, prices, port = {}, {}, 0
+    for day in (day1, day2):  # the same address both days, as a real site would have
+        server = make_server("127.0.0.1", port, day=day)
+        port = server.server_address[1]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
         try:
             res = make_resources(tmp_path, base_url=server.base_url)
-            assert materialize(instance, res, ["travel"]).success
-            res_day[day] = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(products)
+            results[day] = materialize(instance, res, keys)
+            assert results[day].success
+            prices[day] = {(r["category"], r["product_id"]): r["price"] for r in wh.rows(products)}
+            statuses = [r for r in server.requests if r.path.startswith("/catalogue/")]
         finally:
             server.shutdown()
             server.server_close()
-    snapshots = list_snapshots(stores, "demo", "travel")
-    assert len(snapshots) == 2
-    first, second = (load_manifest(stores, "demo", "travel", s) for s in snapshots)
-    if first.data_version != second.data_version:
-        assert second.pages[1].body_key is None and second.pages[1].http_status == 200
-        assert stores.exists(second.page_key(1))
-        before, after = res_day.values()
-        assert [r["product_id"] for r in before] == [r["product_id"] for r in after]
-        assert [r["price"] for r in before] != [r["price"] for r in after]
+    md = {e.asset_key.path[0]: e.materialization.metadata for e in results[day2].get_asset_materialization_events()}
+    by_category = md["raw_pages"]["by_category"].value
+    for key in keys:
+        first, second = (load_manifest(store, "demo", key, s) for s in list_snapshots(store, "demo", key))
+        pages = len(second.pages)
+        if key in changed:
+            assert by_category[key]["pages_not_modified"] == 0, key
+            assert all(p.http_status == 200 and p.body_key is None for p in second.pages.values())
+            assert second.data_version != first.data_version
+        else:
+            assert by_category[key]["pages_not_modified"] == pages, key
+            assert second.data_version == first.data_version
+    assert len(statuses) == sum(len(load_manifest(store, "demo", k, list_snapshots(store, "demo", k)[-1]).pages) for k in keys)
+    parsed = md["parsed_products"]["by_category"].value
+    assert {k for k in keys if not parsed[k]["unchanged"]} == changed
+    reloaded = md["products_table"]["rows_loaded_by_category"].value
+    assert {k for k in keys if reloaded[k]} == changed
+    # Prices moved exactly in the categories that changed.
+    for key in keys:
+        moved = [k for k, price in prices[day2].items() if k[0] == key and price != prices[day1][k]]
+        assert bool(moved) == (key in changed), key
+    # Both runs happened on the same real (UTC) day: one price_history row per product, the latest price.
+    history = wh.rows(price_history)
+    assert len(history) == len(prices[day2])
+    assert {(r["category"], r["product_id"]): r["price"] for r in history} == prices[day2]
 
 
 def test_unchanged_second_run_reparses_nothing_reloads_nothing_and_history_has_no_duplicates(tmp_path, instance, demo_server):

@@ -4,8 +4,9 @@
     Materialize every asset for every category of the configured site (the built-in
     demo catalogue by default) in one run on the Dagster instance at ``$DAGSTER_HOME``
     (the one ``make ui`` opens), print progress, and end with a summary.
-``scrape-assets serve-demo --port N``
-    Serve the demo catalogue on 127.0.0.1:N over real sockets.
+``scrape-assets serve-demo --port N [--faults FILE]``
+    Serve the demo catalogue on 127.0.0.1:N over real sockets, optionally breaking the
+    responses a fault spec names (:mod:`scrape_assets.faults`).
 ``scrape-assets summary``
     Print the summary of what is stored now (categories, pages, products, dead letters).
 """
@@ -138,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve-demo", help="serve the demo catalogue on 127.0.0.1 over real sockets")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--faults", metavar="FILE", help="inject the faults of this spec (see scrape_assets/faults.py)")
     sub.add_parser("summary", help="print what is stored now")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -145,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "demo":
             return run_demo(new_snapshot=args.new_snapshot)
         if args.command == "serve-demo":
+            if args.faults:
+                from scrape_assets.faults import serve_faulty_forever
+
+                serve_faulty_forever(args.faults, args.host, args.port)
+                return 0
             from scrape_assets.demo_site import serve_forever
 
             serve_forever(args.host, args.port)

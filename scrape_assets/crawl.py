@@ -15,6 +15,7 @@ errors do fail it, so the step's RetryPolicy can resume.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
 from scrape_assets.crashpoints import crashpoint
-from scrape_assets.errors import FetchError, PermanentFetchError
+from scrape_assets.errors import FetchError, PermanentFetchError, StorageError
 from scrape_assets.fetcher import PageFetcher
 from scrape_assets.manifest import Manifest, PageEntry, latest_manifest, open_snapshot, utc_now_iso
 from scrape_assets.parsing import parse_pager
@@ -299,7 +300,15 @@ class PartitionCrawler:
             self._unchanged += not entry.not_modified
         else:
             # Body first, then the manifest: a crash in between costs one refetch, never a lie.
-            entry.bytes = await asyncio.to_thread(self.store.write_bytes_atomic, manifest.page_key(n), page.body)
+            try:
+                entry.bytes = await asyncio.to_thread(self.store.write_bytes_atomic, manifest.page_key(n), page.body)
+            except StorageError:
+                # Storage failed, not the site: give the attempt back, so an outage that outlasts the
+                # step's retries fails the run instead of dead-lettering the page "attempts_exhausted".
+                entry.attempts -= 1
+                with contextlib.suppress(StorageError):
+                    manifest.record(self.store, n)
+                raise
             crashpoint("crawl.after_body_write")
             entry.body_key = None
             entry.content_type = page.headers.get("content-type")

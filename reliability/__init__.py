@@ -1,0 +1,1 @@
+"""Reliability drills run against real processes (not part of the installed package)."""

@@ -1,0 +1,522 @@
+"""Fault injection: the pipeline run through Dagster against a faulty demo server on 127.0.0.1.
+
+Every scenario of :data:`fault_scenarios.SCENARIOS` (one fault per kind, a few variants) runs
+all four assets for ``travel`` and ``mystery`` in one run and is held to its exact outcome: page
+statuses, attempts, HTTP statuses and reasons in the manifest and the dead letters, requests
+seen by the server, the success rate recorded, stored bytes (never a truncated page saved as
+done), waits after Retry-After (from the server's log) and the deadline on stalled pages.
+Storage faults fail the step; its RetryPolicy (or the next run) resumes the same snapshot.
+Nothing here sleeps for a fixed time: waits are measured, not assumed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from scrape_assets.demo_site import respond
+from scrape_assets.errors import SpecError
+from scrape_assets.extract import load_parsed
+from scrape_assets.faults import (
+    FAULT_KINDS,
+    FaultSpec,
+    load_fault_spec,
+    parse_fault_spec,
+    retry_after_waits,
+)
+from scrape_assets_tests.fault_scenarios import (
+    CATEGORIES,
+    DAY,
+    SCENARIOS,
+    SCENARIOS_BY_NAME,
+    WAIT_TOLERANCE_S,
+    Outcome,
+    Scenario,
+    expected_body,
+    expected_products,
+    fault_server,
+    page_path,
+    run_scenario,
+    run_storage_fails_then_resumes,
+    run_storage_flaky_manifest,
+    run_storage_heals_on_retry,
+    snapshot_ids,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+REQUEST_DEADLINE_S = 1.5  # 3 x timeout_s (0.5 s): FetchPolicy.request_deadline_s
+BACKOFF_BASE_S = 0.5  # FetchPolicy.backoff_base_s: the jittered wait after attempt k is <= 0.5 * 2**(k-1)
+SLACK_S = 1.5  # scheduling noise on a loaded machine (the bound is still far below a hang)
+
+
+def _events(outcome: Outcome, event_type: str) -> list:
+    return [e for e in outcome.result.all_events if e.event_type_value == event_type]
+
+
+def _materialized(outcome: Outcome) -> set[str]:
+    return {e.asset_key.path[0] for e in outcome.result.get_asset_materialization_events()}
+
+
+# --- one test per fault scenario ----------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
+def test_fault_scenario_reaches_its_exact_outcome(scenario: Scenario, tmp_path, instance):
+    outcome = run_scenario(scenario, tmp_path, instance)
+    base = outcome.server.base_url
+    assert outcome.result.success is scenario.run_succeeded
+
+    # raw_pages always finishes: a page that never recovers never fails the run.
+    assert "raw_pages" in _materialized(outcome)
+    assert set(outcome.manifests) == set(CATEGORIES)
+    assert all(m.is_complete for m in outcome.manifests.values())
+
+    # Every page's exact status, attempts, HTTP status and reason.
+    actual = outcome.pages
+    assert set(actual) == set(scenario.pages)
+    for key, want in scenario.pages.items():
+        got = actual[key]
+        assert (got.status, got.attempts, got.http_status, got.reason) == (
+            want.status, want.attempts, want.http_status, want.reason
+        ), key
+        category, n = key.split("/")
+        url = base + page_path(category, int(n)).lstrip("/")
+        if want.detail is not None:
+            entry = outcome.manifests[category].pages[int(n)]
+            assert entry.last_error == want.full_reason(url, base), key
+        # The server saw exactly the attempts the manifest counts (redirect hops aside).
+        assert outcome.requests_for(key) == scenario.requests.get(key, want.attempts), key
+
+    # The success rate recorded on raw_pages (run-wide and per category).
+    raw = outcome.materialization("raw_pages")
+    assert raw["pages_done"] == sum(p.status == "done" for p in scenario.pages.values())
+    assert raw["pages_failed"] == sum(p.status == "failed" for p in scenario.pages.values())
+    assert raw["success_rate"] == scenario.success_rate
+    for category in CATEGORIES:
+        pages = [p for k, p in scenario.pages.items() if k.startswith(f"{category}/")]
+        rate = sum(p.status == "done" for p in pages) / len(pages)
+        assert raw["by_category"][category]["success_rate"] == round(rate, 4)
+
+    # No truncated or partial page was ever saved as done; failed pages left no bytes behind.
+    spec = scenario.fault_spec
+    for category, manifest in outcome.manifests.items():
+        for n, entry in manifest.pages.items():
+            key = manifest.body_key(n)
+            if entry.status == "done":
+                stored = outcome.store.read_bytes(key)
+                assert stored == expected_body(spec, page_path(category, n), outcome.requests_for(f"{category}/{n}"))
+                assert entry.content_hash == "sha256:" + hashlib.sha256(stored).hexdigest()
+                assert entry.bytes == len(stored)
+            else:
+                assert not outcome.store.exists(key)
+        folder = outcome.store.root.joinpath(*manifest.prefix.split("/"))
+        assert not [p for p in Path(folder.path).rglob("*.tmp")]
+
+    # The blocking schema check, and what it lets through.
+    check = outcome.checks["parsed_products_match_schema"]
+    assert check.passed is scenario.schema_check_passed
+    if scenario.schema_check_passed:
+        assert _materialized(outcome) == {"raw_pages", "parsed_products", "products_table", "dead_letters"}
+        rows = outcome.product_rows()
+        assert {(r["category"], r["product_id"], r["title"], r["price"]) for r in rows} == expected_products(
+            scenario.pages, spec
+        )
+        letters = outcome.dead_letter_rows()
+        failed = {k: p for k, p in actual.items() if p.status == "failed"}
+        assert len(letters) == len(failed)
+        for row in letters:
+            key = next(k for k in failed if row["url"] == base + page_path(*_split(k)).lstrip("/"))
+            entry = outcome.manifests[row["category"]].pages[int(key.split("/")[1])]
+            assert (row["stage"], row["reason"], row["http_status"], row["attempts"]) == (
+                "fetch", entry.last_error, failed[key].http_status, failed[key].attempts
+            )
+    else:
+        assert _materialized(outcome) == {"raw_pages", "parsed_products"}
+        assert outcome.product_rows() == [] and outcome.dead_letter_rows() == []
+
+    # Waits after Retry-After, measured from the server's log.
+    waits = retry_after_waits(outcome.server)
+    if scenario.retry_after_s is None:
+        assert waits == []
+    else:
+        asked = [e for e in outcome.server.fault_log if e.retry_after is not None]
+        followed = [e for e in asked if e.attempt < outcome.seen[e.path]]
+        assert len(waits) == len(followed) >= 1
+        for wait in waits:
+            assert wait.asked_s >= scenario.retry_after_s - WAIT_TOLERANCE_S  # an HTTP-date is rounded up
+            assert wait.waited_s >= wait.asked_s - WAIT_TOLERANCE_S, wait
+
+    # A stalled or trickling page cannot hold the run past its deadline.
+    if scenario.bounded_by_deadline:
+        log = [e for e in outcome.server.fault_log if e.path == page_path("mystery", 2)]
+        assert [e.attempt for e in log] == [1, 2, 3]
+        for k, (this, following) in enumerate(zip(log, log[1:]), start=1):
+            assert following.at_s - this.answered_s <= REQUEST_DEADLINE_S + BACKOFF_BASE_S * 2 ** (k - 1) + SLACK_S
+        bound = 3 * REQUEST_DEADLINE_S + BACKOFF_BASE_S * (1 + 2) + SLACK_S
+        assert raw["by_category"]["mystery"]["duration_s"] <= bound
+
+    EXTRA_CHECKS.get(scenario.name, lambda o: None)(outcome)
+
+
+def _split(key: str) -> tuple[str, int]:
+    category, n = key.split("/")
+    return category, int(n)
+
+
+# Scenario-specific assertions, run on the same outcome (one Dagster run per scenario).
+
+
+def _charset(content_type: str):
+    def check(outcome: Outcome) -> None:
+        for manifest in outcome.manifests.values():
+            assert {e.content_type for e in manifest.pages.values()} == {content_type}
+        titles = [r["title"] for r in outcome.product_rows()]
+        assert len(titles) == 11 + 32
+        # Non-ASCII titles and the pound sign survive the missing or wrong charset exactly.
+        assert {"The Endless Café", "Tomás's Orchard"} <= set(titles)
+        assert not any("Ã" in t or "\ufffd" in t for t in titles)
+
+    return check
+
+
+def _layout_guard_names_mystery_page_2(rejects: int):
+    def check(outcome: Outcome) -> None:
+        check_result = outcome.checks["parsed_products_match_schema"]
+        guard = [c for c in check_result.metadata["failure_cases"].value if c["check"] == "layout_guard"]
+        assert [(c["failure_case"]["category"], c["failure_case"]["page_number"]) for c in guard] == [("mystery", 2)]
+        store, manifest = outcome.store, outcome.manifests["mystery"]
+        parsed = load_parsed(store, manifest)
+        assert len(parsed.products) == 20  # page 1 only
+        assert [r["reason"] for r in parsed.rejects] == ["price: no element matches 'p.price_color'"] * rejects
+
+    return check
+
+
+def _empty_category(outcome: Outcome) -> None:
+    raw = outcome.materialization("raw_pages")
+    assert raw["by_category"]["travel"]["products_expected"] == 0
+    assert [r for r in outcome.product_rows() if r["category"] == "travel"] == []
+    assert outcome.materialization("products_table")["rows_by_category"] == {"travel": 0, "mystery": 32}
+
+
+def _robots_disallow(outcome: Outcome) -> None:
+    paths = [r.path for r in outcome.server.requests]
+    assert paths.count("/robots.txt") == 1
+    assert not [p for p in paths if "mystery_3" in p]  # refused before any request
+
+
+def _robots_unreachable(outcome: Outcome) -> None:
+    assert [r.path for r in outcome.server.requests] == ["/robots.txt"]
+
+
+def _rates_are_reproducible(outcome: Outcome) -> None:
+    drawn = {}
+    for event in outcome.server.fault_log:
+        drawn.setdefault(event.path, []).append(event.fault)
+    assert drawn == {
+        "/robots.txt": [None],
+        page_path("travel", 1): [None],
+        page_path("mystery", 1): ["reset_mid_body", "http_error", None],
+        page_path("mystery", 2): ["http_error", "reset_mid_body", "http_error"],
+    }
+    spec = SCENARIOS_BY_NAME["rates-seed-38"].fault_spec
+    for path, kinds in drawn.items():  # the spec alone predicts every draw
+        assert [getattr(spec.choose(path, a), "fault", None) for a in range(1, len(kinds) + 1)] == kinds
+
+
+def _offsite_never_followed(outcome: Outcome) -> None:
+    assert outcome.seen[page_path("mystery", 2)] == 1
+    assert [e.status for e in outcome.server.fault_log if e.fault] == [302]
+
+
+EXTRA_CHECKS = {
+    "charset_missing": _charset("text/html"),
+    "charset_wrong": _charset("text/html; charset=iso-8859-1"),
+    "layout_changed": _layout_guard_names_mystery_page_2(rejects=12),
+    "zero_products-broken-page": _layout_guard_names_mystery_page_2(rejects=0),
+    "zero_products-empty-category": _empty_category,
+    "robots_disallow": _robots_disallow,
+    "http_error-robots-txt-503": _robots_unreachable,
+    "rates-seed-38": _rates_are_reproducible,
+    "redirect_offsite": _offsite_never_followed,
+}
+
+
+def test_every_fault_kind_has_a_scenario():
+    assert {s.kind for s in SCENARIOS} == set(FAULT_KINDS) | {"rates"}
+
+
+# --- storage faults: the run fails (or the step retries), then resumes ---------------------------
+
+
+def _storage_error(outcome: Outcome, event_type: str):
+    """The StorageError behind the step's failure or retry request (Dagster wraps it)."""
+    (event,) = _events(outcome, event_type)
+    error = event.event_specific_data.error
+    while error is not None and error.cls_name != "StorageError":
+        error = error.cause
+    assert error is not None, event.event_specific_data.error
+    return error
+
+
+@pytest.mark.timeout(90)
+def test_storage_unwritable_fails_the_run_then_the_next_run_resumes_the_snapshot(tmp_path, instance):
+    first, second = run_storage_fails_then_resumes(tmp_path, instance)
+    # An infrastructure fault fails the run, after the step's RetryPolicy retries (3).
+    assert not first.result.success
+    assert len(_events(first, "STEP_UP_FOR_RETRY")) == 3
+    assert [e.step_key for e in _events(first, "STEP_FAILURE")] == ["raw_pages"]
+    stopped = first.manifests["mystery"]
+    location = tmp_path / "objects" / stopped.page_key(2)
+    error = _storage_error(first, "STEP_FAILURE")
+    assert error.message.startswith(f"scrape_assets.errors.StorageError: {location}: write failed: [Errno 21] Is a directory")
+    assert _materialized(first) == set()
+    # The page is not blamed: its four fetches (one per step attempt) were given back, none is a dead letter.
+    assert not stopped.is_complete
+    assert [(p.status, p.attempts) for _, p in sorted(stopped.pages.items())] == [("done", 1), ("pending", 0)]
+    assert first.seen[page_path("mystery", 2)] == 4
+    assert first.seen[page_path("mystery", 1)] == 1  # done before the fault: never refetched
+
+    assert second.result.success
+    resumed = second.manifests["mystery"]
+    assert resumed.snapshot_id == stopped.snapshot_id and snapshot_ids(second, "mystery") == [stopped.snapshot_id]
+    assert [(p.status, p.attempts) for _, p in sorted(resumed.pages.items())] == [("done", 1), ("done", 1)]
+    assert second.seen[page_path("mystery", 1)] == 1
+    assert second.seen[page_path("mystery", 2)] == 5
+    raw = second.materialization("raw_pages")
+    assert raw["by_category"]["mystery"]["resumed"] is True
+    assert (raw["requests_made"], raw["pages_done"], raw["pages_failed"], raw["success_rate"]) == (1, 2, 0, 1.0)
+    assert second.store.read_bytes(resumed.body_key(2)) == respond("GET", page_path("mystery", 2), day=DAY).body
+    assert len(second.product_rows()) == 32 and second.dead_letter_rows() == []
+
+
+@pytest.mark.timeout(60)
+def test_storage_unwritable_then_freed_the_retry_policy_resumes_within_the_run(tmp_path, instance):
+    outcome = run_storage_heals_on_retry(tmp_path, instance)
+    assert outcome.result.success
+    assert len(_events(outcome, "STEP_UP_FOR_RETRY")) == 1
+    assert [e.step_key for e in _events(outcome, "STEP_RESTARTED")] == ["raw_pages"]
+    manifest = outcome.manifests["mystery"]
+    location = tmp_path / "objects" / manifest.page_key(2)
+    assert f"{location}: write failed: [Errno 21] Is a directory" in _storage_error(outcome, "STEP_UP_FOR_RETRY").message
+    assert snapshot_ids(outcome, "mystery") == [manifest.snapshot_id]
+    # Page 2's first fetch could not be stored: fetched again, and that attempt was given back.
+    assert [(p.status, p.attempts) for _, p in sorted(manifest.pages.items())] == [("done", 1), ("done", 1)]
+    assert outcome.seen[page_path("mystery", 2)] == 2
+    assert outcome.seen[page_path("mystery", 1)] == 1  # done before the failure: not refetched
+    assert outcome.seen["/robots.txt"] == 2  # once per step attempt
+    assert outcome.materialization("raw_pages")["by_category"]["mystery"]["resumed"] is True
+    assert outcome.store.read_bytes(manifest.body_key(2)) == respond("GET", page_path("mystery", 2), day=DAY).body
+    assert len(outcome.product_rows()) == 32 and outcome.dead_letter_rows() == []
+
+
+@pytest.mark.timeout(60)
+def test_storage_failing_once_is_retried_by_the_retry_policy_and_no_page_is_fetched_twice(tmp_path, instance):
+    outcome = run_storage_flaky_manifest(tmp_path, instance)
+    assert outcome.result.success
+    assert len(_events(outcome, "STEP_UP_FOR_RETRY")) == 1
+    manifest = outcome.manifests["mystery"]
+    assert snapshot_ids(outcome, "mystery") == [manifest.snapshot_id]
+    assert [(p.status, p.attempts) for _, p in sorted(manifest.pages.items())] == [("done", 1), ("done", 1)]
+    assert outcome.seen[page_path("mystery", 1)] == 1
+    assert outcome.seen[page_path("mystery", 2)] == 1
+    raw = outcome.materialization("raw_pages")
+    assert raw["by_category"]["mystery"]["resumed"] is True and raw["success_rate"] == 1.0
+    assert len(outcome.product_rows()) == 32
+
+
+# --- the server itself ---------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_stalled_and_trickling_handlers_end_when_the_server_shuts_down():
+    spec = FaultSpec.model_validate(
+        {"rules": [{"match": "travel", "fault": "stall_after_headers"}, {"match": "mystery", "fault": "trickle", "bytes_per_s": 10}]}
+    )
+    clients = []
+    with fault_server(spec) as server:
+        for category in ("travel", "mystery"):
+            client = socket.create_connection(server.server_address[:2], timeout=10)
+            client.sendall(f"GET {page_path(category, 1)} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            assert client.recv(65536).startswith(b"HTTP/1.1 200 OK")  # headers arrive, then nothing much
+            clients.append(client)
+    for client in clients:  # shutdown released both handlers: they closed their connections
+        while chunk := client.recv(65536):
+            assert len(chunk) < 1000
+        client.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_stalled_handler_notices_the_client_hanging_up():
+    spec = FaultSpec.model_validate({"rules": [{"match": "travel", "fault": "stall_after_headers"}]})
+    with fault_server(spec) as server:
+        done = threading.Event()
+        original = server.finish_request
+
+        def finish_request(request, client_address):
+            original(request, client_address)
+            done.set()
+
+        server.finish_request = finish_request
+        client = socket.create_connection(server.server_address[:2], timeout=10)
+        client.sendall(f"GET {page_path('travel', 1)} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        assert client.recv(65536).startswith(b"HTTP/1.1 200 OK")
+        client.close()
+        assert done.wait(timeout=5)  # long before max_stall_s (60 s)
+
+
+def test_http_date_retry_after_is_never_earlier_than_asked():
+    spec = FaultSpec.model_validate(
+        {"rules": [{"match": "travel", "fault": "http_429", "retry_after_s": 2, "retry_after_form": "http-date"}]}
+    )
+    with fault_server(spec) as server:
+        response = httpx.get(server.base_url + page_path("travel", 1).lstrip("/"))
+    assert response.status_code == 429
+    assert re.fullmatch(r"[A-Z][a-z]{2}, \d{2} [A-Z][a-z]{2} \d{4} \d{2}:\d{2}:\d{2} GMT", response.headers["retry-after"])
+    (event,) = server.fault_log
+    assert 2.0 <= event.retry_after_s < 3.0
+
+
+def test_rules_first_n_counts_requests_per_path_and_falls_through():
+    spec = FaultSpec.model_validate({"rules": [
+        {"match": "page-2", "fault": "http_429", "first_n": 1},
+        {"match": "page-2", "fault": "http_error", "status": 500, "first_n": 2},
+    ]})
+    path = page_path("mystery", 2)
+    assert [getattr(spec.choose(path, a), "fault", None) for a in (1, 2, 3)] == ["http_429", "http_error", None]
+    assert spec.choose(page_path("mystery", 1), 1) is None
+
+
+# --- the spec file -------------------------------------------------------------------------------
+
+
+def test_example_spec_ships_and_loads():
+    spec = load_fault_spec(REPO_ROOT / "scrape_assets" / "faults_example.yaml")
+    assert [r.fault for r in spec.rules] == [
+        "http_error", "http_429", "short_body", "stall_after_headers", "charset_missing", "robots_disallow"
+    ]
+    assert spec.rates.seed == 7 and spec.rates.probabilities() == {"http_error": 0.05, "reset_mid_body": 0.02}
+
+
+def test_the_module_docstring_example_is_a_valid_spec():
+    import textwrap
+
+    import scrape_assets.faults as faults
+
+    example = faults.__doc__.split("Spec format (YAML or JSON; unknown keys are errors)::\n")[1].split("\nFault kinds")[0]
+    spec = parse_fault_spec(textwrap.dedent(example), "faults.py docstring")
+    assert [r.fault for r in spec.rules] == ["http_error", "http_429", "robots_disallow"]
+    assert spec.rates.probabilities() == {"http_error": 0.10, "reset_mid_body": 0.05}
+
+
+def test_json_spec_loads(tmp_path):
+    path = tmp_path / "faults.json"
+    path.write_text('{"rules": [{"match": "x", "fault": "gzip_bomb", "decompressed_bytes": 1000}]}')
+    assert load_fault_spec(path).rules[0].decompressed_bytes == 1000
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("rules: [{match: x, fault: nope}]", "rules.0.fault: unknown fault kind 'nope': expected one of http_error, "),
+        ("rules: [{match: x}]", "rules.0.fault: required key is missing: expected one of http_error, "),
+        ("rules: [{match: x, fault: http_error, status: 404}]", "rules.0.status: Input should be greater than or equal to 500 (got 404)"),
+        ("rules: [{match: x, fault: trickle, bytes_per_sec: 5}]", "rules.0.bytes_per_sec: unknown key"),
+        ("rules: [{fault: robots_disallow}]", "rules.0.prefix: required key is missing"),
+        ("rules: [{match: '(', fault: bad_gzip}]", "rules.0.match: expected a regular expression: missing )"),
+        ("rates: {http_error: 0.1}", "rates.seed: required key is missing"),
+        ("rates: {seed: 1, http_error: 0.7, bad_gzip: 0.5}", "rates: expected probabilities summing to at most 1, got 1.2"),
+        ("[1, 2]", "expected a mapping with 'rules' and/or 'rates', got list"),
+        ("rules: [", "not valid YAML or JSON"),
+    ],
+)
+def test_bad_specs_name_the_file_the_key_and_what_was_expected(tmp_path, text, message):
+    path = tmp_path / "faults.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as raised:
+        load_fault_spec(path)
+    assert str(raised.value).startswith(f"{path}: ")
+    assert message in str(raised.value)
+
+
+def test_missing_spec_file_is_a_spec_error(tmp_path):
+    with pytest.raises(SpecError, match="cannot read fault spec"):
+        load_fault_spec(tmp_path / "nope.yaml")
+
+
+def test_empty_spec_breaks_nothing():
+    assert parse_fault_spec("", "empty.yaml") == FaultSpec()
+
+
+# --- the command line ----------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_serve_demo_with_faults_applies_them_and_stops_on_ctrl_c(tmp_path):
+    spec = tmp_path / "faults.yaml"
+    spec.write_text(yaml.safe_dump({"rules": [{"match": "travel_2/", "fault": "http_error", "status": 502, "first_n": 1}]}))
+    cli = Path(sys.executable).with_name("scrape-assets")
+    env = {**os.environ, "SCRAPE_DEMO_DATE": DAY.isoformat()}
+    process = subprocess.Popen([str(cli), "serve-demo", "--port", "0", "--faults", str(spec)], env=env,
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        match = re.fullmatch(
+            r"demo catalogue on (http://127\.0\.0\.1:\d+/) \(12 categories, 38 pages\) with faults from (.+): "
+            r"1 rule\(s\)\n", line,
+        )
+        assert match and match[2] == str(spec), line
+        url = match[1] + page_path("travel", 1).lstrip("/")
+        assert httpx.get(url).status_code == 502
+        assert httpx.get(url).content == respond("GET", page_path("travel", 1), day=DAY).body
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=10) == 0
+    finally:
+        process.kill()
+        process.stdout.close()
+
+
+def test_serve_demo_with_a_bad_fault_spec_gives_one_clear_error(tmp_path):
+    spec = tmp_path / "faults.yaml"
+    spec.write_text("rules: [{match: x, fault: http_error, statuz: 500}]")
+    cli = Path(sys.executable).with_name("scrape-assets")
+    done = subprocess.run([str(cli), "serve-demo", "--port", "0", "--faults", str(spec)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"scrape-assets: error: {spec}: rules.0.statuz: unknown key (see the fault kinds and options in "
+        "scrape_assets/faults.py)"
+    )
+
+
+# --- the reliability matrix ----------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_fault_matrix_rows(tmp_path):
+    from reliability.fault_matrix import markdown, run_fault_matrix
+
+    (row,) = run_fault_matrix(tmp_path, names=["redirect_offsite"])
+    assert row == {
+        "kind": "redirect_offsite", "scenario": "redirect_offsite", "pages_done": 2, "pages_failed": 1,
+        "reasons": {"mystery/2": "offsite_redirect"},
+        "http_status": {"travel/1": 200, "mystery/1": 200, "mystery/2": 302},
+        "attempts": {"travel/1": 1, "mystery/1": 1, "mystery/2": 1},
+        "waits_ok": None, "success_rate": 0.6667, "schema_check_passed": True, "run_succeeded": True,
+        "duration_s": row["duration_s"],
+    }
+    assert "| redirect_offsite | redirect_offsite | 2 | 1 | mystery/2: offsite_redirect, 302, 1 |" in markdown([row])
+    with pytest.raises(KeyError, match="unknown fault scenario"):
+        run_fault_matrix(tmp_path, names=["no-such-fault"])

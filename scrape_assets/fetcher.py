@@ -244,9 +244,10 @@ class PageFetcher:
             url: absolute http(s) URL.
             prior_attempts: attempts already made on this page by an interrupted earlier run;
                 at most ``max_attempts - prior_attempts`` attempts are made now.
-            on_attempt: awaited before each attempt with the attempt's total number
-                (``prior_attempts + 1``, ...), e.g. to persist the count in the manifest. Its
-                exceptions propagate.
+            on_attempt: awaited when each attempt is about to be sent, inside its politeness
+                slot, with the attempt's total number (``prior_attempts + 1``, ...), e.g. to
+                persist the count in the manifest; an attempt still waiting for a slot is not
+                counted. Its exceptions propagate.
             headers: extra request headers, e.g. ``If-None-Match`` for a conditional GET.
 
         Returns:
@@ -296,10 +297,8 @@ class PageFetcher:
         attempt = prior_attempts
         while True:
             attempt += 1
-            if on_attempt is not None:
-                await on_attempt(attempt)
             try:
-                return await self._attempt(url, attempt, attempt - prior_attempts, extra_headers)
+                return await self._attempt(url, attempt, attempt - prior_attempts, extra_headers, on_attempt)
             except TransientFetchError as exc:
                 if attempt >= max_attempts:
                     raise
@@ -322,7 +321,10 @@ class PageFetcher:
             reason = decision.reason or "robots_disallowed"
             raise PermanentFetchError(page_url, reason, decision.detail, attempts=attempts)
 
-    async def _attempt(self, url: str, attempt: int, attempts_in_call: int, extra_headers: dict[str, str]) -> FetchedPage:
+    async def _attempt(
+        self, url: str, attempt: int, attempts_in_call: int, extra_headers: dict[str, str],
+        on_attempt: Callable[[int], Awaitable[None]] | None = None,
+    ) -> FetchedPage:
         """One attempt: the request and its same-origin redirects. Raises FetchError subclasses."""
         current = httpx.URL(url).copy_with(fragment=None)
         origin = _origin(current)
@@ -330,7 +332,8 @@ class PageFetcher:
         redirects = 0
         elapsed_s = 0.0
         while True:
-            status, headers, body, took_s = await self._request(url, current, attempt, extra_headers)
+            status, headers, body, took_s = await self._request(url, current, attempt, extra_headers, on_attempt)
+            on_attempt = None  # counted once per attempt, on its first hop
             elapsed_s += took_s
             location = headers.get("location")
             if status in REDIRECT_STATUSES and location:
@@ -381,12 +384,15 @@ class PageFetcher:
             ) from exc
 
     async def _request(
-        self, url: str, target: httpx.URL, attempt: int, extra_headers: dict[str, str]
+        self, url: str, target: httpx.URL, attempt: int, extra_headers: dict[str, str],
+        on_attempt: Callable[[int], Awaitable[None]] | None = None,
     ) -> tuple[int, dict[str, str], bytes, float]:
         """One GET within a politeness slot and the deadline: ``(status, headers, body, seconds)``."""
         progress = _Progress()
         deadline_s = self.policy.request_deadline_s
         async with self.limiter.slot(target.host):
+            if on_attempt is not None:
+                await on_attempt(attempt)  # the slot is ours: this attempt is about to be sent
             started = self._clock()
             try:
                 status, headers, body = await asyncio.wait_for(

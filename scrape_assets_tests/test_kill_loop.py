@@ -1,0 +1,257 @@
+"""Crash and resume, proven by killing real processes: crash points, orphan sweeping, the kill loop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from reliability.kill_loop import run_kill_loop
+from scrape_assets import crashpoints
+from scrape_assets.manifest import latest_manifest, list_snapshots
+from scrape_assets.storage import TEMP_SUFFIX, ObjectStore
+from scrape_assets.warehouse import Warehouse, products
+from scrape_assets_tests.conftest import REPO_ROOT
+
+
+def _python(code: str, *, crashpoint: str | None, cwd: Path) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter with ``SCRAPE_CRASHPOINT`` set (or unset)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCRAPE_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    if crashpoint:
+        env[crashpoints.ENV_VAR] = crashpoint
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+def _temp_files(root: Path) -> list[Path]:
+    return sorted(root.rglob(f".*{TEMP_SUFFIX}"))
+
+
+# -- crashpoint() ---------------------------------------------------------------------------
+
+HITS = """
+    from scrape_assets.crashpoints import crashpoint
+    for i in range(1, 6):
+        print(f"before {i}", flush=True)
+        crashpoint("storage.after_replace")  # another point: never counts
+        crashpoint("warehouse.after_delete")
+        print(f"after {i}", flush=True)
+    print("finished", flush=True)
+"""
+
+
+def test_crashpoint_sigkills_the_process_at_the_nth_hit(tmp_path):
+    result = _python(HITS, crashpoint="warehouse.after_delete:3", cwd=tmp_path)
+    assert result.returncode == -signal.SIGKILL
+    assert result.stdout.split() == "before 1 after 1 before 2 after 2 before 3".split()
+
+
+def test_crashpoint_is_a_no_op_when_unset(tmp_path):
+    result = _python(HITS, crashpoint=None, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-1] == "finished"
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [(None, None), ("", None), ("storage.after_temp_write:1", ("storage.after_temp_write", 1)),
+     ("warehouse.after_delete:12", ("warehouse.after_delete", 12))],
+)
+def test_crashpoint_spec_parses(raw, expected):
+    assert crashpoints.parse_spec(raw) == expected
+
+
+@pytest.mark.parametrize("raw", ["storage.after_temp_write", "nowhere:1", "storage.after_replace:0", "crawl.after_body_write:x"])
+def test_bad_crashpoint_spec_names_the_variable_and_the_points(raw):
+    with pytest.raises(ValueError, match=r"SCRAPE_CRASHPOINT=.*storage\.after_temp_write"):
+        crashpoints.parse_spec(raw)
+
+
+# -- a kill inside an object write -------------------------------------------------------------
+
+
+def test_kill_after_temp_write_keeps_the_previous_object_and_leaves_an_orphan(tmp_path):
+    code = f"""
+        from scrape_assets.storage import ObjectStore
+        store = ObjectStore({str(tmp_path / "objects")!r})
+        store.write_bytes_atomic("demo/travel/s1/manifest.json", b"version 1")
+        store.write_bytes_atomic("demo/travel/s1/manifest.json", b"version 2")
+        print("not reached", flush=True)
+    """
+    result = _python(code, crashpoint="storage.after_temp_write:2", cwd=tmp_path)
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    assert "not reached" not in result.stdout
+    folder = tmp_path / "objects" / "demo" / "travel" / "s1"
+    assert (folder / "manifest.json").read_bytes() == b"version 1"
+    [orphan] = _temp_files(tmp_path)
+    assert orphan.parent == folder and orphan.name.startswith(".manifest.json.")
+    assert orphan.read_bytes() == b"version 2"  # written and fsynced, never renamed
+
+
+CRAWL = """
+    import asyncio, logging, sys
+    from scrape_assets.defs.assets.raw_pages import crawl_partitions
+    from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
+    reports = asyncio.run(crawl_partitions(
+        SiteResource(site="demo"), ObjectStoreResource(url={store!r}), ["default"],
+        new_snapshot=False, log=logging.getLogger("crawl"),
+    ))
+    print("pages done", reports[0].pages_done, "resumed", reports[0].resumed, flush=True)
+"""
+
+
+def test_orphan_from_a_killed_crawl_is_swept_by_the_next_crawl(tmp_path):
+    """End to end over the in-process demo catalogue: kill inside a manifest or page write, resume."""
+    root = tmp_path / "objects"
+    code = CRAWL.format(store=str(root))
+    killed = _python(code, crashpoint="storage.after_temp_write:6", cwd=tmp_path)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    store = ObjectStore(str(root))
+    before = latest_manifest(store, "demo", "default")
+    assert before is not None and not before.is_complete  # the last good manifest loads
+    assert len(_temp_files(root)) == 1
+
+    resumed = _python(code, crashpoint=None, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "pages done 12 resumed True" in resumed.stdout
+    assert "1 orphaned temp files removed" in resumed.stdout
+    assert _temp_files(root) == []
+    assert list_snapshots(store, "demo", "default") == [before.snapshot_id]
+    after = latest_manifest(store, "demo", "default")
+    assert after.is_complete and after.counts()["done"] == 12
+
+
+def test_a_snapshot_folder_killed_in_its_first_write_is_removed_by_the_next_crawl(tmp_path):
+    root = tmp_path / "objects"
+    code = CRAWL.format(store=str(root))
+    # Write 1 is the storage probe, write 2 the new snapshot's first manifest.
+    killed = _python(code, crashpoint="storage.after_temp_write:2", cwd=tmp_path)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    [orphan] = _temp_files(root)
+    assert orphan.name.startswith(".manifest.json.") and not (orphan.parent / "manifest.json").exists()
+
+    assert _python(code, crashpoint=None, cwd=tmp_path).returncode == 0
+    store = ObjectStore(str(root))
+    snapshots = list_snapshots(store, "demo", "default")
+    assert len(snapshots) == 1 and _temp_files(root) == []
+    assert sorted(p.name for p in (root / "demo" / "default").iterdir() if p.is_dir()) == snapshots
+
+
+def test_an_orphan_of_parsed_json_is_swept_when_the_snapshot_is_parsed_again(tmp_path):
+    root = tmp_path / "objects"
+    assert _python(CRAWL.format(store=str(root)), crashpoint=None, cwd=tmp_path).returncode == 0
+    parse = f"""
+        from scrape_assets.extract import extract_snapshot, save_parsed
+        from scrape_assets.manifest import latest_manifest
+        from scrape_assets.spec import load_spec
+        from scrape_assets.storage import ObjectStore
+        store = ObjectStore({str(root)!r})
+        manifest = latest_manifest(store, "demo", "default", complete=True)
+        save_parsed(store, manifest, extract_snapshot(store, manifest, load_spec("demo"), fetch_base_url=load_spec("demo").base_url))
+    """
+    assert _python(parse, crashpoint="storage.after_temp_write:1", cwd=tmp_path).returncode == -signal.SIGKILL
+    [orphan] = _temp_files(root)
+    assert orphan.name.startswith(".parsed.json.") and not (orphan.parent / "parsed.json").exists()
+    assert _python(parse, crashpoint=None, cwd=tmp_path).returncode == 0
+    assert _temp_files(root) == [] and (orphan.parent / "parsed.json").exists()
+
+
+@pytest.mark.parametrize("point", ["storage.after_temp_write", "storage.after_replace"])
+def test_a_storage_probe_left_by_a_killed_process_is_removed_at_the_next_start(tmp_path, point):
+    code = f"""
+        from scrape_assets.storage import ObjectStore
+        ObjectStore({str(tmp_path / "objects")!r}).ensure_writable()
+    """
+    assert _python(code, crashpoint=f"{point}:1", cwd=tmp_path).returncode == -signal.SIGKILL
+    [left] = list((tmp_path / "objects").iterdir())
+    assert "write-probe-" in left.name
+    ObjectStore(str(tmp_path / "objects")).ensure_writable()
+    assert list((tmp_path / "objects").iterdir()) == []
+
+
+def test_pages_still_waiting_for_a_politeness_slot_are_not_charged_an_attempt(tmp_path):
+    """A kill counts against the pages in flight only: queued pages keep their attempts."""
+    root = tmp_path / "objects"
+    code = CRAWL.format(store=str(root)).replace('SiteResource(site="demo")', 'SiteResource(site="demo", requests_per_second=4)')
+    killed = _python(code, crashpoint="crawl.after_body_write:2", cwd=tmp_path)  # page 1, then one of 2..12
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    manifest = latest_manifest(ObjectStore(str(root)), "demo", "default")
+    pending = [p for p in manifest.pages.values() if p.status == "pending"]
+    assert len(manifest.pages) == 12 and len(pending) == 11
+    charged = [p.url for p in pending if p.attempts > 0]
+    assert len(charged) <= 4  # at most the per-host concurrency was in flight
+    assert len(pending) - len(charged) >= 7
+
+
+# -- a kill inside a table load -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("point", ["warehouse.after_delete", "warehouse.after_insert"])
+def test_kill_inside_a_table_load_leaves_the_previous_rows(tmp_path, point):
+    url = f"sqlite:///{tmp_path / 'warehouse.db'}"
+    code = f"""
+        from decimal import Decimal
+        from scrape_assets.warehouse import Warehouse, products
+
+        def _product(product_id, price):
+            return {{
+                "category": "romance", "product_id": product_id, "title": "Book " + product_id,
+                "price": Decimal(price), "currency": "GBP", "rating": 3, "availability": "In stock",
+                "url": "http://x/" + product_id, "page_number": 1, "snapshot_id": "s1",
+                "fetched_at": "2026-01-15T00:00:00Z",
+            }}
+
+        wh = Warehouse({url!r})
+        wh.replace_partition(products, "romance", [_product("1", "10.00"), _product("2", "12.50")])
+        print("first load committed", flush=True)
+        wh.replace_partition(products, "romance", [_product("3", "99.00")])
+        print("not reached", flush=True)
+    """
+    result = _python(code, crashpoint=f"{point}:2", cwd=tmp_path)
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    assert result.stdout.split("\n")[0] == "first load committed" and "not reached" not in result.stdout
+    wh = Warehouse(url)
+    rows = wh.rows(products)
+    assert [(r["product_id"], r["price"]) for r in rows] == [("1", Decimal("10.00")), ("2", Decimal("12.50"))]
+    # The database is usable at once: no lock left behind, the next load replaces the partition.
+    row = {**rows[0], "product_id": "3", "price": Decimal("99.00")}
+    assert wh.replace_partition(products, "romance", [row]) == 1
+    assert [r["product_id"] for r in wh.rows(products)] == ["3"]
+
+
+# -- the kill loop --------------------------------------------------------------------------------
+
+
+def test_kill_loop_ends_with_the_same_tables_as_an_uninterrupted_run(tmp_path):
+    """Three SIGKILLs: a random moment while fetching, inside a write, inside a table load."""
+    plan = ["time", "storage.after_temp_write", "warehouse.after_delete"]
+    result = run_kill_loop(
+        tmp_path, kills=3, seed=7, categories=["romance", "fiction", "default"], concurrency=4, plan=plan
+    )
+    kills, totals, checks = result["kills"], result["totals"], result["checks"]
+    assert [k["kind"] for k in kills] == plan
+    assert all(k["landed"] and k["exit_code"] == -signal.SIGKILL for k in kills), kills
+    assert kills[0]["running"][0] == "raw_pages"  # the time kill lands while fetching
+    # Tables: row for row as the reference (20 + 65 + 232 products; page 2 of romance is a dead letter).
+    assert result["tables"]["products"] == {**result["tables"]["products"], "rows_reference": 317, "equal": True}
+    assert result["tables"]["dead_letters"]["rows_killed"] == 1 and checks["dead_letters_equal"]
+    assert totals["duplicate_keys"] == 0
+    # Every manifest loads and is complete; one snapshot per category: nothing was re-scraped.
+    assert result["store"]["snapshots"] == {"romance": 1, "fiction": 1, "default": 1}
+    assert checks["manifests_loadable_and_complete"] and totals["manifests_checked"] == 3
+    # The write kill left an orphan; the next start swept it.
+    assert kills[1]["temp_files_after_kill"] >= 1
+    assert totals["temp_files_found"] == 0 and result["store"]["orphan_snapshot_folders"] == []
+    # At most the pages in flight are fetched twice.
+    assert all(k["pages_refetched"] <= 4 for k in kills), [(k["kind"], k["refetched"]) for k in kills]
+    assert totals["page_requests_killed_series"] - totals["page_requests_reference"] == totals["pages_refetched"]
+    assert result["passed"], checks

@@ -1,15 +1,24 @@
-"""Partition locks: two runs never write the same partition's manifest or rows at once.
+"""Locks between runs: partitions, and fetched hosts. Crash-safe: ``flock(2)``.
 
-A lock is an advisory ``flock(2)`` on ``{site}/{category}/{scope}.lock`` under a local
-object-storage root, one scope per writer (``raw_pages``, ``parsed_products``,
-``products_table``, ``dead_letters``), so the steps of one run never block each other
-while two runs writing the same thing do. The kernel releases it when the holder dies (even on SIGKILL), so
-a crashed run never leaves a stale lock behind. The file records who holds it (run id,
-pid, host, since) for the error message of the run that finds it taken.
+:func:`partition_lock` takes an advisory ``flock(2)`` on ``{site}/{category}/{scope}.lock``
+under a local object-storage root, one scope per writer (``raw_pages``,
+``parsed_products``, ``products_table``, ``dead_letters``), so the steps of one run never
+block each other while two runs writing the same thing do: the second stops at once
+with a message naming the holder, or waits up to ``wait_s``.
+
+:func:`host_lock` is the same mechanism for a fetched host (``locks/host-<host>.lock``):
+``raw_pages`` holds it while it fetches, so one step at a time, across all runs on the
+machine, talks to a host and the per-host rate and concurrency limits hold across runs.
+A second run *waits* for it, logging who holds it.
+
+The kernel releases a flock when its holder dies, even on SIGKILL, so a crashed run
+never leaves a stale lock behind (a Dagster concurrency-pool slot, by contrast, stays
+claimed by a killed run until someone frees it). The lock file records who holds it
+(run id, pid, host, since) for the messages.
 
 On remote object stores (S3) there is no flock: there the Dagster concurrency pool of
-``raw_pages`` (one pool per fetched host, limit 1 in ``dagster.yaml``) is what keeps two
-runs of one site apart; :func:`partition_locks` is then a no-op. Documented in README.
+``raw_pages`` (one per fetched host, limit 1 in ``dagster.yaml``) keeps two runs of one
+host apart, and these functions are no-ops. Documented in README.
 """
 
 from __future__ import annotations
@@ -17,9 +26,10 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -31,36 +41,38 @@ POLL_S = 0.2
 
 
 @contextmanager
-def partition_lock(
-    store: ObjectStore, site: str, category: str, *, owner: str, scope: str = "raw_pages", wait_s: float = 0.0
+def _flock(
+    store: ObjectStore,
+    key: str,
+    *,
+    owner: str,
+    wait_s: float,
+    refused: Callable[[str], PartitionLockedError],
+    on_wait: Callable[[str], None] | None = None,
+    log_every_s: float = 60.0,
 ) -> Iterator[None]:
-    """Hold the partition's lock for ``scope`` for the duration of the block.
-
-    Args:
-        scope: what is being written (the asset name).
-        owner: who is asking (e.g. the Dagster run id), recorded in the lock file.
-        wait_s: how long to wait for another holder to finish before giving up, in seconds.
-
-    Raises:
-        PartitionLockedError: still held by another process after ``wait_s``; names the holder.
-    """
+    """Hold an exclusive flock on ``key`` (local stores only), waiting up to ``wait_s``."""
     if not store.is_local:
         yield
         return
-    key = f"{site}/{category}/{scope}.lock"
     check_key(key)
     path = Path(store.path(key).path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        deadline = time.monotonic() + wait_s
+        started = time.monotonic()
+        next_log = started
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise PartitionLockedError(f"{site}/{category}", f"{scope} of {_holder(path)}") from None
+                now = time.monotonic()
+                if now - started >= wait_s:
+                    raise refused(_holder(path)) from None
+                if on_wait is not None and now >= next_log:
+                    on_wait(_holder(path))
+                    next_log = now + log_every_s
                 time.sleep(POLL_S)
         info = json.dumps({"owner": owner, "pid": os.getpid(), "host": socket.gethostname(), "since": utc_now_iso()})
         os.ftruncate(fd, 0)
@@ -72,6 +84,51 @@ def partition_lock(
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def partition_lock(
+    store: ObjectStore, site: str, category: str, *, owner: str, scope: str = "raw_pages", wait_s: float = 0.0
+):
+    """Hold the partition's lock for ``scope`` (the asset writing) for the duration of the block.
+
+    Args:
+        owner: who is asking (e.g. the Dagster run id), recorded in the lock file.
+        scope: what is being written (the asset name).
+        wait_s: how long to wait for another holder to finish before giving up, in seconds.
+
+    Raises:
+        PartitionLockedError: still held by another process after ``wait_s``; names the holder.
+    """
+    return _flock(
+        store,
+        f"{site}/{category}/{scope}.lock",
+        owner=owner,
+        wait_s=wait_s,
+        refused=lambda holder: PartitionLockedError(f"{site}/{category}", f"{scope} of {holder}"),
+    )
+
+
+def host_lock(
+    store: ObjectStore, host: str, *, owner: str, wait_s: float = 24 * 3600.0, on_wait: Callable[[str], None] | None = None
+):
+    """Hold the fetched host's lock, waiting (default up to a day) for another run holding it.
+
+    Args:
+        host: ``host[:port]`` being fetched.
+        on_wait: called with a line naming the holder when the wait starts, then every minute.
+
+    Raises:
+        PartitionLockedError: still held after ``wait_s``.
+    """
+    name = "host-" + re.sub(r"[^a-z0-9._-]", "=", host.lower())
+    return _flock(
+        store,
+        f"locks/{name}.lock",
+        owner=owner,
+        wait_s=wait_s,
+        refused=lambda holder: PartitionLockedError(host, f"host slot of {holder}"),
+        on_wait=None if on_wait is None else (lambda holder: on_wait(f"waiting for {host}: fetched by {holder}")),
+    )
 
 
 @contextmanager

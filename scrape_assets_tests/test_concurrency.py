@@ -104,8 +104,8 @@ def test_second_run_of_the_same_partition_stops_with_a_clear_message(tmp_path, d
     assert len(pages) == len(set(pages)) == 12
 
 
-def test_host_pool_serialises_fetching_across_runs(tmp_path, demo_server):
-    """With dagster.yaml's pool, a second run waits for the slot instead of doubling the request rate."""
+def test_host_lock_serialises_fetching_across_runs(tmp_path, demo_server):
+    """A second run of another category waits for the host instead of doubling the request rate."""
     rps = 2.0  # 12 pages take 6 s: the second run starts while the first is still fetching
     env = _env(tmp_path, "pool", pools=True, SCRAPE_BASE_URL=demo_server.base_url,
                SCRAPE_REQUESTS_PER_SECOND=str(rps), SCRAPE_MAX_CONCURRENCY="1")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 from scrape_assets.manifest import latest_manifest, list_snapshots
 from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import Warehouse, products
+from scrape_assets_tests.conftest import REPO_ROOT
 
 CATEGORY = "default"  # 12 pages in the demo catalogue
 PAGE_PREFIX = "/catalogue/category/books/default_15/"
@@ -22,7 +24,8 @@ def _env(tmp_path: Path, base_url: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCRAPE_")}
     home = tmp_path / "dagster_home"
     home.mkdir(exist_ok=True)
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    # The shipped instance settings (pools, run queue): a killed run must not block its restart.
+    shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
     env.update(
         DAGSTER_HOME=str(home),
         SCRAPE_BASE_URL=base_url,

@@ -1,16 +1,20 @@
 """Concurrency pools: one per fetched host, so parallel runs share the host's politeness.
 
-``raw_pages`` runs in the pool ``scrape-host-<host>``. With ``dagster.yaml``'s
-``concurrency.pools.default_limit: 1`` (op granularity), at most one ``raw_pages`` step
-fetches from a host at any time across all runs of the instance, so the per-host rate
-and concurrency limits hold across runs, not only inside one; another run's step waits
-for the slot ("blocked by concurrency limit" in the UI).
+With object storage on a local disk, ``raw_pages`` keeps runs apart with a host flock
+(:func:`scrape_assets.locks.host_lock`), which the kernel releases when a run is killed.
+With remote storage (S3) there is no flock, so ``raw_pages`` runs in the Dagster pool
+``scrape-host-<host>`` instead: with ``dagster.yaml``'s ``concurrency.pools.default_limit:
+1`` (op granularity), at most one ``raw_pages`` step fetches from a host at any time
+across all runs of the instance ("blocked by concurrency limit" in the UI). Limit: a run
+killed with SIGKILL keeps its slot until it is freed (run page in the UI: "Free
+concurrency slots"), which the flock does not need.
 """
 
 from urllib.parse import urlsplit
 
 from scrape_assets.settings import load_settings
 from scrape_assets.spec import load_spec
+from scrape_assets.storage import ObjectStore
 
 
 def host_pool(base_url: str) -> str:
@@ -18,6 +22,9 @@ def host_pool(base_url: str) -> str:
     return f"scrape-host-{urlsplit(base_url).netloc.lower()}"
 
 
-def configured_host_pool() -> str:
+def configured_host_pool() -> str | None:
+    """The pool of ``raw_pages``: None with local storage (the host flock applies instead)."""
     settings = load_settings()
+    if ObjectStore(settings.storage_url).is_local:
+        return None
     return host_pool(settings.base_url or load_spec(settings.site).base_url)

@@ -6,6 +6,8 @@ never displays them.
 """
 
 
+from urllib.parse import urlsplit
+
 import dagster as dg
 import httpx
 from pydantic import Field
@@ -13,7 +15,7 @@ from pydantic import Field
 from scrape_assets import __version__
 from scrape_assets.demo_site import DEMO_BASE_URL, DemoTransport
 from scrape_assets.fetcher import FetchPolicy, build_client
-from scrape_assets.locks import partition_locks
+from scrape_assets.locks import host_lock, partition_locks
 from scrape_assets.settings import load_settings
 from scrape_assets.spec import SiteSpec, load_spec
 from scrape_assets.storage import ObjectStore
@@ -70,6 +72,10 @@ class ObjectStoreResource(dg.ConfigurableResource):
 
     def store(self) -> ObjectStore:
         return ObjectStore(self.url)
+
+    def host_lock(self, context: dg.AssetExecutionContext, base_url: str):
+        """Hold the fetched host's lock while fetching (waits for another run; see :mod:`scrape_assets.locks`)."""
+        return host_lock(self.store(), urlsplit(base_url).netloc, owner=context.run_id, on_wait=context.log.info)
 
     def locks(self, context: dg.AssetExecutionContext, site: str):
         """Hold this asset's locks on the run's partitions (see :mod:`scrape_assets.locks`)."""

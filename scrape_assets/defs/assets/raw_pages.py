@@ -151,7 +151,7 @@ def raw_pages(context: dg.AssetExecutionContext, config: RawPagesConfig, site: S
     categories = list(context.partition_keys)
     try:
         context.log.info(f"fetching {len(categories)} categor{'y' if len(categories) == 1 else 'ies'} from {site.fetch_base_url()}")
-        with store.locks(context, site.spec().name):
+        with store.locks(context, site.spec().name), store.host_lock(context, site.fetch_base_url()):
             reports = asyncio.run(
                 crawl_partitions(
                     site, store, categories, new_snapshot=config.new_snapshot, log=context.log, run_id=context.run_id,

@@ -415,14 +415,20 @@ class DemoRequestHandler(BaseHTTPRequestHandler):
     timeout = 30  # seconds an idle keep-alive connection is kept
     disable_nagle_algorithm = True  # headers and body are separate writes: avoid a 40 ms delayed-ACK stall
 
-    def handle_demo(self) -> None:
+    def drain_request_body(self) -> bool:
+        """Read (and discard) the request body; False after answering 400 to a bad Content-Length."""
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
             self.send_error(400, "bad Content-Length")
-            return
+            return False
         if length > 0:
             self.rfile.read(length)
+        return True
+
+    def handle_demo(self) -> None:
+        if not self.drain_request_body():
+            return
         self.server.record(self.command, self.path, self.headers)
         self.send_demo_response(respond(self.command, self.path, self.headers, day=self.server.day))
 

@@ -84,12 +84,12 @@ from datetime import date
 from pathlib import Path
 from typing import Annotated, Literal, NamedTuple, Union
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from scrape_assets import demo_markup
 from scrape_assets.demo_site import DemoRequestHandler, DemoResponse, DemoServer, LoggedRequest, catalogue, respond
 from scrape_assets.errors import SpecError
+from scrape_assets.yaml_models import parse_yaml_model
 
 ROBOTS_PATH = "/robots.txt"
 OFFSITE_BASE_URL = "http://offsite.scrape-assets.invalid/"
@@ -304,34 +304,25 @@ def parse_fault_spec(text: str, source: str) -> FaultSpec:
         SpecError: malformed document, or a key missing, unknown or of the wrong value; the
             message names ``source``, the dotted key (``rules.0.status``) and what was expected.
     """
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise SpecError(source, None, f"not valid YAML or JSON: {exc}") from exc
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise SpecError(source, None, f"expected a mapping with 'rules' and/or 'rates', got {type(data).__name__}")
-    try:
-        return FaultSpec.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        key = _location(first["loc"]) or None
-        kinds = ", ".join(FAULT_KINDS)
-        if first["type"] == "missing":
-            detail = "required key is missing"
-        elif first["type"] == "extra_forbidden":
-            detail = "unknown key (see the fault kinds and options in scrape_assets/faults.py)"
-        elif first["type"] == "union_tag_invalid":
-            key, detail = f"{key}.fault", f"unknown fault kind {first['input'].get('fault')!r}: expected one of {kinds}"
-        elif first["type"] == "union_tag_not_found":
-            key, detail = f"{key}.fault", f"required key is missing: expected one of {kinds}"
-        else:
-            detail = first["msg"].removeprefix("Value error, ")
-            if not isinstance(first["input"], (dict, list)):
-                detail += f" (got {first['input']!r})"
-        more = f" (and {exc.error_count() - 1} more problem(s))" if exc.error_count() > 1 else ""
-        raise SpecError(source, key, detail + more) from exc
+    kinds = ", ".join(FAULT_KINDS)
+
+    def explain(error: dict, key: str | None):
+        if error["type"] == "union_tag_invalid":
+            return f"{key}.fault", f"unknown fault kind {error['input'].get('fault')!r}: expected one of {kinds}"
+        if error["type"] == "union_tag_not_found":
+            return f"{key}.fault", f"required key is missing: expected one of {kinds}"
+        return None
+
+    return parse_yaml_model(
+        text,
+        source,
+        FaultSpec,
+        expected_top="a mapping with 'rules' and/or 'rates'",
+        unknown_key_hint="see the fault kinds and options in scrape_assets/faults.py",
+        empty_is_mapping=True,
+        location=_location,
+        explain=explain,
+    )
 
 
 def load_fault_spec(path: str | Path) -> FaultSpec:
@@ -509,13 +500,8 @@ class FaultyDemoRequestHandler(DemoRequestHandler):
     server: FaultyDemoServer
 
     def handle_demo(self) -> None:
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            self.send_error(400, "bad Content-Length")
+        if not self.drain_request_body():
             return
-        if length > 0:
-            self.rfile.read(length)
         at_s, path, attempt = self.server.begin(self.command, self.path, self.headers)
         if self.server.on_request is not None:
             self.server.on_request(path, attempt)

@@ -17,14 +17,22 @@ from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urljoin, urlsplit
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from scrape_assets.errors import SpecError
+from scrape_assets.yaml_models import parse_yaml_model
 
 #: Partition keys double as storage path segments: keep them boring.
 PARTITION_KEY_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 PartitionKey = Annotated[str, StringConstraints(pattern=PARTITION_KEY_PATTERN)]
+
+
+def _regex(value: str) -> re.Pattern[str]:
+    """Compile a regular expression from a spec, or raise the ValueError pydantic reports."""
+    try:
+        return re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"not a valid regular expression: {exc}") from exc
 
 
 class _Strict(BaseModel):
@@ -67,11 +75,7 @@ class Pagination(_Strict):
     @field_validator("pager_regex")
     @classmethod
     def _regex_has_two_groups(cls, value: str) -> str:
-        try:
-            compiled = re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"not a valid regular expression: {exc}") from exc
-        if compiled.groups != 2:
+        if _regex(value).groups != 2:
             raise ValueError("expected a regular expression with 2 groups (current page, total pages)")
         return value
 
@@ -92,11 +96,7 @@ class ProductId(_Strict):
     @field_validator("regex")
     @classmethod
     def _one_group(cls, value: str) -> str:
-        try:
-            compiled = re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"not a valid regular expression: {exc}") from exc
-        if compiled.groups < 1:
+        if _regex(value).groups < 1:
             raise ValueError("expected a regular expression with a capturing group for the id")
         return value
 
@@ -156,10 +156,6 @@ def shipped_spec_names() -> list[str]:
     return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
-def _format_location(loc: tuple) -> str:
-    return ".".join(str(part) for part in loc)
-
-
 def parse_spec(text: str, source: str) -> SiteSpec:
     """Parse and validate spec YAML.
 
@@ -174,26 +170,18 @@ def parse_spec(text: str, source: str) -> SiteSpec:
         SpecError: the YAML is malformed or a key is missing, unknown or of the wrong type;
             the message names ``source``, the dotted key and what was expected.
     """
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise SpecError(source, None, f"not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise SpecError(source, None, f"expected a mapping at the top level, got {type(data).__name__}")
-    try:
-        return SiteSpec.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        key = _format_location(first["loc"]) or None
-        detail = first["msg"]
-        if first["type"] == "missing":
-            detail = "required key is missing"
-        elif first["type"] == "extra_forbidden":
-            detail = "unknown key (check the spelling against scrape_assets/sites/demo.yaml)"
-        elif first["type"] == "string_pattern_mismatch" and first["loc"][:1] == ("categories",):
-            detail = f"category keys must match {PARTITION_KEY_PATTERN} (lower-case letters, digits, '-', '_')"
-        more = f" (and {exc.error_count() - 1} more problem(s))" if exc.error_count() > 1 else ""
-        raise SpecError(source, key, detail + more) from exc
+    def explain(error: dict, key: str | None):
+        if error["type"] == "string_pattern_mismatch" and error["loc"][:1] == ("categories",):
+            return key, f"category keys must match {PARTITION_KEY_PATTERN} (lower-case letters, digits, '-', '_')"
+        return None
+
+    return parse_yaml_model(
+        text,
+        source,
+        SiteSpec,
+        unknown_key_hint="check the spelling against scrape_assets/sites/demo.yaml",
+        explain=explain,
+    )
 
 
 def load_spec(name_or_path: str) -> SiteSpec:

@@ -439,7 +439,7 @@ def test_json_spec_loads(tmp_path):
         ("rates: {http_error: 0.1}", "rates.seed: required key is missing"),
         ("rates: {seed: 1, http_error: 0.7, bad_gzip: 0.5}", "rates: expected probabilities summing to at most 1, got 1.2"),
         ("[1, 2]", "expected a mapping with 'rules' and/or 'rates', got list"),
-        ("rules: [", "not valid YAML or JSON"),
+        ("rules: [", "not valid YAML"),
     ],
 )
 def test_bad_specs_name_the_file_the_key_and_what_was_expected(tmp_path, text, message):

@@ -1,0 +1,71 @@
+"""Parse a YAML document into a pydantic model, turning every problem into one clear SpecError.
+
+Shared by site specs (:mod:`scrape_assets.spec`) and fault specs (:mod:`scrape_assets.faults`):
+the error names the source file, the dotted key and what was expected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from scrape_assets.errors import SpecError
+
+Model = TypeVar("Model", bound=BaseModel)
+#: Given the first pydantic error, return ``(key, detail)`` to override the defaults, or None.
+Explain = Callable[[dict, str | None], "tuple[str | None, str] | None"]
+
+
+def parse_yaml_model(
+    text: str,
+    source: str,
+    model: type[Model],
+    *,
+    expected_top: str = "a mapping at the top level",
+    unknown_key_hint: str = "",
+    empty_is_mapping: bool = False,
+    location: Callable[[tuple], str] | None = None,
+    explain: Explain | None = None,
+) -> Model:
+    """Parse ``text`` (YAML, or JSON which is YAML too) and validate it as ``model``.
+
+    Args:
+        source: file path or name used in error messages.
+        expected_top: what the top level should be, for the message when it is not a mapping.
+        unknown_key_hint: appended to "unknown key" (e.g. where the valid keys are listed).
+        empty_is_mapping: treat an empty document as ``{}``.
+        location: formats a pydantic error location as a dotted key (default: join with ``.``).
+        explain: special cases for the first error, see :data:`Explain`.
+
+    Raises:
+        SpecError: malformed document, or a key missing, unknown or of the wrong value.
+    """
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(source, None, f"not valid YAML: {exc}") from exc
+    if data is None and empty_is_mapping:
+        data = {}
+    if not isinstance(data, dict):
+        raise SpecError(source, None, f"expected {expected_top}, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = (location or (lambda loc: ".".join(str(p) for p in loc)))(first["loc"]) or None
+        special = explain(first, key) if explain is not None else None
+        if special is not None:
+            key, detail = special
+        elif first["type"] == "missing":
+            detail = "required key is missing"
+        elif first["type"] == "extra_forbidden":
+            detail = "unknown key" + (f" ({unknown_key_hint})" if unknown_key_hint else "")
+        else:
+            detail = first["msg"].removeprefix("Value error, ")
+            if not isinstance(first["input"], (dict, list)):
+                detail += f" (got {first['input']!r})"
+        more = f" (and {exc.error_count() - 1} more problem(s))" if exc.error_count() > 1 else ""
+        raise SpecError(source, key, detail + more) from exc

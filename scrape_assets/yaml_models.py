@@ -54,7 +54,9 @@ def parse_yaml_model(
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
+        errors = exc.errors()
+        # A misspelt key shows up as "unknown key" plus "required key missing": name the misspelling.
+        first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
         key = (location or (lambda loc: ".".join(str(p) for p in loc)))(first["loc"]) or None
         special = explain(first, key) if explain is not None else None
         if special is not None:

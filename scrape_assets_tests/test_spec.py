@@ -37,6 +37,7 @@ def _demo_dict() -> dict:
         (lambda d: d.pop("base_url"), "base_url", "required key is missing"),
         (lambda d: d.update(base_url="ftp://x"), "base_url", "absolute http(s) URL"),
         (lambda d: d["selectors"].update(prodct="x"), "selectors.prodct", "unknown key"),
+        (lambda d: d["selectors"].update(prodct=d["selectors"].pop("product")), "selectors.prodct", "unknown key"),
         (lambda d: d["categories"].update({"Bad Key!": "x.html"}), "categories.Bad Key!", "category keys must match"),
         (lambda d: d["categories"].update(escape="../../etc/passwd"), "categories", "without '..'"),
         (lambda d: d["pagination"].update(page_url="page.html"), "pagination.page_url", "{n}"),

@@ -10,6 +10,7 @@ in parallel without "database is locked".
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 import sqlalchemy as sa
 
@@ -97,13 +98,18 @@ class Warehouse:
         return self.engine.url.render_as_string(hide_password=True)
 
     def create_tables(self) -> None:
-        """Create ``products`` and ``dead_letters`` if missing (idempotent)."""
+        """Create the tables if missing (idempotent, and safe when several processes race to do it)."""
         if not self._created:
             if self.engine.dialect.name == "sqlite" and self.engine.url.database:
-                from pathlib import Path
-
                 Path(self.engine.url.database).parent.mkdir(parents=True, exist_ok=True)
-            metadata.create_all(self.engine)
+            for attempt in range(3):
+                try:
+                    metadata.create_all(self.engine)
+                    break
+                except (sa.exc.OperationalError, sa.exc.ProgrammingError) as exc:
+                    # create_all checks, then creates: another process may create a table in between.
+                    if "already exists" not in str(exc) or attempt == 2:
+                        raise
             self._created = True
 
     def replace_partition(self, table: sa.Table, category: str, rows: Iterable[Mapping]) -> int:

@@ -47,3 +47,18 @@ def test_sqlite_uses_wal_and_busy_timeout(tmp_path):
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30000
 
 
+
+
+def test_processes_racing_to_create_the_tables_all_succeed(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from scrape_assets.warehouse import Warehouse, products; "
+        "w = Warehouse(sys.argv[1]); w.create_tables(); print(w.count(products))"
+    )
+    url = f"sqlite:///{tmp_path / 'race.db'}"
+    procs = [subprocess.Popen([sys.executable, "-c", code, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(6)]
+    results = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 6, [err[-500:] for _, err in results]
+    assert [out.strip() for out, _ in results] == ["0"] * 6

@@ -30,7 +30,7 @@ What happens, all on 127.0.0.1 and in a work folder of its own:
    hash, no temp files or manifest-less snapshot folders left, and per kill the pages
    requested again after it (counted by the server) against the per-host concurrency.
 
-Runs use Dagster's in-process executor, so the run *is* the process: a crash point kills
+Runs use Dagster's in-process executor (the default of the definitions), so the run *is* the process: a crash point kills
 the whole run, as ``kill -9`` of its process group does (with the multiprocess executor
 the orchestrator would survive a killed step and retry it itself).
 
@@ -70,7 +70,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SITE = "demo"
 #: The assets, upstream first.
 ASSETS = ("raw_pages", "parsed_products", "dead_letters", "products_table")
-IN_PROCESS = json.dumps({"execution": {"config": {"in_process": {}}}})
 DEMO_DAY = datetime.date(2026, 1, 15)
 LISTING_PREFIX = "/catalogue/category/"
 #: Columns that differ between two correct runs: snapshot ids and clock times; ``attempts``
@@ -205,8 +204,7 @@ class Series:
         with open(self.root / f"run-{self.runs:02d}.log", "w") as log:
             return subprocess.Popen(
                 [str(dagster), "asset", "materialize", "-m", "scrape_assets.definitions",
-                 "--select", ",".join(select), "--partition-range", partition_range(self.categories),
-                 "--config-json", IN_PROCESS],
+                 "--select", ",".join(select), "--partition-range", partition_range(self.categories)],
                 env=env, cwd=self.root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
 

@@ -11,8 +11,15 @@ from scrape_assets.defs.assets.products_table import products_table
 from scrape_assets.defs.assets.raw_pages import raw_pages
 from scrape_assets.defs.resources import build_resources
 
+# Steps run in the run's own process (in_process_executor): the four steps are sequential
+# anyway, and a process per step cost ~1.5 s each (measured in BENCHMARKS.md); a crash of
+# the run process is then one event for the whole run, which resumes from the manifests.
 defs = dg.Definitions.merge(
-    dg.Definitions(assets=[raw_pages, parsed_products, products_table, dead_letters], resources=build_resources()),
+    dg.Definitions(
+        assets=[raw_pages, parsed_products, products_table, dead_letters],
+        resources=build_resources(),
+        executor=dg.in_process_executor,
+    ),
     jobs.defs,
     schedules.defs,
     sensors.defs,

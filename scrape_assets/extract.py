@@ -125,6 +125,9 @@ class ParseState:
     snapshot_id: str  # the snapshot holding the current parsed.json
     input_version: str  # data version of the pages + parser version
     latest_snapshot_id: str  # the latest complete snapshot it stands for (may be newer)
+    validated: bool = False  # the rows passed the pandera schema (products_table loads only these)
+    products: int = 0  # rows in parsed.json
+    rejects: int = 0  # product cards the parser rejected (dead letters of stage "parse")
 
 
 def input_version(manifest: Manifest, spec: SiteSpec) -> str:

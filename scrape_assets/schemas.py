@@ -205,6 +205,16 @@ class ValidationReport:
     by_check: dict[str, int] = field(default_factory=dict)
 
 
+def merge_reports(reports: list[ValidationReport]) -> ValidationReport:
+    """One report for several partitions validated one by one (cases capped at :data:`MAX_FAILURE_CASES`)."""
+    merged = ValidationReport(passed=all(r.passed for r in reports), failure_count=sum(r.failure_count for r in reports))
+    for report in reports:
+        merged.failure_cases.extend(report.failure_cases[: MAX_FAILURE_CASES - len(merged.failure_cases)])
+        for name, count in report.by_check.items():
+            merged.by_check[name] = merged.by_check.get(name, 0) + count
+    return merged
+
+
 def _jsonable(value: object) -> object:
     """A failure-case value as str/int/float/bool/None (Decimal -> str, numpy scalars -> Python)."""
     if isinstance(value, np.generic):

@@ -150,7 +150,6 @@ class Warehouse:
         loaded_at: str,
         history_date: str,
         history_snapshot_id: str,
-        history_rows: Iterable[Mapping],
     ) -> int:
         """Load one partition of ``products`` and its day in ``price_history``, in one transaction.
 
@@ -158,19 +157,13 @@ class Warehouse:
             rows: the partition's product rows, or None to leave ``products`` as it is
                 (unchanged input: only the price history of the day is written).
             input_version: recorded in ``partition_loads`` to recognise an unchanged input.
-            history_date: ``YYYY-MM-DD``; the (date, category) rows of ``price_history`` are replaced,
-                so re-running a day never duplicates.
-            history_rows: mappings with ``product_id, price, currency``.
+            history_date: ``YYYY-MM-DD``; the (date, category) rows of ``price_history`` are replaced
+                by the partition's prices as loaded, so re-running a day never duplicates.
 
         Returns:
             Product rows inserted (0 when ``rows`` is None).
         """
         self.create_tables()
-        history = [
-            {"snapshot_date": history_date, "category": category, "snapshot_id": history_snapshot_id,
-             "product_id": r["product_id"], "price": r["price"], "currency": r["currency"]}
-            for r in history_rows
-        ]
         with self.engine.begin() as conn:
             inserted = 0
             if rows is not None:
@@ -195,8 +188,15 @@ class Warehouse:
                     price_history.c.snapshot_date == history_date, price_history.c.category == category
                 )
             )
-            if history:
-                conn.execute(price_history.insert(), history)
+            conn.execute(
+                price_history.insert().from_select(
+                    ["snapshot_date", "category", "product_id", "price", "currency", "snapshot_id"],
+                    sa.select(
+                        sa.literal(history_date), products.c.category, products.c.product_id, products.c.price,
+                        products.c.currency, sa.literal(history_snapshot_id),
+                    ).where(products.c.category == category),
+                )
+            )
         return inserted
 
     def count(self, table: sa.Table, category: str | None = None) -> int:

@@ -115,4 +115,4 @@ def test_links_off_site_are_not_followed_and_nothing_is_written_outside_the_root
     created = {p for p in tmp_path.parent.rglob("*")} - before
     outside = [p for p in created if not (p == root or root in p.parents or p.name == "warehouse.db" or p.parent == tmp_path)]
     assert outside == [], outside
-    assert all(p.name.startswith(("page-", "manifest", "raw_pages", ".")) or p.is_dir() for p in root.rglob("*") if p.is_file())
+    assert all(p.name.startswith(("page-", "manifest", "raw_pages", "host-", ".")) for p in root.rglob("*") if p.is_file())

@@ -7,7 +7,7 @@ import dagster as dg
 
 from scrape_assets.defs.partitions import category_partitions
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource
-from scrape_assets.extract import load_current
+from scrape_assets.extract import load_current, load_parse_state
 from scrape_assets.manifest import Manifest, latest_manifest, utc_now_iso
 from scrape_assets.warehouse import dead_letters as dead_letters_table
 
@@ -74,7 +74,9 @@ def dead_letters(
             if manifest is None:
                 counts[category] = 0
                 continue
-            rows = dead_letter_rows(manifest, load_current(object_store, spec.name, category)[0].rejects)
+            state = load_parse_state(object_store, spec.name, category)
+            rejects = load_current(object_store, spec.name, category)[0].rejects if state is None or state.rejects else []
+            rows = dead_letter_rows(manifest, rejects)
             object_store.sweep_temp_files(manifest.prefix, names=["dead_letters.json"])  # left by a crash
             object_store.write_bytes_atomic(f"{manifest.prefix}/dead_letters.json", json.dumps(rows, indent=1).encode())
             counts[category] = wh.replace_partition(dead_letters_table, category, rows)

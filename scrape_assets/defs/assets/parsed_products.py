@@ -1,6 +1,8 @@
 """``parsed_products``: product rows parsed from saved pages, validated by a blocking check."""
 
 
+from dataclasses import replace
+
 import dagster as dg
 
 from scrape_assets.defs.partitions import category_partitions
@@ -17,7 +19,9 @@ from scrape_assets.extract import (
     save_parsed,
 )
 from scrape_assets.manifest import latest_manifest
-from scrape_assets.schemas import products_frame, pages_frame, validate_parsed
+from scrape_assets.schemas import ValidationReport, merge_reports, pages_frame, products_frame, validate_parsed
+from scrape_assets.spec import SiteSpec
+from scrape_assets.storage import ObjectStore
 
 SCHEMA_CHECK = "parsed_products_match_schema"
 
@@ -46,49 +50,15 @@ def parsed_products(context: dg.AssetExecutionContext, site: SiteResource, store
     """
     spec = site.spec()
     object_store = store.store()
-    all_products, all_pages = [], []
-    per_category = {}
+    reports, per_category = [], {}
     with store.locks(context, spec.name):
+        # One category at a time: parse, save, validate, drop (memory stays one category's worth).
         for category in context.partition_keys:
-            manifest = latest_manifest(object_store, spec.name, category, complete=True)
-            if manifest is None:
-                raise ManifestError(
-                    f"{spec.name}/{category}", "no complete snapshot: materialize raw_pages for this partition first"
-                )
-            version = input_version(manifest, spec)
-            state = load_parse_state(object_store, spec.name, category)
-            if state is not None and state.input_version == version:
-                # Every page unchanged and the same parser: reuse the parse, re-parse nothing.
-                parsed, _ = load_current(object_store, spec.name, category)
-                pages_parsed, unchanged = 0, True
-                note = f"unchanged since snapshot {state.snapshot_id}: 0 pages re-parsed"
-            else:
-                parsed = extract_snapshot(
-                    object_store, manifest, spec, fetch_base_url=manifest.fetch_config.get("base_url", spec.base_url)
-                )
-                save_parsed(object_store, manifest, parsed)
-                pages_parsed, unchanged = len(parsed.pages), False
-                note = f"parsed {len(parsed.products)} products from {pages_parsed} pages of snapshot {manifest.snapshot_id}"
-            save_parse_state(
-                object_store,
-                spec.name,
-                category,
-                ParseState(snapshot_id=parsed.snapshot_id, input_version=version, latest_snapshot_id=manifest.snapshot_id),
-            )
-            all_products += parsed.products
-            all_pages += parsed.pages
-            per_category[category] = {
-                "snapshot_id": manifest.snapshot_id,
-                "parsed_snapshot_id": parsed.snapshot_id,
-                "products": len(parsed.products),
-                "pages_parsed": pages_parsed,
-                "unchanged": unchanged,
-                "rejects": len(parsed.rejects),
-            }
-            context.log.info(f"{category}: {note} ({len(parsed.rejects)} rejected cards)")
+            per_category[category], report = parse_category(object_store, spec, category, log=context.log)
+            if report is not None:
+                reports.append(report)
 
-    products = products_frame(all_products)
-    report = validate_parsed(products, pages_frame(all_pages))
+    report = merge_reports(reports) if reports else ValidationReport(passed=True, failure_count=0)
     if not report.passed:
         context.log.error(f"{SCHEMA_CHECK} failed: {report.failure_count} failure case(s): {report.by_check}")
     check = dg.AssetCheckResult(
@@ -98,12 +68,13 @@ def parsed_products(context: dg.AssetExecutionContext, site: SiteResource, store
             "failure_count": report.failure_count,
             "failures_by_check": dg.MetadataValue.json(report.by_check),
             "failure_cases": dg.MetadataValue.json(report.failure_cases),
-            "rows_checked": len(products),
+            "rows_checked": sum(c["products"] for c in per_category.values() if not c["unchanged"]),
+            "partitions_checked": len(reports),
         },
     )
     return dg.MaterializeResult(
         metadata={
-            "products": len(products),
+            "products": sum(c["products"] for c in per_category.values()),
             "pages_parsed": sum(c["pages_parsed"] for c in per_category.values()),
             "partitions_unchanged": sum(c["unchanged"] for c in per_category.values()),
             "by_category": dg.MetadataValue.json(per_category),
@@ -111,3 +82,53 @@ def parsed_products(context: dg.AssetExecutionContext, site: SiteResource, store
         },
         check_results=[check],
     )
+
+
+def parse_category(store: ObjectStore, spec: SiteSpec, category: str, *, log) -> tuple[dict, ValidationReport | None]:
+    """Parse (or reuse) one partition's latest complete snapshot and validate its rows.
+
+    Returns:
+        ``(figures, report)``; ``report`` is None when the input is unchanged since a parse
+        that passed validation (nothing is read, parsed or validated again).
+
+    Raises:
+        ManifestError: the partition has no complete snapshot yet.
+    """
+    manifest = latest_manifest(store, spec.name, category, complete=True)
+    if manifest is None:
+        raise ManifestError(f"{spec.name}/{category}", "no complete snapshot: materialize raw_pages for this partition first")
+    version = input_version(manifest, spec)
+    state = load_parse_state(store, spec.name, category)
+    figures = {"snapshot_id": manifest.snapshot_id, "pages_parsed": 0, "unchanged": False}
+    if state is not None and state.input_version == version and state.validated:
+        # Every page unchanged, same parser and rules, rows already valid: nothing to do.
+        save_parse_state(store, spec.name, category, replace(state, latest_snapshot_id=manifest.snapshot_id))
+        log.info(f"{category}: unchanged since snapshot {state.snapshot_id}: 0 pages re-parsed")
+        return {**figures, "parsed_snapshot_id": state.snapshot_id, "products": state.products,
+                "rejects": state.rejects, "unchanged": True}, None
+    if state is not None and state.input_version == version:
+        parsed, _ = load_current(store, spec.name, category)  # same input, failed validation before
+    else:
+        parsed = extract_snapshot(store, manifest, spec, fetch_base_url=manifest.fetch_config.get("base_url", spec.base_url))
+        save_parsed(store, manifest, parsed)
+        figures["pages_parsed"] = len(parsed.pages)
+    report = validate_parsed(products_frame(parsed.products), pages_frame(parsed.pages))
+    save_parse_state(
+        store,
+        spec.name,
+        category,
+        ParseState(
+            snapshot_id=parsed.snapshot_id,
+            input_version=version,
+            latest_snapshot_id=manifest.snapshot_id,
+            validated=report.passed,
+            products=len(parsed.products),
+            rejects=len(parsed.rejects),
+        ),
+    )
+    log.info(
+        f"{category}: parsed {len(parsed.products)} products from {figures['pages_parsed']} pages of snapshot "
+        f"{parsed.snapshot_id} ({len(parsed.rejects)} rejected cards; schema {'passed' if report.passed else 'FAILED'})"
+    )
+    return {**figures, "parsed_snapshot_id": parsed.snapshot_id, "products": len(parsed.products),
+            "rejects": len(parsed.rejects)}, report

@@ -5,9 +5,10 @@ import dagster as dg
 
 from scrape_assets.defs.partitions import category_partitions
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource
-from scrape_assets.extract import load_current
+from scrape_assets.errors import ManifestError
+from scrape_assets.extract import load_current, load_parse_state
 from scrape_assets.manifest import utc_now_iso
-from scrape_assets.schemas import PRODUCT_COLUMNS, pages_frame, products_frame, validate_parsed
+from scrape_assets.schemas import PRODUCT_COLUMNS
 from scrape_assets.warehouse import products
 
 ROWS_CHECK = "products_table_matches_parsed"
@@ -18,40 +19,57 @@ class SchemaValidationFailed(dg.Failure):
 
 
 def load_categories(context, site: SiteResource, store: ObjectStoreResource, warehouse: WarehouseResource):
-    """Validate every partition of the run, then load each (skipping unchanged inputs)."""
+    """Check every partition of the run passed the schema, then load them one by one.
+
+    An input already loaded (same input version in ``partition_loads``) is not reloaded;
+    only its day in ``price_history`` is written.
+    """
     spec = site.spec()
     object_store = store.store()
     wh = warehouse.warehouse()
-    loaded, in_table, problems = {}, {}, []
-    current = {category: load_current(object_store, spec.name, category) for category in context.partition_keys}
-    # Validate everything before touching the table: a bad partition loads nothing.
-    for category, (parsed, _) in current.items():
-        report = validate_parsed(products_frame(parsed.products), pages_frame(parsed.pages))
-        if not report.passed:
-            raise SchemaValidationFailed(
-                description=f"{category}: parsed rows fail the schema ({report.by_check}); products_table not changed",
-                metadata={"failure_cases": dg.MetadataValue.json(report.failure_cases)},
+    states = {}
+    for category in context.partition_keys:
+        state = load_parse_state(object_store, spec.name, category)
+        if state is None:
+            raise ManifestError(f"{spec.name}/{category}", "partition not parsed yet: materialize parsed_products first")
+        states[category] = state
+    failed = sorted(c for c, state in states.items() if not state.validated)
+    if failed:  # nothing is touched: a bad partition must not load, nor hold back the check's meaning
+        raise SchemaValidationFailed(
+            description=(
+                f"parsed rows of {', '.join(failed)} failed the schema (see the parsed_products_match_schema "
+                "check); products_table not changed"
             )
-    for category, (parsed, state) in current.items():
-        rows = [{column: product[column] for column in PRODUCT_COLUMNS} for product in parsed.products]
+        )
+    loaded, in_table, problems = {}, {}, []
+    for category, state in states.items():
         unchanged = wh.loaded_version(products, category) == state.input_version
+        rows = None
+        if not unchanged:
+            parsed, _ = load_current(object_store, spec.name, category)
+            rows = [{column: product[column] for column in PRODUCT_COLUMNS} for product in parsed.products]
         loaded[category] = wh.load_products(
             category,
-            None if unchanged else rows,
+            rows,
             input_version=state.input_version,
-            snapshot_id=parsed.snapshot_id,
+            snapshot_id=state.snapshot_id,
             loaded_at=utc_now_iso(),
             history_date=snapshot_date(state.latest_snapshot_id),
             history_snapshot_id=state.latest_snapshot_id,
-            history_rows=rows,
         )
         count = in_table[category] = wh.count(products, category)
         duplicates = wh.duplicate_product_keys(category)
-        if count != len(rows) or duplicates:
-            problems.append({"category": category, "rows_parsed": len(rows), "rows_in_table": count, "duplicates": len(duplicates)})
+        if count != state.products or duplicates:
+            problems.append(
+                {"category": category, "rows_parsed": state.products, "rows_in_table": count, "duplicates": len(duplicates)}
+            )
         context.log.info(
-            f"{category}: " + (f"unchanged input: products not reloaded ({count} rows)" if unchanged
-                               else f"loaded {loaded[category]} rows into products (parsed from snapshot {parsed.snapshot_id})")
+            f"{category}: "
+            + (
+                f"unchanged input: products not reloaded ({count} rows)"
+                if unchanged
+                else f"loaded {loaded[category]} rows into products (parsed from snapshot {state.snapshot_id})"
+            )
         )
     return wh, loaded, in_table, problems
 

@@ -34,6 +34,8 @@ from scrape_assets.storage import ObjectStore
 logger = logging.getLogger(__name__)
 
 ProgressCallback = Callable[[str], None]
+#: Seconds between two "pages done" progress lines of one category.
+PROGRESS_EVERY_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,8 @@ class PartitionCrawler:
         self.progress = progress or (lambda line: logger.info(line))
         self._lock = asyncio.Lock()
         self._requests = 0
+        self._done_count = 0
+        self._last_progress = 0.0
         self._fetched = 0
         self._not_modified = 0
         self._unchanged = 0
@@ -141,6 +145,7 @@ class PartitionCrawler:
                 + ")"
             )
         self.manifest = manifest
+        self._done_count = manifest.counts()["done"]
         if not manifest.is_complete:  # else adopted: completed by a run that died before recording it
             await self._crawl()
             manifest.completed_at = utc_now_iso()
@@ -322,9 +327,13 @@ class PartitionCrawler:
         entry.last_modified = page.headers.get("last-modified") or (old.last_modified if old else None)
         self._fetched += 1
         manifest.record(self.store, n)
-        done = sum(1 for p in manifest.pages.values() if p.status == "done")
-        if done % 10 == 0 or done == manifest.total_pages:
-            self.progress(f"{self.category}: {done}/{manifest.total_pages or '?'} pages done")
+        self._done_count += 1
+        now = time.monotonic()
+        # A progress line every PROGRESS_EVERY_S per category, and the last one: each line is a
+        # Dagster event written to the event log, so one per page would cost more than the page.
+        if self._done_count == manifest.total_pages or now - self._last_progress >= PROGRESS_EVERY_S:
+            self._last_progress = now
+            self.progress(f"{self.category}: {self._done_count}/{manifest.total_pages or '?'} pages done")
 
 
 def _same_origin(url: str, base_url: str) -> bool:

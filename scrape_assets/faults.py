@@ -27,7 +27,7 @@ Spec format (YAML or JSON; unknown keys are errors)::
 
 Fault kinds and their options (every rule also takes ``match`` and ``first_n``)::
 
-    http_error           status (500..599, default 503), retry_after_s, retry_after_form
+    http_error           status (400..599, default 503), retry_after_s, retry_after_form
     http_429             retry_after_s (default 1; null: no header), retry_after_form
                          Retry-After (RFC 9110 §10.2.3) as delay-seconds (a fraction is sent as
                          is, a leniency the fetcher accepts) or as an HTTP-date rounded up to the
@@ -127,8 +127,10 @@ class _Rule(_Strict):
 
 
 class HttpError(_Rule):
+    """Answer an error status: 5xx (retried) or a 4xx refusal such as 404 or 403 (not retried)."""
+
     fault: Literal["http_error"]
-    status: int = Field(default=503, ge=500, le=599)
+    status: int = Field(default=503, ge=400, le=599)
     retry_after_s: float | None = Field(default=None, ge=0)
     retry_after_form: RetryAfterForm = "seconds"
 

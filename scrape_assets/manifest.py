@@ -144,6 +144,21 @@ class Manifest:
         """Where page ``page_number``'s body is: its own key, or an earlier snapshot's (unchanged page)."""
         return self.pages[page_number].body_key or self.page_key(page_number)
 
+    def missing_page(self, page_number: int) -> bool:
+        """Whether this snapshot could not see page ``page_number``'s products.
+
+        True for a page that failed, and for a page beyond the ones discovered when a failure
+        stopped discovery (page 1 failed, or a dead page cut a chain of ``next`` links).
+        False for a page the site no longer has (discovery ended normally).
+        """
+        entry = self.pages.get(page_number)
+        if entry is not None:
+            return entry.status != "done"
+        failed = [n for n, p in self.pages.items() if p.status == "failed"]
+        if not failed or page_number < min(failed):
+            return False
+        return self.total_pages is None or page_number <= self.total_pages
+
     @property
     def data_version(self) -> str:
         """SHA-256 over (page number, content hash) of done pages: equal iff the content is equal."""

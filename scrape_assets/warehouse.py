@@ -9,7 +9,7 @@ in parallel without "database is locked".
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -150,27 +150,42 @@ class Warehouse:
         loaded_at: str,
         history_date: str,
         history_snapshot_id: str,
-    ) -> int:
+        carry_page: Callable[[int], bool] | None = None,
+    ) -> tuple[int, int]:
         """Load one partition of ``products`` and its day in ``price_history``, in one transaction.
 
         Args:
             rows: the partition's product rows, or None to leave ``products`` as it is
                 (unchanged input: only the price history of the day is written).
+            carry_page: True for a page number whose products could not be fetched this time
+                (failed, or never reached); the rows loaded earlier from such pages are kept
+                (carried forward with their older ``snapshot_id``) unless the product shows
+                up on another page now. A failed fetch never deletes good rows.
             input_version: recorded in ``partition_loads`` to recognise an unchanged input.
             history_date: ``YYYY-MM-DD``; the (date, category) rows of ``price_history`` are replaced
                 by the partition's prices as loaded, so re-running a day never duplicates.
 
         Returns:
-            Product rows inserted (0 when ``rows`` is None).
+            ``(rows inserted, rows carried forward)``; ``(0, 0)`` when ``rows`` is None.
         """
         self.create_tables()
         with self.engine.begin() as conn:
-            inserted = 0
+            inserted = carried = 0
             if rows is not None:
+                rows = list(rows)
+                kept = []
+                if carry_page is not None:
+                    fresh = {r["product_id"] for r in rows}
+                    previous = conn.execute(sa.select(products).where(products.c.category == category))
+                    kept = [
+                        dict(r._mapping) for r in previous
+                        if carry_page(r.page_number) and r.product_id not in fresh
+                    ]
                 conn.execute(products.delete().where(products.c.category == category))
                 crashpoint("warehouse.after_delete")
-                if rows:
-                    conn.execute(products.insert(), list(rows))
+                if rows or kept:
+                    conn.execute(products.insert(), rows + kept)
+                carried = len(kept)
                 crashpoint("warehouse.after_insert")
                 inserted = len(rows)
                 conn.execute(
@@ -197,7 +212,7 @@ class Warehouse:
                     ).where(products.c.category == category),
                 )
             )
-        return inserted
+        return inserted, carried
 
     def count(self, table: sa.Table, category: str | None = None) -> int:
         """Rows in ``table`` (of one category when given)."""

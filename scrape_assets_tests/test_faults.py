@@ -432,7 +432,7 @@ def test_json_spec_loads(tmp_path):
     [
         ("rules: [{match: x, fault: nope}]", "rules.0.fault: unknown fault kind 'nope': expected one of http_error, "),
         ("rules: [{match: x}]", "rules.0.fault: required key is missing: expected one of http_error, "),
-        ("rules: [{match: x, fault: http_error, status: 404}]", "rules.0.status: Input should be greater than or equal to 500 (got 404)"),
+        ("rules: [{match: x, fault: http_error, status: 302}]", "rules.0.status: Input should be greater than or equal to 400 (got 302)"),
         ("rules: [{match: x, fault: trickle, bytes_per_sec: 5}]", "rules.0.bytes_per_sec: unknown key"),
         ("rules: [{fault: robots_disallow}]", "rules.0.prefix: required key is missing"),
         ("rules: [{match: '(', fault: bad_gzip}]", "rules.0.match: expected a regular expression: missing )"),

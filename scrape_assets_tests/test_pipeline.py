@@ -141,3 +141,52 @@ def test_fetch_config_change_refuses_resume_until_new_snapshot(tmp_path, instanc
     assert fresh.success
     assert len(list_snapshots(store, "demo", "travel")) == 2
     assert latest_manifest(store, "demo", "travel").fetch_config["max_attempts"] == 5
+
+
+def _serve(spec_text: str, port: int = 0):
+    import threading
+
+    from scrape_assets.faults import make_fault_server, parse_fault_spec
+
+    server = make_fault_server(parse_fault_spec(spec_text, "test"), "127.0.0.1", port)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_a_failed_fetch_never_deletes_rows_loaded_earlier(tmp_path, instance):
+    """Pages that fail (or are never reached) keep their earlier rows, carried forward."""
+    healthy = _serve("rules: []\n")
+    port = healthy.server_address[1]
+    res = make_resources(tmp_path, base_url=healthy.base_url, max_attempts=1)
+    assert materialize(instance, res, ["travel", "mystery"]).success
+    before = {(r[0], r[1]): r for r in _table(tmp_path)}
+    assert len(before) == 11 + 32
+    healthy.shutdown()
+    healthy.server_close()
+
+    # Next day: mystery page 2 answers 404, travel's only page 500 (so nothing of it is seen).
+    broken = _serve(
+        "rules:\n"
+        "  - {match: 'mystery_3/page-2\\.html$', fault: http_error, status: 404}\n"
+        "  - {match: 'travel_2/index\\.html$', fault: http_error, status: 500}\n",
+        port,
+    )
+    try:
+        result = materialize(instance, res, ["travel", "mystery"])
+    finally:
+        broken.shutdown()
+        broken.server_close()
+    assert result.success
+    after = {(r[0], r[1]): r for r in _table(tmp_path)}
+    assert set(after) == set(before)  # no row lost
+    md = {e.asset_key.path[0]: e.materialization.metadata for e in result.get_asset_materialization_events()}
+    assert md["products_table"]["rows_carried_forward"].value == 11 + 12
+    store = ObjectStore(str(tmp_path / "objects"))
+    new_snapshot = latest_manifest(store, "demo", "mystery").snapshot_id
+    for key, row in after.items():
+        carried = key[0] == "travel" or row[8] == 2  # travel, and mystery's page 2
+        assert (row[9] != new_snapshot) == carried, key  # carried rows keep their older snapshot_id
+    letters = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(dead_letters)
+    assert sorted((r["category"], r["http_status"]) for r in letters) == [("mystery", 404), ("travel", 500)]
+    checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
+    assert checks == {"parsed_products_match_schema": True, "products_table_matches_parsed": True}

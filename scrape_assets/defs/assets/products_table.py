@@ -7,7 +7,7 @@ from scrape_assets.defs.partitions import category_partitions
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource
 from scrape_assets.errors import ManifestError
 from scrape_assets.extract import load_current, load_parse_state
-from scrape_assets.manifest import utc_now_iso
+from scrape_assets.manifest import load_manifest, utc_now_iso
 from scrape_assets.schemas import PRODUCT_COLUMNS
 from scrape_assets.warehouse import products
 
@@ -41,14 +41,15 @@ def load_categories(context, site: SiteResource, store: ObjectStoreResource, war
                 "check); products_table not changed"
             )
         )
-    loaded, in_table, problems = {}, {}, []
+    loaded, carried, in_table, problems = {}, {}, {}, []
     for category, state in states.items():
         unchanged = wh.loaded_version(products, category) == state.input_version
-        rows = None
+        rows, manifest = None, None
         if not unchanged:
             parsed, _ = load_current(object_store, spec.name, category)
             rows = [{column: product[column] for column in PRODUCT_COLUMNS} for product in parsed.products]
-        loaded[category] = wh.load_products(
+            manifest = load_manifest(object_store, spec.name, category, state.snapshot_id)
+        loaded[category], carried[category] = wh.load_products(
             category,
             rows,
             input_version=state.input_version,
@@ -56,12 +57,14 @@ def load_categories(context, site: SiteResource, store: ObjectStoreResource, war
             loaded_at=utc_now_iso(),
             history_date=snapshot_date(state.latest_snapshot_id),
             history_snapshot_id=state.latest_snapshot_id,
+            carry_page=manifest.missing_page if manifest is not None else None,
         )
         count = in_table[category] = wh.count(products, category)
         duplicates = wh.duplicate_product_keys(category)
-        if count != state.products or duplicates:
+        if (not unchanged and count != state.products + carried[category]) or duplicates:
             problems.append(
-                {"category": category, "rows_parsed": state.products, "rows_in_table": count, "duplicates": len(duplicates)}
+                {"category": category, "rows_parsed": state.products, "rows_carried_forward": carried[category],
+                 "rows_in_table": count, "duplicates": len(duplicates)}
             )
         context.log.info(
             f"{category}: "
@@ -69,9 +72,10 @@ def load_categories(context, site: SiteResource, store: ObjectStoreResource, war
                 f"unchanged input: products not reloaded ({count} rows)"
                 if unchanged
                 else f"loaded {loaded[category]} rows into products (parsed from snapshot {state.snapshot_id})"
+                + (f"; kept {carried[category]} earlier rows of pages that failed this time" if carried[category] else "")
             )
         )
-    return wh, loaded, in_table, problems
+    return wh, loaded, carried, in_table, problems
 
 
 def snapshot_date(snapshot_id: str) -> str:
@@ -94,17 +98,19 @@ def products_table(
 ):
     """The ``products`` table: one row per (category, product_id), replaced per partition.
 
-    Delete-then-insert in one transaction per category: a rerun gives the same table. An
+    Delete-then-insert in one transaction per category: a rerun gives the same table. Rows
+    of pages that failed this time are carried forward, never deleted by a failed fetch. An
     unchanged input is not reloaded; ``price_history`` gets the day's prices either way.
     """
     with store.locks(context, site.spec().name):
-        wh, loaded, in_table, problems = load_categories(context, site, store, warehouse)
+        wh, loaded, carried, in_table, problems = load_categories(context, site, store, warehouse)
     return dg.MaterializeResult(
         metadata={
             "rows_loaded": sum(loaded.values()),
             "partitions_reloaded": sum(1 for c in loaded if loaded[c]),
             "rows_by_category": dg.MetadataValue.json(in_table),
             "rows_loaded_by_category": dg.MetadataValue.json(loaded),
+            "rows_carried_forward": sum(carried.values()),
             "table": "products",
             "warehouse": wh.describe(),
             "total_rows_in_table": wh.count(products),

@@ -89,10 +89,40 @@ def summarize(resources: dict) -> dict:
     }
 
 
-def print_summary(summary: dict, out=sys.stdout) -> None:
-    lines = [
-        "",
-        f"Summary ({summary['site']})",
+def run_figures(result) -> dict:
+    """What one run did, from its materialization metadata (pages, 304s, parses, loads)."""
+    latest = {}
+    for event in result.get_asset_materialization_events():
+        latest[event.asset_key.path[-1]] = {k: v.value for k, v in event.materialization.metadata.items()}
+    raw, parsed, table, letters = (latest.get(a, {}) for a in ("raw_pages", "parsed_products", "products_table", "dead_letters"))
+    return {
+        "success": result.success,
+        "requests_made": raw.get("requests_made"),
+        "pages_not_modified": raw.get("pages_not_modified"),
+        "pages_failed": raw.get("pages_failed"),
+        "pages_parsed": parsed.get("pages_parsed"),
+        "partitions_unchanged": parsed.get("partitions_unchanged"),
+        "rows_loaded": table.get("rows_loaded"),
+        "rows_carried_forward": table.get("rows_carried_forward"),
+        "dead_letters": letters.get("dead_letters"),
+    }
+
+
+def print_summary(summary: dict, run: dict | None = None, out=sys.stdout) -> None:
+    """Print what a run did (when given) and what is stored now."""
+    lines = [""]
+    if run is not None:
+        lines += [
+            "This run" + ("" if run["success"] else " (FAILED: see the log above or `make ui`)"),
+            f"  requests        {run['requests_made']} ({run['pages_not_modified']} not modified: 304), "
+            f"{run['pages_failed']} pages failed for good",
+            f"  parsed          {run['pages_parsed']} pages re-parsed, {run['partitions_unchanged']} categories unchanged",
+            f"  loaded          {run['rows_loaded']} rows (re)loaded, {run['rows_carried_forward']} kept from pages "
+            "that failed this time",
+            "",
+        ]
+    lines += [
+        f"Summary ({summary['site']}, latest complete snapshots)",
         f"  categories      {summary['categories']}/{summary['categories_configured']}",
         f"  pages           {summary['pages_done']} done, {summary['pages_failed']} failed",
         f"  success rate    {summary['success_rate']:.1%}",
@@ -124,7 +154,7 @@ def run_demo(new_snapshot: bool = False) -> int:
         },
         raise_on_error=False,
     )
-    print_summary(summarize(defs.resources))
+    print_summary(summarize(defs.resources), run_figures(result))
     if not result.success:
         print(f"\nrun {result.run_id} did not succeed; see `make ui` for the failed step", file=sys.stderr)
         return 1

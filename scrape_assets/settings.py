@@ -1,7 +1,9 @@
 """Settings from ``SCRAPE_*`` environment variables, read in one place.
 
-Only ``scrape_assets/defs/resources.py`` and ``defs/partitions.py`` call
-:func:`load_settings`; everything else receives values through Dagster resources.
+Only the modules of ``scrape_assets/defs/`` call :func:`load_settings` (resources,
+partitions, pools, the schedule); everything else receives values through Dagster
+resources. ``SCRAPE_DEMO_DATE`` is validated here and read by the demo catalogue itself
+(it is the catalogue's clock, not the pipeline's).
 
 | variable | meaning | default |
 |---|---|---|
@@ -17,16 +19,22 @@ Only ``scrape_assets/defs/resources.py`` and ``defs/partitions.py`` call
 | ``SCRAPE_USER_AGENT`` | User-Agent sent (put a contact in it for real sites) | ``scrape_assets/<version> (...)`` |
 | ``SCRAPE_LOCK_WAIT_S`` | seconds a run waits for another run holding the same partition | 0: stop at once |
 | ``SCRAPE_SCHEDULE_CRON`` | cron of the daily schedule (UTC) | ``0 2 * * *`` |
+| ``SCRAPE_DEMO_DATE`` | the demo catalogue's day (``YYYY-MM-DD``) | today (UTC) |
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 
-from scrape_assets.errors import SettingsError
+from scrape_assets.errors import SettingsError, SpecError
 from scrape_assets.spec import load_spec
+
+_CRON_FIELD = r"[0-9*/,\-A-Za-z?LW#]+"
+_CRON = re.compile(rf"{_CRON_FIELD}(\s+{_CRON_FIELD}){{4}}")
 
 
 @dataclass(frozen=True)
@@ -70,7 +78,25 @@ def load_settings(env: dict | None = None) -> Settings:
     data_dir = env.get("SCRAPE_DATA_DIR") or "./data"
     data_path = Path(data_dir).expanduser().resolve()
     site = env.get("SCRAPE_SITE") or "demo"
-    load_spec(site)  # fail early, naming the input
+    try:
+        load_spec(site)  # fail early, naming the input
+    except SpecError as exc:
+        if exc.key is None and "unknown site" in str(exc):
+            raise SettingsError("SCRAPE_SITE", site, str(exc).split("unknown site: expected ", 1)[1]) from None
+        raise
+    day = env.get("SCRAPE_DEMO_DATE") or ""
+    if day:
+        try:
+            date.fromisoformat(day)
+        except ValueError:
+            raise SettingsError("SCRAPE_DEMO_DATE", day, "a date as YYYY-MM-DD, e.g. 2026-12-01") from None
+    cron = env.get("SCRAPE_SCHEDULE_CRON") or "0 2 * * *"
+    if not _CRON.fullmatch(cron.strip()):
+        raise SettingsError("SCRAPE_SCHEDULE_CRON", cron, "a cron expression with 5 fields, e.g. '0 2 * * *'")
+    webhook = env.get("SCRAPE_ALERT_WEBHOOK_URL") or ""
+    if webhook and not webhook.startswith(("http://", "https://")):
+        # The value is a secret: name the variable, not the URL.
+        raise SettingsError("SCRAPE_ALERT_WEBHOOK_URL", "<hidden>", "an http(s) URL")
     base_url = env.get("SCRAPE_BASE_URL") or None
     if base_url and not base_url.startswith(("http://", "https://")):
         raise SettingsError("SCRAPE_BASE_URL", base_url, "an absolute http(s) URL")
@@ -85,7 +111,7 @@ def load_settings(env: dict | None = None) -> Settings:
         max_concurrency=_number(env, "SCRAPE_MAX_CONCURRENCY", int, 1),
         max_attempts=3 if max_attempts is None else max_attempts,
         alert_webhook_set=bool(env.get("SCRAPE_ALERT_WEBHOOK_URL")),
-        schedule_cron=env.get("SCRAPE_SCHEDULE_CRON") or "0 2 * * *",
+        schedule_cron=cron,
         user_agent=env.get("SCRAPE_USER_AGENT") or None,
         lock_wait_s=_number(env, "SCRAPE_LOCK_WAIT_S", float, 0) or 0.0,
     )

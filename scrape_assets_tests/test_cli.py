@@ -21,6 +21,9 @@ def test_demo_command_runs_all_categories_in_one_run_and_prints_summary(tmp_path
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     assert "12 categories in one run" in out
+    assert "  requests        38 (0 not modified: 304), 0 pages failed for good" in out
+    assert "  parsed          38 pages re-parsed, 0 categories unchanged" in out
+    assert "  loaded          678 rows (re)loaded, 0 kept from pages that failed this time" in out
     assert "categories      12/12" in out
     assert "pages           38 done, 0 failed" in out
     assert "success rate    100.0%" in out
@@ -44,7 +47,7 @@ def test_bad_settings_give_one_clear_error(tmp_path):
     done = subprocess.run([str(cli), "demo"], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == (
-        "scrape-assets: error: no_such_site: unknown site: expected a shipped spec name "
+        "scrape-assets: error: SCRAPE_SITE='no_such_site' is invalid: expected a shipped spec name "
         "(books_toscrape, demo) or a path to a .yaml file"
     )
     env.update(SCRAPE_SITE="demo", SCRAPE_MAX_ATTEMPTS="zero")
@@ -78,6 +81,18 @@ def test_bad_inputs_each_give_one_clear_error_naming_the_input(tmp_path):
             {"SCRAPE_SITE": str(malformed)},
             f"scrape-assets: error: {malformed}: not valid YAML",
         ),
+        "bad demo date": (
+            {"SCRAPE_DEMO_DATE": "2026-13-01"},
+            "scrape-assets: error: SCRAPE_DEMO_DATE='2026-13-01' is invalid: expected a date as YYYY-MM-DD",
+        ),
+        "bad cron": (
+            {"SCRAPE_SCHEDULE_CRON": "bogus"},
+            "scrape-assets: error: SCRAPE_SCHEDULE_CRON='bogus' is invalid: expected a cron expression with 5 fields",
+        ),
+        "webhook not http": (
+            {"SCRAPE_ALERT_WEBHOOK_URL": "ftp://secret-token@x"},
+            "scrape-assets: error: SCRAPE_ALERT_WEBHOOK_URL='<hidden>' is invalid: expected an http(s) URL",
+        ),
         "bad warehouse URL": (
             {"SCRAPE_WAREHOUSE_URL": "nosuchdb://x/y"},
             "scrape-assets: error: SCRAPE_WAREHOUSE_URL='nosuchdb://x/y' is invalid: expected a SQLAlchemy URL",
@@ -89,3 +104,4 @@ def test_bad_inputs_each_give_one_clear_error_naming_the_input(tmp_path):
         lines = [line for line in done.stderr.splitlines() if line.startswith("scrape-assets: error:")]
         assert len(lines) == 1 and lines[0].startswith(expected), (name, done.stderr[-2000:])
         assert "Traceback" not in done.stderr, name
+        assert "secret-token" not in done.stderr + done.stdout, name  # a webhook URL is a secret

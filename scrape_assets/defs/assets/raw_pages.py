@@ -164,6 +164,7 @@ def raw_pages(context: dg.AssetExecutionContext, config: RawPagesConfig, site: S
     for r in reports:
         context.log.info(
             f"{r.category}: snapshot {r.snapshot_id}{' (resumed)' if r.resumed else ''}: "
-            f"{r.pages_done} done, {r.pages_failed} failed, {r.requests_made} requests, {r.duration_s:.1f}s"
+            f"{r.pages_done} done ({r.pages_not_modified} not modified: 304), {r.pages_failed} failed, "
+            f"{r.requests_made} requests, {r.duration_s:.1f}s"
         )
     return dg.MaterializeResult(metadata=crawl_metadata(reports), data_version=run_data_version(reports))

@@ -114,3 +114,20 @@ def test_daily_schedule_launches_one_run_for_all_categories():
     assert daily_scrape_schedule.cron_schedule == "0 2 * * *"
     assert daily_scrape_schedule.execution_timezone == "UTC"
     assert daily_scrape_schedule.default_status == dg.DefaultScheduleStatus.RUNNING
+
+
+def test_first_evaluation_alerts_only_collapses_still_open(tmp_path, instance, webhook_server):
+    """A sensor started on an instance with history replays it silently, then alerts what is open."""
+    from scrape_assets_tests.test_pipeline import _broken_spec
+
+    healthy = make_resources(tmp_path)
+    broken_layout = make_resources(tmp_path, site=_broken_spec(tmp_path))
+    dead = make_resources(tmp_path / "dead", base_url=DEAD_HOST, max_attempts=1)
+    assert materialize(instance, healthy, ["travel"]).success
+    assert not materialize(instance, broken_layout, ["travel"], raise_on_error=False).success  # products -> 0
+    assert materialize(instance, healthy, ["travel"]).success  # recovered
+    assert materialize(instance, dead, ["mystery"], selection=["raw_pages"]).success  # still collapsed
+    _tick(instance, None, webhook_server.url)
+    assert [m["text"] for m in webhook_server.received] == [
+        "scrape_assets collapse: mystery: success rate 0% is below the floor 90%"
+    ]

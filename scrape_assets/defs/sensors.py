@@ -24,40 +24,45 @@ def _new_records(instance, asset: str, cursor: str | None):
     return result.records, (result.cursor if result.records else cursor)
 
 
-def _by_run(records) -> dict[str, dict]:
-    """One metadata dict per run (a multi-category run records one event per partition)."""
-    out: dict[str, dict] = {}
-    for record in records:
-        materialization = record.asset_materialization
-        if materialization is not None:
-            out.setdefault(record.run_id, {k: v.value for k, v in materialization.metadata.items()})
-    return out
-
-
 def evaluate(instance, cursor: str | None, rules: CollapseRules = RULES) -> tuple[list[str], str]:
-    """Alerts for materializations recorded since ``cursor``; returns ``(alerts, new_cursor)``."""
+    """Alerts for materializations recorded since ``cursor``; returns ``(alerts, new_cursor)``.
+
+    Events of the three assets are replayed in the order they were recorded, so a recovery
+    is never seen before the collapse it recovers from. On the first evaluation (no cursor)
+    the history only builds the state: just the collapses still open at its end alert.
+    """
     data = json.loads(cursor) if cursor else {}
     state = CollapseState.from_dict(data.get("state"))
     positions = dict(data.get("positions", {}))
-    alerts: list[str] = []
-
-    records, positions["raw_pages"] = _new_records(instance, "raw_pages", positions.get("raw_pages"))
-    for run_id, metadata in _by_run(records).items():
-        by_category = metadata.get("by_category") or {}
-        for category, numbers in sorted(by_category.items()):
-            alerts.append(observe_rate(state, category, float(numbers["success_rate"]), rules))
-        if len(by_category) > 1:
-            alerts.append(observe_rate(state, "all", float(metadata["success_rate"]), rules))
-
-    for asset, field in (("parsed_products", "by_category"), ("products_table", "rows_by_category")):
+    events = []
+    for asset in ("raw_pages", "parsed_products", "products_table"):
         records, positions[asset] = _new_records(instance, asset, positions.get(asset))
-        for run_id, metadata in _by_run(records).items():
+        seen_runs = set()
+        for record in records:  # a multi-category run records one event per partition: keep one
+            if record.asset_materialization is not None and record.run_id not in seen_runs:
+                seen_runs.add(record.run_id)
+                metadata = {k: v.value for k, v in record.asset_materialization.metadata.items()}
+                events.append((record.storage_id, asset, metadata))
+
+    alerts: list[str] = []
+    for _, asset, metadata in sorted(events, key=lambda e: e[0]):
+        if asset == "raw_pages":
+            by_category = metadata.get("by_category") or {}
+            for category, numbers in sorted(by_category.items()):
+                alerts.append(observe_rate(state, category, float(numbers["success_rate"]), rules))
+            if len(by_category) > 1:
+                alerts.append(observe_rate(state, "all", float(metadata["success_rate"]), rules))
+        else:
+            field = "by_category" if asset == "parsed_products" else "rows_by_category"
             for category, value in sorted((metadata.get(field) or {}).items()):
                 count = value["products"] if isinstance(value, dict) else int(value)
                 alerts.append(observe_products(state, category, count))
-
+    alerts = [a for a in alerts if a]
+    if cursor is None:  # first evaluation: alert only what is still collapsed now
+        still_open = {f"{key.split(':', 1)[1]}: {reason}" for key, reason in state.collapsed.items()}
+        alerts = list(dict.fromkeys(a for a in alerts if a in still_open))
     new_cursor = json.dumps({"positions": positions, "state": state.to_dict()}, sort_keys=True)
-    return [a for a in alerts if a], new_cursor
+    return alerts, new_cursor
 
 
 @dg.sensor(minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING)

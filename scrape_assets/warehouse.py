@@ -1,4 +1,6 @@
-"""The warehouse: ``products`` and ``dead_letters`` tables, loaded idempotently per partition.
+"""The warehouse: ``products``, ``dead_letters``, ``price_history`` and ``partition_loads``.
+
+Tables are loaded idempotently per partition.
 
 Any SQLAlchemy URL works (``sqlite:///data/warehouse.db`` by default, PostgreSQL in
 production). A partition is loaded by delete-then-insert inside one transaction, so a

@@ -162,6 +162,7 @@ def run_demo(new_snapshot: bool = False) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``scrape-assets``; returns the exit code (0 ok, 1 run failed, 2 bad input)."""
     parser = argparse.ArgumentParser(prog="scrape-assets", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="materialize every asset for every category, then print a summary")

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class CollapseRules:
+    """Thresholds: ``floor`` and ``max_drop`` are success rates (0..1); sizes count observations."""
+
     floor: float = 0.9
     max_drop: float = 0.3
     history_size: int = 5

@@ -48,6 +48,7 @@ class ParsedSnapshot:
 
 
 def parsed_key(manifest: Manifest) -> str:
+    """Storage key of a snapshot's parsed rows: ``{site}/{category}/{snapshot_id}/parsed.json``."""
     return f"{manifest.prefix}/parsed.json"
 
 
@@ -151,6 +152,7 @@ def load_parse_state(store: ObjectStore, site: str, category: str) -> ParseState
 
 
 def save_parse_state(store: ObjectStore, site: str, category: str, state: ParseState) -> None:
+    """Write ``{site}/{category}/parse_state.json`` atomically."""
     store.sweep_temp_files(f"{site}/{category}", names=["parse_state.json"])  # left by a crash in an earlier write
     store.write_bytes_atomic(_state_key(site, category), json.dumps(state.__dict__).encode())
 

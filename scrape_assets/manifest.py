@@ -126,14 +126,17 @@ class Manifest:
     # -- keys -------------------------------------------------------------------------
     @property
     def prefix(self) -> str:
+        """Storage prefix of this snapshot's objects."""
         return snapshot_prefix(self.site, self.category, self.snapshot_id)
 
     @property
     def key(self) -> str:
+        """Storage key of ``manifest.json``."""
         return f"{self.prefix}/manifest.json"
 
     @property
     def journal_key(self) -> str:
+        """Storage key of ``manifest.journal`` (page state changes since the last full save)."""
         return f"{self.prefix}/manifest.journal"
 
     def page_key(self, page_number: int) -> str:
@@ -168,6 +171,7 @@ class Manifest:
     # -- state --------------------------------------------------------------------------
     @property
     def is_complete(self) -> bool:
+        """Every page discovered has ended ``done`` or ``failed`` and the crawl finished."""
         return self.completed_at is not None
 
     def counts(self) -> dict[str, int]:
@@ -179,6 +183,7 @@ class Manifest:
         return out
 
     def to_json(self) -> bytes:
+        """The manifest as UTF-8 JSON (pages keyed by page number as a string)."""
         data = asdict(self)
         data["pages"] = {str(n): asdict(p) for n, p in sorted(self.pages.items())}
         return json.dumps(data, indent=1, sort_keys=True).encode("utf-8")
@@ -248,6 +253,7 @@ class Manifest:
 
 
 def snapshot_prefix(site: str, category: str, snapshot_id: str) -> str:
+    """``{site}/{category}/{snapshot_id}``, validated as a storage key (raises StorageError)."""
     prefix = f"{site}/{category}/{snapshot_id}"
     check_key(prefix)
     return prefix

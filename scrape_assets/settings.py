@@ -39,6 +39,8 @@ _CRON = re.compile(rf"{_CRON_FIELD}(\s+{_CRON_FIELD}){{4}}")
 
 @dataclass(frozen=True)
 class Settings:
+    """Validated ``SCRAPE_*`` settings (see the table above); paths are absolute."""
+
     site: str
     base_url: str | None
     data_dir: str

@@ -36,13 +36,16 @@ class SiteResource(dg.ConfigurableResource):
     user_agent: str = USER_AGENT
 
     def spec(self) -> SiteSpec:
+        """The site spec (raises SpecError naming the file and key when invalid)."""
         return load_spec(self.site)
 
     def fetch_base_url(self) -> str:
+        """Where pages are fetched from: ``base_url`` or the spec's, with a trailing slash."""
         url = self.base_url or self.spec().base_url
         return url if url.endswith("/") else url + "/"
 
     def fetch_policy(self) -> FetchPolicy:
+        """Politeness and retry settings: the spec's, overridden by this resource's fields."""
         politeness = self.spec().politeness
         return FetchPolicy(
             user_agent=self.user_agent,
@@ -71,6 +74,7 @@ class ObjectStoreResource(dg.ConfigurableResource):
     )
 
     def store(self) -> ObjectStore:
+        """The :class:`ObjectStore` at ``url`` (raises StorageError when it cannot be opened)."""
         return ObjectStore(self.url)
 
     def host_lock(self, context: dg.AssetExecutionContext, base_url: str):
@@ -95,6 +99,7 @@ class WarehouseResource(dg.ConfigurableResource):
     url: str = Field(description="SQLAlchemy URL")
 
     def warehouse(self) -> Warehouse:
+        """The :class:`Warehouse` at ``url`` (raises SettingsError for a bad URL)."""
         return Warehouse(self.url)
 
 

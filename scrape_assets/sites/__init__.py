@@ -1,0 +1,1 @@
+"""Shipped site specs (YAML): ``demo`` and ``books_toscrape``; see :mod:`scrape_assets.spec`."""

@@ -112,6 +112,7 @@ async def crawl_partitions(
 ) -> list[CrawlReport]:
     """Crawl several categories concurrently, sharing one client and the per-host limits."""
     spec = site.spec()
+    fetch_config, fetch_base_url = site.fetch_config(), site.fetch_base_url()  # parse the spec once, not per category
     object_store = store.store()
     object_store.ensure_writable()
     async with site.client() as client:
@@ -122,8 +123,8 @@ async def crawl_partitions(
                 category,
                 object_store,
                 fetcher,
-                fetch_config=site.fetch_config(),
-                fetch_base_url=site.fetch_base_url(),
+                fetch_config=fetch_config,
+                fetch_base_url=fetch_base_url,
                 max_attempts=site.max_attempts,
                 run_id=run_id,
                 adopt_complete=adopt_complete,

@@ -1,0 +1,148 @@
+"""Micro-benchmarks behind the analysis: what one request and one page cost, in CPU.
+
+Not part of ``make bench``; run it on a quiet machine when a figure of BENCHMARKS.md needs
+explaining (``.venv/bin/python -m benchmarks.micro``, ~1 min). It starts the 1,000-page
+catalogue, then measures in fresh subprocesses (so one measurement's imports or patches
+never leak into another):
+
+* HTTP clients, 1,000 GETs at 16 concurrent keep-alive connections, bodies read whole:
+  httpx as ``PageFetcher._download`` uses it (``client.stream`` + ``aiter_bytes``), the same
+  with a ``sniffio`` module importable (httpcore imports it on every request and, when it is
+  missing, pays a failed import each time), our ``PageFetcher.fetch`` (robots.txt, limiter,
+  deadline), and aiohttp (installed with Scrapy).
+* Parsing, the same 1,000 saved pages: ``parsing.parse_listing`` as the pipeline calls it,
+  the same without the mojibake repair (``repair_text``), without ``urljoin``, and the bare
+  selectolax loop of ``bare_parse.py``.
+
+Prints one line per measurement: pages per second (wall) and CPU milliseconds per item.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_HTTP = r'''
+import asyncio, resource, sys, time, types
+if sys.argv[3] == "sniffio":  # as if the `sniffio` package were installed
+    stub = types.ModuleType("sniffio"); stub.current_async_library = lambda: "asyncio"; sys.modules["sniffio"] = stub
+base, paths, mode, conc = sys.argv[1].rstrip("/"), [l for l in open(sys.argv[2]).read().split() if l], sys.argv[4], int(sys.argv[5])
+
+async def httpx_run():
+    import httpx
+    sem = asyncio.Semaphore(conc)
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=conc + 2, max_keepalive_connections=conc)) as client:
+        async def one(p):
+            async with sem:
+                async with client.stream("GET", base + p) as r:
+                    return b"".join([c async for c in r.aiter_bytes()])
+        await asyncio.gather(*(one(p) for p in paths))
+
+async def fetcher_run():
+    from scrape_assets.fetcher import FetchPolicy, PageFetcher, build_client
+    policy = FetchPolicy(user_agent="bench", requests_per_second=100000, max_concurrency=conc)
+    async with build_client(policy) as client:
+        fetcher = PageFetcher(client, policy)
+        await asyncio.gather(*(fetcher.fetch(base + p) for p in paths))
+
+async def aiohttp_run():
+    import aiohttp
+    sem = asyncio.Semaphore(conc)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=conc)) as session:
+        async def one(p):
+            async with sem:
+                async with session.get(base + p) as r:
+                    return await r.read()
+        await asyncio.gather(*(one(p) for p in paths))
+
+run = {"httpx": httpx_run, "fetcher": fetcher_run, "aiohttp": aiohttp_run}[mode]
+asyncio.run(run())  # warm-up: imports, robots.txt, connections
+usage = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+c0, t0 = usage(), time.perf_counter()
+asyncio.run(run())
+print(len(paths) / (time.perf_counter() - t0), 1000 * (usage() - c0) / len(paths))
+'''
+
+_PARSE = r'''
+import resource, sys, time
+from pathlib import Path
+from scrape_assets import parsing
+from scrape_assets.spec import load_spec
+from benchmarks.bare_parse import page_files, parse_page
+spec = load_spec(sys.argv[1]); mode = sys.argv[3]
+files = page_files(Path(sys.argv[2]), "bench")
+pages = [(path.read_bytes(), url) for path, url in files]
+if mode == "no_repair":
+    parsing.repair_text = lambda text: text
+if mode == "no_urljoin":
+    parsing.urljoin = lambda base, href: base + href
+def run():
+    for body, url in pages:
+        if mode == "bare":
+            parse_page(body, url)
+        else:
+            parsing.parse_listing(body, spec, url, canonical_base_url=spec.base_url, fetch_base_url=spec.base_url,
+                                  content_type="text/html; charset=utf-8")
+run()
+usage = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+c0, t0 = usage(), time.perf_counter()
+run()
+print(len(pages) / (time.perf_counter() - t0), 1000 * (usage() - c0) / len(pages))
+'''
+
+
+def _measure(code: str, *args: str) -> tuple[float, float]:
+    from benchmarks.measure import wait_for_quiet
+
+    wait_for_quiet(max_wait_s=30)
+    out = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True, check=True)
+    rate, cpu_ms = out.stdout.split()
+    return float(rate), float(cpu_ms)
+
+
+def main() -> int:
+    from benchmarks import large_site
+    from benchmarks.run import DAGSTER, Server, listing_paths, pipeline_env
+
+    with tempfile.TemporaryDirectory(prefix="bench-micro-") as tmp:
+        work = Path(tmp)
+        server = Server(work, 20, 50)
+        try:
+            paths = work / "paths.txt"
+            paths.write_text("\n".join(listing_paths(20, 50)))
+            print(f"{'measurement':58s} {'per s':>8s} {'CPU ms each':>12s}")
+            for label, sniff, mode, conc in (
+                ("httpx stream + aiter_bytes (as PageFetcher._download), c=16", "plain", "httpx", 16),
+                ("httpx, with sniffio importable, c=16", "sniffio", "httpx", 16),
+                ("PageFetcher.fetch (robots, limiter, deadline), c=16", "plain", "fetcher", 16),
+                ("PageFetcher.fetch, with sniffio importable, c=16", "sniffio", "fetcher", 16),
+                ("PageFetcher.fetch, c=64", "plain", "fetcher", 64),
+                ("aiohttp ClientSession, c=16", "plain", "aiohttp", 16),
+                ("aiohttp ClientSession, c=64", "plain", "aiohttp", 64),
+            ):
+                rate, cpu_ms = _measure(_HTTP, server.base_url, str(paths), sniff, mode, str(conc))
+                print(f"{label:58s} {rate:8.0f} {cpu_ms:12.3f}", flush=True)
+            # Saved pages to parse: one pipeline run's raw_pages.
+            spec = work / "spec.yaml"
+            spec.write_text(large_site.spec_yaml(server.base_url, 20))
+            env = pipeline_env(work / "run", spec, server.base_url, 16)
+            subprocess.run([DAGSTER, "asset", "materialize", "-m", "scrape_assets.definitions", "--select", "raw_pages",
+                            "--partition-range", "cat-000...cat-019"], env=env, cwd=work, check=True, capture_output=True)
+            objects = str(work / "run" / "data" / "objects")
+            for label, mode in (("parse_listing (as extract_snapshot calls it)", "pipeline"),
+                                ("parse_listing without repair_text (ftfy)", "no_repair"),
+                                ("parse_listing without urljoin", "no_urljoin"),
+                                ("bare selectolax loop (bare_parse.py)", "bare")):
+                rate, cpu_ms = _measure(_PARSE, str(spec), objects, mode)
+                print(f"{label:58s} {rate:8.0f} {cpu_ms:12.3f}", flush=True)
+        finally:
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

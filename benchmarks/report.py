@@ -1,0 +1,269 @@
+"""Render ``results.json`` of a benchmark run as BENCHMARKS.md (tables, targets, analysis)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _f(value, digits: int = 1, suffix: str = "") -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, (int, float)):
+        return f"{value:,.{digits}f}{suffix}"
+    return str(value)
+
+
+def _rate(pages, seconds):
+    return pages / seconds if pages and seconds else None
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return out + [""]
+
+
+def throughput_rows(results: dict) -> list[list]:
+    rows = []
+    for size, res in results["sizes"].items():
+        pages = int(size)
+        for c, pair in res.get("throughput", {}).items():
+            scrapy_rate = _rate(pages, pair["scrapy"]["wall_s"])
+            for tool in ("scrapy", "ours"):
+                r = pair[tool]
+                rate = _rate(pages, r["wall_s"])
+                in_run = _rate(pages, r.get("in_run_s"))
+                ratio = f"**{rate / scrapy_rate:.2f}×**" if tool == "ours" and rate and scrapy_rate else ""
+                name = "Scrapy spider" if tool == "scrapy" else "pipeline (`dagster asset materialize`)"
+                rows.append([
+                    f"{pages:,}", c, name + ("" if r["ok"] else " ⚠ FAILED CHECK"), _f(r["wall_s"]), _f(rate, 0),
+                    _f(r.get("in_run_s")), _f(in_run, 0), _f(r["cpu_s"]), _f(1000 * r["cpu_s"] / pages, 2),
+                    _f(r["rss_max_process_mb"], 0), _f(r["rss_peak_tree_mb"], 0), r["python_processes"],
+                    _f(r.get("foreign_cpu_s")), ratio,
+                ])
+    return rows
+
+
+def step_rows(results: dict) -> list[list]:
+    rows = []
+    for size, res in results["sizes"].items():
+        for c, pair in res.get("throughput", {}).items():
+            o = pair["ours"]
+            steps = o.get("steps", {})
+            in_steps = sum(v for v in steps.values() if v)
+            before = o["wall_s"] - (o.get("in_run_s") or 0)
+            rows.append([
+                f"{int(size):,}", c, _f(o["wall_s"]), _f(before), *(_f(steps.get(s), 2) for s in
+                ("raw_pages", "parsed_products", "products_table", "dead_letters")),
+                _f((o.get("in_run_s") or 0) - in_steps),
+            ])
+    return rows
+
+
+def targets(results: dict) -> list[list]:
+    rows = []
+    sizes = results["sizes"]
+    for size, res in sizes.items():
+        t = res.get("throughput", {})
+        if "16" in t:
+            ours, scrapy = t["16"]["ours"], t["16"]["scrapy"]
+            ratio = scrapy["wall_s"] / ours["wall_s"]
+            in_run = (scrapy["in_run_s"] / ours["in_run_s"]) if scrapy.get("in_run_s") and ours.get("in_run_s") else None
+            rows.append([f"fetch+store+parse+load ≥ 2× Scrapy's pages/s, c=16, {int(size):,} pages",
+                         f"{ratio:.2f}× end to end" + (f" ({in_run:.2f}× excluding process start)" if in_run else ""),
+                         "met" if ratio >= 2 else f"missed: {ratio / 2:.0%} of the target ({2 / ratio:.1f}× too slow)"])
+        if "16" in t and "64" in t:
+            r16, r64 = int(size) / t["16"]["ours"]["wall_s"], int(size) / t["64"]["ours"]["wall_s"]
+            rows.append([f"throughput at c=64 not lower than at c=16, {int(size):,} pages", f"{r64:.0f} vs {r16:.0f} pages/s",
+                         "met" if r64 >= r16 * 0.97 else f"missed: {r64 / r16:.0%} of c=16"])
+    reparse_size = "10000" if "reparse" in sizes.get("10000", {}) else next((s for s in sizes if "reparse" in sizes[s]), None)
+    if reparse_size:
+        rp = sizes[reparse_size]["reparse"]
+        pages = int(reparse_size)
+        ours_rate, bare_rate = pages / rp["ours"]["wall_s"], rp["bare"]["pages_per_s"]
+        step = rp["ours"]["steps"].get("parsed_products")
+        note = "" if reparse_size == "10000" else f" (measured at {pages:,} pages; 10,000 not run)"
+        rows.append([f"re-parse backfill ≥ 70% of bare selectolax's pages/s at 10,000 pages{note}",
+                     f"{ours_rate / bare_rate:.0%} end to end ({ours_rate:.0f} vs {bare_rate:.0f} pages/s)"
+                     + (f"; parsed_products step alone {pages / step / bare_rate:.0%}" if step else ""),
+                     "met" if ours_rate >= 0.7 * bare_rate else f"missed by {0.7 - ours_rate / bare_rate:.0%} points"])
+    daily = sizes.get("1000", {}).get("daily")
+    if daily:
+        one, per = daily["schedule"], daily["per_category"]
+        rows.append(["a daily refresh of all categories costs one process start, not one per category",
+                     f"schedule: {one['runs']} run, 1 CLI launch, {one['python_processes']} Python processes; per category: "
+                     f"{per['runs']} launches, {per['python_processes']:.0f} Python processes",
+                     "met (one run, one launch)" if one["runs"] == 1 else "missed"])
+    for size, res in sizes.items():
+        inc = res.get("incremental")
+        if inc:
+            first, second = inc["first"], inc["unchanged"]
+            share = second["wall_s"] / first["wall_s"]
+            ok = share <= 0.25 and second.get("pages_parsed") == 0
+            rows.append([f"unchanged second run ≤ 25% of the first's wall time, 0 pages re-parsed ({int(size):,} pages)",
+                         f"{share:.0%} ({second['wall_s']:.1f} s vs {first['wall_s']:.1f} s), {second.get('pages_parsed')} pages re-parsed",
+                         "met" if ok else f"missed: {share:.0%} of the first run (target 25%)"])
+    big = sizes.get("10000", {}).get("throughput")
+    if big:
+        worst = max(pair["ours"]["rss_max_process_mb"] for pair in big.values())
+        tree = max(pair["ours"]["rss_peak_tree_mb"] for pair in big.values())
+        rows.append(["peak RSS ≤ 300 MB at 10,000 pages", f"{worst:.0f} MB largest process ({tree:.0f} MB whole process tree)",
+                     "met" if worst <= 300 else f"missed by {worst - 300:.0f} MB"])
+    else:
+        rows.append(["peak RSS ≤ 300 MB at 10,000 pages", "not measured (quick run)", "—"])
+    return rows
+
+
+def render(results: dict, analysis: Path | None = None) -> str:
+    m = results["machine"]
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Generated by `{results['invocation']}` ({results['mode']} run) on {results['started_at']} in "
+        f"{results['duration_s'] / 60:.1f} min"
+        + (f" (the sizes not re-run come from the run of {results['merged_from']}, `--merge`)" if results.get("merged_from") else "")
+        + ". Do not edit by hand: the tables come from "
+        "`benchmarks/.work/results.json`, the analysis from `benchmarks/analysis.md`. "
+        "How to run and what each figure means: `benchmarks/README.md`.",
+        "",
+        "## Machine",
+        "",
+        f"- CPU: {m['cpu']}, {m['cores']} cores; memory {m['memory_gb']} GB; {m['os']}; Python {m['python']}",
+        "- " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()),
+        f"- code: commit {m['commit']}" + (f" plus uncommitted changes in {len(m['dirty_files'])} files" if m["dirty_files"] else ""),
+        *_code_notes(results),
+        f"- pipeline source fingerprint `{results.get('code_at_start')}`"
+        + ("" if results.get("code_at_start") == results.get("code_at_end") and
+           len({r.get("code") for r in results["sizes"].values()}) <= 1
+           else f" at the start, `{results.get('code_at_end')}` at the end: **the code changed during the run**; "
+                "per size: " + ", ".join(f"{int(k):,} pages `{v.get('code')}`" for k, v in results["sizes"].items())),
+        "- server, crawler and pipeline share the 2 cores; the server runs in its own process (its CPU is in no figure below)",
+        "",
+        "## Targets",
+        "",
+        *_table(["target", "measured (same run)", "verdict"], targets(results)),
+    ]
+    for size, res in results["sizes"].items():
+        s = res["server"]
+        lines.append(f"- {int(size):,} pages: {res['categories']} categories × {res['pages_per_category']} listing pages, "
+                     f"{res['categories'] * res['pages_per_category'] * 20:,} products, mean page {s['mean_page_bytes'] / 1000:.1f} KB "
+                     f"({s['bytes'] / 1e6:.0f} MB in all)")
+    lines += ["", "## Server ceiling", "",
+              "The catalogue server answering `benchmarks/fast_client.py` (keep-alive, no parsing; best of the rounds). "
+              "It is far above every crawler below, so the server is not what bounds them.", ""]
+    rows = [[f"{int(size):,}", c, _f(r["pages_per_s"], 0), _f(r["mb_per_s"], 0), r["rounds"]]
+            for size, res in results["sizes"].items() for c, r in res.get("ceiling", {}).items()]
+    lines += _table(["pages", "connections", "pages/s", "MB/s", "rounds"], rows)
+    lines += ["## Throughput: fetch + store + parse + load", "",
+              "Same pages, same per-host concurrency `c`. Wall time is the whole command (process start included); "
+              "in-run excludes start-up (Scrapy: its `elapsed_time_seconds`; pipeline: Dagster's RUN_START→RUN_SUCCESS). "
+              "CPU is user+system of the process and all its children. RSS: the largest single process, and the peak "
+              "sum over the process tree (Dagster runs each step in its own process). Others' CPU: what other programs "
+              "(other people's test suites on this shared machine) used meanwhile; each command waited for a quiet "
+              "machine first (at most 1 min), so a large figure there means that row was slowed down by them. "
+              "Ratio: ours/Scrapy pages/s, end to end.", ""]
+    lines += _table(["pages", "c", "tool", "wall s", "pages/s", "in-run s", "in-run pages/s", "CPU s", "CPU ms/page",
+                     "RSS max MB", "RSS tree MB", "Python procs", "others' CPU s", "ours/Scrapy"], throughput_rows(results))
+    lines += ["Where the pipeline's wall time goes (seconds; `start` = process start and loading definitions before RUN_START, "
+              "`other` = in-run time outside the steps: spawning step processes, event log):", ""]
+    lines += _table(["pages", "c", "wall", "start", "raw_pages", "parsed_products", "products_table", "dead_letters", "other"],
+                    step_rows(results))
+    lines += ["## Re-parse backfill", "",
+              "Saved pages → validated rows → table: `--select parsed_products,products_table,dead_letters` over every "
+              "category after a parse-rule change (the spec's `max_pages` changed, which changes every partition's input "
+              "version as a `PARSER_VERSION` bump would), against `benchmarks/bare_parse.py` (a selectolax loop extracting "
+              "the same fields from the same saved pages, nothing validated or written; only its loop is timed).", ""]
+    rows = []
+    for size, res in results["sizes"].items():
+        rp = res.get("reparse")
+        if not rp:
+            continue
+        pages, o, b = int(size), rp["ours"], rp["bare"]
+        step = o["steps"].get("parsed_products")
+        rows.append([f"{pages:,}", _f(o["wall_s"]), _f(pages / o["wall_s"], 0), _f(step, 2), _f(_rate(pages, step), 0),
+                     _f(o["steps"].get("products_table"), 2), _f(o["cpu_s"]), _f(o["rss_max_process_mb"], 0),
+                     o["http_requests"], _f(o.get("foreign_cpu_s")), _f(b["pages_per_s"], 0),
+                     f"**{pages / o['wall_s'] / b['pages_per_s']:.0%}**", f"{_rate(pages, step) / b['pages_per_s']:.0%}" if step else "—"])
+    lines += _table(["pages", "ours wall s", "ours pages/s", "parsed_products s", "step pages/s", "products_table s",
+                     "CPU s", "RSS max MB", "HTTP requests", "others' CPU s", "bare pages/s", "ours/bare", "step/bare"], rows)
+    lines += ["## Incremental refresh", "",
+              "The pipeline at c=16 on the same data directory: the first run (fresh), then a second run on the unchanged "
+              "catalogue, then a third after the server switched to a catalogue where every 10th category has new prices. "
+              "Requests and 304s as the server counted them (robots.txt included) and as `raw_pages` recorded them.", ""]
+    rows = []
+    for size, res in results["sizes"].items():
+        inc = res.get("incremental")
+        if not inc:
+            continue
+        first = inc["first"]
+        for label, r in (("first run", first), ("unchanged", inc["unchanged"]), ("10% of categories changed", inc["changed_10pct"])):
+            served = r.get("served", {})
+            rows.append([f"{int(size):,}", label, served.get("requests"), served.get("status_304"), r.get("requests_made"),
+                         r.get("pages_not_modified"), r.get("pages_parsed"), r.get("partitions_reloaded"), _f(r["wall_s"]),
+                         f"{r['wall_s'] / first['wall_s']:.0%}", _f(r["cpu_s"]), _f(r.get("foreign_cpu_s"))])
+    lines += _table(["pages", "run", "requests (server)", "304s (server)", "requests_made", "pages_not_modified",
+                     "pages re-parsed", "partitions reloaded", "wall s", "of first", "CPU s", "others' CPU s"], rows)
+    daily = results["sizes"].get("1000", {}).get("daily")
+    if daily:
+        one, per = daily["schedule"], daily["per_category"]
+        lines += ["## Daily refresh of all categories", "",
+                  "1,000 pages, 20 categories, c=16, each on a fresh data directory. The schedule's way: evaluate "
+                  "`daily_scrape_schedule` and run its RunRequest (partition-range tags) with `dagster job execute` "
+                  "(the daemon's run launcher adds one more process for the run worker). Against it: one "
+                  "`dagster job execute --tags '{\"dagster/partition\": KEY}'` per category, one after the other."
+                  + (f" Only {per['measured_runs']} of the {per['runs']} per-category runs were measured (quick run); their "
+                     "totals are scaled up." if per.get("extrapolated") else ""), ""]
+        lines += _table(["launch", "runs", "CLI launches", "Python processes started", "wall s", "CPU s", "RSS max MB",
+                         "others' CPU s"], [
+            ["schedule (one run, partition range)", one["runs"], 1, one["python_processes"], _f(one["wall_s"]), _f(one["cpu_s"]),
+             _f(one["rss_max_process_mb"], 0), _f(one.get("foreign_cpu_s"))],
+            ["one run per category", per["runs"], per["runs"], _f(per["python_processes"], 0), _f(per["wall_s"]), _f(per["cpu_s"]),
+             _f(per["rss_max_process_mb"], 0), _f(per.get("foreign_cpu_s"))],
+        ])
+    prof = results["sizes"].get("1000", {}).get("profile")
+    if prof and prof.get("txt", {}).get("ok") and Path(prof["txt"]["path"]).exists():  # re-read: the summary may have improved
+        from benchmarks.profile_summary import summarize
+
+        prof["summary"] = summarize(Path(prof["txt"]["path"]))
+    if prof and prof.get("summary"):
+        from benchmarks.profile_summary import to_markdown
+
+        lines += ["## Profile of the pipeline (1,000 pages, c=16)", "",
+                  f"`py-spy record --subprocesses` of the same command; flame graph: `{_rel(prof['svg']['path'])}`, "
+                  f"raw stacks: `{_rel(prof['txt']['path'])}`. Sampling slows the run, so shares matter more than seconds.", "",
+                  to_markdown(prof["summary"])]
+    if analysis and analysis.exists():
+        lines += [analysis.read_text().rstrip(), ""]
+    lines += ["## Commands", "", "Every kind of measured command of this run, as first run (work directory `benchmarks/.work/`; "
+              "the other sizes and concurrencies differ only in the values):", "", "```sh"]
+    lines += [f"# {what}\n{cmd}" for what, cmd in results.get("commands", [])]
+    lines += ["```", ""]
+    return "\n".join(lines)
+
+
+def _code_notes(results: dict) -> list[str]:
+    """Rows measured on another version of the pipeline than the run started with (someone edited it meanwhile)."""
+    start = results.get("code_at_start")
+    moved = []
+    for size, res in results["sizes"].items():
+        for c, pair in res.get("throughput", {}).items():
+            if pair["ours"].get("code", start) != start:
+                moved.append(f"{int(size):,} pages c={c}")
+        for label in ("unchanged", "changed_10pct"):
+            if res.get("incremental", {}).get(label, {}).get("code", start) != start:
+                moved.append(f"{int(size):,} pages incremental {label}")
+        if res.get("reparse", {}).get("ours", {}).get("code", start) != start:
+            moved.append(f"{int(size):,} pages re-parse")
+    return [f"- **measured on edited code** (fingerprint differs from the start): {', '.join(moved)}"] if moved else []
+
+
+def _rel(path: str) -> str:
+    marker = "/benchmarks/"
+    return "benchmarks/" + path.split(marker, 1)[1] if marker in path else path
+
+
+def summary_table(results: dict) -> str:
+    lines = _table(["pages", "c", "tool", "wall s", "pages/s", "in-run s", "in-run pages/s", "CPU s", "CPU ms/page",
+                    "RSS max MB", "RSS tree MB", "Python procs", "others' CPU s", "ours/Scrapy"], throughput_rows(results))
+    lines += _table(["target", "measured", "verdict"], targets(results))
+    return "\n".join(lines)

@@ -514,16 +514,20 @@ def make_server(host: str = "127.0.0.1", port: int = 0, *, day: datetime.date | 
     return DemoServer((host, port), day=day)
 
 
-def serve_forever(host: str, port: int) -> None:
+def serve_forever(host: str, port: int, *, server: DemoServer | None = None, note: str = "") -> None:
     """Serve the demo catalogue until Ctrl-C, after printing where and how big it is.
+
+    Args:
+        server: an already bound server (e.g. a faulty one); default: :func:`make_server`.
+        note: appended to the printed line (e.g. which faults are injected).
 
     Raises:
         OSError: the address cannot be bound.
         ValueError: ``SCRAPE_DEMO_DATE`` is malformed.
     """
     cat = catalogue()
-    server = make_server(host, port)
-    print(f"demo catalogue on {server.base_url} ({len(cat.categories)} categories, {cat.page_count} pages)", flush=True)
+    server = server or make_server(host, port)
+    print(f"demo catalogue on {server.base_url} ({len(cat.categories)} categories, {cat.page_count} pages){note}", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

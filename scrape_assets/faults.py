@@ -87,7 +87,7 @@ from typing import Annotated, Literal, NamedTuple, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from scrape_assets import demo_markup
-from scrape_assets.demo_site import DemoRequestHandler, DemoResponse, DemoServer, LoggedRequest, catalogue, respond
+from scrape_assets.demo_site import DemoRequestHandler, DemoResponse, DemoServer, LoggedRequest, respond, serve_forever
 from scrape_assets.errors import SpecError
 from scrape_assets.yaml_models import parse_yaml_model
 
@@ -682,20 +682,9 @@ def serve_faulty_forever(spec_path: str | Path, host: str, port: int) -> None:
         OSError: the address cannot be bound.
     """
     spec = load_fault_spec(spec_path)
-    server = make_fault_server(spec, host, port)
-    cat = catalogue()
     rates = f", rates with seed {spec.rates.seed}" if spec.rates else ""
-    print(
-        f"demo catalogue on {server.base_url} ({len(cat.categories)} categories, {cat.page_count} pages) "
-        f"with faults from {spec_path}: {len(spec.rules)} rule(s){rates}",
-        flush=True,
-    )
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+    note = f" with faults from {spec_path}: {len(spec.rules)} rule(s){rates}"
+    serve_forever(host, port, server=make_fault_server(spec, host, port), note=note)
 
 
 def retry_after_waits(server: FaultyDemoServer) -> list[RetryAfterWait]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
+from contextlib import contextmanager
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -66,17 +67,25 @@ def instance():
         yield inst
 
 
+@contextmanager
+def serving(server):
+    """Run ``server.serve_forever()`` in a daemon thread for the block, then shut it down."""
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.fixture
 def demo_server():
     """The demo catalogue over real sockets on 127.0.0.1 (with a request log)."""
     from scrape_assets.demo_site import make_server
 
-    server = make_server("127.0.0.1", 0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with serving(make_server("127.0.0.1", 0)) as server:
+        yield server
 
 
 class _LoggingStaticHandler(SimpleHTTPRequestHandler):
@@ -99,11 +108,8 @@ def realdata_server():
     server.paths = []
     server.lock = threading.Lock()
     server.base_url = f"http://127.0.0.1:{server.server_address[1]}/"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with serving(server):
+        yield server
 
 
 class _WebhookHandler(__import__("http.server").server.BaseHTTPRequestHandler):
@@ -130,8 +136,5 @@ def webhook_server():
     server.received = []
     server.lock = threading.Lock()
     server.url = f"http://127.0.0.1:{server.server_address[1]}/hooks/SECRET-TOKEN"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with serving(server):
+        yield server

@@ -28,7 +28,7 @@ from scrape_assets.manifest import Manifest, latest_manifest, list_snapshots
 from scrape_assets.spec import load_spec
 from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import Warehouse, dead_letters, products
-from scrape_assets_tests.conftest import make_resources, materialize
+from scrape_assets_tests.conftest import make_resources, materialize, serving
 
 DAY = datetime.date(2026, 11, 30)  # the catalogue's day, fixed so expected bytes never drift at midnight
 CATEGORIES = ("travel", "mystery")  # consecutive in demo.yaml: one run, 3 listing pages
@@ -173,14 +173,8 @@ SCENARIOS_BY_NAME = {s.name: s for s in SCENARIOS}
 @contextlib.contextmanager
 def fault_server(spec: FaultSpec) -> Iterator[FaultyDemoServer]:
     """A faulty demo server on 127.0.0.1 (any free port) for the fixed :data:`DAY`, stopped on exit."""
-    server = make_fault_server(spec, "127.0.0.1", 0, day=DAY)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(make_fault_server(spec, "127.0.0.1", 0, day=DAY)) as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @dataclass

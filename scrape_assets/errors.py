@@ -5,6 +5,7 @@ partition it is about), so a log line alone tells the operator what to fix::
 
     ScrapeError                      base class; never raised itself
     ├── SpecError                    a site spec file is missing, malformed or invalid
+    │   └── UnknownSiteError         a site name that is neither a shipped spec nor a file
     ├── SettingsError                an environment variable has a bad value
     ├── StorageError                 object storage unreachable, unwritable, or a key escapes the root
     ├── ManifestError                a manifest cannot be read or does not match its partition
@@ -39,6 +40,18 @@ class SpecError(ScrapeError):
         self.key = key
         where = f"{source}: {key}" if key else source
         super().__init__(f"{where}: {message}")
+
+
+class UnknownSiteError(SpecError):
+    """A site reference that names no shipped spec and no spec file.
+
+    Attributes:
+        expected: what a valid reference looks like (the shipped names, or a path).
+    """
+
+    def __init__(self, source: str, expected: str):
+        self.expected = expected
+        super().__init__(source, None, f"unknown site: expected {expected}")
 
 
 class SettingsError(ScrapeError):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from scrape_assets.errors import ManifestError
-from scrape_assets.manifest import Manifest
+from scrape_assets.manifest import Manifest, load_manifest
 from scrape_assets.parsing import parse_listing
 from scrape_assets.spec import SiteSpec
 from scrape_assets.storage import ObjectStore
@@ -168,8 +168,6 @@ def load_current(store: ObjectStore, site: str, category: str) -> tuple[ParsedSn
         raise ManifestError(
             _state_key(site, category), "partition not parsed yet: materialize parsed_products for it first"
         )
-    from scrape_assets.manifest import load_manifest
-
     return load_parsed(store, load_manifest(store, site, category, state.snapshot_id)), state
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
-from scrape_assets.errors import SettingsError, SpecError
+from scrape_assets.errors import SettingsError, UnknownSiteError
 from scrape_assets.spec import load_spec
 
 _CRON_FIELD = r"[0-9*/,\-A-Za-z?LW#]+"
@@ -82,10 +82,8 @@ def load_settings(env: dict | None = None) -> Settings:
     site = env.get("SCRAPE_SITE") or "demo"
     try:
         load_spec(site)  # fail early, naming the input
-    except SpecError as exc:
-        if exc.key is None and "unknown site" in str(exc):
-            raise SettingsError("SCRAPE_SITE", site, str(exc).split("unknown site: expected ", 1)[1]) from None
-        raise
+    except UnknownSiteError as exc:
+        raise SettingsError("SCRAPE_SITE", site, exc.expected) from None
     day = env.get("SCRAPE_DEMO_DATE") or ""
     if day:
         try:

@@ -19,7 +19,7 @@ from urllib.parse import urljoin, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from scrape_assets.errors import SpecError
+from scrape_assets.errors import SpecError, UnknownSiteError
 from scrape_assets.yaml_models import parse_yaml_model
 
 #: Partition keys double as storage path segments: keep them boring.
@@ -200,8 +200,6 @@ def load_spec(name_or_path: str) -> SiteSpec:
         except OSError as exc:
             raise SpecError(str(path), None, f"cannot read spec file: {exc.strerror or exc}") from exc
         return parse_spec(text, str(path))
-    raise SpecError(
-        name_or_path,
-        None,
-        f"unknown site: expected a shipped spec name ({', '.join(shipped_spec_names())}) or a path to a .yaml file",
+    raise UnknownSiteError(
+        name_or_path, f"a shipped spec name ({', '.join(shipped_spec_names())}) or a path to a .yaml file"
     )

@@ -39,6 +39,7 @@ from typing import Any
 import httpx
 
 from scrape_assets.errors import FetchError, PermanentFetchError, TransientFetchError
+from scrape_assets.http_transport import AiohttpTransport
 from scrape_assets.politeness import HostLimiter, RobotsCache
 from scrape_assets.retry import backoff_delay_s, classify_exception, classify_status, parse_retry_after
 from scrape_assets.spec import Politeness
@@ -159,9 +160,10 @@ def build_client(policy: FetchPolicy, *, mounts: dict[str, httpx.AsyncBaseTransp
 
     Timeouts are ``policy.timeout_s`` each; redirects are not followed automatically (the
     fetcher follows same-origin ones itself; robots.txt requests opt in and may follow up to
-    ``max_redirects``). The pool holds ``max_concurrency`` keep-alive connections and two spare
-    ones (robots.txt redirects to another host). Use one client per site and run, and close it
-    (``async with``).
+    ``max_redirects``). Requests go out through :class:`~scrape_assets.http_transport.AiohttpTransport`
+    (about 5x less CPU per request than httpx's own pool, measured in BENCHMARKS.md), whose pool
+    holds ``max_concurrency`` connections and two spare ones (robots.txt redirects to another
+    host). Use one client per site, run and event loop, and close it (``async with``).
 
     Args:
         policy: the fetch policy.
@@ -176,9 +178,7 @@ def build_client(policy: FetchPolicy, *, mounts: dict[str, httpx.AsyncBaseTransp
         timeout=httpx.Timeout(policy.timeout_s),
         follow_redirects=False,
         max_redirects=policy.max_redirects,
-        limits=httpx.Limits(
-            max_connections=policy.max_concurrency + 2, max_keepalive_connections=policy.max_concurrency
-        ),
+        transport=AiohttpTransport(max_connections=policy.max_concurrency + 2),
         mounts=mounts,
     )
 

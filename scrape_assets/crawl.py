@@ -34,8 +34,83 @@ from scrape_assets.storage import ObjectStore
 logger = logging.getLogger(__name__)
 
 ProgressCallback = Callable[[str], None]
-#: Seconds between two "pages done" progress lines of one category.
+#: Seconds between two progress lines of a run's crawl (all its categories together).
 PROGRESS_EVERY_S = 5.0
+#: Pages that failed for good get a log line each up to this many per run; then only a count.
+MAX_FAILURE_LINES = 20
+
+
+class CrawlProgress:
+    """Progress of one run's crawl over all its categories, as a few log lines.
+
+    Each line is a Dagster event written to the event log, so a line per page or per
+    category would cost more than the pages (100 categories = hundreds of events). This
+    emits one line every ``every_s`` seconds and a last one when every category is done::
+
+        4,210/10,000 pages done, 3 failed for good; 37/100 categories complete; 312 pages/s
+
+    plus one line for each of the first :data:`MAX_FAILURE_LINES` pages that fail for good.
+    Per-category figures go into the asset's metadata instead.
+
+    Args:
+        categories: categories in the run.
+        emit: called with each line (``context.log.info`` in an asset).
+        every_s: seconds between periodic lines.
+        clock: monotonic seconds (injectable for tests).
+    """
+
+    def __init__(self, categories: int, emit: ProgressCallback, *, every_s: float = PROGRESS_EVERY_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self.categories = categories
+        self.emit = emit
+        self.every_s = every_s
+        self.clock = clock
+        self._planned: dict[str, int] = {}
+        self.pages_done = 0
+        self.pages_failed = 0
+        self.categories_done = 0
+        self._fetched_now = 0
+        self._started = self._last = clock()
+
+    def planned(self, category: str, pages: int, *, already_done: int = 0, already_failed: int = 0) -> None:
+        """``category`` has ``pages`` pages known so far (more may be discovered later)."""
+        if category not in self._planned:
+            self.pages_done += already_done
+            self.pages_failed += already_failed
+        self._planned[category] = pages
+
+    def page_done(self) -> None:
+        self.pages_done += 1
+        self._fetched_now += 1
+        self._tick()
+
+    def page_failed(self, line: str) -> None:
+        self.pages_failed += 1
+        if self.pages_failed <= MAX_FAILURE_LINES:
+            self.emit(line)
+        elif self.pages_failed == MAX_FAILURE_LINES + 1:
+            self.emit(f"more pages failed for good: only counted from now on (all are in the manifests and dead_letters)")
+        self._tick()
+
+    def category_done(self) -> None:
+        self.categories_done += 1
+        if self.categories_done == self.categories:
+            self._last = self.clock()
+            self.emit(self.line())
+
+    def line(self) -> str:
+        elapsed = max(self.clock() - self._started, 1e-9)
+        known = sum(self._planned.values())
+        return (
+            f"{self.pages_done:,}/{known:,} pages done, {self.pages_failed:,} failed for good; "
+            f"{self.categories_done}/{self.categories} categories complete; {self._fetched_now / elapsed:.0f} pages/s"
+        )
+
+    def _tick(self) -> None:
+        now = self.clock()
+        if now - self._last >= self.every_s:
+            self._last = now
+            self.emit(self.line())
 
 
 @dataclass(frozen=True)
@@ -77,7 +152,8 @@ class PartitionCrawler:
         run_id: the run crawling, recorded in the manifest.
         adopt_complete: see :func:`~scrape_assets.manifest.open_snapshot`; an adopted
             complete snapshot is reported as resumed, with nothing fetched.
-        progress: called with one human-readable line now and then.
+        progress: the run's :class:`CrawlProgress` (shared by its crawlers), or a callback
+            for log lines (a progress of its own is made for this one category).
     """
 
     def __init__(
@@ -92,7 +168,7 @@ class PartitionCrawler:
         max_attempts: int,
         run_id: str | None = None,
         adopt_complete: Callable[[Manifest], bool] | None = None,
-        progress: ProgressCallback | None = None,
+        progress: CrawlProgress | ProgressCallback | None = None,
     ):
         self.run_id = run_id
         self.adopt_complete = adopt_complete
@@ -103,11 +179,11 @@ class PartitionCrawler:
         self.fetch_config = fetch_config
         self.fetch_base_url = fetch_base_url
         self.max_attempts = max_attempts
-        self.progress = progress or (lambda line: logger.info(line))
+        if not isinstance(progress, CrawlProgress):
+            progress = CrawlProgress(1, progress or (lambda line: logger.info(line)))
+        self.progress = progress
         self._lock = asyncio.Lock()
         self._requests = 0
-        self._done_count = 0
-        self._last_progress = 0.0
         self._fetched = 0
         self._not_modified = 0
         self._unchanged = 0
@@ -136,21 +212,27 @@ class PartitionCrawler:
         if not manifest.is_complete:  # a complete one is read (and written into) by later stages
             swept += self.store.sweep_temp_files(manifest.prefix)
         self._previous = self._previous_pages(manifest)
+        lost = self._requeue_lost_bodies(manifest) if resumed and not manifest.is_complete else 0
+        c = manifest.counts()
         if resumed:
-            c = manifest.counts()
-            self.progress(
+            self.progress.emit(
                 f"{self.category}: resuming snapshot {manifest.snapshot_id} "
                 f"({c['done']} done, {c['failed']} failed, {c['pending']} pending"
                 + (f", {swept} orphaned temp files removed" if swept else "")
+                + (f", {lost} done pages without their body fetched again" if lost else "")
                 + ")"
             )
         self.manifest = manifest
-        self._done_count = manifest.counts()["done"]
+        self.progress.planned(self.category, len(manifest.pages), already_done=c["done"], already_failed=c["failed"])
         if not manifest.is_complete:  # else adopted: completed by a run that died before recording it
             await self._crawl()
+            # Page bodies are written without a folder fsync each (storage.write_bytes_atomic);
+            # one fsync makes them all durable before the snapshot is declared complete.
+            await asyncio.to_thread(self.store.sync_folder, f"{manifest.prefix}/pages")
             manifest.completed_at = utc_now_iso()
             async with self._lock:
                 manifest.save(self.store)
+        self.progress.category_done()
         c = manifest.counts()
         return CrawlReport(
             category=self.category,
@@ -168,6 +250,21 @@ class PartitionCrawler:
             data_version=manifest.data_version,
             duration_s=round(time.monotonic() - started, 3),
         )
+
+    def _requeue_lost_bodies(self, manifest: Manifest) -> int:
+        """Mark ``pending`` the done pages whose own body is missing; return how many.
+
+        A process crash cannot cause this (bodies are stored before ``done`` is recorded), but
+        a power loss can: page bodies are renamed into place without a folder fsync each.
+        """
+        lost = 0
+        for n, entry in manifest.pages.items():
+            if entry.status == "done" and entry.body_key is None and not self.store.exists(manifest.page_key(n)):
+                # The page was fetched fine: its retry budget starts again.
+                entry.status, entry.content_hash, entry.attempts = "pending", None, 0
+                manifest.record(self.store, n)
+                lost += 1
+        return lost
 
     def _sweep_abandoned(self, manifest: Manifest) -> int:
         """Remove snapshot folders without a manifest (a crash inside a new snapshot's first write)."""
@@ -218,8 +315,7 @@ class PartitionCrawler:
             manifest.total_pages = pager.total_pages
         async with self._lock:
             manifest.save(self.store)
-        if manifest.total_pages and manifest.total_pages > 1:
-            self.progress(f"{self.category}: {manifest.total_pages} pages to fetch")
+        self.progress.planned(self.category, len(manifest.pages))
 
     async def _follow_next_links(self) -> None:
         """Add the page after the highest done page, from its ``next`` link (next-link mode)."""
@@ -237,6 +333,7 @@ class PartitionCrawler:
                 manifest.discovery_complete = True
             else:
                 manifest.pages[last + 1] = PageEntry(url=next_url)
+                self.progress.planned(self.category, len(manifest.pages))
         async with self._lock:
             manifest.save(self.store)
 
@@ -265,6 +362,7 @@ class PartitionCrawler:
             entry.status = "failed"
             entry.last_error = entry.last_error or "attempts_exhausted: interrupted on the last attempt"
             manifest.record(self.store, n)
+            self.progress.page_failed(f"{self.category}: page {n} failed for good ({entry.last_error}) {entry.url}")
             return
 
         async def on_attempt(attempt: int) -> None:
@@ -291,7 +389,7 @@ class PartitionCrawler:
             entry.http_status = exc.http_status
             entry.last_error = exc.reason + (f": {exc.detail}" if exc.detail else "")
             manifest.record(self.store, n)
-            self.progress(f"{self.category}: page {n} failed for good ({entry.last_error}) {entry.url}")
+            self.progress.page_failed(f"{self.category}: page {n} failed for good ({entry.last_error}) {entry.url}")
             return
         old = previous[0].pages[previous[1]] if previous else None
         content_hash = old.content_hash if page.http_status == 304 else "sha256:" + hashlib.sha256(page.body).hexdigest()
@@ -306,7 +404,9 @@ class PartitionCrawler:
         else:
             # Body first, then the manifest: a crash in between costs one refetch, never a lie.
             try:
-                entry.bytes = await asyncio.to_thread(self.store.write_bytes_atomic, manifest.page_key(n), page.body)
+                entry.bytes = await asyncio.to_thread(
+                    self.store.write_bytes_atomic, manifest.page_key(n), page.body, sync_folder=False
+                )
             except StorageError:
                 # Storage failed, not the site: give the attempt back, so an outage that outlasts the
                 # step's retries fails the run instead of dead-lettering the page "attempts_exhausted".
@@ -327,13 +427,7 @@ class PartitionCrawler:
         entry.last_modified = page.headers.get("last-modified") or (old.last_modified if old else None)
         self._fetched += 1
         manifest.record(self.store, n)
-        self._done_count += 1
-        now = time.monotonic()
-        # A progress line every PROGRESS_EVERY_S per category, and the last one: each line is a
-        # Dagster event written to the event log, so one per page would cost more than the page.
-        if self._done_count == manifest.total_pages or now - self._last_progress >= PROGRESS_EVERY_S:
-            self._last_progress = now
-            self.progress(f"{self.category}: {self._done_count}/{manifest.total_pages or '?'} pages done")
+        self.progress.page_done()
 
 
 def _same_origin(url: str, base_url: str) -> bool:

@@ -140,8 +140,14 @@ class ObjectStore:
             if match and not _process_alive(int(match[1])):
                 item.unlink(missing_ok=True)
 
-    def write_bytes_atomic(self, key: str, data: bytes) -> int:
+    def write_bytes_atomic(self, key: str, data: bytes, *, sync_folder: bool = True) -> int:
         """Write ``data`` to ``key`` atomically; return the number of bytes written.
+
+        On a local disk: temp file, fsync, rename over the target, then fsync of the folder
+        so the rename survives a power loss. ``sync_folder=False`` leaves that last fsync to
+        a later :meth:`sync_folder` call covering many writes: a process crash loses nothing
+        either way; a power loss before that call may lose the rename (the object is then
+        missing, never partial). On object stores a write is one PUT.
 
         Raises:
             StorageError: the key is invalid or the write failed (the old object, if any, is intact).
@@ -149,13 +155,31 @@ class ObjectStore:
         target = self.path(key)
         try:
             if self.is_local:
-                _write_local_atomic(Path(target.path), data)
+                _write_local_atomic(Path(target.path), data, sync_folder=sync_folder)
             else:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(data)  # one PUT: atomic on object stores
         except OSError as exc:
             raise StorageError(f"{self.describe()}/{key}", f"write failed: {exc}") from exc
         return len(data)
+
+    def sync_folder(self, key: str) -> None:
+        """fsync the folder at ``key`` (local disks; a no-op on object stores or if it does not exist).
+
+        Makes the renames of earlier ``write_bytes_atomic(..., sync_folder=False)`` calls in
+        that folder durable.
+
+        Raises:
+            StorageError: the fsync failed.
+        """
+        if not self.is_local:
+            return
+        try:
+            _fsync_folder(Path(self.path(key).path))
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise StorageError(f"{self.describe()}/{key}", f"folder fsync failed: {exc}") from exc
 
     def append_bytes(self, key: str, data: bytes) -> None:
         """Append ``data`` to a local object (journals). Not atomic: readers must tolerate a torn tail.
@@ -240,12 +264,16 @@ class ObjectStore:
         return removed
 
 
-def _write_local_atomic(target: Path, data: bytes) -> None:
-    """temp file + fsync + rename + fsync of the folder (POSIX durability recipe)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+def _write_local_atomic(target: Path, data: bytes, *, sync_folder: bool = True) -> None:
+    """temp file + fsync + rename (+ fsync of the folder): the POSIX durability recipe."""
     tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}{TEMP_SUFFIX}"
     try:
-        with open(tmp, "wb") as handle:
+        try:
+            handle = open(tmp, "wb")
+        except FileNotFoundError:  # first object in this folder (no mkdir per write: it contends)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(tmp, "wb")
+        with handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
@@ -255,7 +283,12 @@ def _write_local_atomic(target: Path, data: bytes) -> None:
         tmp.unlink(missing_ok=True)
         raise
     crashpoint("storage.after_replace")
-    dir_fd = os.open(target.parent, os.O_RDONLY)
+    if sync_folder:
+        _fsync_folder(target.parent)
+
+
+def _fsync_folder(folder: Path) -> None:
+    dir_fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:

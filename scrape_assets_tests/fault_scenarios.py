@@ -322,9 +322,9 @@ class _FlakyStore(ObjectStore):
             _FLAKY_BUDGET[self.token] -= 1
         raise StorageError(f"{self.describe()}/{key}", "write failed: [Errno 28] No space left on device")
 
-    def write_bytes_atomic(self, key: str, data: bytes) -> int:
+    def write_bytes_atomic(self, key: str, data: bytes, *, sync_folder: bool = True) -> int:
         self._maybe_fail(key, data)
-        return super().write_bytes_atomic(key, data)
+        return super().write_bytes_atomic(key, data, sync_folder=sync_folder)
 
     def append_bytes(self, key: str, data: bytes) -> None:
         self._maybe_fail(key, data)

@@ -30,7 +30,7 @@ def test_demo_command_runs_all_categories_in_one_run_and_prints_summary(tmp_path
     assert "products loaded 678 (table `products`)" in out
     assert "dead letters    0 (table `dead_letters`)" in out
     assert f"raw pages       {tmp_path / 'data' / 'objects'}" in out
-    assert "default: 12/12 pages done" in done.stderr  # progress lines from the crawl
+    assert "38/38 pages done, 0 failed for good; 12/12 categories complete;" in done.stderr  # the crawl's progress
     assert Warehouse(f"sqlite:///{tmp_path / 'data' / 'warehouse.db'}").count(products) == 678
 
     # The run is on the instance `make ui` opens: one run for all twelve categories.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
@@ -128,6 +129,31 @@ def test_orphan_from_a_killed_crawl_is_swept_by_the_next_crawl(tmp_path):
     assert list_snapshots(store, "demo", "default") == [before.snapshot_id]
     after = latest_manifest(store, "demo", "default")
     assert after.is_complete and after.counts()["done"] == 12
+
+
+def test_a_done_page_whose_body_was_lost_is_fetched_again_on_resume(tmp_path):
+    """As after a power loss: page renames are not folder-fsynced one by one, so a body may vanish."""
+    root = tmp_path / "objects"
+    code = CRAWL.format(store=str(root))
+    killed = _python(code, crashpoint="crawl.after_body_write:6", cwd=tmp_path)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    store = ObjectStore(str(root))
+    before = latest_manifest(store, "demo", "default")
+    done = sorted(n for n, p in before.pages.items() if p.status == "done")
+    assert len(done) == 5
+    lost = done[-1]
+    (root / before.page_key(lost)).unlink()
+    kept_mtime = (root / before.page_key(done[0])).stat().st_mtime_ns
+
+    resumed = _python(code, crashpoint=None, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "1 done pages without their body fetched again" in resumed.stdout
+    assert "pages done 12 resumed True" in resumed.stdout
+    after = latest_manifest(store, "demo", "default")
+    assert after.snapshot_id == before.snapshot_id and after.is_complete
+    body = store.read_bytes(after.page_key(lost))  # fetched and stored again
+    assert "sha256:" + hashlib.sha256(body).hexdigest() == after.pages[lost].content_hash == before.pages[lost].content_hash
+    assert (root / before.page_key(done[0])).stat().st_mtime_ns == kept_mtime  # the others were not
 
 
 def test_a_snapshot_folder_killed_in_its_first_write_is_removed_by_the_next_crawl(tmp_path):

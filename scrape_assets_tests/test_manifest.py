@@ -192,3 +192,45 @@ def test_remote_store_rewrites_the_manifest_on_every_record():
     manifest.record(store, 1)
     assert json.loads(store.read_bytes(manifest.key))["pages"]["1"]["status"] == "done"
     assert not store.exists(manifest.journal_key)
+
+
+# -- CrawlProgress (the crawl's log lines) ----------------------------------------------------
+
+
+def test_crawl_progress_emits_every_interval_and_once_at_the_end():
+    from scrape_assets.crawl import CrawlProgress
+
+    now = [0.0]
+    lines: list[str] = []
+    progress = CrawlProgress(2, lines.append, every_s=5.0, clock=lambda: now[0])
+    progress.planned("a", 3, already_done=1)  # resumed: one page done earlier
+    progress.planned("b", 1)
+    progress.planned("b", 4)  # discovery found more pages
+    for _ in range(3):
+        now[0] += 1.0
+        progress.page_done()
+    assert lines == []  # 3 s: nothing yet
+    now[0] += 2.0
+    progress.page_done()
+    assert lines == ["5/7 pages done, 0 failed for good; 0/2 categories complete; 1 pages/s"]  # 4 fetched in 5 s
+    progress.category_done()
+    progress.page_failed("b: page 4 failed for good (http_404)")
+    progress.category_done()
+    assert lines[1:] == [
+        "b: page 4 failed for good (http_404)",
+        "5/7 pages done, 1 failed for good; 2/2 categories complete; 1 pages/s",
+    ]
+
+
+def test_crawl_progress_stops_logging_failures_one_by_one_after_the_cap():
+    from scrape_assets.crawl import MAX_FAILURE_LINES, CrawlProgress
+
+    lines: list[str] = []
+    progress = CrawlProgress(1, lines.append, clock=lambda: 0.0)
+    for n in range(MAX_FAILURE_LINES + 5):
+        progress.page_failed(f"page {n} failed")
+    progress.category_done()
+    assert lines[:MAX_FAILURE_LINES] == [f"page {n} failed" for n in range(MAX_FAILURE_LINES)]
+    assert lines[MAX_FAILURE_LINES].startswith("more pages failed for good: only counted")
+    assert lines[-1] == f"0/0 pages done, {MAX_FAILURE_LINES + 5} failed for good; 1/1 categories complete; 0 pages/s"
+    assert len(lines) == MAX_FAILURE_LINES + 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 
 import pytest
 
@@ -43,6 +44,28 @@ def test_failed_write_keeps_the_previous_object(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert store.read_bytes("a/b.json") == b"good"
     assert os.listdir(tmp_path / "a") == ["b.json"]  # the temp file was removed
+
+
+def test_folder_fsync_can_be_deferred_to_one_call(tmp_path, monkeypatch):
+    store = ObjectStore(str(tmp_path))
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):
+        synced.append("folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    store.write_bytes_atomic("s/c/snap/manifest.json", b"m")
+    assert synced == ["file", "folder"]  # the default: durable on return
+    synced.clear()
+    for n in range(1, 4):  # a new folder is created on the first write, without a mkdir per write
+        store.write_bytes_atomic(f"s/c/snap/pages/page-{n:04d}.html", b"p", sync_folder=False)
+    assert synced == ["file", "file", "file"]
+    store.sync_folder("s/c/snap/pages")
+    store.sync_folder("s/c/no-such-folder")  # nothing to do
+    assert synced == ["file", "file", "file", "folder"]
+    assert sorted(os.listdir(tmp_path / "s/c/snap/pages")) == ["page-0001.html", "page-0002.html", "page-0003.html"]
 
 
 def test_sweep_removes_orphaned_temp_files(tmp_path):

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import dagster as dg
 from pydantic import Field
 
-from scrape_assets.crawl import CrawlReport, PartitionCrawler
+from scrape_assets.crawl import CrawlProgress, CrawlReport, PartitionCrawler
 from scrape_assets.defs.partitions import category_partitions
 from scrape_assets.defs.pools import configured_host_pool
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
@@ -117,6 +117,7 @@ async def crawl_partitions(
     object_store.ensure_writable()
     async with site.client() as client:
         fetcher = PageFetcher(client, site.fetch_policy())
+        progress = CrawlProgress(len(categories), log.info)
         crawlers = [
             PartitionCrawler(
                 spec,
@@ -128,7 +129,7 @@ async def crawl_partitions(
                 max_attempts=site.max_attempts,
                 run_id=run_id,
                 adopt_complete=adopt_complete,
-                progress=log.info,
+                progress=progress,
             )
             for category in categories
         ]

@@ -24,7 +24,21 @@ from __future__ import annotations
 
 
 class ScrapeError(Exception):
-    """Base class of every error raised by scrape_assets."""
+    """Base class of every error raised by scrape_assets.
+
+    Picklable with its attributes (an error raised in a parse worker process reaches the
+    step as it was), although subclasses take other arguments than their message.
+    """
+
+    def __reduce__(self):
+        return _restore_error, (type(self), self.args, self.__dict__)
+
+
+def _restore_error(cls: type[ScrapeError], args: tuple, state: dict) -> ScrapeError:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class SpecError(ScrapeError):

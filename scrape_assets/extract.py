@@ -105,8 +105,8 @@ def extract_snapshot(
     return out
 
 
-def save_parsed(store: ObjectStore, manifest: Manifest, parsed: ParsedSnapshot) -> int:
-    """Write ``parsed.json`` next to the snapshot atomically; return bytes written."""
+def encode_parsed(parsed: ParsedSnapshot) -> bytes:
+    """``parsed.json``'s bytes: UTF-8 JSON, prices as decimal strings (read back by :func:`load_parsed`)."""
     payload = {
         "category": parsed.category,
         "snapshot_id": parsed.snapshot_id,
@@ -115,8 +115,18 @@ def save_parsed(store: ObjectStore, manifest: Manifest, parsed: ParsedSnapshot) 
         "pages": parsed.pages,
         "rejects": parsed.rejects,
     }
+    return json.dumps(payload, ensure_ascii=False).encode("utf-8")
+
+
+def save_parsed(store: ObjectStore, manifest: Manifest, parsed: ParsedSnapshot | bytes) -> int:
+    """Write ``parsed.json`` next to the snapshot atomically; return bytes written.
+
+    Args:
+        parsed: the rows, or their bytes from :func:`encode_parsed`.
+    """
+    data = parsed if isinstance(parsed, bytes) else encode_parsed(parsed)
     store.sweep_temp_files(manifest.prefix, names=["parsed.json"])  # left by a crash in an earlier write
-    return store.write_bytes_atomic(parsed_key(manifest), json.dumps(payload, ensure_ascii=False).encode("utf-8"))
+    return store.write_bytes_atomic(parsed_key(manifest), data)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,185 @@
+"""Parse a run's partitions: unchanged ones skipped, the others parsed and validated on every core.
+
+``parsed_products`` calls :func:`parse_partitions` with the run's categories. For each:
+
+* its input (the latest complete snapshot's pages + parser + rules, see
+  :func:`~scrape_assets.extract.input_version`) is unchanged since a parse that passed the
+  schema: nothing is read, parsed or validated again;
+* it is unchanged but failed the schema last time: the saved rows are validated again;
+* otherwise its saved pages are parsed, the rows encoded and validated in a **worker
+  process**, and this process writes ``parsed.json`` and the parse state.
+
+Parsing is CPU-bound and one category does not depend on another, so with ``workers > 1``
+categories are parsed in a process pool (``fork``: the workers inherit the loaded code,
+no start-up cost). Workers only read; every write stays in the calling process, in
+category order, so a crash leaves the same states as a serial run. At most
+``2 * workers`` results wait in memory. ``workers == 1``, a single category to parse, or a
+platform without ``fork`` (the pool is Linux-only) parse serially in this process.
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import os
+import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, replace
+
+from scrape_assets.errors import ManifestError
+from scrape_assets.extract import (
+    ParseState,
+    encode_parsed,
+    extract_snapshot,
+    input_version,
+    load_current,
+    load_parse_state,
+    save_parse_state,
+    save_parsed,
+)
+from scrape_assets.manifest import Manifest, latest_manifest
+from scrape_assets.schemas import ValidationReport, pages_frame, products_frame, validate_parsed
+from scrape_assets.spec import SiteSpec
+from scrape_assets.storage import ObjectStore
+
+#: Most worker processes :func:`default_workers` suggests (memory: each is a copy-on-write fork).
+MAX_DEFAULT_WORKERS = 4
+
+
+@dataclass(frozen=True)
+class PartitionParse:
+    """What parsing one partition did.
+
+    Attributes:
+        figures: ``snapshot_id, parsed_snapshot_id, pages_parsed, products, rejects, unchanged``.
+        report: the schema's verdict; None when the input was unchanged since a parse that
+            passed (nothing validated).
+        line: one human-readable log line.
+    """
+
+    category: str
+    figures: dict
+    report: ValidationReport | None
+    line: str
+
+
+@dataclass(frozen=True)
+class _Encoded:
+    """A worker's result: ``parsed.json``'s bytes, counts and the schema's verdict."""
+
+    data: bytes
+    snapshot_id: str
+    pages: int
+    products: int
+    rejects: int
+    report: ValidationReport
+
+
+def default_workers() -> int:
+    """CPUs this process may run on, at most :data:`MAX_DEFAULT_WORKERS`."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cpus, MAX_DEFAULT_WORKERS))
+
+
+def _parse_and_validate(store: ObjectStore, manifest: Manifest, spec: SiteSpec) -> _Encoded:
+    """Worker: parse a snapshot's saved pages, validate the rows, encode ``parsed.json`` (reads only)."""
+    parsed = extract_snapshot(store, manifest, spec, fetch_base_url=manifest.fetch_config.get("base_url", spec.base_url))
+    report = validate_parsed(products_frame(parsed.products), pages_frame(parsed.pages))
+    return _Encoded(encode_parsed(parsed), parsed.snapshot_id, len(parsed.pages), len(parsed.products),
+                    len(parsed.rejects), report)
+
+
+def parse_partitions(
+    store: ObjectStore, spec: SiteSpec, categories: list[str], *, workers: int = 1
+) -> Iterator[PartitionParse]:
+    """Parse (or skip) each category's latest complete snapshot; yield results in category order.
+
+    Args:
+        workers: processes parsing at once (``>= 1``; see the module docstring).
+
+    Raises:
+        ManifestError: a category has no complete snapshot (materialize ``raw_pages`` first),
+            or a page marked done is missing from storage.
+        ValueError: ``workers < 1``.
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    plans = []  # (category, manifest, version, state, needs a parse)
+    for category in categories:
+        manifest = latest_manifest(store, spec.name, category, complete=True)
+        if manifest is None:
+            raise ManifestError(
+                f"{spec.name}/{category}", "no complete snapshot: materialize raw_pages for this partition first"
+            )
+        version = input_version(manifest, spec)
+        state = load_parse_state(store, spec.name, category)
+        plans.append((category, manifest, version, state, state is None or state.input_version != version))
+    to_parse = [(manifest,) for _, manifest, _, _, parse in plans if parse]
+    pool, workers = None, min(workers, len(to_parse))
+    if workers > 1 and "fork" in multiprocessing.get_all_start_methods() and sys.platform == "linux":
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+    try:
+        pending: collections.deque[Future] = collections.deque()
+        queue = iter(to_parse)
+
+        def top_up() -> None:  # keep the workers busy, with a bounded number of results waiting
+            while pool is not None and len(pending) < 2 * workers:
+                nxt = next(queue, None)
+                if nxt is None:
+                    return
+                pending.append(pool.submit(_parse_and_validate, store, nxt[0], spec))
+
+        top_up()
+        for category, manifest, version, state, parse in plans:
+            if not parse:
+                yield _reuse(store, spec, category, manifest, version, state)
+                continue
+            if pool is not None:
+                encoded = pending.popleft().result()
+                top_up()
+            else:
+                encoded = _parse_and_validate(store, manifest, spec)
+            yield _save(store, spec, category, manifest, version, encoded)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _reuse(store: ObjectStore, spec: SiteSpec, category: str, manifest: Manifest, version: str,
+           state: ParseState) -> PartitionParse:
+    """Same input as the current parse: keep its rows (validate again only if they failed)."""
+    figures = {"snapshot_id": manifest.snapshot_id, "parsed_snapshot_id": state.snapshot_id, "pages_parsed": 0,
+               "products": state.products, "rejects": state.rejects, "unchanged": state.validated}
+    if state.validated:
+        save_parse_state(store, spec.name, category, replace(state, latest_snapshot_id=manifest.snapshot_id))
+        return PartitionParse(category, figures, None,
+                              f"{category}: unchanged since snapshot {state.snapshot_id}: 0 pages re-parsed")
+    parsed, _ = load_current(store, spec.name, category)
+    report = validate_parsed(products_frame(parsed.products), pages_frame(parsed.pages))
+    save_parse_state(store, spec.name, category,
+                     replace(state, latest_snapshot_id=manifest.snapshot_id, validated=report.passed))
+    return PartitionParse(category, figures, report, _line(category, state.products, 0, state.snapshot_id,
+                                                            state.rejects, report))
+
+
+def _save(store: ObjectStore, spec: SiteSpec, category: str, manifest: Manifest, version: str,
+          encoded: _Encoded) -> PartitionParse:
+    save_parsed(store, manifest, encoded.data)
+    save_parse_state(
+        store, spec.name, category,
+        ParseState(snapshot_id=encoded.snapshot_id, input_version=version, latest_snapshot_id=manifest.snapshot_id,
+                   validated=encoded.report.passed, products=encoded.products, rejects=encoded.rejects),
+    )
+    figures = {"snapshot_id": manifest.snapshot_id, "parsed_snapshot_id": encoded.snapshot_id,
+               "pages_parsed": encoded.pages, "products": encoded.products, "rejects": encoded.rejects,
+               "unchanged": False}
+    return PartitionParse(category, figures, encoded.report, _line(category, encoded.products, encoded.pages,
+                                                                   encoded.snapshot_id, encoded.rejects, encoded.report))
+
+
+def _line(category: str, products: int, pages: int, snapshot_id: str, rejects: int, report: ValidationReport) -> str:
+    return (
+        f"{category}: parsed {products} products from {pages} pages of snapshot {snapshot_id} "
+        f"({rejects} rejected cards; schema {'passed' if report.passed else 'FAILED'})"
+    )

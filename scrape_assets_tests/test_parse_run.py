@@ -1,0 +1,121 @@
+"""parse_partitions: the same files whether parsed serially or by worker processes; errors cross back intact."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+
+from scrape_assets import parse_run
+from scrape_assets.defs.assets.raw_pages import crawl_partitions
+from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
+from scrape_assets.errors import FetchConfigChangedError, ManifestError, PermanentFetchError, SpecError
+from scrape_assets.extract import load_parse_state
+from scrape_assets.manifest import latest_manifest
+from scrape_assets.spec import load_spec
+from scrape_assets.storage import ObjectStore
+
+CATEGORIES = ["travel", "mystery", "classics", "default", "poetry"]  # 1 to 12 pages each
+SPEC = load_spec("demo")
+EXPECTED_PRODUCTS = {"travel": 11, "mystery": 32, "classics": 19, "default": 232, "poetry": 19}  # demo_site.CATEGORY_TABLE
+
+
+@pytest.fixture(scope="module")
+def crawled(tmp_path_factory) -> Path:
+    """The five categories crawled once from the in-process demo catalogue."""
+    root = tmp_path_factory.mktemp("crawled") / "objects"
+    asyncio.run(crawl_partitions(SiteResource(site="demo"), ObjectStoreResource(url=str(root)), CATEGORIES,
+                                 new_snapshot=False, log=logging.getLogger("test")))
+    return root
+
+
+def _copy(crawled: Path, tmp_path: Path, name: str) -> ObjectStore:
+    shutil.copytree(crawled, tmp_path / name)
+    return ObjectStore(str(tmp_path / name))
+
+
+def _outputs(store: ObjectStore) -> dict:
+    out = {}
+    for category in CATEGORIES:
+        manifest = latest_manifest(store, "demo", category, complete=True)
+        out[category] = (store.read_bytes(f"{manifest.prefix}/parsed.json"), load_parse_state(store, "demo", category))
+    return out
+
+
+PIDS_FILE = "SCRAPE_TEST_PIDS_FILE"
+
+
+def _recording_parse(store, manifest, spec):  # module level: the pool pickles it by name
+    with open(os.environ[PIDS_FILE], "a") as pids:
+        pids.write(f"{os.getpid()}\n")
+    return _REAL_PARSE(store, manifest, spec)
+
+
+_REAL_PARSE = parse_run._parse_and_validate
+
+
+def test_workers_write_the_same_files_as_a_serial_parse_from_other_processes(crawled, tmp_path, monkeypatch):
+    serial, parallel = _copy(crawled, tmp_path, "serial"), _copy(crawled, tmp_path, "parallel")
+    pids = tmp_path / "pids.txt"
+    monkeypatch.setenv(PIDS_FILE, str(pids))
+    monkeypatch.setattr(parse_run, "_parse_and_validate", _recording_parse)
+
+    one = list(parse_run.parse_partitions(serial, SPEC, CATEGORIES, workers=1))
+    assert set(pids.read_text().split()) == {str(os.getpid())}
+    pids.unlink()
+    two = list(parse_run.parse_partitions(parallel, SPEC, CATEGORIES, workers=2))
+    worker_pids = set(pids.read_text().split())
+    assert len(worker_pids) == 2 and str(os.getpid()) not in worker_pids
+
+    assert [r.category for r in two] == CATEGORIES  # results in category order
+    assert [(r.figures, r.report, r.line) for r in one] == [(r.figures, r.report, r.line) for r in two]
+    assert _outputs(serial) == _outputs(parallel)
+    assert {r.category: r.figures["products"] for r in two} == EXPECTED_PRODUCTS
+    assert all(r.report.passed and r.figures["pages_parsed"] >= 1 for r in two)
+
+    again = list(parse_run.parse_partitions(parallel, SPEC, CATEGORIES, workers=2))  # same input: skipped
+    assert [r.figures["unchanged"] for r in again] == [True] * len(CATEGORIES)
+    assert [r.report for r in again] == [None] * len(CATEGORIES)
+
+
+def test_a_worker_error_reaches_the_caller_with_its_context_and_earlier_categories_are_saved(crawled, tmp_path):
+    store = _copy(crawled, tmp_path, "broken")
+    manifest = latest_manifest(store, "demo", "default", complete=True)
+    store.delete(manifest.page_key(3))
+
+    results = parse_run.parse_partitions(store, SPEC, CATEGORIES, workers=2)
+    assert [next(results).category for _ in range(3)] == ["travel", "mystery", "classics"]
+    with pytest.raises(ManifestError, match=r"page 3 is marked done but demo/default/.*/pages/page-0003.html is missing"):
+        next(results)
+    assert load_parse_state(store, "demo", "classics") is not None
+    assert load_parse_state(store, "demo", "default") is None  # nothing written for the broken one
+
+
+def test_no_complete_snapshot_and_bad_worker_counts_are_clear_errors(tmp_path):
+    store = ObjectStore(str(tmp_path))
+    with pytest.raises(ManifestError, match="demo/travel: no complete snapshot: materialize raw_pages"):
+        list(parse_run.parse_partitions(store, SPEC, ["travel"], workers=2))
+    with pytest.raises(ValueError, match="workers must be >= 1, got 0"):
+        list(parse_run.parse_partitions(store, SPEC, ["travel"], workers=0))
+    assert 1 <= parse_run.default_workers() <= parse_run.MAX_DEFAULT_WORKERS
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ManifestError("demo/travel/manifest.json", "page 3 is missing"),
+        FetchConfigChangedError("demo/travel", ["max_attempts", "timeout_s"]),
+        SpecError("sites/x.yaml", "selectors.title", "expected a CSS selector"),
+        PermanentFetchError("http://h/p", "http_404", "Not Found", http_status=404, attempts=1),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_errors_survive_pickling_between_processes(error):
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is type(error)
+    assert str(copy) == str(error) and copy.__dict__ == error.__dict__

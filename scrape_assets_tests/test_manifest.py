@@ -234,3 +234,26 @@ def test_crawl_progress_stops_logging_failures_one_by_one_after_the_cap():
     assert lines[MAX_FAILURE_LINES].startswith("more pages failed for good: only counted")
     assert lines[-1] == f"0/0 pages done, {MAX_FAILURE_LINES + 5} failed for good; 1/1 categories complete; 0 pages/s"
     assert len(lines) == MAX_FAILURE_LINES + 2
+
+
+# -- BatchedLog (per-category lines of the other steps) ----------------------------------------
+
+
+def test_batched_log_sends_lines_every_interval_and_the_rest_under_the_summary():
+    from scrape_assets.batched_log import BatchedLog
+
+    now = [0.0]
+    sent: list[str] = []
+    log = BatchedLog(sent.append, every_s=5.0, clock=lambda: now[0])
+    log.add("a: parsed 10")
+    now[0] = 4.0
+    log.add("b: parsed 20")
+    assert sent == []
+    now[0] = 5.5
+    log.add("c: parsed 30")
+    log.add("d: parsed 40")
+    log.close("4 categories: 100 products")
+    assert sent == [
+        "3 more:\n  a: parsed 10\n  b: parsed 20\n  c: parsed 30",
+        "4 categories: 100 products\n  d: parsed 40",
+    ]

@@ -3,6 +3,7 @@
 import dagster as dg
 import pydantic
 
+from scrape_assets.batched_log import BatchedLog
 from scrape_assets.defs.partitions import category_partitions
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
 from scrape_assets.extract import PARSER_VERSION
@@ -49,12 +50,20 @@ def parsed_products(
     object_store = store.store()
     reports, per_category = [], {}
     workers = config.parse_workers or default_workers()
+    log = BatchedLog(context.log.info)
     with store.locks(context, spec.name):
         for result in parse_partitions(object_store, spec, list(context.partition_keys), workers=workers):
             per_category[result.category] = result.figures
             if result.report is not None:
                 reports.append(result.report)
-            context.log.info(result.line)
+            log.add(result.line)
+    log.close(
+        f"{len(per_category)} categories: {sum(c['pages_parsed'] for c in per_category.values()):,} pages parsed "
+        f"({workers} worker process{'es' if workers > 1 else ''}), "
+        f"{sum(c['unchanged'] for c in per_category.values())} categories unchanged, "
+        f"{sum(c['products'] for c in per_category.values()):,} products, "
+        f"{sum(c['rejects'] for c in per_category.values())} rejected cards"
+    )
 
     report = merge_reports(reports) if reports else ValidationReport(passed=True, failure_count=0)
     if not report.passed:

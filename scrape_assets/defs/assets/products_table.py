@@ -3,6 +3,7 @@
 
 import dagster as dg
 
+from scrape_assets.batched_log import BatchedLog
 from scrape_assets.defs.partitions import category_partitions
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource
 from scrape_assets.errors import ManifestError
@@ -42,6 +43,7 @@ def load_categories(context, site: SiteResource, store: ObjectStoreResource, war
             )
         )
     loaded, carried, in_table, problems = {}, {}, {}, []
+    log = BatchedLog(context.log.info)
     for category, state in states.items():
         unchanged = wh.loaded_version(products, category) == state.input_version
         rows, manifest = None, None
@@ -66,7 +68,7 @@ def load_categories(context, site: SiteResource, store: ObjectStoreResource, war
                 {"category": category, "rows_parsed": state.products, "rows_carried_forward": carried[category],
                  "rows_in_table": count, "duplicates": len(duplicates)}
             )
-        context.log.info(
+        log.add(
             f"{category}: "
             + (
                 f"unchanged input: products not reloaded ({count} rows)"
@@ -75,6 +77,10 @@ def load_categories(context, site: SiteResource, store: ObjectStoreResource, war
                 + (f"; kept {carried[category]} earlier rows of pages that failed this time" if carried[category] else "")
             )
         )
+    log.close(
+        f"{len(states)} categories: {sum(loaded.values()):,} rows loaded into products "
+        f"({sum(1 for c in loaded if loaded[c])} categories reloaded), {sum(carried.values())} earlier rows kept"
+    )
     return wh, loaded, carried, in_table, problems
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import dagster as dg
 from pydantic import Field
 
+from scrape_assets.batched_log import BatchedLog
 from scrape_assets.crawl import CrawlProgress, CrawlReport, PartitionCrawler
 from scrape_assets.defs.partitions import category_partitions
 from scrape_assets.defs.pools import configured_host_pool
@@ -163,10 +164,16 @@ def raw_pages(context: dg.AssetExecutionContext, config: RawPagesConfig, site: S
     except (FetchConfigChangedError, SpecError, SettingsError, PartitionLockedError) as exc:
         # Retrying cannot fix these: fail once, with the message that says what to do.
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
+    log = BatchedLog(context.log.info)
     for r in reports:
-        context.log.info(
+        log.add(
             f"{r.category}: snapshot {r.snapshot_id}{' (resumed)' if r.resumed else ''}: "
             f"{r.pages_done} done ({r.pages_not_modified} not modified: 304), {r.pages_failed} failed, "
             f"{r.requests_made} requests, {r.duration_s:.1f}s"
         )
+    log.close(
+        f"{len(reports)} categories: {sum(r.pages_done for r in reports):,} pages done "
+        f"({sum(r.pages_not_modified for r in reports):,} not modified: 304), "
+        f"{sum(r.pages_failed for r in reports)} failed, {sum(r.requests_made for r in reports):,} requests"
+    )
     return dg.MaterializeResult(metadata=crawl_metadata(reports), data_version=run_data_version(reports))

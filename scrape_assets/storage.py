@@ -17,10 +17,13 @@ sees the old object or the new one, never a mix. Temp files orphaned by a crash
 
 from __future__ import annotations
 
+import collections
 import os
 import re
+import threading
 import uuid
 from collections.abc import Iterable
+from typing import BinaryIO
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -31,6 +34,8 @@ from scrape_assets.errors import StorageError
 
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,127}$")
 TEMP_SUFFIX = ".tmp"
+#: Most journal files one ObjectStore keeps open for appends (least recently used closed first).
+MAX_OPEN_APPENDS = 64
 _PROBE = re.compile(r"^\.?write-probe-(\d+)-")
 
 
@@ -98,6 +103,19 @@ class ObjectStore:
         except (ValueError, ImportError) as exc:
             raise StorageError(redact_url(url), f"cannot open object storage: {exc}") from exc
         self.is_local = self.root.protocol in ("", "file", "local")
+        # Local disks: plain os.path joins under the validated root (UPath.joinpath costs
+        # more than the write on a page-sized object), and journals kept open for appends.
+        self._local_root = self.root.path if self.is_local else None
+        self._appends: collections.OrderedDict[str, BinaryIO] = collections.OrderedDict()
+        self._appends_lock = threading.Lock()
+
+    def __getstate__(self) -> dict:  # picklable for worker processes: open journals stay here
+        return {"url": self.url, "root": self.root, "is_local": self.is_local, "_local_root": self._local_root}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._appends = collections.OrderedDict()
+        self._appends_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"ObjectStore({self.describe()!r})"
@@ -109,6 +127,10 @@ class ObjectStore:
     def path(self, key: str) -> UPath:
         """The :class:`UPath` for ``key`` under the root (validated by :func:`check_key`)."""
         return self.root.joinpath(*check_key(key))
+
+    def _local(self, key: str) -> str:
+        """The local file path of ``key`` (local stores only; validated by :func:`check_key`)."""
+        return os.path.join(self._local_root, *check_key(key))
 
     def ensure_writable(self) -> None:
         """Create the root if needed and prove it is writable with a probe object.
@@ -152,11 +174,11 @@ class ObjectStore:
         Raises:
             StorageError: the key is invalid or the write failed (the old object, if any, is intact).
         """
-        target = self.path(key)
         try:
             if self.is_local:
-                _write_local_atomic(Path(target.path), data, sync_folder=sync_folder)
+                _write_local_atomic(Path(self._local(key)), data, sync_folder=sync_folder)
             else:
+                target = self.path(key)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(data)  # one PUT: atomic on object stores
         except OSError as exc:
@@ -175,7 +197,7 @@ class ObjectStore:
         if not self.is_local:
             return
         try:
-            _fsync_folder(Path(self.path(key).path))
+            _fsync_folder(Path(self._local(key)))
         except FileNotFoundError:
             return
         except OSError as exc:
@@ -184,17 +206,36 @@ class ObjectStore:
     def append_bytes(self, key: str, data: bytes) -> None:
         """Append ``data`` to a local object (journals). Not atomic: readers must tolerate a torn tail.
 
+        The file stays open for the next append (unbuffered: every call is in the kernel when
+        it returns, so a killed process loses nothing); at most :data:`MAX_OPEN_APPENDS` are
+        kept open, and :meth:`delete` or :meth:`close` closes them.
+
         Raises:
             StorageError: not a local store, or the write failed.
         """
         if not self.is_local:
             raise StorageError(self.describe(), "append is only supported on a local disk")
-        target = Path(self.path(key).path)
-        try:
-            with open(target, "ab") as handle:
-                handle.write(data)
-        except OSError as exc:
-            raise StorageError(f"{self.describe()}/{key}", f"append failed: {exc}") from exc
+        with self._appends_lock:
+            handle = self._appends.pop(key, None)
+            try:
+                if handle is None:
+                    handle = open(self._local(key), "ab", buffering=0)  # noqa: SIM115 - kept open
+                view = memoryview(data)
+                while view:
+                    view = view[handle.write(view):]
+            except OSError as exc:
+                if handle is not None:
+                    handle.close()
+                raise StorageError(f"{self.describe()}/{key}", f"append failed: {exc}") from exc
+            self._appends[key] = handle
+            while len(self._appends) > MAX_OPEN_APPENDS:
+                self._appends.popitem(last=False)[1].close()
+
+    def close(self) -> None:
+        """Close the files kept open for appends (the store stays usable)."""
+        with self._appends_lock:
+            while self._appends:
+                self._appends.popitem()[1].close()
 
     def read_bytes(self, key: str) -> bytes:
         """Read the object at ``key``.
@@ -204,6 +245,9 @@ class ObjectStore:
             StorageError: the key is invalid or the read failed for another reason.
         """
         try:
+            if self.is_local:
+                with open(self._local(key), "rb") as handle:
+                    return handle.read()
             return self.path(key).read_bytes()
         except FileNotFoundError:
             raise
@@ -212,6 +256,8 @@ class ObjectStore:
 
     def exists(self, key: str) -> bool:
         """Whether an object (or folder) exists at ``key``."""
+        if self.is_local:
+            return os.path.exists(self._local(key))
         return self.path(key).exists()
 
     def list_names(self, prefix: str) -> list[str]:
@@ -225,7 +271,11 @@ class ObjectStore:
             return []
 
     def delete(self, key: str) -> None:
-        """Delete the object at ``key`` if it exists."""
+        """Delete the object at ``key`` if it exists (closing it first if kept open for appends)."""
+        with self._appends_lock:
+            handle = self._appends.pop(key, None)
+        if handle is not None:
+            handle.close()
         try:
             self.path(key).unlink()
         except FileNotFoundError:

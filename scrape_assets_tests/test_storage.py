@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import stat
 
 import pytest
@@ -66,6 +67,34 @@ def test_folder_fsync_can_be_deferred_to_one_call(tmp_path, monkeypatch):
     store.sync_folder("s/c/no-such-folder")  # nothing to do
     assert synced == ["file", "file", "file", "folder"]
     assert sorted(os.listdir(tmp_path / "s/c/snap/pages")) == ["page-0001.html", "page-0002.html", "page-0003.html"]
+
+
+def test_appends_keep_the_journal_open_and_delete_or_close_releases_it(tmp_path, monkeypatch):
+    from scrape_assets import storage
+
+    store = ObjectStore(str(tmp_path))
+    store.write_bytes_atomic("s/c/snap/manifest.json", b"{}")
+    for n in range(3):
+        store.append_bytes("s/c/snap/manifest.journal", f"line {n}\n".encode())
+        # each line is in the file as soon as the call returns (what a killed process leaves)
+        assert (tmp_path / "s/c/snap/manifest.journal").read_bytes().count(b"\n") == n + 1
+    assert list(store._appends) == ["s/c/snap/manifest.journal"]
+    store.delete("s/c/snap/manifest.journal")  # compaction removes the journal: its handle goes too
+    assert store._appends == {} and not (tmp_path / "s/c/snap/manifest.journal").exists()
+    store.append_bytes("s/c/snap/manifest.journal", b"after\n")  # a new journal, not the unlinked file
+    assert (tmp_path / "s/c/snap/manifest.journal").read_bytes() == b"after\n"
+
+    monkeypatch.setattr(storage, "MAX_OPEN_APPENDS", 2)
+    for name in ("a", "b", "c"):
+        store.write_bytes_atomic(f"s/{name}/manifest.json", b"{}")
+        store.append_bytes(f"s/{name}/manifest.journal", b"x\n")
+    assert list(store._appends) == ["s/b/manifest.journal", "s/c/manifest.journal"]  # least recent closed
+    store.append_bytes("s/a/manifest.journal", b"y\n")  # reopened
+    assert (tmp_path / "s/a/manifest.journal").read_bytes() == b"x\ny\n"
+    copy = pickle.loads(pickle.dumps(store))  # a worker process gets the store without open files
+    assert copy._appends == {} and copy.read_bytes("s/a/manifest.journal") == b"x\ny\n"
+    store.close()
+    assert store._appends == {}
 
 
 def test_sweep_removes_orphaned_temp_files(tmp_path):

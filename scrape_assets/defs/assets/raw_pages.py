@@ -134,7 +134,10 @@ async def crawl_partitions(
             )
             for category in categories
         ]
-        return list(await asyncio.gather(*(c.run(new_snapshot=new_snapshot) for c in crawlers)))
+        try:
+            return list(await asyncio.gather(*(c.run(new_snapshot=new_snapshot) for c in crawlers)))
+        finally:
+            object_store.close()  # journals of snapshots left incomplete
 
 
 @dg.asset(

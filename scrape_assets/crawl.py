@@ -84,6 +84,10 @@ class CrawlProgress:
         self._fetched_now += 1
         self._tick()
 
+    def pages_adopted(self, count: int) -> None:
+        """``count`` pages became done without a request (``incremental.revalidate: first_page``)."""
+        self.pages_done += count
+
     def page_failed(self, line: str) -> None:
         self.pages_failed += 1
         if self.pages_failed <= MAX_FAILURE_LINES:
@@ -131,6 +135,7 @@ class CrawlReport:
     products_expected: int | None
     duration_s: float
     data_version: str = ""
+    pages_assumed_unchanged: int = 0  # adopted without a request (incremental.revalidate: first_page)
 
     @property
     def success_rate(self) -> float:
@@ -187,6 +192,7 @@ class PartitionCrawler:
         self._fetched = 0
         self._not_modified = 0
         self._unchanged = 0
+        self._assumed = 0
         self._bytes = 0
         self._previous: dict[str, tuple[Manifest, int]] = {}
 
@@ -249,6 +255,7 @@ class PartitionCrawler:
             products_expected=manifest.products_expected,
             data_version=manifest.data_version,
             duration_s=round(time.monotonic() - started, 3),
+            pages_assumed_unchanged=self._assumed,
         )
 
     def _requeue_lost_bodies(self, manifest: Manifest) -> int:
@@ -308,6 +315,7 @@ class PartitionCrawler:
             for n in range(2, total + 1):
                 manifest.pages.setdefault(n, PageEntry(url=self._page_url(n)))
             manifest.discovery_complete = True
+            self._adopt_unchanged_pages()
         elif pager.next_url is None:
             manifest.total_pages = pager.total_pages or 1
             manifest.discovery_complete = True
@@ -316,6 +324,30 @@ class PartitionCrawler:
         async with self._lock:
             manifest.save(self.store)
         self.progress.planned(self.category, len(manifest.pages))
+
+    def _adopt_unchanged_pages(self) -> None:
+        """``revalidate: first_page``: page 1 unchanged -> pages 2..N taken from the previous snapshot.
+
+        Only when every page of the previous complete snapshot was done and it had the same
+        pages (same URLs, same count); otherwise every page is fetched as usual.
+        """
+        manifest = self.manifest
+        first = manifest.pages[1]
+        if self.spec.incremental.revalidate != "first_page" or first.status != "done" or first.body_key is None:
+            return  # body_key set <=> page 1 was a 304 or byte-identical to the previous snapshot's
+        others = sorted(n for n in manifest.pages if n > 1)
+        sources = [self._previous.get(manifest.pages[n].url) for n in others]
+        if not others or any(source is None for source in sources) or len(sources[0][0].pages) != len(manifest.pages):
+            return
+        for n, (previous, m) in zip(others, sources):
+            old, entry = previous.pages[m], manifest.pages[n]
+            entry.status, entry.http_status, entry.content_hash = "done", old.http_status, old.content_hash
+            entry.bytes, entry.content_type, entry.fetched_at = old.bytes, old.content_type, old.fetched_at
+            entry.etag, entry.last_modified, entry.body_key = old.etag, old.last_modified, previous.body_key(m)
+            entry.assumed_unchanged = True
+        self._assumed += len(others)
+        self.progress.planned(self.category, len(manifest.pages))
+        self.progress.pages_adopted(len(others))
 
     async def _follow_next_links(self) -> None:
         """Add the page after the highest done page, from its ``next`` link (next-link mode)."""

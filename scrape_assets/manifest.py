@@ -85,6 +85,8 @@ class PageEntry:
             earlier snapshot's object, reused because the server answered 304 Not Modified
             or the body's hash was unchanged (nothing stored twice).
         not_modified: the server answered 304 to a conditional GET (RFC 9110 §15.4.5).
+        assumed_unchanged: adopted from the previous snapshot without a request, because
+            page 1 was unchanged and the spec says ``incremental.revalidate: first_page``.
     """
 
     url: str
@@ -100,6 +102,7 @@ class PageEntry:
     last_modified: str | None = None
     body_key: str | None = None
     not_modified: bool = False
+    assumed_unchanged: bool = False
 
 
 @dataclass

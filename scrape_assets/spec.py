@@ -109,6 +109,24 @@ class Politeness(_Strict):
     obey_robots_txt: bool = True
 
 
+class Incremental(_Strict):
+    """How a new snapshot decides that pages are unchanged since the previous one.
+
+    ``every_page`` (default): every page is asked again with a conditional GET (RFC 9110
+    §13.1: ``If-None-Match`` / ``If-Modified-Since``); a 304 or an identical content hash
+    reuses the stored body. Exact, one request per page.
+
+    ``first_page``: when page 1 of a category is unchanged (304 or same hash) and the
+    previous complete snapshot had every page done, pages 2..N are adopted from it without
+    a request (recorded ``assumed_unchanged``). One request per unchanged category instead of
+    one per page; right only for sites whose listing pages change together (a price change
+    on page 5 that leaves page 1 as it was is missed until page 1 changes). Needs the pager
+    and ``page_url`` (pages known from page 1); next-link crawls ask every page.
+    """
+
+    revalidate: Literal["every_page", "first_page"] = "every_page"
+
+
 class SiteSpec(_Strict):
     """One site. See the module docstring and ``scrape_assets/sites/*.yaml``."""
 
@@ -120,6 +138,7 @@ class SiteSpec(_Strict):
     pagination: Pagination = Pagination()
     product_id: ProductId
     politeness: Politeness = Politeness()
+    incremental: Incremental = Incremental()
 
     @field_validator("base_url")
     @classmethod

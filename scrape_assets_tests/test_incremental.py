@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+from pathlib import Path
 
 from scrape_assets.manifest import latest_manifest, list_snapshots, load_manifest
 from scrape_assets.storage import ObjectStore
@@ -156,3 +157,56 @@ def test_parser_version_change_reparses_saved_pages_without_requests(tmp_path, i
     assert md["parsed_products"]["pages_parsed"].value == 1
     assert md["products_table"]["rows_loaded"].value == 11
     assert demo_server.request_count() == requests  # zero HTTP requests
+
+
+def test_first_page_revalidation_asks_one_page_per_unchanged_category(tmp_path, instance):
+    """Spec opt-in ``incremental.revalidate: first_page``: page 1 unchanged -> pages 2..N adopted, no request."""
+    import threading
+
+    from scrape_assets.demo_site import changed_categories, make_server
+    from scrape_assets.spec import load_spec
+
+    spec_file = tmp_path / "demo-first-page.yaml"
+    demo = (Path(__file__).resolve().parents[1] / "scrape_assets" / "sites" / "demo.yaml").read_text()
+    spec_file.write_text(demo + "incremental:\n  revalidate: first_page\n")
+    assert load_spec(str(spec_file)).incremental.revalidate == "first_page"
+    day1, day2 = datetime.date(2026, 11, 30), datetime.date(2026, 12, 1)
+    keys = ["fiction", "default", "fantasy", "science", "poetry"]  # 4, 12, 3, 1, 1 pages
+    assert changed_categories(day2) & set(keys) == {"default", "poetry"}
+    store = ObjectStore(str(tmp_path / "objects"))
+    wh = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}")
+    requests, results, port = {}, {}, 0
+    for day in (day1, day2):
+        server = make_server("127.0.0.1", port, day=day)
+        port = server.server_address[1]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            res = make_resources(tmp_path, site=str(spec_file), base_url=server.base_url)
+            results[day] = materialize(instance, res, keys)
+            assert results[day].success
+            requests[day] = sorted(r.path for r in server.requests if r.path.startswith("/catalogue/"))
+        finally:
+            server.shutdown()
+            server.server_close()
+    assert len(requests[day1]) == 4 + 12 + 3 + 1 + 1
+    # Day 2: page 1 of each category, and every page of the two that changed.
+    assert len(requests[day2]) == 1 + 12 + 1 + 1 + 1
+    assert sum("/fiction_10/" in p for p in requests[day2]) == 1
+
+    md = {e.asset_key.path[0]: e.materialization.metadata for e in results[day2].get_asset_materialization_events()}
+    by_category = md["raw_pages"]["by_category"].value
+    assert {k: by_category[k]["pages_assumed_unchanged"] for k in keys} == {
+        "fiction": 3, "default": 0, "fantasy": 2, "science": 0, "poetry": 0}
+    for key in ("fiction", "fantasy"):
+        first, second = (load_manifest(store, "demo", key, s) for s in list_snapshots(store, "demo", key))
+        assert second.pages[1].not_modified and not second.pages[1].assumed_unchanged
+        for n in range(2, len(second.pages) + 1):
+            entry = second.pages[n]
+            assert (entry.status, entry.assumed_unchanged, entry.body_key) == ("done", True, first.page_key(n))
+            assert (entry.content_hash, entry.fetched_at) == (first.pages[n].content_hash, first.pages[n].fetched_at)
+        assert second.data_version == first.data_version
+    parsed = md["parsed_products"]["by_category"].value
+    assert {k for k in keys if not parsed[k]["unchanged"]} == {"default", "poetry"}
+    assert md["products_table"]["rows_by_category"].value == {"fiction": 65, "default": 232, "fantasy": 48,
+                                                              "science": 14, "poetry": 19}
+    assert len(wh.rows(products)) == 65 + 232 + 48 + 14 + 19

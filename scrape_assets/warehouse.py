@@ -177,12 +177,17 @@ class Warehouse:
                 rows = list(rows)
                 kept = []
                 if carry_page is not None:
-                    fresh = {r["product_id"] for r in rows}
-                    previous = conn.execute(sa.select(products).where(products.c.category == category))
-                    kept = [
-                        dict(r._mapping) for r in previous
-                        if carry_page(r.page_number) and r.product_id not in fresh
-                    ]
+                    # Only the rows of missing pages are read back (usually none: no page failed).
+                    pages = conn.execute(
+                        sa.select(products.c.page_number).where(products.c.category == category).distinct()
+                    ).scalars()
+                    missing = [n for n in pages if carry_page(n)]
+                    if missing:
+                        fresh = {r["product_id"] for r in rows}
+                        previous = conn.execute(
+                            sa.select(products).where(products.c.category == category, products.c.page_number.in_(missing))
+                        )
+                        kept = [dict(r._mapping) for r in previous if r.product_id not in fresh]
                 conn.execute(products.delete().where(products.c.category == category))
                 crashpoint("warehouse.after_delete")
                 if rows or kept:

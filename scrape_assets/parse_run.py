@@ -26,6 +26,7 @@ import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from scrape_assets.errors import ManifestError
 from scrape_assets.extract import (
@@ -39,9 +40,11 @@ from scrape_assets.extract import (
     save_parsed,
 )
 from scrape_assets.manifest import Manifest, latest_manifest
-from scrape_assets.schemas import ValidationReport, pages_frame, products_frame, validate_parsed
 from scrape_assets.spec import SiteSpec
 from scrape_assets.storage import ObjectStore
+
+if TYPE_CHECKING:
+    from scrape_assets.validation_report import ValidationReport
 
 #: Most worker processes :func:`default_workers` suggests (memory: each is a copy-on-write fork).
 MAX_DEFAULT_WORKERS = 4
@@ -84,6 +87,7 @@ def default_workers() -> int:
 
 def _parse_and_validate(store: ObjectStore, manifest: Manifest, spec: SiteSpec) -> _Encoded:
     """Worker: parse a snapshot's saved pages, validate the rows, encode ``parsed.json`` (reads only)."""
+    from scrape_assets.schemas import pages_frame, products_frame, validate_parsed  # pandas: only where validating
     parsed = extract_snapshot(store, manifest, spec, fetch_base_url=manifest.fetch_config.get("base_url", spec.base_url))
     report = validate_parsed(products_frame(parsed.products), pages_frame(parsed.pages))
     return _Encoded(encode_parsed(parsed), parsed.snapshot_id, len(parsed.pages), len(parsed.products),
@@ -155,6 +159,8 @@ def _reuse(store: ObjectStore, spec: SiteSpec, category: str, manifest: Manifest
         save_parse_state(store, spec.name, category, replace(state, latest_snapshot_id=manifest.snapshot_id))
         return PartitionParse(category, figures, None,
                               f"{category}: unchanged since snapshot {state.snapshot_id}: 0 pages re-parsed")
+    from scrape_assets.schemas import pages_frame, products_frame, validate_parsed
+
     parsed, _ = load_current(store, spec.name, category)
     report = validate_parsed(products_frame(parsed.products), pages_frame(parsed.pages))
     save_parse_state(store, spec.name, category,

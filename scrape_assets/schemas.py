@@ -17,7 +17,6 @@ Frames and dtypes (pandas 3 names; ``str`` is ``pd.StringDtype(na_value=nan)`` t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from decimal import Decimal
 
 import numpy as np
@@ -26,6 +25,7 @@ import pandera.pandas as pa
 from pandera.typing import Series
 
 from scrape_assets.spec import PARTITION_KEY_PATTERN
+from scrape_assets.validation_report import MAX_FAILURE_CASES, ValidationReport, merge_reports  # noqa: F401 - re-exported
 
 PRODUCT_COLUMNS: tuple[str, ...] = (
     "category",
@@ -47,8 +47,6 @@ _INT_COLUMNS = ("rating", "page_number")
 #: UTC timestamps as written by ``datetime.now(timezone.utc).isoformat()`` (or with ``Z``).
 FETCHED_AT_PATTERN = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(Z|\+00:00)$"
 LAYOUT_GUARD_MESSAGE = "page parsed to zero products while the site says it has some: the layout may have changed"
-#: At most this many failure cases are kept in a ValidationReport (the count covers all).
-MAX_FAILURE_CASES = 100
 
 
 def _is_positive_decimal(value: object) -> bool:
@@ -178,41 +176,6 @@ def pages_frame(rows: list[dict]) -> pd.DataFrame:
         else:
             columns[name] = pd.Series(values, dtype=object)
     return pd.DataFrame(columns, columns=list(PAGE_COLUMNS))
-
-
-@dataclass
-class ValidationReport:
-    """Result of :func:`validate_parsed`, ready to attach as Dagster check metadata.
-
-    Attributes:
-        passed: no failure case in either frame.
-        failure_count: number of failure cases (a frame-wide check counts one per row).
-        failure_cases: the first :data:`MAX_FAILURE_CASES` cases, JSON-serialisable dicts with
-            keys ``schema`` (``"products"`` or ``"pages"``), ``schema_context``
-            (``"Column"``/``"DataFrameSchema"``), ``column`` (for a frame-wide check on a row:
-            the columns, comma-joined), ``check`` (e.g. ``"in_range(1, 5)"``, ``"not_nullable"``,
-            ``"multiple_fields_uniqueness"``, ``"is_positive_decimal"``, ``"layout_guard"``),
-            ``failure_case`` (the value as str/int/float/bool/None, a Decimal as str; for a
-            frame-wide check on a row, a dict column -> value), ``index`` (row label or
-            ``None``) and, for checks that carry one, ``message`` (the layout guard's text).
-        by_check: number of failure cases per ``"<schema>.<column>: <check>"`` for column
-            checks and ``"<schema>: <check>"`` for frame-wide ones (``"pages: layout_guard"``).
-    """
-
-    passed: bool
-    failure_count: int
-    failure_cases: list[dict] = field(default_factory=list)
-    by_check: dict[str, int] = field(default_factory=dict)
-
-
-def merge_reports(reports: list[ValidationReport]) -> ValidationReport:
-    """One report for several partitions validated one by one (cases capped at :data:`MAX_FAILURE_CASES`)."""
-    merged = ValidationReport(passed=all(r.passed for r in reports), failure_count=sum(r.failure_count for r in reports))
-    for report in reports:
-        merged.failure_cases.extend(report.failure_cases[: MAX_FAILURE_CASES - len(merged.failure_cases)])
-        for name, count in report.by_check.items():
-            merged.by_check[name] = merged.by_check.get(name, 0) + count
-    return merged
 
 
 def _jsonable(value: object) -> object:

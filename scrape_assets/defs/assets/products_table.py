@@ -9,10 +9,10 @@ from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, Ware
 from scrape_assets.errors import ManifestError
 from scrape_assets.extract import load_current, load_parse_state
 from scrape_assets.manifest import load_manifest, utc_now_iso
-from scrape_assets.schemas import PRODUCT_COLUMNS
 from scrape_assets.warehouse import products
 
 ROWS_CHECK = "products_table_matches_parsed"
+PRODUCT_TABLE_COLUMNS = tuple(column.name for column in products.columns)
 
 
 class SchemaValidationFailed(dg.Failure):
@@ -49,7 +49,7 @@ def load_categories(context, site: SiteResource, store: ObjectStoreResource, war
         rows, manifest = None, None
         if not unchanged:
             parsed, _ = load_current(object_store, spec.name, category)
-            rows = [{column: product[column] for column in PRODUCT_COLUMNS} for product in parsed.products]
+            rows = [{column: product[column] for column in PRODUCT_TABLE_COLUMNS} for product in parsed.products]
             manifest = load_manifest(object_store, spec.name, category, state.snapshot_id)
         loaded[category], carried[category] = wh.load_products(
             category,

@@ -122,6 +122,10 @@ def parse_partitions(
     to_parse = [(manifest,) for _, manifest, _, _, parse in plans if parse]
     pool, workers = None, min(workers, len(to_parse))
     if workers > 1 and "fork" in multiprocessing.get_all_start_methods() and sys.platform == "linux":
+        # Import the validation code (pandas, pandera: ~0.4 s) once, before forking, rather
+        # than once in every worker; a run with nothing to parse never imports it.
+        import scrape_assets.schemas  # noqa: F401
+
         pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
     try:
         pending: collections.deque[Future] = collections.deque()

@@ -21,7 +21,7 @@ from scrape_assets.spec import SiteSpec, load_spec
 from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import Warehouse
 
-USER_AGENT = f"scrape_assets/{__version__} (polite catalogue crawler; python-httpx)"
+USER_AGENT = f"scrape_assets/{__version__} (polite catalogue crawler; httpx+aiohttp)"
 
 
 class SiteResource(dg.ConfigurableResource):

@@ -12,7 +12,9 @@
 Parsing is CPU-bound and one category does not depend on another, so with ``workers > 1``
 categories are parsed in a process pool (``fork``: the workers inherit the loaded code,
 no start-up cost). Workers only read; every write stays in the calling process, in
-category order, so a crash leaves the same states as a serial run. At most
+category order, so a crash leaves the same states as a serial run; workers die with the
+step's process (``PR_SET_PDEATHSIG``), so a killed step leaves no worker holding its
+partition locks. At most
 ``2 * workers`` results wait in memory. ``workers == 1``, a single category to parse, or a
 platform without ``fork`` (the pool is Linux-only) parse serially in this process.
 """
@@ -20,8 +22,10 @@ platform without ``fork`` (the pool is Linux-only) parse serially in this proces
 from __future__ import annotations
 
 import collections
+import ctypes
 import multiprocessing
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -48,6 +52,7 @@ if TYPE_CHECKING:
 
 #: Most worker processes :func:`default_workers` suggests (memory: each is a copy-on-write fork).
 MAX_DEFAULT_WORKERS = 4
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,20 @@ def default_workers() -> int:
     """CPUs this process may run on, at most :data:`MAX_DEFAULT_WORKERS`."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(cpus, MAX_DEFAULT_WORKERS))
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Pool initializer: the worker gets SIGKILL when the step's process dies (Linux prctl).
+
+    Without it, workers of a step killed with SIGKILL would wait forever on their task
+    queue, keeping copies of the step's partition lock descriptors (flock) open, so the
+    partitions would stay locked until someone killed them by hand.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 def _parse_and_validate(store: ObjectStore, manifest: Manifest, spec: SiteSpec) -> _Encoded:
@@ -126,7 +145,8 @@ def parse_partitions(
         # than once in every worker; a run with nothing to parse never imports it.
         import scrape_assets.schemas  # noqa: F401
 
-        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                   initializer=_die_with_parent, initargs=(os.getpid(),))
     try:
         pending: collections.deque[Future] = collections.deque()
         queue = iter(to_parse)

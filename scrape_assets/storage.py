@@ -110,7 +110,7 @@ class ObjectStore:
         self._appends_lock = threading.Lock()
 
     def __getstate__(self) -> dict:  # picklable for worker processes: open journals stay here
-        return {"url": self.url, "root": self.root, "is_local": self.is_local, "_local_root": self._local_root}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_appends", "_appends_lock")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)

@@ -184,10 +184,12 @@ class Warehouse:
                     missing = [n for n in pages if carry_page(n)]
                     if missing:
                         fresh = {r["product_id"] for r in rows}
-                        previous = conn.execute(
-                            sa.select(products).where(products.c.category == category, products.c.page_number.in_(missing))
-                        )
-                        kept = [dict(r._mapping) for r in previous if r.product_id not in fresh]
+                        query = sa.select(products).where(products.c.category == category)
+                        if len(missing) <= 500:  # else filter below: SQLite caps bound variables
+                            query = query.where(products.c.page_number.in_(missing))
+                        missing_set = set(missing)
+                        kept = [dict(r._mapping) for r in conn.execute(query)
+                                if r.page_number in missing_set and r.product_id not in fresh]
                 conn.execute(products.delete().where(products.c.category == category))
                 crashpoint("warehouse.after_delete")
                 if rows or kept:

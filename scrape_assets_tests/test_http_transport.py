@@ -102,8 +102,9 @@ def test_gzip_body_is_decoded_by_httpx():
     ids=["hang-up", "bad-status-line", "huge-header"],
 )
 def test_broken_answers_become_the_httpx_error_for_them(reply, error, reason):
-    exc, _ = _run(reply, lambda client, base: client.get(base + "/"))
+    exc, server = _run(reply, lambda client, base: client.get(base + "/"))
     assert type(exc) is error
+    assert len(server.heads) == 1  # sent once: no silent resend by aiohttp (the fetcher retries)
     assert isinstance(exc.__cause__, Exception) and type(exc.__cause__).__module__.startswith("aiohttp")
     assert classify_exception(exc, headers_received=False) == ("retry", reason)
 

@@ -197,6 +197,7 @@ def test_first_page_revalidation_asks_one_page_per_unchanged_category(tmp_path, 
     by_category = md["raw_pages"]["by_category"].value
     assert {k: by_category[k]["pages_assumed_unchanged"] for k in keys} == {
         "fiction": 3, "default": 0, "fantasy": 2, "science": 0, "poetry": 0}
+    assert sum("/fantasy_19/" in p for p in requests[day2]) == 1  # fantasy: page 1 only
     for key in ("fiction", "fantasy"):
         first, second = (load_manifest(store, "demo", key, s) for s in list_snapshots(store, "demo", key))
         assert second.pages[1].not_modified and not second.pages[1].assumed_unchanged
@@ -210,3 +211,30 @@ def test_first_page_revalidation_asks_one_page_per_unchanged_category(tmp_path, 
     assert md["products_table"]["rows_by_category"].value == {"fiction": 65, "default": 232, "fantasy": 48,
                                                               "science": 14, "poetry": 19}
     assert len(wh.rows(products)) == 65 + 232 + 48 + 14 + 19
+
+
+def test_first_page_revalidation_fetches_every_page_when_the_previous_snapshot_had_a_failed_page(
+    tmp_path, instance, demo_server
+):
+    """The opt-in adopts pages only from a previous snapshot with every page done."""
+    from scrape_assets.manifest import latest_manifest
+
+    spec_file = tmp_path / "demo-first-page.yaml"
+    demo = (Path(__file__).resolve().parents[1] / "scrape_assets" / "sites" / "demo.yaml").read_text()
+    spec_file.write_text(demo + "incremental:\n  revalidate: first_page\n")
+    res = make_resources(tmp_path, site=str(spec_file), base_url=demo_server.base_url)
+    assert materialize(instance, res, ["fiction"], selection=["raw_pages"]).success  # 4 pages
+    store = ObjectStore(str(tmp_path / "objects"))
+    previous = latest_manifest(store, "demo", "fiction", complete=True)
+    previous.pages[3].status, previous.pages[3].last_error = "failed", "http_503: as if it had failed"
+    previous.save(store)
+
+    demo_server.clear_requests()
+    result = materialize(instance, res, ["fiction"], selection=["raw_pages"])
+    assert result.success
+    assert len(_page_requests(demo_server)) == 4  # nothing adopted: every page asked again
+    second = latest_manifest(store, "demo", "fiction", complete=True)
+    assert not any(p.assumed_unchanged for p in second.pages.values())
+    assert [p.status for p in second.pages.values()] == ["done"] * 4
+    md = result.get_asset_materialization_events()[0].materialization.metadata
+    assert md["pages_assumed_unchanged"].value == 0

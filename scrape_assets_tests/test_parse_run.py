@@ -119,3 +119,52 @@ def test_errors_survive_pickling_between_processes(error):
     copy = pickle.loads(pickle.dumps(error))
     assert type(copy) is type(error)
     assert str(copy) == str(error) and copy.__dict__ == error.__dict__
+
+
+KILLED_PARENT = """
+import fcntl, logging, multiprocessing, os, sys, time
+from scrape_assets import parse_run
+from scrape_assets.spec import load_spec
+from scrape_assets.storage import ObjectStore
+lock = open(sys.argv[2], "w")
+fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as store.locks() holds a partition lock
+results = parse_run.parse_partitions(ObjectStore(sys.argv[1]), load_spec("demo"), sys.argv[3].split(","), workers=2)
+next(results)
+print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
+time.sleep(600)
+"""
+
+
+def test_workers_die_with_a_killed_step_and_release_its_partition_locks(crawled, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from scrape_assets_tests.conftest import REPO_ROOT
+
+    store = _copy(crawled, tmp_path, "killed")
+    lock_file = tmp_path / "parsed_products.lock"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    step = subprocess.Popen([sys.executable, "-c", KILLED_PARENT, str(store.root.path), str(lock_file), ",".join(CATEGORIES)],
+                            stdout=subprocess.PIPE, text=True, env=env)
+    workers = [int(pid) for pid in step.stdout.readline().split()]
+    assert len(workers) == 2
+    step.send_signal(signal.SIGKILL)
+    step.wait(timeout=30)
+
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                return stat.read().split(") ")[1][0] != "Z"  # a zombie has exited
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(pid) for pid in workers)
+    import fcntl
+
+    with open(lock_file, "w") as lock:  # nobody holds the step's lock any more
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

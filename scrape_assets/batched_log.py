@@ -16,8 +16,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-#: Seconds after which accumulated lines are sent even though the step is not finished.
-FLUSH_EVERY_S = 5.0
+#: Seconds between two intermediate log messages of a step: accumulated lines here, the
+#: crawl's progress line in :class:`scrape_assets.crawl.CrawlProgress`.
+LOG_EVERY_S = 5.0
 
 
 class BatchedLog:
@@ -29,7 +30,7 @@ class BatchedLog:
         clock: monotonic seconds (injectable for tests).
     """
 
-    def __init__(self, emit: Callable[[str], None], *, every_s: float = FLUSH_EVERY_S,
+    def __init__(self, emit: Callable[[str], None], *, every_s: float = LOG_EVERY_S,
                  clock: Callable[[], float] = time.monotonic):
         self.emit = emit
         self.every_s = every_s

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
+from scrape_assets.batched_log import LOG_EVERY_S
 from scrape_assets.crashpoints import crashpoint
 from scrape_assets.errors import FetchError, PermanentFetchError, StorageError
 from scrape_assets.fetcher import PageFetcher
@@ -34,8 +35,6 @@ from scrape_assets.storage import ObjectStore
 logger = logging.getLogger(__name__)
 
 ProgressCallback = Callable[[str], None]
-#: Seconds between two progress lines of a run's crawl (all its categories together).
-PROGRESS_EVERY_S = 5.0
 #: Pages that failed for good get a log line each up to this many per run; then only a count.
 MAX_FAILURE_LINES = 20
 
@@ -59,7 +58,7 @@ class CrawlProgress:
         clock: monotonic seconds (injectable for tests).
     """
 
-    def __init__(self, categories: int, emit: ProgressCallback, *, every_s: float = PROGRESS_EVERY_S,
+    def __init__(self, categories: int, emit: ProgressCallback, *, every_s: float = LOG_EVERY_S,
                  clock: Callable[[], float] = time.monotonic):
         self.categories = categories
         self.emit = emit
@@ -93,7 +92,7 @@ class CrawlProgress:
         if self.pages_failed <= MAX_FAILURE_LINES:
             self.emit(line)
         elif self.pages_failed == MAX_FAILURE_LINES + 1:
-            self.emit(f"more pages failed for good: only counted from now on (all are in the manifests and dead_letters)")
+            self.emit("more pages failed for good: only counted from now on (all are in the manifests and dead_letters)")
         self._tick()
 
     def category_done(self) -> None:
@@ -346,8 +345,7 @@ class PartitionCrawler:
             entry.etag, entry.last_modified, entry.body_key = old.etag, old.last_modified, previous.body_key(m)
             entry.assumed_unchanged = True
         self._assumed += len(others)
-        self.progress.planned(self.category, len(manifest.pages))
-        self.progress.pages_adopted(len(others))
+        self.progress.pages_adopted(len(others))  # (the caller reports the pages planned)
 
     async def _follow_next_links(self) -> None:
         """Add the page after the highest done page, from its ``next`` link (next-link mode)."""
@@ -386,15 +384,19 @@ class PartitionCrawler:
         return parse_pager(body, self.spec, entry.url, content_type=entry.content_type)
 
     # -- fetching ---------------------------------------------------------------------------
+    def _fail_for_good(self, n: int, reason: str) -> None:
+        """Record page ``n`` as failed (it becomes a dead letter) and report it."""
+        entry = self.manifest.pages[n]
+        entry.status, entry.last_error = "failed", reason
+        self.manifest.record(self.store, n)
+        self.progress.page_failed(f"{self.category}: page {n} failed for good ({reason}) {entry.url}")
+
     async def _fetch(self, n: int) -> None:
         manifest = self.manifest
         entry = manifest.pages[n]
         if entry.attempts >= self.max_attempts:
             # The last allowed attempt was in flight when an earlier run died.
-            entry.status = "failed"
-            entry.last_error = entry.last_error or "attempts_exhausted: interrupted on the last attempt"
-            manifest.record(self.store, n)
-            self.progress.page_failed(f"{self.category}: page {n} failed for good ({entry.last_error}) {entry.url}")
+            self._fail_for_good(n, entry.last_error or "attempts_exhausted: interrupted on the last attempt")
             return
 
         async def on_attempt(attempt: int) -> None:
@@ -417,11 +419,8 @@ class PartitionCrawler:
             if page.http_status == 304 and previous is None:
                 raise PermanentFetchError(entry.url, "unexpected_304", "304 Not Modified without a conditional request", http_status=304)
         except FetchError as exc:
-            entry.status = "failed"
             entry.http_status = exc.http_status
-            entry.last_error = exc.reason + (f": {exc.detail}" if exc.detail else "")
-            manifest.record(self.store, n)
-            self.progress.page_failed(f"{self.category}: page {n} failed for good ({entry.last_error}) {entry.url}")
+            self._fail_for_good(n, exc.reason + (f": {exc.detail}" if exc.detail else ""))
             return
         old = previous[0].pages[previous[1]] if previous else None
         content_hash = old.content_hash if page.http_status == 304 else "sha256:" + hashlib.sha256(page.body).hexdigest()

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from scrape_assets.errors import ManifestError
 from scrape_assets.extract import (
+    ParsedSnapshot,
     ParseState,
     encode_parsed,
     extract_snapshot,
@@ -104,11 +105,17 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def _validate(parsed: ParsedSnapshot) -> ValidationReport:
+    """The pandera schemas' verdict on a snapshot's rows (pandas is imported only here)."""
+    from scrape_assets.schemas import pages_frame, products_frame, validate_parsed
+
+    return validate_parsed(products_frame(parsed.products), pages_frame(parsed.pages))
+
+
 def _parse_and_validate(store: ObjectStore, manifest: Manifest, spec: SiteSpec) -> _Encoded:
     """Worker: parse a snapshot's saved pages, validate the rows, encode ``parsed.json`` (reads only)."""
-    from scrape_assets.schemas import pages_frame, products_frame, validate_parsed  # pandas: only where validating
     parsed = extract_snapshot(store, manifest, spec, fetch_base_url=manifest.fetch_config.get("base_url", spec.base_url))
-    report = validate_parsed(products_frame(parsed.products), pages_frame(parsed.pages))
+    report = _validate(parsed)
     return _Encoded(encode_parsed(parsed), parsed.snapshot_id, len(parsed.pages), len(parsed.products),
                     len(parsed.rejects), report)
 
@@ -138,7 +145,7 @@ def parse_partitions(
         version = input_version(manifest, spec)
         state = load_parse_state(store, spec.name, category)
         plans.append((category, manifest, version, state, state is None or state.input_version != version))
-    to_parse = [(manifest,) for _, manifest, _, _, parse in plans if parse]
+    to_parse = [manifest for _, manifest, _, _, parse in plans if parse]
     pool, workers = None, min(workers, len(to_parse))
     if workers > 1 and "fork" in multiprocessing.get_all_start_methods() and sys.platform == "linux":
         # Import the validation code (pandas, pandera: ~0.4 s) once, before forking, rather
@@ -156,7 +163,7 @@ def parse_partitions(
                 nxt = next(queue, None)
                 if nxt is None:
                     return
-                pending.append(pool.submit(_parse_and_validate, store, nxt[0], spec))
+                pending.append(pool.submit(_parse_and_validate, store, nxt, spec))
 
         top_up()
         for category, manifest, version, state, parse in plans:
@@ -183,10 +190,8 @@ def _reuse(store: ObjectStore, spec: SiteSpec, category: str, manifest: Manifest
         save_parse_state(store, spec.name, category, replace(state, latest_snapshot_id=manifest.snapshot_id))
         return PartitionParse(category, figures, None,
                               f"{category}: unchanged since snapshot {state.snapshot_id}: 0 pages re-parsed")
-    from scrape_assets.schemas import pages_frame, products_frame, validate_parsed
-
     parsed, _ = load_current(store, spec.name, category)
-    report = validate_parsed(products_frame(parsed.products), pages_frame(parsed.pages))
+    report = _validate(parsed)
     save_parse_state(store, spec.name, category,
                      replace(state, latest_snapshot_id=manifest.snapshot_id, validated=report.passed))
     return PartitionParse(category, figures, report, _line(category, state.products, 0, state.snapshot_id,

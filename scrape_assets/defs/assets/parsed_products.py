@@ -60,12 +60,11 @@ def parsed_products(
             if result.report is not None:
                 reports.append(result.report)
             log.add(result.line)
+    totals = {key: sum(c[key] for c in per_category.values()) for key in ("products", "pages_parsed", "unchanged", "rejects")}
     log.close(
-        f"{len(per_category)} categories: {sum(c['pages_parsed'] for c in per_category.values()):,} pages parsed "
-        f"({workers} worker process{'es' if workers > 1 else ''}), "
-        f"{sum(c['unchanged'] for c in per_category.values())} categories unchanged, "
-        f"{sum(c['products'] for c in per_category.values()):,} products, "
-        f"{sum(c['rejects'] for c in per_category.values())} rejected cards"
+        f"{len(per_category)} categories: {totals['pages_parsed']:,} pages parsed "
+        f"({workers} worker process{'es' if workers > 1 else ''}), {totals['unchanged']} categories unchanged, "
+        f"{totals['products']:,} products, {totals['rejects']} rejected cards"
     )
 
     report = merge_reports(reports) if reports else ValidationReport(passed=True, failure_count=0)
@@ -84,9 +83,9 @@ def parsed_products(
     )
     return dg.MaterializeResult(
         metadata={
-            "products": sum(c["products"] for c in per_category.values()),
-            "pages_parsed": sum(c["pages_parsed"] for c in per_category.values()),
-            "partitions_unchanged": sum(c["unchanged"] for c in per_category.values()),
+            "products": totals["products"],
+            "pages_parsed": totals["pages_parsed"],
+            "partitions_unchanged": totals["unchanged"],
             "by_category": dg.MetadataValue.json(per_category),
             "parser_version": PARSER_VERSION,
         },

@@ -176,9 +176,10 @@ def raw_pages(context: dg.AssetExecutionContext, config: RawPagesConfig, site: S
             f"{r.pages_done} done ({r.pages_not_modified} not modified: 304), {r.pages_failed} failed, "
             f"{r.requests_made} requests, {r.duration_s:.1f}s"
         )
+    metadata = crawl_metadata(reports)
     log.close(
-        f"{len(reports)} categories: {sum(r.pages_done for r in reports):,} pages done "
-        f"({sum(r.pages_not_modified for r in reports):,} not modified: 304), "
-        f"{sum(r.pages_failed for r in reports)} failed, {sum(r.requests_made for r in reports):,} requests"
+        f"{len(reports)} categories: {metadata['pages_done']:,} pages done "
+        f"({metadata['pages_not_modified']:,} not modified: 304), "
+        f"{metadata['pages_failed']} failed, {metadata['requests_made']:,} requests"
     )
-    return dg.MaterializeResult(metadata=crawl_metadata(reports), data_version=run_data_version(reports))
+    return dg.MaterializeResult(metadata=metadata, data_version=run_data_version(reports))

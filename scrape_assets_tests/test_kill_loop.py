@@ -110,12 +110,18 @@ CRAWL = """
 """
 
 
-def test_orphan_from_a_killed_crawl_is_swept_by_the_next_crawl(tmp_path):
-    """End to end over the in-process demo catalogue: kill inside a manifest or page write, resume."""
+def _killed_crawl(tmp_path: Path, crashpoint: str) -> tuple[Path, str]:
+    """Run CRAWL into ``tmp_path/objects`` until ``crashpoint`` SIGKILLs it: ``(store root, code to resume)``."""
     root = tmp_path / "objects"
     code = CRAWL.format(store=str(root))
-    killed = _python(code, crashpoint="storage.after_temp_write:6", cwd=tmp_path)
+    killed = _python(code, crashpoint=crashpoint, cwd=tmp_path)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
+    return root, code
+
+
+def test_orphan_from_a_killed_crawl_is_swept_by_the_next_crawl(tmp_path):
+    """End to end over the in-process demo catalogue: kill inside a manifest or page write, resume."""
+    root, code = _killed_crawl(tmp_path, "storage.after_temp_write:6")
     store = ObjectStore(str(root))
     before = latest_manifest(store, "demo", "default")
     assert before is not None and not before.is_complete  # the last good manifest loads
@@ -133,10 +139,7 @@ def test_orphan_from_a_killed_crawl_is_swept_by_the_next_crawl(tmp_path):
 
 def test_a_done_page_whose_body_was_lost_is_fetched_again_on_resume(tmp_path):
     """As after a power loss: page renames are not folder-fsynced one by one, so a body may vanish."""
-    root = tmp_path / "objects"
-    code = CRAWL.format(store=str(root))
-    killed = _python(code, crashpoint="crawl.after_body_write:6", cwd=tmp_path)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    root, code = _killed_crawl(tmp_path, "crawl.after_body_write:6")
     store = ObjectStore(str(root))
     before = latest_manifest(store, "demo", "default")
     done = sorted(n for n, p in before.pages.items() if p.status == "done")
@@ -157,11 +160,8 @@ def test_a_done_page_whose_body_was_lost_is_fetched_again_on_resume(tmp_path):
 
 
 def test_a_snapshot_folder_killed_in_its_first_write_is_removed_by_the_next_crawl(tmp_path):
-    root = tmp_path / "objects"
-    code = CRAWL.format(store=str(root))
     # Write 1 is the storage probe, write 2 the new snapshot's first manifest.
-    killed = _python(code, crashpoint="storage.after_temp_write:2", cwd=tmp_path)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    root, code = _killed_crawl(tmp_path, "storage.after_temp_write:2")
     [orphan] = _temp_files(root)
     assert orphan.name.startswith(".manifest.json.") and not (orphan.parent / "manifest.json").exists()
 

@@ -13,6 +13,9 @@ never leak into another):
 * Parsing, the same 1,000 saved pages: ``parsing.parse_listing`` as the pipeline calls it,
   the same without the mojibake repair (``repair_text``), without ``urljoin``, and the bare
   selectolax loop of ``bare_parse.py``.
+* The Dagster event log, 500 asset materialization events into a fresh SQLite event log:
+  Dagster's ``SqliteEventLogStorage`` (a new engine per event) against our
+  :class:`~scrape_assets.instance_storage.PooledSqliteEventLogStorage` (one kept per shard).
 
 Prints one line per measurement: pages per second (wall) and CPU milliseconds per item.
 """
@@ -95,6 +98,29 @@ run()
 print(len(pages) / (time.perf_counter() - t0), 1000 * (usage() - c0) / len(pages))
 '''
 
+_EVENTS = r'''
+import resource, sys, tempfile, time
+import dagster as dg
+from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
+from dagster._core.events.log import EventLogEntry
+from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
+from scrape_assets.instance_storage import PooledSqliteEventLogStorage
+cls = {"stock": SqliteEventLogStorage, "pooled": PooledSqliteEventLogStorage}[sys.argv[1]]
+storage = cls(tempfile.mkdtemp(prefix="bench-events-"))
+def event(i):
+    mat = dg.AssetMaterialization(asset_key="raw_pages", partition=f"cat-{i:03d}", metadata={"pages": 100})
+    return EventLogEntry(error_info=None, level=20, user_message="", run_id="run", timestamp=time.time(),
+                         step_key="raw_pages", job_name="job",
+                         dagster_event=DagsterEvent(event_type_value=DagsterEventType.ASSET_MATERIALIZATION.value,
+                                                    job_name="job", event_specific_data=StepMaterializationData(mat)))
+storage.store_event(event(0))  # warm-up: creates the run and index databases
+usage = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+c0, t0 = usage(), time.perf_counter()
+for i in range(500):
+    storage.store_event(event(i))
+print(500 / (time.perf_counter() - t0), 1000 * (usage() - c0) / 500)
+'''
+
 
 def _measure(code: str, *args: str) -> tuple[float, float]:
     from benchmarks.measure import wait_for_quiet
@@ -140,6 +166,10 @@ def main() -> int:
                                 ("parse_listing without urljoin", "no_urljoin"),
                                 ("bare selectolax loop (bare_parse.py)", "bare")):
                 rate, cpu_ms = _measure(_PARSE, str(spec), objects, mode)
+                print(f"{label:58s} {rate:8.0f} {cpu_ms:12.3f}", flush=True)
+            for label, mode in (("event log: Dagster's SqliteEventLogStorage", "stock"),
+                                ("event log: PooledSqliteEventLogStorage", "pooled")):
+                rate, cpu_ms = _measure(_EVENTS, mode)
                 print(f"{label:58s} {rate:8.0f} {cpu_ms:12.3f}", flush=True)
         finally:
             server.stop()

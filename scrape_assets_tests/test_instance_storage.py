@@ -1,0 +1,128 @@
+"""PooledSqliteEventLogStorage: same files and records as Dagster's SQLite event log, engines reused."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import time
+
+import dagster as dg
+import pytest
+from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
+from dagster._core.events.log import EventLogEntry
+from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
+
+from scrape_assets import instance_storage
+from scrape_assets.instance_storage import MAX_ENGINES, PooledSqliteEventLogStorage
+from scrape_assets_tests.conftest import REPO_ROOT
+
+ASSET = dg.AssetKey("raw_pages")
+
+
+def _materialization(run_id: str, partition: str) -> EventLogEntry:
+    event = DagsterEvent(
+        event_type_value=DagsterEventType.ASSET_MATERIALIZATION.value,
+        job_name="job",
+        event_specific_data=StepMaterializationData(
+            dg.AssetMaterialization(asset_key=ASSET, partition=partition, metadata={"pages": 3})
+        ),
+    )
+    return EventLogEntry(error_info=None, level=20, user_message="", run_id=run_id, timestamp=time.time(),
+                         step_key="raw_pages", job_name="job", dagster_event=event)
+
+
+def _partitions(storage, run_id: str) -> list[str]:
+    records = storage.get_records_for_run(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION).records
+    return [r.event_log_entry.dagster_event.partition for r in records]
+
+
+def test_stock_storage_reads_what_the_pooled_one_wrote_and_engines_are_reused(tmp_path):
+    pooled = PooledSqliteEventLogStorage(str(tmp_path))
+    for i in range(5):
+        pooled.store_event(_materialization("run-a", f"cat-{i}"))
+    assert pooled.open_shards == ["run-a", "index"]
+    engine = pooled._engines["run-a"]
+    pooled.store_event(_materialization("run-a", "cat-5"))
+    assert pooled._engines["run-a"] is engine  # not rebuilt per event
+
+    stock = SqliteEventLogStorage(str(tmp_path))
+    assert _partitions(stock, "run-a") == [f"cat-{i}" for i in range(6)]
+    # The cross-run index (what the UI's asset pages read) has them too.
+    assert stock.get_latest_materialization_events([ASSET])[ASSET].dagster_event.partition == "cat-5"
+    pooled.dispose()
+    assert pooled.open_shards == []
+
+
+def test_at_most_max_engines_stay_open_and_evicted_runs_stay_readable(tmp_path):
+    pooled = PooledSqliteEventLogStorage(str(tmp_path))
+    runs = [f"run-{i}" for i in range(MAX_ENGINES + 3)]
+    for run_id in runs:
+        pooled.store_event(_materialization(run_id, "cat-0"))
+    assert len(pooled.open_shards) == MAX_ENGINES
+    assert pooled.open_shards[-1] == "index"
+    assert "run-0" not in pooled.open_shards
+    pooled.store_event(_materialization("run-0", "cat-1"))  # reopened after eviction
+    assert _partitions(pooled, "run-0") == ["cat-0", "cat-1"]
+    assert _partitions(SqliteEventLogStorage(str(tmp_path)), "run-0") == ["cat-0", "cat-1"]
+
+
+def _store_in_child(storage: PooledSqliteEventLogStorage, queue) -> None:
+    inherited = dict(storage._engines)
+    storage.store_event(_materialization("run-a", "from-child"))
+    queue.put([storage._engines[shard] is not engine for shard, engine in inherited.items()])
+
+
+def test_a_forked_child_opens_its_own_connections(tmp_path):
+    pooled = PooledSqliteEventLogStorage(str(tmp_path))
+    pooled.store_event(_materialization("run-a", "from-parent"))
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_store_in_child, args=(pooled, queue))
+    child.start()
+    fresh = queue.get(timeout=60)
+    child.join(60)
+    assert child.exitcode == 0
+    assert fresh == [True, True]  # neither shard's engine came from the parent
+    pooled.store_event(_materialization("run-a", "parent-again"))  # the parent's still work
+    assert _partitions(pooled, "run-a") == ["from-parent", "from-child", "parent-again"]
+
+
+def test_wipe_closes_the_files_it_deletes(tmp_path):
+    pooled = PooledSqliteEventLogStorage(str(tmp_path))
+    pooled.store_event(_materialization("run-a", "before"))
+    pooled.wipe()
+    pooled.store_event(_materialization("run-a", "after"))
+    # Written to the new file, not to the unlinked one an open connection would still hold.
+    assert _partitions(SqliteEventLogStorage(str(tmp_path)), "run-a") == ["after"]
+
+
+def test_base_dir_defaults_to_where_dagster_keeps_event_logs(tmp_path, monkeypatch):
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    assert PooledSqliteEventLogStorage()._base_dir == str(tmp_path / "history" / "runs")
+    monkeypatch.delenv("DAGSTER_HOME")
+    with pytest.raises(ValueError, match="set DAGSTER_HOME or give `base_dir`"):
+        instance_storage.default_base_dir()
+
+
+@dg.asset(partitions_def=dg.StaticPartitionsDefinition(["a", "b"]))
+def tiny(context) -> None:
+    context.log.info(f"partition {context.partition_key}")
+
+
+def test_the_shipped_dagster_yaml_selects_it_and_runs_record_as_usual(tmp_path, monkeypatch):
+    shutil.copy(REPO_ROOT / "dagster.yaml", tmp_path / "dagster.yaml")
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    with dg.DagsterInstance.get() as instance:
+        assert isinstance(instance.event_log_storage, PooledSqliteEventLogStorage)
+        for key in ("a", "b"):
+            assert dg.materialize([tiny], instance=instance, partition_key=key).success
+        status = instance.get_status_by_partition(dg.AssetKey("tiny"), ["a", "b"], tiny.partitions_def)
+        assert {k: v.value for k, v in status.items()} == {"a": "MATERIALIZED", "b": "MATERIALIZED"}
+    # Same place as Dagster's default storage: an instance without the block reads the same runs.
+    assert os.path.exists(tmp_path / "history" / "runs" / "index.db")
+    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    with dg.DagsterInstance.get() as stock:
+        assert type(stock.event_log_storage) is SqliteEventLogStorage
+        event = stock.get_latest_materialization_event(dg.AssetKey("tiny"))
+        assert event.dagster_event.partition == "b"

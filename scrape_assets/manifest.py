@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Literal
 
@@ -187,8 +187,9 @@ class Manifest:
 
     def to_json(self) -> bytes:
         """The manifest as UTF-8 JSON (pages keyed by page number as a string)."""
-        data = asdict(self)
-        data["pages"] = {str(n): asdict(p) for n, p in sorted(self.pages.items())}
+        # Not dataclasses.asdict: it deep-copies every field, ~0.1 ms per page entry.
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "pages"}
+        data["pages"] = {str(n): vars(p) for n, p in sorted(self.pages.items())}
         return json.dumps(data, indent=1, sort_keys=True).encode("utf-8")
 
     @classmethod
@@ -227,7 +228,7 @@ class Manifest:
             self.save(store)
             return
         self.journal_seq += 1
-        line = {"seq": self.journal_seq, "page": page_number, "entry": asdict(self.pages[page_number])}
+        line = {"seq": self.journal_seq, "page": page_number, "entry": vars(self.pages[page_number])}
         store.append_bytes(self.journal_key, (json.dumps(line, separators=(",", ":")) + "\n").encode("utf-8"))
         self._journal_lines = getattr(self, "_journal_lines", 0) + 1
         if self._journal_lines >= COMPACT_EVERY:

@@ -188,3 +188,33 @@ def test_a_failed_fetch_never_deletes_rows_loaded_earlier(tmp_path, instance):
     assert sorted((r["category"], r["http_status"]) for r in letters) == [("mystery", 404), ("travel", 500)]
     checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
     assert checks == {"parsed_products_match_schema": True, "products_table_matches_parsed": True}
+
+
+def test_a_complete_snapshot_is_adopted_only_when_its_run_died_before_recording_it(instance, monkeypatch):
+    from dagster._core.storage.dagster_run import DagsterRun
+
+    from scrape_assets.defs.assets.raw_pages import InterruptedRunSnapshots
+    from scrape_assets.manifest import Manifest
+
+    def manifest(category: str, run_id: str | None, snapshot_id: str = "s2") -> Manifest:
+        return Manifest(site="demo", category=category, snapshot_id=snapshot_id, fetch_config={},
+                        fetch_config_hash="h", start_url="http://x/", run_id=run_id)
+
+    for run_id, status in (("ok", dg.DagsterRunStatus.SUCCESS), ("died", dg.DagsterRunStatus.FAILURE)):
+        instance.add_run(DagsterRun(job_name="daily_scrape_job", run_id=run_id, status=status))
+    instance.report_runless_asset_event(dg.AssetMaterialization(
+        "raw_pages", partition="travel", metadata={"by_category": dg.MetadataValue.json({"travel": {"snapshot_id": "s1"}})}))
+    instance.report_runless_asset_event(dg.AssetMaterialization(
+        "raw_pages", partition="poetry", metadata={"by_category": dg.MetadataValue.json({"poetry": {"snapshot_id": "s2"}})}))
+    asked = Counter()
+    get_run_by_id = instance.get_run_by_id
+    monkeypatch.setattr(instance, "get_run_by_id", lambda run_id: asked.update([run_id]) or get_run_by_id(run_id))
+
+    adopt = InterruptedRunSnapshots(instance)
+    assert adopt(manifest("travel", "died"))  # latest record names s1: s2 was never recorded
+    assert adopt(manifest("mystery", "died"))  # never recorded at all
+    assert not adopt(manifest("poetry", "died"))  # recorded before the run died
+    assert not adopt(manifest("travel", "ok"))  # a successful run recorded what it completed
+    assert not adopt(manifest("travel", "unknown-run"))  # not this instance's run
+    assert not adopt(manifest("travel", None))
+    assert asked == {"died": 1, "ok": 1, "unknown-run": 1}  # each run asked once per step

@@ -2,7 +2,6 @@
 
 
 import asyncio
-import functools
 import hashlib
 from collections.abc import Callable
 
@@ -87,26 +86,46 @@ def run_data_version(reports: list[CrawlReport]) -> dg.DataVersion:
     return dg.DataVersion(digest.hexdigest()[:24])
 
 
-def completed_by_an_interrupted_run(instance: dg.DagsterInstance, manifest: Manifest) -> bool:
-    """Whether a complete snapshot was finished by a run of this instance that died before
-    recording ``raw_pages`` for its partition (killed, or the step failed on another category).
+class InterruptedRunSnapshots:
+    """``adopt_complete`` for :func:`~scrape_assets.manifest.open_snapshot`: whether a complete
+    snapshot was finished by a run of this instance that died before recording ``raw_pages``
+    for its partition (killed, or the step failed on another category).
 
     A run covering several categories completes them one by one but records them together at
     the end; its restart (or step retry) adopts such snapshots instead of fetching them again.
-    Recorded means: the partition's latest ``raw_pages`` materialization names this snapshot
+    Recorded means: the run succeeded (its ``raw_pages`` step recorded every category it
+    completed), or the partition's latest ``raw_pages`` materialization names this snapshot
     in ``by_category``. Never adopted: a snapshot of a run this instance does not know, or
     when the latest materialization cannot tell which snapshot it recorded.
+
+    One instance serves one step: each run's status is asked once (a daily run asks about
+    100 categories completed by the same earlier run), and the materialization only when
+    that run did not succeed.
     """
-    if manifest.run_id is None or instance.get_run_by_id(manifest.run_id) is None:
-        return False
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey("raw_pages"), asset_partitions=[manifest.category]), limit=1
-    ).records
-    if not records:
-        return True
-    by_category = records[0].asset_materialization.metadata.get("by_category")
-    recorded = (by_category.value if by_category is not None else {}).get(manifest.category, {}).get("snapshot_id")
-    return recorded is not None and recorded != manifest.snapshot_id
+
+    def __init__(self, instance: dg.DagsterInstance):
+        self.instance = instance
+        self._status: dict[str, dg.DagsterRunStatus | None] = {}
+
+    def run_status(self, run_id: str) -> dg.DagsterRunStatus | None:
+        """The run's status, ``None`` for a run this instance does not know (asked once per run)."""
+        if run_id not in self._status:
+            run = self.instance.get_run_by_id(run_id)
+            self._status[run_id] = run.status if run is not None else None
+        return self._status[run_id]
+
+    def __call__(self, manifest: Manifest) -> bool:
+        status = self.run_status(manifest.run_id) if manifest.run_id is not None else None
+        if status is None or status == dg.DagsterRunStatus.SUCCESS:
+            return False
+        records = self.instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey("raw_pages"), asset_partitions=[manifest.category]), limit=1
+        ).records
+        if not records:
+            return True
+        by_category = records[0].asset_materialization.metadata.get("by_category")
+        recorded = (by_category.value if by_category is not None else {}).get(manifest.category, {}).get("snapshot_id")
+        return recorded is not None and recorded != manifest.snapshot_id
 
 
 async def crawl_partitions(
@@ -163,7 +182,7 @@ def raw_pages(context: dg.AssetExecutionContext, config: RawPagesConfig, site: S
             reports = asyncio.run(
                 crawl_partitions(
                     site, store, categories, new_snapshot=config.new_snapshot, log=context.log, run_id=context.run_id,
-                    adopt_complete=functools.partial(completed_by_an_interrupted_run, context.instance),
+                    adopt_complete=InterruptedRunSnapshots(context.instance),
                 )
             )
     except (FetchConfigChangedError, SpecError, SettingsError, PartitionLockedError) as exc:

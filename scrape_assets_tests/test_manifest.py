@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -85,6 +86,15 @@ def test_manifest_round_trip_and_corruption_is_reported(tmp_path):
     manifest, _ = _open(store, fetch_config=CONFIG, now=T0)
     raw = store.read_bytes(manifest.key)
     assert Manifest.from_json(raw, "m").to_json() == raw
+    # One field per line, one page entry per line: readable and diffable by hand.
+    manifest.pages[1].last_error = "timeout: read \u2026"
+    manifest.pages[2] = PageEntry(url="http://x/t/page-2.html", status="done", attempts=1, content_hash="sha256:ab")
+    text = manifest.to_json().decode()
+    assert json.loads(text) == json.loads(json.dumps(dataclasses.asdict(manifest) | {
+        "pages": {str(n): dataclasses.asdict(p) for n, p in manifest.pages.items()}}))
+    page_lines = [line for line in text.splitlines() if line.startswith('  "')]
+    assert [json.loads("{" + line.rstrip(",") + "}") for line in page_lines] == [
+        {str(n): dataclasses.asdict(p)} for n, p in sorted(manifest.pages.items())]
     store.write_bytes_atomic(manifest.key, raw[: len(raw) // 2])
     with pytest.raises(ManifestError, match="unreadable manifest"):
         load_manifest(store, "demo", "travel", manifest.snapshot_id)

@@ -2,8 +2,9 @@
 
 For every run of the instance at ``$DAGSTER_HOME``, oldest first: status, start and end
 times (the run's own events, so the process start before ``RUN_START`` is excluded), each
-step's duration and the materialization metadata of each asset (one set per asset: a run
-covering many partitions records the same run-wide metadata for each of them).
+step's duration and the materialization metadata of each asset (its partitions' events
+merged: run totals once, per-category tables joined; see
+``scrape_assets.defs.assets.partition_metadata``).
 
 Run: ``DAGSTER_HOME=... python -m benchmarks.run_info`` (prints one JSON document).
 """
@@ -14,6 +15,8 @@ import json
 import sys
 
 import dagster as dg
+
+from scrape_assets.defs.assets.partition_metadata import merged_metadata
 
 
 def _value(metadata_value):
@@ -30,7 +33,7 @@ def describe_runs(instance: dg.DagsterInstance) -> list[dict]:
     out = []
     for run in reversed(instance.get_runs()):
         steps: dict[str, dict] = {}
-        assets: dict[str, dict] = {}
+        assets: dict[str, list] = {}
         started = ended = None
         for entry in instance.all_logs(run.run_id):
             event = entry.dagster_event
@@ -52,8 +55,7 @@ def describe_runs(instance: dg.DagsterInstance) -> list[dict]:
             elif kind == "ASSET_MATERIALIZATION":
                 materialization = event.event_specific_data.materialization
                 name = materialization.asset_key.to_user_string()
-                if name not in assets:
-                    assets[name] = {k: _value(v) for k, v in materialization.metadata.items()}
+                assets.setdefault(name, []).append({k: _value(v) for k, v in materialization.metadata.items()})
         out.append(
             {
                 "run_id": run.run_id,
@@ -64,7 +66,7 @@ def describe_runs(instance: dg.DagsterInstance) -> list[dict]:
                 "ended_at": ended,
                 "in_run_s": round(ended - started, 3) if started and ended else None,
                 "steps": steps,
-                "assets": assets,
+                "assets": {name: merged_metadata(metadatas) for name, metadatas in assets.items()},
             }
         )
     return out

@@ -28,7 +28,7 @@ from scrape_assets.manifest import Manifest, latest_manifest, list_snapshots
 from scrape_assets.spec import load_spec
 from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import Warehouse, dead_letters, products
-from scrape_assets_tests.conftest import make_resources, materialize, serving
+from scrape_assets_tests.conftest import make_resources, materialize, run_metadata, serving
 
 DAY = datetime.date(2026, 11, 30)  # the catalogue's day, fixed so expected bytes never drift at midnight
 CATEGORIES = ("travel", "mystery")  # consecutive in demo.yaml: one run, 3 listing pages
@@ -204,8 +204,7 @@ class Outcome:
         return out
 
     def materialization(self, asset: str) -> dict | None:
-        events = [e for e in self.result.get_asset_materialization_events() if e.asset_key.path[0] == asset]
-        return {k: v.value for k, v in events[0].materialization.metadata.items()} if events else None
+        return run_metadata(self.result).get(asset)
 
     @property
     def checks(self) -> dict[str, object]:

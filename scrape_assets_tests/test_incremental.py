@@ -8,7 +8,7 @@ from pathlib import Path
 from scrape_assets.manifest import latest_manifest, list_snapshots, load_manifest
 from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import Warehouse, products
-from scrape_assets_tests.conftest import make_resources, materialize
+from scrape_assets_tests.conftest import make_resources, materialize, run_metadata
 
 PAGES = {"travel": 1, "mystery": 2}
 
@@ -78,8 +78,8 @@ def test_next_day_refetches_only_the_categories_that_changed(tmp_path, instance)
         finally:
             server.shutdown()
             server.server_close()
-    md = {e.asset_key.path[0]: e.materialization.metadata for e in results[day2].get_asset_materialization_events()}
-    by_category = md["raw_pages"]["by_category"].value
+    md = run_metadata(results[day2])
+    by_category = md["raw_pages"]["by_category"]
     for key in keys:
         first, second = (load_manifest(store, "demo", key, s) for s in list_snapshots(store, "demo", key))
         pages = len(second.pages)
@@ -91,9 +91,9 @@ def test_next_day_refetches_only_the_categories_that_changed(tmp_path, instance)
             assert by_category[key]["pages_not_modified"] == pages, key
             assert second.data_version == first.data_version
     assert len(statuses) == sum(len(load_manifest(store, "demo", k, list_snapshots(store, "demo", k)[-1]).pages) for k in keys)
-    parsed = md["parsed_products"]["by_category"].value
+    parsed = md["parsed_products"]["by_category"]
     assert {k for k in keys if not parsed[k]["unchanged"]} == changed
-    reloaded = md["products_table"]["rows_loaded_by_category"].value
+    reloaded = md["products_table"]["rows_loaded_by_category"]
     assert {k for k in keys if reloaded[k]} == changed
     # Prices moved exactly in the categories that changed.
     for key in keys:
@@ -117,12 +117,12 @@ def test_unchanged_second_run_reparses_nothing_reloads_nothing_and_history_has_n
 
     second = materialize(instance, res, ["travel", "mystery"])
     assert second.success
-    md = {e.asset_key.path[0]: e.materialization.metadata for e in second.get_asset_materialization_events()}
-    assert md["parsed_products"]["pages_parsed"].value == 0
-    assert md["parsed_products"]["partitions_unchanged"].value == 2
-    assert md["products_table"]["rows_loaded"].value == 0
-    assert md["products_table"]["partitions_reloaded"].value == 0
-    assert md["products_table"]["rows_by_category"].value == {"travel": 11, "mystery": 32}
+    md = run_metadata(second)
+    assert md["parsed_products"]["pages_parsed"] == 0
+    assert md["parsed_products"]["partitions_unchanged"] == 2
+    assert md["products_table"]["rows_loaded"] == 0
+    assert md["products_table"]["partitions_reloaded"] == 0
+    assert md["products_table"]["rows_by_category"] == {"travel": 11, "mystery": 32}
     assert wh.rows(products) == table_before  # untouched, not even re-stamped
     assert wh.rows(partition_loads) == loads_before
 
@@ -148,14 +148,14 @@ def test_parser_version_change_reparses_saved_pages_without_requests(tmp_path, i
     requests = demo_server.request_count()
 
     unchanged = materialize(instance, res, ["travel"], selection=["parsed_products", "products_table"])
-    md = {e.asset_key.path[0]: e.materialization.metadata for e in unchanged.get_asset_materialization_events()}
-    assert md["parsed_products"]["pages_parsed"].value == 0
+    md = run_metadata(unchanged)
+    assert md["parsed_products"]["pages_parsed"] == 0
 
     monkeypatch.setattr(extract, "PARSER_VERSION", "test-bump")  # as after a parser fix
     reparse = materialize(instance, res, ["travel"], selection=["parsed_products", "products_table"])
-    md = {e.asset_key.path[0]: e.materialization.metadata for e in reparse.get_asset_materialization_events()}
-    assert md["parsed_products"]["pages_parsed"].value == 1
-    assert md["products_table"]["rows_loaded"].value == 11
+    md = run_metadata(reparse)
+    assert md["parsed_products"]["pages_parsed"] == 1
+    assert md["products_table"]["rows_loaded"] == 11
     assert demo_server.request_count() == requests  # zero HTTP requests
 
 
@@ -193,8 +193,8 @@ def test_first_page_revalidation_asks_one_page_per_unchanged_category(tmp_path, 
     assert len(requests[day2]) == 1 + 12 + 1 + 1 + 1
     assert sum("/fiction_10/" in p for p in requests[day2]) == 1
 
-    md = {e.asset_key.path[0]: e.materialization.metadata for e in results[day2].get_asset_materialization_events()}
-    by_category = md["raw_pages"]["by_category"].value
+    md = run_metadata(results[day2])
+    by_category = md["raw_pages"]["by_category"]
     assert {k: by_category[k]["pages_assumed_unchanged"] for k in keys} == {
         "fiction": 3, "default": 0, "fantasy": 2, "science": 0, "poetry": 0}
     assert sum("/fantasy_19/" in p for p in requests[day2]) == 1  # fantasy: page 1 only
@@ -206,9 +206,9 @@ def test_first_page_revalidation_asks_one_page_per_unchanged_category(tmp_path, 
             assert (entry.status, entry.assumed_unchanged, entry.body_key) == ("done", True, first.page_key(n))
             assert (entry.content_hash, entry.fetched_at) == (first.pages[n].content_hash, first.pages[n].fetched_at)
         assert second.data_version == first.data_version
-    parsed = md["parsed_products"]["by_category"].value
+    parsed = md["parsed_products"]["by_category"]
     assert {k for k in keys if not parsed[k]["unchanged"]} == {"default", "poetry"}
-    assert md["products_table"]["rows_by_category"].value == {"fiction": 65, "default": 232, "fantasy": 48,
+    assert md["products_table"]["rows_by_category"] == {"fiction": 65, "default": 232, "fantasy": 48,
                                                               "science": 14, "poetry": 19}
     assert len(wh.rows(products)) == 65 + 232 + 48 + 14 + 19
 

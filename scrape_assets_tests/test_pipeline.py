@@ -14,7 +14,7 @@ from scrape_assets.demo_site import catalogue
 from scrape_assets.manifest import latest_manifest, list_snapshots
 from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import Warehouse, dead_letters, products
-from scrape_assets_tests.conftest import make_resources, materialize
+from scrape_assets_tests.conftest import make_resources, materialize, run_metadata
 
 CATEGORIES = ["travel", "mystery", "classics"]  # consecutive in demo.yaml, so one range
 BUSINESS_COLUMNS = ("category", "product_id", "title", "price", "currency", "rating", "availability", "url", "page_number")
@@ -34,12 +34,18 @@ def test_whole_graph_loads_expected_rows_and_rerun_gives_same_table(tmp_path, in
     checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
     assert checks == {"parsed_products_match_schema": True, "products_table_matches_parsed": True}
 
-    raw = [e for e in result.get_asset_materialization_events() if e.asset_key.path[0] == "raw_pages"][0]
-    md = raw.materialization.metadata
-    assert md["pages_done"].value == 1 + 2 + 1 and md["pages_failed"].value == 0
-    assert md["success_rate"].value == 1.0
-    assert md["products_expected"].value == 11 + 32 + 19
-    assert md["by_category"].value["mystery"]["pages_done"] == 2
+    # Each partition's materialization carries the run totals and only its own category's
+    # row of the per-category tables (the event log grows with N categories, not N²).
+    tables = {"raw_pages": "by_category", "parsed_products": "by_category", "products_table": "rows_by_category",
+              "dead_letters": "by_category"}
+    for e in result.get_asset_materialization_events():
+        table = e.materialization.metadata[tables[e.asset_key.path[0]]].value
+        assert list(table) == [e.materialization.partition], e.asset_key
+    md = run_metadata(result)["raw_pages"]
+    assert md["pages_done"] == 1 + 2 + 1 and md["pages_failed"] == 0 and md["categories"] == 3
+    assert md["success_rate"] == 1.0
+    assert md["products_expected"] == 11 + 32 + 19
+    assert {c: v["pages_done"] for c, v in md["by_category"].items()} == {"travel": 1, "mystery": 2, "classics": 1}
 
     # Every product of the demo catalogue for these categories, with today's prices.
     demo = catalogue()
@@ -177,8 +183,8 @@ def test_a_failed_fetch_never_deletes_rows_loaded_earlier(tmp_path, instance):
     assert result.success
     after = {(r[0], r[1]): r for r in _table(tmp_path)}
     assert set(after) == set(before)  # no row lost
-    md = {e.asset_key.path[0]: e.materialization.metadata for e in result.get_asset_materialization_events()}
-    assert md["products_table"]["rows_carried_forward"].value == 11 + 12
+    md = run_metadata(result)
+    assert md["products_table"]["rows_carried_forward"] == 11 + 12
     store = ObjectStore(str(tmp_path / "objects"))
     new_snapshot = latest_manifest(store, "demo", "mystery").snapshot_id
     for key, row in after.items():
@@ -218,3 +224,14 @@ def test_a_complete_snapshot_is_adopted_only_when_its_run_died_before_recording_
     assert not adopt(manifest("travel", "unknown-run"))  # not this instance's run
     assert not adopt(manifest("travel", None))
     assert asked == {"died": 1, "ok": 1, "unknown-run": 1}  # each run asked once per step
+
+
+def test_merged_metadata_joins_per_partition_tables_and_reads_older_whole_table_events():
+    from scrape_assets.defs.assets.partition_metadata import merged_metadata
+
+    per_partition = [{"pages_done": 3, "by_category": dg.MetadataValue.json({"a": {"pages_done": 1}})},
+                     {"pages_done": 3, "by_category": dg.MetadataValue.json({"b": {"pages_done": 2}})}]
+    expected = {"pages_done": 3, "by_category": {"a": {"pages_done": 1}, "b": {"pages_done": 2}}}
+    assert merged_metadata(per_partition) == expected
+    whole_table = {"pages_done": 3, "by_category": expected["by_category"]}
+    assert merged_metadata([whole_table, whole_table]) == expected

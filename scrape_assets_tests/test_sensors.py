@@ -131,3 +131,17 @@ def test_first_evaluation_alerts_only_collapses_still_open(tmp_path, instance, w
     assert [m["text"] for m in webhook_server.received] == [
         "scrape_assets collapse: mystery: success rate 0% is below the floor 90%"
     ]
+
+
+def test_a_run_whose_events_span_two_evaluations_counts_once_for_all(tmp_path, instance, monkeypatch):
+    from scrape_assets.defs import sensors
+
+    broken = make_resources(tmp_path, base_url=DEAD_HOST, max_attempts=1)
+    assert materialize(instance, broken, ["travel", "mystery"], selection=["raw_pages"]).success
+    monkeypatch.setattr(sensors, "BATCH", 1)  # one partition's event per evaluation
+    cursor = json.dumps({})  # not a first evaluation: every observation counts
+    for _ in range(3):
+        _, cursor = sensors.evaluate(instance, cursor)
+    state = json.loads(cursor)["state"]
+    assert state["history"] == {"travel": [0.0], "mystery": [0.0], "all": [0.0]}
+    assert len(json.loads(cursor)["runs"]) == 1

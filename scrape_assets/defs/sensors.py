@@ -17,6 +17,8 @@ from scrape_assets.defs.resources import AlertsResource
 
 RULES = CollapseRules()
 BATCH = 200
+#: Runs whose run-wide rate the cursor remembers as observed (a run's events may span evaluations).
+RUNS_REMEMBERED = 200
 
 
 def _new_records(instance, asset: str, cursor: str | None):
@@ -28,40 +30,49 @@ def evaluate(instance, cursor: str | None, rules: CollapseRules = RULES) -> tupl
     """Alerts for materializations recorded since ``cursor``; returns ``(alerts, new_cursor)``.
 
     Events of the three assets are replayed in the order they were recorded, so a recovery
-    is never seen before the collapse it recovers from. On the first evaluation (no cursor)
-    the history only builds the state: just the collapses still open at its end alert.
+    is never seen before the collapse it recovers from. Each partition's event carries its
+    own category's figures (``by_category``); a ``raw_pages`` event also carries its run's
+    totals, observed once per run as ``all`` when the run covered several categories (the
+    cursor remembers the last :data:`RUNS_REMEMBERED` runs observed, so a run whose events
+    span two evaluations counts once). On the first evaluation (no cursor) the history only
+    builds the state: just the collapses still open at its end alert.
     """
     data = json.loads(cursor) if cursor else {}
     state = CollapseState.from_dict(data.get("state"))
     positions = dict(data.get("positions", {}))
+    runs_observed = list(data.get("runs", []))
     events = []
     for asset in ("raw_pages", "parsed_products", "products_table"):
         records, positions[asset] = _new_records(instance, asset, positions.get(asset))
-        seen_runs = set()
-        for record in records:  # a multi-category run records one event per partition: keep one
-            if record.asset_materialization is not None and record.run_id not in seen_runs:
-                seen_runs.add(record.run_id)
+        for record in records:
+            if record.asset_materialization is not None:
                 metadata = {k: v.value for k, v in record.asset_materialization.metadata.items()}
-                events.append((record.storage_id, asset, metadata))
+                events.append((record.storage_id, record.run_id, asset, metadata))
 
     alerts: list[str] = []
-    for _, asset, metadata in sorted(events, key=lambda e: e[0]):
-        if asset == "raw_pages":
-            by_category = metadata.get("by_category") or {}
-            for category, numbers in sorted(by_category.items()):
-                alerts.append(observe_rate(state, category, float(numbers["success_rate"]), rules))
-            if len(by_category) > 1:
-                alerts.append(observe_rate(state, "all", float(metadata["success_rate"]), rules))
-        else:
-            field = "by_category" if asset == "parsed_products" else "rows_by_category"
-            for category, value in sorted((metadata.get(field) or {}).items()):
+    seen: set[tuple[str, str, str]] = set()  # events recorded before per-partition tables repeat the run's table
+    for _, run_id, asset, metadata in sorted(events, key=lambda e: e[0]):
+        field = "rows_by_category" if asset == "products_table" else "by_category"
+        table = metadata.get(field) or {}
+        for category, value in sorted(table.items()):
+            if (asset, run_id, category) in seen:
+                continue
+            seen.add((asset, run_id, category))
+            if asset == "raw_pages":
+                alerts.append(observe_rate(state, category, float(value["success_rate"]), rules))
+            else:
                 count = value["products"] if isinstance(value, dict) else int(value)
                 alerts.append(observe_products(state, category, count))
+        if asset == "raw_pages" and metadata.get("categories", len(table)) > 1 and run_id not in runs_observed:
+            runs_observed.append(run_id)
+            alerts.append(observe_rate(state, "all", float(metadata["success_rate"]), rules))
     alerts = [a for a in alerts if a]
     if cursor is None:  # first evaluation: alert only what is still collapsed now
         still_open = {f"{key.split(':', 1)[1]}: {reason}" for key, reason in state.collapsed.items()}
         alerts = list(dict.fromkeys(a for a in alerts if a in still_open))
-    new_cursor = json.dumps({"positions": positions, "state": state.to_dict()}, sort_keys=True)
+    new_cursor = json.dumps(
+        {"positions": positions, "state": state.to_dict(), "runs": runs_observed[-RUNS_REMEMBERED:]}, sort_keys=True
+    )
     return alerts, new_cursor
 
 

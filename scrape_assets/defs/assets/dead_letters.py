@@ -5,6 +5,7 @@ import json
 
 import dagster as dg
 
+from scrape_assets.defs.assets.partition_metadata import add_per_category
 from scrape_assets.defs.partitions import category_partitions
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource
 from scrape_assets.extract import load_current, load_parse_state
@@ -83,10 +84,10 @@ def dead_letters(
             if rows:
                 context.log.warning(f"{category}: {len(rows)} dead letter(s): " + "; ".join(f"{r['url']} ({r['reason']})" for r in rows[:5]))
 
+    add_per_category(context, {"by_category": counts})
     return dg.MaterializeResult(
         metadata={
             "dead_letters": sum(counts.values()),
-            "by_category": dg.MetadataValue.json(counts),
             "table": "dead_letters",
         }
     )

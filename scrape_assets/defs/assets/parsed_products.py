@@ -4,6 +4,7 @@ import dagster as dg
 import pydantic
 
 from scrape_assets.batched_log import BatchedLog
+from scrape_assets.defs.assets.partition_metadata import add_per_category
 from scrape_assets.defs.partitions import category_partitions
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
 from scrape_assets.extract import PARSER_VERSION
@@ -81,12 +82,12 @@ def parsed_products(
             "partitions_checked": len(reports),
         },
     )
+    add_per_category(context, {"by_category": per_category})
     return dg.MaterializeResult(
         metadata={
             "products": totals["products"],
             "pages_parsed": totals["pages_parsed"],
             "partitions_unchanged": totals["unchanged"],
-            "by_category": dg.MetadataValue.json(per_category),
             "parser_version": PARSER_VERSION,
         },
         check_results=[check],

@@ -4,6 +4,7 @@
 import dagster as dg
 
 from scrape_assets.batched_log import BatchedLog
+from scrape_assets.defs.assets.partition_metadata import add_per_category
 from scrape_assets.defs.partitions import category_partitions
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource
 from scrape_assets.errors import ManifestError
@@ -110,12 +111,11 @@ def products_table(
     """
     with store.locks(context, site.spec().name):
         wh, loaded, carried, in_table, problems = load_categories(context, site, store, warehouse)
+    add_per_category(context, {"rows_by_category": in_table, "rows_loaded_by_category": loaded})
     return dg.MaterializeResult(
         metadata={
             "rows_loaded": sum(loaded.values()),
             "partitions_reloaded": sum(1 for c in loaded if loaded[c]),
-            "rows_by_category": dg.MetadataValue.json(in_table),
-            "rows_loaded_by_category": dg.MetadataValue.json(loaded),
             "rows_carried_forward": sum(carried.values()),
             "table": "products",
             "warehouse": wh.describe(),

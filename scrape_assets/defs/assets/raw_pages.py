@@ -10,6 +10,7 @@ from pydantic import Field
 
 from scrape_assets.batched_log import BatchedLog
 from scrape_assets.crawl import CrawlProgress, CrawlReport, PartitionCrawler
+from scrape_assets.defs.assets.partition_metadata import add_per_category
 from scrape_assets.defs.partitions import category_partitions
 from scrape_assets.defs.pools import configured_host_pool
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
@@ -33,8 +34,12 @@ class RawPagesConfig(dg.Config):
     )
 
 
-def crawl_metadata(reports: list[CrawlReport]) -> dict:
-    """Materialization metadata: run totals plus a per-category table (the sensor reads it)."""
+def crawl_metadata(reports: list[CrawlReport]) -> tuple[dict, dict[str, dict]]:
+    """Materialization metadata: ``(run totals, {category: its figures})``.
+
+    The totals go on every partition's materialization, each category's figures only on its
+    own (``by_category``, see :mod:`.partition_metadata`); the collapse sensor reads both.
+    """
     done = sum(r.pages_done for r in reports)
     failed = sum(r.pages_failed for r in reports)
     expected = [r.products_expected for r in reports if r.products_expected is not None]
@@ -68,8 +73,8 @@ def crawl_metadata(reports: list[CrawlReport]) -> dict:
         "products_expected": sum(expected) if expected else None,
         "bytes_stored": sum(r.bytes_stored for r in reports),
         "duration_s": round(max((r.duration_s for r in reports), default=0.0), 3),
-        "by_category": dg.MetadataValue.json(by_category),
-    }
+        "categories": len(reports),
+    }, by_category
 
 
 def run_data_version(reports: list[CrawlReport]) -> dg.DataVersion:
@@ -77,8 +82,8 @@ def run_data_version(reports: list[CrawlReport]) -> dg.DataVersion:
     crawl keeps the version and downstream assets stay up to date in the UI.
 
     A run covering several categories records one version for all of them (Dagster
-    gives a single-run backfill one output); per-category versions are in ``by_category``
-    and drive the skip logic of ``parsed_products`` and ``products_table``.
+    gives a single-run backfill one output); each partition's own version is in its
+    ``by_category`` entry.
     """
     if len(reports) == 1:
         return dg.DataVersion(reports[0].data_version)
@@ -195,7 +200,8 @@ def raw_pages(context: dg.AssetExecutionContext, config: RawPagesConfig, site: S
             f"{r.pages_done} done ({r.pages_not_modified} not modified: 304), {r.pages_failed} failed, "
             f"{r.requests_made} requests, {r.duration_s:.1f}s"
         )
-    metadata = crawl_metadata(reports)
+    metadata, by_category = crawl_metadata(reports)
+    add_per_category(context, {"by_category": by_category})
     log.close(
         f"{len(reports)} categories: {metadata['pages_done']:,} pages done "
         f"({metadata['pages_not_modified']:,} not modified: 304), "

@@ -2,116 +2,122 @@
 
 Dagster's :class:`~dagster._core.storage.event_log.SqliteEventLogStorage` builds a new
 SQLAlchemy engine (``NullPool``) for every event it stores and disposes of it afterwards:
-about 4.7 ms of CPU per event here, before any row is written (``benchmarks/micro.py``,
+about 4 ms of CPU per event here, before any row is written (``benchmarks/micro.py``,
 "event log"). A scheduled run over 100 categories writes about 1,000 asset events (a
 ``MATERIALIZATION_PLANNED`` and an ``ASSET_MATERIALIZATION`` per asset and partition, the
-check's results), so on an unchanged day that bookkeeping was most of the run.
+checks' results), so on an unchanged day that bookkeeping was most of the run.
 
-:class:`PooledSqliteEventLogStorage` is the same storage (same files under
-``$DAGSTER_HOME/history/runs/``, same schema, same lock around every use) with one change:
-the engine of each shard (``index`` and one database per run) is kept, with its one pooled
-connection, for the next event; ~1.2 ms per event instead. ``dagster.yaml`` selects it::
+:class:`PooledSqliteEventLogStorage` is the same storage (same files, same schema, same
+lock around every use) with one change: the engine of each shard (``index`` and one
+database per run) is kept, with its pooled connection, for the next event; ~1 ms per
+event instead. :class:`ScrapeInstance` makes it the default of the instance's SQLite
+storage, under the instance's own folder (``<instance>/history/runs/``, where Dagster
+keeps event logs), so a temporary instance (``dagster dev`` without ``DAGSTER_HOME``)
+gets it too. ``dagster.yaml`` selects it::
 
-    event_log_storage:
+    instance_class:
       module: scrape_assets.instance_storage
-      class: PooledSqliteEventLogStorage
+      class: ScrapeInstance
 
 Limits:
 
 - At most :data:`MAX_ENGINES` shards keep an engine (least recently used is closed first),
   so a webserver that reads many runs' logs holds a bounded number of files open.
+- Every commit is checkpointed into the database file (``PRAGMA wal_autocheckpoint=1``),
+  as closing the connection did: the UI's live log view watches the run's ``.db`` file,
+  not its write-ahead log.
 - A forked child never reuses its parent's connections (SQLite forbids carrying a
   connection across ``fork()``): the first use in a new process starts with no engines.
-- Nothing changes for PostgreSQL (``storage: postgres:``), which pools on its own; remove
-  the block above to go back to Dagster's default SQLite storage: the files are the same.
+- Only the SQLite default changes: a ``storage:`` block (``postgres:``, which pools on its
+  own) still wins. Removing ``instance_class`` goes back to Dagster's stock classes on the
+  same files, without losing history.
 """
 
 from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-from dagster import Field, StringSource
-from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
+import yaml
+from dagster import DagsterInstance, StringSource
+from dagster._core.instance.ref import InstanceRef
+from dagster._core.storage.event_log.sqlite.sqlite_event_log import INDEX_SHARD_NAME, SqliteEventLogStorage
 from dagster._core.storage.sql import create_engine
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS, create_db_conn_string
 from dagster._serdes import ConfigurableClassData
+from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 #: Shards (``index`` plus run databases) whose engine stays open; a run writes to two.
 MAX_ENGINES = 8
 
 
-def default_base_dir() -> str:
-    """Where Dagster's default SQLite storage keeps event logs: ``$DAGSTER_HOME/history/runs``.
-
-    Raises:
-        ValueError: ``DAGSTER_HOME`` is not set and no ``base_dir`` was configured.
-    """
-    home = os.environ.get("DAGSTER_HOME")
-    if not home:
-        raise ValueError(
-            "PooledSqliteEventLogStorage: set DAGSTER_HOME or give `base_dir` in the "
-            "event_log_storage config (expected a folder for the run databases)"
-        )
-    return os.path.join(home, "history", "runs")
+def _checkpoint_every_commit(dbapi_connection, _record) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA wal_autocheckpoint=1")
+    cursor.close()
 
 
 class PooledSqliteEventLogStorage(SqliteEventLogStorage):
     """SQLite event log storage that reuses one engine per shard (see the module docstring).
 
     Args:
-        base_dir: folder of the run databases and ``index.db``; default
-            ``$DAGSTER_HOME/history/runs`` (where Dagster's default storage keeps them).
-        inst_data: set by Dagster when it builds the storage from ``dagster.yaml``.
-
-    Raises:
-        ValueError: neither ``base_dir`` nor ``DAGSTER_HOME`` is set.
+        base_dir: folder of the run databases and ``index.db``.
+        inst_data: set by Dagster when it builds the storage from the instance config.
     """
 
-    def __init__(self, base_dir: str | None = None, inst_data: ConfigurableClassData | None = None):
+    def __init__(self, base_dir: str, inst_data: ConfigurableClassData | None = None):
         self._engines: OrderedDict[str, Engine] = OrderedDict()
         self._engines_pid = os.getpid()
-        super().__init__(base_dir or default_base_dir(), inst_data=inst_data)
+        super().__init__(base_dir, inst_data=inst_data)
 
     @classmethod
     def config_type(cls) -> dict:
-        return {"base_dir": Field(StringSource, is_required=False)}
+        return {"base_dir": StringSource}
 
     @classmethod
     def from_config_value(cls, inst_data: ConfigurableClassData | None, config_value: dict):
-        return cls(base_dir=config_value.get("base_dir"), inst_data=inst_data)
+        return cls(base_dir=config_value["base_dir"], inst_data=inst_data)
 
     @property
     def open_shards(self) -> list[str]:
         """Shards whose engine is open, least recently used first (for tests and debugging)."""
         return list(self._engines)
 
-    def _engine(self, shard: str) -> Engine:
-        """The shard's engine, created (and its database initialised) on first use. Lock held."""
+    def _forget_inherited_engines(self) -> None:
+        """After fork(): drop the parent's engines without closing its connections."""
         if self._engines_pid != os.getpid():
-            # Inherited through fork(): the parent's connections belong to the parent.
             for engine in self._engines.values():
                 engine.dispose(close=False)
             self._engines.clear()
             self._engines_pid = os.getpid()
+
+    def _engine(self, shard: str) -> Engine:
+        """The shard's engine, created (and its database initialised) on first use. Lock held."""
+        self._forget_inherited_engines()
         engine = self._engines.get(shard)
         if engine is not None:
             self._engines.move_to_end(shard)
             return engine
         # One connection stays pooled; a nested use (Dagster's schema set-up inspects the
-        # database while connected) opens a second one and closes it when done.
+        # database while connected) opens another one and closes it when done.
         engine = create_engine(
             create_db_conn_string(self._base_dir, shard),
             pool_size=1,
             max_overflow=4,
             connect_args={"timeout": SQLITE_BUSY_TIMEOUT_SECONDS},
         )
-        if shard not in self._initialized_dbs:
-            self._initdb(engine)
-            self._initialized_dbs.add(shard)
+        if shard != INDEX_SHARD_NAME:
+            event.listen(engine, "connect", _checkpoint_every_commit)
+        try:
+            if shard not in self._initialized_dbs:
+                self._initdb(engine)
+                self._initialized_dbs.add(shard)
+        except BaseException:
+            engine.dispose()
+            raise
         self._engines[shard] = engine
         while len(self._engines) > MAX_ENGINES:
             _, oldest = self._engines.popitem(last=False)
@@ -129,6 +135,7 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
 
     def _close_engines(self) -> None:
         with self._db_lock:
+            self._forget_inherited_engines()
             for engine in self._engines.values():
                 engine.dispose()
             self._engines.clear()
@@ -145,3 +152,32 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
     def dispose(self) -> None:
         self._close_engines()
         super().dispose()
+
+
+def _class_data(module: str, name: str, config: Mapping) -> ConfigurableClassData:
+    return ConfigurableClassData(module, name, yaml.dump(dict(config), default_flow_style=False))
+
+
+class ScrapeInstance(DagsterInstance):
+    """A :class:`~dagster.DagsterInstance` whose default SQLite storage uses
+    :class:`PooledSqliteEventLogStorage` (see the module docstring). Nothing else differs.
+    """
+
+    @classmethod
+    def config_schema(cls) -> dict:
+        return {}
+
+    @staticmethod
+    def config_defaults(base_dir: str) -> Mapping[str, ConfigurableClassData | None]:
+        """Dagster's defaults for an instance in ``base_dir``, with the pooled event log."""
+        defaults = dict(InstanceRef.config_defaults(base_dir))
+        event_log = _class_data(__name__, PooledSqliteEventLogStorage.__name__,
+                                {"base_dir": os.path.join(base_dir, "history", "runs", "")})
+        parts = {"run_storage": defaults["run_storage"], "event_log_storage": event_log,
+                 "schedule_storage": defaults["schedule_storage"]}
+        defaults["event_log_storage"] = event_log
+        defaults["storage"] = _class_data("dagster._core.storage.legacy_storage", "CompositeStorage", {
+            name: {"module_name": d.module_name, "class_name": d.class_name, "config_yaml": d.config_yaml}
+            for name, d in parts.items()
+        })
+        return defaults

@@ -106,6 +106,14 @@ class PageEntry:
     assumed_unchanged: bool = False
 
 
+_ENTRY_FIELDS = tuple(f.name for f in fields(PageEntry))
+
+
+def _entry_dict(entry: PageEntry) -> dict:
+    """The entry's fields as a dict (what ``dataclasses.asdict`` gives, without its deep copies)."""
+    return {name: getattr(entry, name) for name in _ENTRY_FIELDS}
+
+
 @dataclass
 class Manifest:
     """The state of one snapshot of one partition (see module docstring)."""
@@ -195,7 +203,7 @@ class Manifest:
         # than the C one used here for each line (and dataclasses.asdict deep-copies).
         dump = functools.partial(json.dumps, sort_keys=True)
         lines = [f" {dump(f.name)}: {dump(getattr(self, f.name))}" for f in fields(self) if f.name != "pages"]
-        pages = ",\n".join(f"  {dump(str(n))}: {json.dumps(vars(p))}" for n, p in sorted(self.pages.items()))
+        pages = ",\n".join(f"  {dump(str(n))}: {json.dumps(_entry_dict(p))}" for n, p in sorted(self.pages.items()))
         lines.append(f' "pages": {{\n{pages}\n }}' if pages else ' "pages": {}')
         return ("{\n" + ",\n".join(lines) + "\n}").encode("utf-8")
 
@@ -235,7 +243,7 @@ class Manifest:
             self.save(store)
             return
         self.journal_seq += 1
-        line = {"seq": self.journal_seq, "page": page_number, "entry": vars(self.pages[page_number])}
+        line = {"seq": self.journal_seq, "page": page_number, "entry": _entry_dict(self.pages[page_number])}
         store.append_bytes(self.journal_key, (json.dumps(line, separators=(",", ":")) + "\n").encode("utf-8"))
         self._journal_lines = getattr(self, "_journal_lines", 0) + 1
         if self._journal_lines >= COMPACT_EVERY:

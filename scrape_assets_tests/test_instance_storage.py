@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import multiprocessing
-import os
 import shutil
 import time
 
 import dagster as dg
-import pytest
 from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
 from dagster._core.events.log import EventLogEntry
+from dagster._core.instance.ref import InstanceRef
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 
-from scrape_assets import instance_storage
-from scrape_assets.instance_storage import MAX_ENGINES, PooledSqliteEventLogStorage
+from scrape_assets.instance_storage import MAX_ENGINES, PooledSqliteEventLogStorage, ScrapeInstance
 from scrape_assets_tests.conftest import REPO_ROOT
 
 ASSET = dg.AssetKey("raw_pages")
@@ -97,12 +95,23 @@ def test_wipe_closes_the_files_it_deletes(tmp_path):
     assert _partitions(SqliteEventLogStorage(str(tmp_path)), "run-a") == ["after"]
 
 
-def test_base_dir_defaults_to_where_dagster_keeps_event_logs(tmp_path, monkeypatch):
-    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
-    assert PooledSqliteEventLogStorage()._base_dir == str(tmp_path / "history" / "runs")
-    monkeypatch.delenv("DAGSTER_HOME")
-    with pytest.raises(ValueError, match="set DAGSTER_HOME or give `base_dir`"):
-        instance_storage.default_base_dir()
+def test_the_ui_live_log_watch_sees_every_event_of_a_running_run(tmp_path):
+    """Dagster's UI follows a run through a file watch on its ``.db``: each commit must reach it."""
+    writer, reader = PooledSqliteEventLogStorage(str(tmp_path)), PooledSqliteEventLogStorage(str(tmp_path))
+    writer.store_event(_materialization("run-a", "cat-0"))
+    seen = []
+    reader.watch("run-a", None, lambda entry, cursor: seen.append(entry.dagster_event.partition))
+    try:
+        time.sleep(0.5)  # the watch is registered
+        for i in range(1, 4):
+            writer.store_event(_materialization("run-a", f"cat-{i}"))
+            time.sleep(0.2)
+        deadline = time.monotonic() + 10
+        while seen[-1:] != ["cat-3"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert seen[-1:] == ["cat-3"]  # a connection kept open must not hide commits from it
+    finally:
+        reader.dispose()
 
 
 @dg.asset(partitions_def=dg.StaticPartitionsDefinition(["a", "b"]))
@@ -114,15 +123,38 @@ def test_the_shipped_dagster_yaml_selects_it_and_runs_record_as_usual(tmp_path, 
     shutil.copy(REPO_ROOT / "dagster.yaml", tmp_path / "dagster.yaml")
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
     with dg.DagsterInstance.get() as instance:
+        assert isinstance(instance, ScrapeInstance)
         assert isinstance(instance.event_log_storage, PooledSqliteEventLogStorage)
+        assert instance.event_log_storage._base_dir == str(tmp_path / "history" / "runs")  # Dagster's own place
         for key in ("a", "b"):
             assert dg.materialize([tiny], instance=instance, partition_key=key).success
         status = instance.get_status_by_partition(dg.AssetKey("tiny"), ["a", "b"], tiny.partitions_def)
         assert {k: v.value for k, v in status.items()} == {"a": "MATERIALIZED", "b": "MATERIALIZED"}
-    # Same place as Dagster's default storage: an instance without the block reads the same runs.
-    assert os.path.exists(tmp_path / "history" / "runs" / "index.db")
+    # Without the instance_class lines: the stock classes read the same runs.
     (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     with dg.DagsterInstance.get() as stock:
         assert type(stock.event_log_storage) is SqliteEventLogStorage
         event = stock.get_latest_materialization_event(dg.AssetKey("tiny"))
         assert event.dagster_event.partition == "b"
+
+
+def test_a_temporary_instance_keeps_its_event_log_in_its_own_folder(tmp_path, monkeypatch):
+    """``dagster dev`` without DAGSTER_HOME: a temporary folder, dagster.yaml from the project."""
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    config_dir = tmp_path / "project"
+    config_dir.mkdir()
+    shutil.copy(REPO_ROOT / "dagster.yaml", config_dir / "dagster.yaml")
+    ref = InstanceRef.from_dir(str(tmp_path / "tmp_home"), config_dir=str(config_dir))
+    with dg.DagsterInstance.from_ref(ref) as instance:
+        assert isinstance(instance.event_log_storage, PooledSqliteEventLogStorage)
+        assert instance.event_log_storage._base_dir == str(tmp_path / "tmp_home" / "history" / "runs")
+        assert dg.materialize([tiny], instance=instance, partition_key="a").success
+
+
+def test_a_storage_block_still_wins(tmp_path, monkeypatch):
+    (tmp_path / "dagster.yaml").write_text(
+        (REPO_ROOT / "dagster.yaml").read_text() + f"storage:\n  sqlite:\n    base_dir: {tmp_path / 'elsewhere'}\n"
+    )
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    with dg.DagsterInstance.get() as instance:
+        assert type(instance.event_log_storage) is SqliteEventLogStorage

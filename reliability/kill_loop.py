@@ -185,7 +185,9 @@ class Series:
         self.home = root / "dagster_home"
         self.data = root / "data"
         self.home.mkdir(parents=True, exist_ok=True)
-        (self.home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+        # The shipped instance settings (pooled event log, pools, run queue): kills must not
+        # hurt the instance users run either.
+        (self.home / "dagster.yaml").write_bytes((REPO_ROOT / "dagster.yaml").read_bytes())
         self.env = {**base_env, "DAGSTER_HOME": str(self.home), "SCRAPE_DATA_DIR": str(self.data)}
         self.server = server
         self.categories = categories

@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime
 from pathlib import Path
 
+import dagster as dg
+
 from scrape_assets.manifest import latest_manifest, list_snapshots, load_manifest
 from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import Warehouse, products
@@ -238,3 +240,33 @@ def test_first_page_revalidation_fetches_every_page_when_the_previous_snapshot_h
     assert [p.status for p in second.pages.values()] == ["done"] * 4
     md = result.get_asset_materialization_events()[0].materialization.metadata
     assert md["pages_assumed_unchanged"].value == 0
+
+
+def test_ui_staleness_follows_page_hashes_and_the_parser_code_version(tmp_path, instance, demo_server):
+    """What the UI shows (Dagster's own stale-status resolver): an unchanged crawl keeps
+    downstream assets fresh; a parser code_version bump marks ``parsed_products`` stale."""
+    from dagster._core.definitions.data_version import StaleCauseCategory, StaleStatus
+    from dagster._utils.test.data_versions import get_stale_status_resolver
+
+    from scrape_assets.defs.assets.dead_letters import dead_letters
+    from scrape_assets.defs.assets.parsed_products import parsed_products
+    from scrape_assets.defs.assets.products_table import products_table
+    from scrape_assets.defs.assets.raw_pages import raw_pages
+
+    def status(assets, key):
+        return get_stale_status_resolver(instance, assets).get_status(dg.AssetKey(key), "travel")
+
+    res = make_resources(tmp_path, base_url=demo_server.base_url)
+    assert materialize(instance, res, ["travel"]).success
+    graph = [raw_pages, parsed_products, products_table, dead_letters]
+    assert status(graph, "parsed_products") == StaleStatus.FRESH
+
+    assert materialize(instance, res, ["travel"], selection=["raw_pages"]).success  # same pages: 304s
+    assert status(graph, "parsed_products") == StaleStatus.FRESH
+    assert status(graph, "products_table") == StaleStatus.FRESH
+
+    bumped = parsed_products.map_asset_specs(lambda spec: spec.replace_attributes(code_version="parser-fix"))
+    graph = [raw_pages, bumped, products_table, dead_letters]
+    assert status(graph, "parsed_products") == StaleStatus.STALE
+    causes = get_stale_status_resolver(instance, graph).get_stale_causes(dg.AssetKey("parsed_products"), "travel")
+    assert [c.category for c in causes] == [StaleCauseCategory.CODE]

@@ -23,9 +23,15 @@ Limits:
 
 - At most :data:`MAX_ENGINES` shards keep an engine (least recently used is closed first),
   so a webserver that reads many runs' logs holds a bounded number of files open.
-- Every commit is checkpointed into the database file (``PRAGMA wal_autocheckpoint=1``),
-  as closing the connection did: the UI's live log view watches the run's ``.db`` file,
-  not its write-ahead log.
+- Each use of a run database ends with a passive checkpoint into its ``.db`` file, which
+  the UI's live log view watches (the stock storage got one when the last connection
+  closed; see :func:`_checkpoint_on_checkin`). ``index.db`` keeps SQLite's default
+  checkpoint every ~1,000 pages, so its write-ahead log file stays around. A reader from
+  outside these storages (an ``sqlite3`` shell) that holds a read open while a run commits
+  its last event delays that event in the live view until the page is reloaded.
+- ``dagster run wipe`` closes this process's engines before the files are deleted; a
+  webserver or daemon running at the same time keeps reading the deleted files until it
+  is restarted (stop them before wiping).
 - A forked child never reuses its parent's connections (SQLite forbids carrying a
   connection across ``fork()``): the first use in a new process starts with no engines.
 - Only the SQLite default changes: a ``storage:`` block (``postgres:``, which pools on its
@@ -54,9 +60,17 @@ from sqlalchemy.engine import Connection, Engine
 MAX_ENGINES = 8
 
 
-def _checkpoint_every_commit(dbapi_connection, _record) -> None:
+def _checkpoint_on_checkin(dbapi_connection, _record) -> None:
+    """Copy committed WAL frames into the run's ``.db`` whenever a connection is given back.
+
+    Dagster's UI follows a running run through a file watch on ``<run_id>.db``. The stock
+    storage touched that file when the last connection closed (SQLite checkpoints then);
+    pooled connections never close, so each use ends with a passive checkpoint instead,
+    by writers and readers alike: a commit that a reader's open snapshot kept out of the
+    file is copied when that reader is done.
+    """
     cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA wal_autocheckpoint=1")
+    cursor.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
     cursor.close()
 
 
@@ -110,7 +124,7 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
             connect_args={"timeout": SQLITE_BUSY_TIMEOUT_SECONDS},
         )
         if shard != INDEX_SHARD_NAME:
-            event.listen(engine, "connect", _checkpoint_every_commit)
+            event.listen(engine, "checkin", _checkpoint_on_checkin)
         try:
             if shard not in self._initialized_dbs:
                 self._initdb(engine)

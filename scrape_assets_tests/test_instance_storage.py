@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import multiprocessing
 import shutil
+import subprocess
+import sys
 import time
 
 import dagster as dg
@@ -112,6 +114,45 @@ def test_the_ui_live_log_watch_sees_every_event_of_a_running_run(tmp_path):
         assert seen[-1:] == ["cat-3"]  # a connection kept open must not hide commits from it
     finally:
         reader.dispose()
+
+
+_WRITER = """
+import sys
+from scrape_assets.instance_storage import PooledSqliteEventLogStorage
+from scrape_assets_tests.test_instance_storage import _materialization
+writer = PooledSqliteEventLogStorage(sys.argv[1])
+for partition in sys.argv[2:]:
+    writer.store_event(_materialization("run-a", partition))
+writer.dispose()
+"""
+
+
+def _write_in_another_process(base_dir, *partitions: str) -> None:
+    subprocess.run([sys.executable, "-c", _WRITER, str(base_dir), *partitions], cwd=REPO_ROOT, check=True)
+
+
+def test_the_live_log_watch_sees_a_last_event_committed_during_a_read(tmp_path):
+    """The webserver reads a run (its own pooled connection) while the run worker, another
+    process, commits its last event: the watch must still see it once the read is done."""
+    from sqlalchemy import text
+
+    _write_in_another_process(tmp_path, "c0", "c1", "c2")  # rows enough for a read to stay open
+    webserver = PooledSqliteEventLogStorage(str(tmp_path))
+    seen = []
+    webserver.watch("run-a", None, lambda entry, cursor: seen.append(entry.dagster_event.partition))
+    try:
+        time.sleep(0.5)  # the watch is registered
+        with webserver.run_connection("run-a") as conn:
+            reading = conn.execute(text("SELECT id FROM event_logs"))
+            reading.fetchone()  # a read snapshot is open while the last event is committed
+            _write_in_another_process(tmp_path, "last")
+            reading.close()
+        deadline = time.monotonic() + 10
+        while seen[-1:] != ["last"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert seen == ["c0", "c1", "c2", "last"]
+    finally:
+        webserver.dispose()
 
 
 @dg.asset(partitions_def=dg.StaticPartitionsDefinition(["a", "b"]))

@@ -5,7 +5,7 @@ py-spy samples only threads that are running (not idle), so samples are CPU time
 (``--rate 100``: one sample = 10 ms). A sample belongs to the phase of the asset function on
 its stack (``raw_pages``, ``parsed_products``, ``products_table``, ``dead_letters``); samples
 of no asset are start-up and orchestration (imports, loading definitions, Dagster's event
-log, spawning step processes), split into imports and the rest.
+log), split into imports and the rest.
 
 Run: ``python -m benchmarks.profile_summary profile.txt`` prints the Markdown summary.
 """

@@ -163,14 +163,14 @@ def render(results: dict, analysis: Path | None = None) -> str:
               "Same pages, same per-host concurrency `c`. Wall time is the whole command (process start included); "
               "in-run excludes start-up (Scrapy: its `elapsed_time_seconds`; pipeline: Dagster's RUN_START→RUN_SUCCESS). "
               "CPU is user+system of the process and all its children. RSS: the largest single process, and the peak "
-              "sum over the process tree (Dagster runs each step in its own process). Others' CPU: what other programs "
+              "sum over the process tree (steps run in the command's own process, Dagster's in-process executor; the other processes are the fork workers of `parsed_products` and Dagster's compute-log helpers). Others' CPU: what other programs "
               "(other people's test suites on this shared machine) used meanwhile; each command waited for a quiet "
               "machine first (at most 1 min), so a large figure there means that row was slowed down by them. "
               "Ratio: ours/Scrapy pages/s, end to end.", ""]
     lines += _table(["pages", "c", "tool", "wall s", "pages/s", "in-run s", "in-run pages/s", "CPU s", "CPU ms/page",
                      "RSS max MB", "RSS tree MB", "Python procs", "others' CPU s", "ours/Scrapy"], throughput_rows(results))
     lines += ["Where the pipeline's wall time goes (seconds; `start` = process start and loading definitions before RUN_START, "
-              "`other` = in-run time outside the steps: spawning step processes, event log):", ""]
+              "`other` = in-run time outside the steps: run events between steps):", ""]
     lines += _table(["pages", "c", "wall", "start", "raw_pages", "parsed_products", "products_table", "dead_letters", "other"],
                     step_rows(results))
     lines += ["## Re-parse backfill", "",

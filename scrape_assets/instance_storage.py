@@ -41,7 +41,9 @@ Limits:
 
 from __future__ import annotations
 
+import logging
 import os
+import sqlite3
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -56,6 +58,8 @@ from dagster._serdes import ConfigurableClassData
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
+logger = logging.getLogger(__name__)
+
 #: Shards (``index`` plus run databases) whose engine stays open; a run writes to two.
 MAX_ENGINES = 8
 
@@ -67,11 +71,18 @@ def _checkpoint_on_checkin(dbapi_connection, _record) -> None:
     storage touched that file when the last connection closed (SQLite checkpoints then);
     pooled connections never close, so each use ends with a passive checkpoint instead,
     by writers and readers alike: a commit that a reader's open snapshot kept out of the
-    file is copied when that reader is done.
+    file is copied when that reader is done. Best effort: a connection SQLAlchemy has
+    invalidated is skipped, and an SQLite error here never fails the event's own write
+    (the next use checkpoints again).
     """
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-    cursor.close()
+    if dbapi_connection is None:
+        return
+    try:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        cursor.close()
+    except sqlite3.Error as exc:
+        logger.debug("event log checkpoint skipped: %s", exc)
 
 
 class PooledSqliteEventLogStorage(SqliteEventLogStorage):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import shutil
+import sqlite3
 import subprocess
 import sys
 import time
@@ -199,3 +200,14 @@ def test_a_storage_block_still_wins(tmp_path, monkeypatch):
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
     with dg.DagsterInstance.get() as instance:
         assert type(instance.event_log_storage) is SqliteEventLogStorage
+
+
+def test_a_failed_checkpoint_never_fails_the_write():
+    from scrape_assets.instance_storage import _checkpoint_on_checkin
+
+    class Closed:
+        def cursor(self):
+            raise sqlite3.ProgrammingError("Cannot operate on a closed database.")
+
+    _checkpoint_on_checkin(None, None)  # an invalidated connection: nothing to do
+    _checkpoint_on_checkin(Closed(), None)  # logged at debug, not raised

@@ -16,7 +16,7 @@ import sys
 
 import dagster as dg
 
-from scrape_assets.defs.assets.partition_metadata import merged_metadata
+from scrape_assets.defs.assets.partition_metadata import metadata_by_asset
 
 
 def _value(metadata_value):
@@ -33,7 +33,7 @@ def describe_runs(instance: dg.DagsterInstance) -> list[dict]:
     out = []
     for run in reversed(instance.get_runs()):
         steps: dict[str, dict] = {}
-        assets: dict[str, list] = {}
+        materializations = []
         started = ended = None
         for entry in instance.all_logs(run.run_id):
             event = entry.dagster_event
@@ -53,9 +53,7 @@ def describe_runs(instance: dg.DagsterInstance) -> list[dict]:
                 if "started_at" in step:
                     step["duration_s"] = round(entry.timestamp - step["started_at"], 3)
             elif kind == "ASSET_MATERIALIZATION":
-                materialization = event.event_specific_data.materialization
-                name = materialization.asset_key.to_user_string()
-                assets.setdefault(name, []).append({k: _value(v) for k, v in materialization.metadata.items()})
+                materializations.append(event.event_specific_data.materialization)
         out.append(
             {
                 "run_id": run.run_id,
@@ -66,7 +64,8 @@ def describe_runs(instance: dg.DagsterInstance) -> list[dict]:
                 "ended_at": ended,
                 "in_run_s": round(ended - started, 3) if started and ended else None,
                 "steps": steps,
-                "assets": {name: merged_metadata(metadatas) for name, metadatas in assets.items()},
+                "assets": {name: {k: _value(v) for k, v in metadata.items()}
+                           for name, metadata in metadata_by_asset(materializations).items()},
             }
         )
     return out

@@ -91,10 +91,10 @@ def summarize(resources: dict) -> dict:
 
 def run_figures(result) -> dict:
     """What one run did, from its materialization metadata (pages, 304s, parses, loads)."""
-    latest = {}
-    for event in result.get_asset_materialization_events():
-        latest[event.asset_key.path[-1]] = {k: v.value for k, v in event.materialization.metadata.items()}
-    raw, parsed, table, letters = (latest.get(a, {}) for a in ("raw_pages", "parsed_products", "products_table", "dead_letters"))
+    from scrape_assets.defs.assets.partition_metadata import metadata_by_asset
+
+    assets = metadata_by_asset(event.materialization for event in result.get_asset_materialization_events())
+    raw, parsed, table, letters = (assets.get(a, {}) for a in ("raw_pages", "parsed_products", "products_table", "dead_letters"))
     return {
         "success": result.success,
         "requests_made": raw.get("requests_made"),

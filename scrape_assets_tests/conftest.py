@@ -37,12 +37,9 @@ def make_resources(tmp_path: Path, **site_overrides) -> dict:
 
 def run_metadata(result) -> dict[str, dict]:
     """Each asset's metadata in a run (plain values), its partitions' per-category tables merged."""
-    from scrape_assets.defs.assets.partition_metadata import merged_metadata
+    from scrape_assets.defs.assets.partition_metadata import metadata_by_asset
 
-    by_asset: dict[str, list] = {}
-    for event in result.get_asset_materialization_events():
-        by_asset.setdefault(event.asset_key.path[0], []).append(event.materialization.metadata)
-    return {asset: merged_metadata(metadatas) for asset, metadatas in by_asset.items()}
+    return metadata_by_asset(event.materialization for event in result.get_asset_materialization_events())
 
 
 def materialize(instance, resources: dict, partitions: list[str], selection=ALL_ASSETS, run_config=None, raise_on_error=True):

@@ -23,8 +23,8 @@ import re
 import threading
 import uuid
 from collections.abc import Iterable
-from typing import BinaryIO
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import urlsplit, urlunsplit
 
 from upath import UPath

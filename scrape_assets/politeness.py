@@ -25,6 +25,7 @@ not honoured: the site spec's politeness settings govern the request rate.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -67,14 +68,20 @@ class _RobotsFile:
     parser: Protego | None = None
 
 
-def robots_url_for(url: str) -> str:
+def robots_url_for(url: str | httpx.URL) -> str:
     """The robots.txt URL of ``url``'s origin (scheme, host, port; RFC 9309 §2.3).
 
     Raises:
         httpx.InvalidURL: ``url`` cannot be parsed.
     """
-    parsed = httpx.URL(url)
-    return str(httpx.URL(scheme=parsed.scheme, host=parsed.host, port=parsed.port, path="/robots.txt"))
+    parsed = url if isinstance(url, httpx.URL) else httpx.URL(url)
+    return _origin_robots_url(parsed.scheme, parsed.host, parsed.port)
+
+
+@functools.lru_cache(maxsize=256)
+def _origin_robots_url(scheme: str, host: str, port: int | None) -> str:
+    # Building a URL costs as much as parsing one: once per origin, not once per page.
+    return str(httpx.URL(scheme=scheme, host=host, port=port, path="/robots.txt"))
 
 
 class RobotsCache:
@@ -101,12 +108,15 @@ class RobotsCache:
         """``True`` when robots.txt lets ``user_agent`` fetch ``url``; see :meth:`check`."""
         return (await self.check(client, url, user_agent)).allowed
 
-    async def check(self, client: httpx.AsyncClient, url: str, user_agent: str) -> RobotsDecision:
+    async def check(
+        self, client: httpx.AsyncClient, url: str, user_agent: str, *, parsed: httpx.URL | None = None
+    ) -> RobotsDecision:
         """Decide whether ``user_agent`` may fetch ``url``, fetching robots.txt on first use.
 
         Args:
             client: the run's HTTP client (redirects are followed for robots.txt only).
             url: the absolute http(s) URL about to be fetched.
+            parsed: ``httpx.URL(url)`` when the caller has it already (saves parsing it again).
             user_agent: the full User-Agent header; protego matches robots.txt groups against it
                 case-insensitively (``User-agent: scrape-assets`` matches
                 ``scrape-assets/0.1 (+https://...)``).
@@ -118,7 +128,7 @@ class RobotsCache:
         Raises:
             httpx.InvalidURL: ``url`` cannot be parsed.
         """
-        robots_url = robots_url_for(url)
+        robots_url = robots_url_for(url if parsed is None else parsed)
         robots = self._files.get(robots_url)
         if robots is None:
             lock = self._locks.setdefault(robots_url, asyncio.Lock())

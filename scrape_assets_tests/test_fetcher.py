@@ -78,6 +78,14 @@ def sequence(*responses: httpx.Response | Exception):
 # --- success, retries, attempts ------------------------------------------------------------
 
 
+def test_fragment_is_not_part_of_the_request_nor_of_the_final_url():
+    h = Harness(sequence(httpx.Response(200, text="<html>ok</html>")))
+    page = h.fetch(URL + "#reviews")
+    assert [str(r.url) for r in h.requests] == [URL]
+    assert page.url == URL + "#reviews" and page.final_url == URL and page.body == b"<html>ok</html>"
+
+
+
 def test_503_503_200_succeeds_on_the_third_attempt():
     harness = Harness(sequence(httpx.Response(503), httpx.Response(503), httpx.Response(200, text="<html>ok</html>")))
     page = harness.fetch()

@@ -48,6 +48,7 @@ def test_robots_url_is_per_origin():
     assert robots_url_for("https://Example.com/a/b?c=1#d") == "https://example.com/robots.txt"
     assert robots_url_for("http://example.com:8080/a") == "http://example.com:8080/robots.txt"
     assert robots_url_for("http://[::1]:81/x") == "http://[::1]:81/robots.txt"
+    assert robots_url_for(httpx.URL("HTTP://Example.com:8080/a#b")) == "http://example.com:8080/robots.txt"
 
 
 def test_disallow_rules_are_respected():

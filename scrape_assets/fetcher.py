@@ -329,7 +329,8 @@ class PageFetcher:
 
         Raises FetchError subclasses.
         """
-        current = parsed.copy_with(fragment=None) if parsed.fragment else parsed
+        # httpx gives fragment == "" for both "a" and "a#": look at the string for the "#".
+        current = parsed.copy_with(fragment=None) if "#" in url else parsed
         origin = _origin(current)
         visited = {str(current)}
         redirects = 0

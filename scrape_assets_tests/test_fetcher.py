@@ -78,12 +78,12 @@ def sequence(*responses: httpx.Response | Exception):
 # --- success, retries, attempts ------------------------------------------------------------
 
 
-def test_fragment_is_not_part_of_the_request_nor_of_the_final_url():
+@pytest.mark.parametrize("fragment", ["#reviews", "#"])
+def test_fragment_is_not_part_of_the_request_nor_of_the_final_url(fragment):
     h = Harness(sequence(httpx.Response(200, text="<html>ok</html>")))
-    page = h.fetch(URL + "#reviews")
+    page = h.fetch(URL + fragment)
     assert [str(r.url) for r in h.requests] == [URL]
-    assert page.url == URL + "#reviews" and page.final_url == URL and page.body == b"<html>ok</html>"
-
+    assert page.url == URL + fragment and page.final_url == URL and page.body == b"<html>ok</html>"
 
 
 def test_503_503_200_succeeds_on_the_third_attempt():

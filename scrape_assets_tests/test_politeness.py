@@ -49,6 +49,9 @@ def test_robots_url_is_per_origin():
     assert robots_url_for("http://example.com:8080/a") == "http://example.com:8080/robots.txt"
     assert robots_url_for("http://[::1]:81/x") == "http://[::1]:81/robots.txt"
     assert robots_url_for(httpx.URL("HTTP://Example.com:8080/a#b")) == "http://example.com:8080/robots.txt"
+    # Cached per origin: the scheme is part of it (same host and port, other scheme).
+    assert robots_url_for("https://example.com:8080/a") == "https://example.com:8080/robots.txt"
+    assert robots_url_for("http://example.com:80/a") == robots_url_for("http://example.com/b") == "http://example.com/robots.txt"
 
 
 def test_disallow_rules_are_respected():

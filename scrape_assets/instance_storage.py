@@ -8,12 +8,20 @@ about 4 ms of CPU per event here, before any row is written (``benchmarks/micro.
 checks' results), so on an unchanged day that bookkeeping was most of the run.
 
 :class:`PooledSqliteEventLogStorage` is the same storage (same files, same schema, same
-lock around every use) with one change: the engine of each shard (``index`` and one
-database per run) is kept, with its pooled connection, for the next event; ~1.3 ms per
-event instead. :class:`ScrapeInstance` makes it the default of the instance's SQLite
-storage, under the instance's own folder (``<instance>/history/runs/``, where Dagster
-keeps event logs), so a temporary instance (``dagster dev`` without ``DAGSTER_HOME``)
-gets it too. ``dagster.yaml`` selects it::
+lock around every use) with two changes:
+
+- the engine of each shard (``index`` and one database per run) is kept, with its pooled
+  connection, for the next event: ~1.3 ms per event instead;
+- a *batch* of one run's asset events (the ~400 planned materializations of a
+  100-partition run, a step's 100 partition materializations) is written in two or three
+  transactions instead of two per event (:meth:`~PooledSqliteEventLogStorage.store_event_batch`;
+  Dagster hands batches to a storage only when ``DAGSTER_EVENT_BATCH_SIZE`` > 0, which
+  :class:`ScrapeInstance` makes its default): an unchanged 100-category day ~0.9 s faster.
+
+:class:`ScrapeInstance` makes it the default of the instance's SQLite storage, under the
+instance's own folder (``<instance>/history/runs/``, where Dagster keeps event logs), so
+a temporary instance (``dagster dev`` without ``DAGSTER_HOME``) gets it too.
+``dagster.yaml`` selects it::
 
     instance_class:
       module: scrape_assets.instance_storage
@@ -34,9 +42,15 @@ Limits:
   is restarted (stop them before wiping).
 - A forked child never reuses its parent's connections (SQLite forbids carrying a
   connection across ``fork()``): the first use in a new process starts with no engines.
+- Batched events reach the databases together when the batch ends (Dagster buffers them
+  for the few milliseconds it takes to emit them). ``DAGSTER_EVENT_BATCH_SIZE=0`` stores
+  every event on its own, as stock Dagster does. If a batch write fails after ``index.db``
+  committed (the run's own database failing), Dagster stores the batch again one event at
+  a time, so some of its events are then recorded twice; a failure in ``index.db`` (the
+  shared database, the likelier one to be busy) leaves nothing behind.
 - Only the SQLite default changes: a ``storage:`` block (``postgres:``, which pools on its
-  own) still wins. Removing ``instance_class`` goes back to Dagster's stock classes on the
-  same files, without losing history.
+  own) still wins, with Dagster's own batching default. Removing ``instance_class`` goes
+  back to Dagster's stock classes on the same files, without losing history.
 """
 
 from __future__ import annotations
@@ -45,13 +59,17 @@ import logging
 import os
 import sqlite3
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import yaml
 from dagster import DagsterInstance, StringSource
+from dagster._core.errors import DagsterInvariantViolationError
+from dagster._core.events import ASSET_EVENTS, DagsterEventType
+from dagster._core.events.log import EventLogEntry
 from dagster._core.instance.ref import InstanceRef
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import INDEX_SHARD_NAME, SqliteEventLogStorage
+from dagster._core.storage.sqlalchemy_compat import db_result
 from dagster._core.storage.sql import create_engine
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS, create_db_conn_string
 from dagster._serdes import ConfigurableClassData
@@ -62,6 +80,8 @@ logger = logging.getLogger(__name__)
 
 #: Shards (``index`` plus run databases) whose engine stays open; a run writes to two.
 MAX_ENGINES = 8
+#: Most events Dagster buffers for one batch write (a 100-partition run plans ~400 at once).
+EVENT_BATCH_SIZE = 1000
 
 
 def _checkpoint_on_checkin(dbapi_connection, _record) -> None:
@@ -158,6 +178,56 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
                 with conn.begin():
                     yield conn
 
+    def store_event_batch(self, events: Sequence[EventLogEntry]) -> None:
+        """Store a batch of one run's asset events: the rows :meth:`store_event` writes, in 2-3 transactions.
+
+        Dagster hands over a batch (with batch writing on, see :class:`ScrapeInstance`) for
+        the planned materializations and checks of a run, and for the per-partition
+        materializations of a step. Written in this order:
+
+        1. ``index.db``, one transaction: the asset events' rows, asset tags and asset entries;
+        2. the run's database, one transaction: every event's row, in the batch's order;
+        3. each planned check's rows in ``index.db`` (Dagster's own code, one event at a time).
+
+        A batch of several runs, or with other event types, goes through :meth:`store_event`
+        one event at a time. If step 1 fails nothing is written, and Dagster stores the
+        batch again one event at a time; if step 2 or 3 fails (the run's own database, after
+        the shared index committed), Dagster's retry writes the asset events a second time.
+        """
+        kinds = {event.dagster_event_type for event in events if event.is_dagster_event}
+        if (
+            not events
+            or len({event.run_id for event in events}) != 1
+            or not all(event.is_dagster_event for event in events)
+            or not kinds <= ASSET_EVENTS | {DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED}
+        ):
+            super().store_event_batch(events)
+            return
+        statements = [self.prepare_insert_event(event) for event in events]
+        asset = [(event, statement) for event, statement in zip(events, statements)
+                 if event.dagster_event_type in ASSET_EVENTS]
+        if asset:
+            with self.index_transaction() as conn:
+                event_ids = []
+                for _, statement in asset:
+                    with db_result(conn, statement) as result:
+                        event_ids.append(result.inserted_primary_key[0])
+                if None in event_ids:
+                    raise DagsterInvariantViolationError("Cannot store asset event tags for null event id.")
+                asset_events = [event for event, _ in asset]
+                self._store_asset_event_tags(conn, asset_events, event_ids)
+                for event, event_id in zip(asset_events, event_ids):
+                    self._store_asset_event(conn, event, event_id)
+        with self.run_connection(events[0].run_id) as conn:
+            for statement in statements:
+                conn.execute(statement)
+        for event, statement in zip(events, statements):
+            if event.dagster_event_type == DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED:
+                # As SqliteEventLogStorage.store_event does for an asset check event.
+                with self.index_connection() as conn, db_result(conn, statement) as result:
+                    event_id = result.inserted_primary_key[0]
+                self.store_asset_check_event(event, event_id)
+
     def _close_engines(self) -> None:
         with self._db_lock:
             self._forget_inherited_engines()
@@ -185,12 +255,25 @@ def _class_data(module: str, name: str, config: Mapping) -> ConfigurableClassDat
 
 class ScrapeInstance(DagsterInstance):
     """A :class:`~dagster.DagsterInstance` whose default SQLite storage uses
-    :class:`PooledSqliteEventLogStorage` (see the module docstring). Nothing else differs.
+    :class:`PooledSqliteEventLogStorage`, with Dagster's event batching on for it (see the
+    module docstring). Nothing else differs.
     """
 
     @classmethod
     def config_schema(cls) -> dict:
         return {}
+
+    def _get_event_batch_size(self) -> int:
+        """Dagster's ``DAGSTER_EVENT_BATCH_SIZE`` when set; else :data:`EVENT_BATCH_SIZE` on the pooled log.
+
+        Dagster buffers a batch of events (see :meth:`PooledSqliteEventLogStorage.store_event_batch`)
+        only when this is above 0; its own default is 0 (its SQLite storage would store them one by
+        one anyway). Another event log storage (a ``storage:`` block) keeps Dagster's default.
+        """
+        configured = os.getenv("DAGSTER_EVENT_BATCH_SIZE")
+        if configured is not None:
+            return int(configured)
+        return EVENT_BATCH_SIZE if isinstance(self.event_log_storage, PooledSqliteEventLogStorage) else 0
 
     @staticmethod
     def config_defaults(base_dir: str) -> Mapping[str, ConfigurableClassData | None]:

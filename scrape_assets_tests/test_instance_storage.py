@@ -211,3 +211,93 @@ def test_a_failed_checkpoint_never_fails_the_write():
 
     _checkpoint_on_checkin(None, None)  # an invalidated connection: nothing to do
     _checkpoint_on_checkin(Closed(), None)  # logged at debug, not raised
+
+
+@dg.asset(
+    partitions_def=dg.StaticPartitionsDefinition(["a", "b", "c"]),
+    backfill_policy=dg.BackfillPolicy.single_run(),
+    check_specs=[dg.AssetCheckSpec("rows_ok", asset="ranged")],
+)
+def ranged(context) -> dg.MaterializeResult:
+    return dg.MaterializeResult(
+        metadata={"partitions": len(context.partition_keys)},
+        data_version=dg.DataVersion("v1"),
+        check_results=[dg.AssetCheckResult(passed=True)],
+    )
+
+
+_RANGE_TAGS = {"dagster/asset_partition_range_start": "a", "dagster/asset_partition_range_end": "c"}
+
+
+def _run_ranged(tmp_path, monkeypatch) -> tuple[str, list[list[EventLogEntry]]]:
+    """Materialize ``ranged`` over a, b, c in one run on a ScrapeInstance; the batches its storage got."""
+    batches: list[list[EventLogEntry]] = []
+    original = PooledSqliteEventLogStorage.store_event_batch
+
+    def spy(self, events):
+        batches.append(list(events))
+        original(self, events)
+
+    tmp_path.mkdir(exist_ok=True)
+    shutil.copy(REPO_ROOT / "dagster.yaml", tmp_path / "dagster.yaml")
+    with monkeypatch.context() as patched:
+        patched.setattr(PooledSqliteEventLogStorage, "store_event_batch", spy)
+        patched.setenv("DAGSTER_HOME", str(tmp_path))
+        with dg.DagsterInstance.get() as instance:
+            result = dg.materialize([ranged], instance=instance, tags=_RANGE_TAGS)
+            assert result.success
+            status = instance.get_status_by_partition(dg.AssetKey("ranged"), ["a", "b", "c"], ranged.partitions_def)
+            assert {k: v.value for k, v in status.items()} == {"a": "MATERIALIZED", "b": "MATERIALIZED",
+                                                               "c": "MATERIALIZED"}
+    return result.run_id, batches
+
+
+def test_a_run_writes_its_planned_events_and_partition_materializations_in_batches(tmp_path, monkeypatch):
+    monkeypatch.delenv("DAGSTER_EVENT_BATCH_SIZE", raising=False)
+    _, batches = _run_ranged(tmp_path, monkeypatch)
+    kinds = [sorted(e.dagster_event_type.value for e in batch) for batch in batches]
+    assert kinds == [
+        ["ASSET_CHECK_EVALUATION_PLANNED"] + ["ASSET_MATERIALIZATION_PLANNED"] * 3,  # at run creation
+        ["ASSET_MATERIALIZATION"] * 3,  # the step's three partitions
+    ]
+
+
+def test_dagster_event_batch_size_0_stores_events_one_by_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("DAGSTER_EVENT_BATCH_SIZE", "0")
+    _, batches = _run_ranged(tmp_path, monkeypatch)
+    assert batches == []
+
+
+def test_a_batch_stores_what_storing_its_events_one_by_one_stores(tmp_path, monkeypatch):
+    """Replay a real run's batches into two fresh logs, batched and one by one: same reads everywhere."""
+    monkeypatch.delenv("DAGSTER_EVENT_BATCH_SIZE", raising=False)
+    run_id, batches = _run_ranged(tmp_path / "run", monkeypatch)
+    one_by_one = PooledSqliteEventLogStorage(str(tmp_path / "one_by_one"))
+    batched = PooledSqliteEventLogStorage(str(tmp_path / "batched"))
+    for batch in batches:
+        for event in batch:
+            one_by_one.store_event(event)
+        batched.store_event_batch(batch)
+    key, check_key = dg.AssetKey("ranged"), dg.AssetCheckKey(dg.AssetKey("ranged"), "rows_ok")
+
+    def reads(storage) -> dict:
+        def entries(event_type):
+            records = storage.fetch_materializations(key, limit=10).records if event_type is None else \
+                storage.get_event_records(dg.EventRecordsFilter(event_type=event_type, asset_key=key))
+            return [r.event_log_entry for r in records]
+
+        asset_entry = storage.get_asset_records([key])[0].asset_entry
+        return {
+            "run log": [r.event_log_entry for r in storage.get_records_for_run(run_id).records],
+            "materializations": entries(None),
+            "planned": entries(DagsterEventType.ASSET_MATERIALIZATION_PLANNED),
+            "latest": asset_entry.last_materialization_record.event_log_entry,
+            "materialized partitions": storage.get_materialized_partitions(key),
+            "data version tags": sorted(map(sorted, (t.items() for t in storage.get_event_tags_for_asset(key)))),
+            "planned check": [(r.status, r.partition) for r in storage.get_asset_check_execution_history(check_key, 10)],
+        }
+
+    expected = reads(one_by_one)
+    assert expected["materialized partitions"] == {"a", "b", "c"} and len(expected["planned"]) == 3
+    assert expected["data version tags"] and expected["planned check"]
+    assert reads(batched) == expected

@@ -23,6 +23,16 @@ def _table(header: list[str], rows: list[list]) -> list[str]:
     return out + [""]
 
 
+def _runs(r: dict) -> str:
+    """Every run's wall time when the row is the median of several (``runs_wall_s``), else empty."""
+    walls = r.get("runs_wall_s") or []
+    return ", ".join(f"{w:.1f}" for w in walls) if len(walls) > 1 else ""
+
+
+THROUGHPUT_HEADER = ["pages", "c", "tool", "wall s", "pages/s", "in-run s", "in-run pages/s", "CPU s", "CPU ms/page",
+                     "RSS max MB", "RSS tree MB", "Python procs", "others' CPU s", "ours/Scrapy", "wall s of each run"]
+
+
 def throughput_rows(results: dict) -> list[list]:
     rows = []
     for size, res in results["sizes"].items():
@@ -39,7 +49,7 @@ def throughput_rows(results: dict) -> list[list]:
                     f"{pages:,}", c, name + ("" if r["ok"] else " ⚠ FAILED CHECK"), _f(r["wall_s"]), _f(rate, 0),
                     _f(r.get("in_run_s")), _f(in_run, 0), _f(r["cpu_s"]), _f(1000 * r["cpu_s"] / pages, 2),
                     _f(r["rss_max_process_mb"], 0), _f(r["rss_peak_tree_mb"], 0), r["python_processes"],
-                    _f(r.get("foreign_cpu_s")), ratio,
+                    _f(r.get("foreign_cpu_s")), ratio, _runs(r),
                 ])
     return rows
 
@@ -166,9 +176,11 @@ def render(results: dict, analysis: Path | None = None) -> str:
               "sum over the process tree (steps run in the command's own process, Dagster's in-process executor; the other processes are the fork workers of `parsed_products` and Dagster's compute-log helpers). Others' CPU: what other programs "
               "(other people's test suites on this shared machine) used meanwhile; each command waited for a quiet "
               "machine first (at most 1 min), so a large figure there means that row was slowed down by them. "
-              "Ratio: ours/Scrapy pages/s, end to end.", ""]
-    lines += _table(["pages", "c", "tool", "wall s", "pages/s", "in-run s", "in-run pages/s", "CPU s", "CPU ms/page",
-                     "RSS max MB", "RSS tree MB", "Python procs", "others' CPU s", "ours/Scrapy"], throughput_rows(results))
+              "Ratio: ours/Scrapy pages/s, end to end. A pipeline row with several wall times in the last column is "
+              "the run with the median wall time of that many runs (the concurrencies interleaved, round after round; "
+              "the host's speed drifts by up to ~20% between identical runs with no CPU of other programs to see); "
+              "Scrapy ran once per row (its margin is not close).", ""]
+    lines += _table(THROUGHPUT_HEADER, throughput_rows(results))
     lines += ["Where the pipeline's wall time goes (seconds; `start` = process start and loading definitions before RUN_START, "
               "`other` = in-run time outside the steps: run events between steps):", ""]
     lines += _table(["pages", "c", "wall", "start", "raw_pages", "parsed_products", "products_table", "dead_letters", "other"],
@@ -196,7 +208,9 @@ def render(results: dict, analysis: Path | None = None) -> str:
               "catalogue, a third on it with the spec's opt-in `incremental: {revalidate: first_page}` (page 1 unchanged: "
               "pages 2..N adopted without a request), then a fourth (default spec) after the server switched to a catalogue "
               "where every 10th category has new prices. Requests and 304s as the server counted them (robots.txt "
-              "included) and as `raw_pages` recorded them.", ""]
+              "included) and as `raw_pages` recorded them. The first run is the median c=16 run of the throughput table; "
+              "each unchanged row is the median of the runs listed in its last column, one after the other on the same "
+              "data (every one of them an unchanged day).", ""]
     rows = []
     for size, res in results["sizes"].items():
         inc = res.get("incremental")
@@ -213,10 +227,10 @@ def render(results: dict, analysis: Path | None = None) -> str:
             rows.append([f"{int(size):,}", label, served.get("requests"), served.get("status_304"), r.get("requests_made"),
                          r.get("pages_not_modified"), r.get("pages_assumed_unchanged") or 0, r.get("pages_parsed"),
                          r.get("partitions_reloaded"), _f(r["wall_s"]),
-                         f"{r['wall_s'] / first['wall_s']:.0%}", _f(r["cpu_s"]), _f(r.get("foreign_cpu_s"))])
+                         f"{r['wall_s'] / first['wall_s']:.0%}", _f(r["cpu_s"]), _f(r.get("foreign_cpu_s")), _runs(r)])
     lines += _table(["pages", "run", "requests (server)", "304s (server)", "requests_made", "pages_not_modified",
                      "pages adopted (no request)", "pages re-parsed", "partitions reloaded", "wall s", "of first", "CPU s",
-                     "others' CPU s"], rows)
+                     "others' CPU s", "wall s of each run"], rows)
     daily = results["sizes"].get("1000", {}).get("daily")
     if daily:
         one, per = daily["schedule"], daily["per_category"]
@@ -277,7 +291,6 @@ def _rel(path: str) -> str:
 
 
 def summary_table(results: dict) -> str:
-    lines = _table(["pages", "c", "tool", "wall s", "pages/s", "in-run s", "in-run pages/s", "CPU s", "CPU ms/page",
-                    "RSS max MB", "RSS tree MB", "Python procs", "others' CPU s", "ours/Scrapy"], throughput_rows(results))
+    lines = _table(THROUGHPUT_HEADER, throughput_rows(results))
     lines += _table(["target", "measured", "verdict"], targets(results))
     return "\n".join(lines)

@@ -15,7 +15,9 @@ never leak into another):
   selectolax loop of ``bare_parse.py``.
 * The Dagster event log, 500 asset materialization events into a fresh SQLite event log:
   Dagster's ``SqliteEventLogStorage`` (a new engine per event) against our
-  :class:`~scrape_assets.instance_storage.PooledSqliteEventLogStorage` (one kept per shard).
+  :class:`~scrape_assets.instance_storage.PooledSqliteEventLogStorage` (one kept per shard),
+  one event at a time and in batches of 100 (``store_event_batch``, as a 100-partition
+  step's materializations arrive).
 
 Prints one line per measurement: pages per second (wall) and CPU milliseconds per item.
 """
@@ -114,10 +116,16 @@ def event(i):
                          dagster_event=DagsterEvent(event_type_value=DagsterEventType.ASSET_MATERIALIZATION.value,
                                                     job_name="job", event_specific_data=StepMaterializationData(mat)))
 storage.store_event(event(0))  # warm-up: creates the run and index databases
+events = [event(i) for i in range(500)]
 usage = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
 c0, t0 = usage(), time.perf_counter()
-for i in range(500):
-    storage.store_event(event(i))
+if len(sys.argv) > 2:  # batches of that many events, as a step's partition materializations reach the storage
+    size = int(sys.argv[2])
+    for start in range(0, len(events), size):
+        storage.store_event_batch(events[start:start + size])
+else:
+    for e in events:
+        storage.store_event(e)
 print(500 / (time.perf_counter() - t0), 1000 * (usage() - c0) / 500)
 '''
 
@@ -167,9 +175,10 @@ def main() -> int:
                                 ("bare selectolax loop (bare_parse.py)", "bare")):
                 rate, cpu_ms = _measure(_PARSE, str(spec), objects, mode)
                 print(f"{label:58s} {rate:8.0f} {cpu_ms:12.3f}", flush=True)
-            for label, mode in (("event log: Dagster's SqliteEventLogStorage", "stock"),
-                                ("event log: PooledSqliteEventLogStorage", "pooled")):
-                rate, cpu_ms = _measure(_EVENTS, mode)
+            for label, args in (("event log: Dagster's SqliteEventLogStorage", ["stock"]),
+                                ("event log: PooledSqliteEventLogStorage", ["pooled"]),
+                                ("event log: PooledSqliteEventLogStorage, batches of 100", ["pooled", "100"])):
+                rate, cpu_ms = _measure(_EVENTS, *args)
                 print(f"{label:58s} {rate:8.0f} {cpu_ms:12.3f}", flush=True)
         finally:
             server.stop()

@@ -13,7 +13,7 @@ lock around every use) with two changes:
 - the engine of each shard (``index`` and one database per run) is kept, with its pooled
   connection, for the next event: ~1.3 ms per event instead;
 - a *batch* of one run's asset events (the ~400 planned materializations of a
-  100-partition run, a step's 100 partition materializations) is written in two or three
+  100-partition run, a step's 100 partition materializations) is written in two
   transactions instead of two per event (:meth:`~PooledSqliteEventLogStorage.store_event_batch`;
   Dagster hands batches to a storage only when ``DAGSTER_EVENT_BATCH_SIZE`` > 0, which
   :class:`ScrapeInstance` makes its default): an unchanged 100-category day ~0.9 s faster.
@@ -44,10 +44,11 @@ Limits:
   connection across ``fork()``): the first use in a new process starts with no engines.
 - Batched events reach the databases together when the batch ends (Dagster buffers them
   for the few milliseconds it takes to emit them). ``DAGSTER_EVENT_BATCH_SIZE=0`` stores
-  every event on its own, as stock Dagster does. If a batch write fails after ``index.db``
-  committed (the run's own database failing), Dagster stores the batch again one event at
-  a time, so some of its events are then recorded twice; a failure in ``index.db`` (the
-  shared database, the likelier one to be busy) leaves nothing behind.
+  every event on its own, as stock Dagster does. ``index.db`` gets a batch whole or not at
+  all; if its write fails (say, locked beyond the busy timeout), Dagster stores the batch
+  again one event at a time and the run's own log shows those events twice. A process
+  killed between the two writes leaves the batch in the run's log only (stock Dagster has
+  the same window for each event).
 - Only the SQLite default changes: a ``storage:`` block (``postgres:``, which pools on its
   own) still wins, with Dagster's own batching default. Removing ``instance_class`` goes
   back to Dagster's stock classes on the same files, without losing history.
@@ -58,9 +59,10 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import yaml
 from dagster import DagsterInstance, StringSource
@@ -116,6 +118,7 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
     def __init__(self, base_dir: str, inst_data: ConfigurableClassData | None = None):
         self._engines: OrderedDict[str, Engine] = OrderedDict()
         self._engines_pid = os.getpid()
+        self._batch_index: tuple[Connection, int] | None = None  # (connection, thread) of a batch being written
         super().__init__(base_dir, inst_data=inst_data)
 
     @classmethod
@@ -137,6 +140,7 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
             for engine in self._engines.values():
                 engine.dispose(close=False)
             self._engines.clear()
+            self._batch_index = None
             self._engines_pid = os.getpid()
 
     def _engine(self, shard: str) -> Engine:
@@ -179,20 +183,22 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
                     yield conn
 
     def store_event_batch(self, events: Sequence[EventLogEntry]) -> None:
-        """Store a batch of one run's asset events: the rows :meth:`store_event` writes, in 2-3 transactions.
+        """Store a batch of one run's events: the rows :meth:`store_event` writes, in two transactions.
 
         Dagster hands over a batch (with batch writing on, see :class:`ScrapeInstance`) for
         the planned materializations and checks of a run, and for the per-partition
-        materializations of a step. Written in this order:
+        materializations of a step. Written in Dagster's own order, run first:
 
-        1. ``index.db``, one transaction: the asset events' rows, asset tags and asset entries;
-        2. the run's database, one transaction: every event's row, in the batch's order;
-        3. each planned check's rows in ``index.db`` (Dagster's own code, one event at a time).
+        1. the run's database, one transaction: every event's row, in the batch's order;
+        2. ``index.db``, one transaction: per event in order, its row and what
+           :meth:`store_event` adds for it (asset tags and asset entry, or the planned
+           check's rows, through Dagster's own code).
 
-        A batch of several runs, or with other event types, goes through :meth:`store_event`
-        one event at a time. If step 1 fails nothing is written, and Dagster stores the
-        batch again one event at a time; if step 2 or 3 fails (the run's own database, after
-        the shared index committed), Dagster's retry writes the asset events a second time.
+        A batch of several runs, or with an event type Dagster does not batch, goes through
+        :meth:`store_event` one event at a time. ``index.db`` (what sensors, asset pages and
+        ``raw_pages``' adoption read) gets a batch whole or not at all: when step 2 fails,
+        Dagster stores the batch again one event at a time, so the run's log shows those
+        events twice, the index once.
         """
         kinds = {event.dagster_event_type for event in events if event.is_dagster_event}
         if (
@@ -204,29 +210,33 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
             super().store_event_batch(events)
             return
         statements = [self.prepare_insert_event(event) for event in events]
-        asset = [(event, statement) for event, statement in zip(events, statements)
-                 if event.dagster_event_type in ASSET_EVENTS]
-        if asset:
-            with self.index_transaction() as conn:
-                event_ids = []
-                for _, statement in asset:
-                    with db_result(conn, statement) as result:
-                        event_ids.append(result.inserted_primary_key[0])
-                if None in event_ids:
-                    raise DagsterInvariantViolationError("Cannot store asset event tags for null event id.")
-                asset_events = [event for event, _ in asset]
-                self._store_asset_event_tags(conn, asset_events, event_ids)
-                for event, event_id in zip(asset_events, event_ids):
-                    self._store_asset_event(conn, event, event_id)
         with self.run_connection(events[0].run_id) as conn:
             for statement in statements:
                 conn.execute(statement)
-        for event, statement in zip(events, statements):
-            if event.dagster_event_type == DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED:
-                # As SqliteEventLogStorage.store_event does for an asset check event.
-                with self.index_connection() as conn, db_result(conn, statement) as result:
-                    event_id = result.inserted_primary_key[0]
-                self.store_asset_check_event(event, event_id)
+        with self.index_transaction() as conn:
+            self._batch_index = (conn, threading.get_ident())  # Dagster's check code asks index_connection()
+            try:
+                for event, statement in zip(events, statements):
+                    with db_result(conn, statement) as result:
+                        event_id = result.inserted_primary_key[0]
+                    if event.dagster_event_type == DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED:
+                        self.store_asset_check_event(event, event_id)
+                        continue
+                    if event_id is None:
+                        raise DagsterInvariantViolationError("Cannot store asset event tags for null event id.")
+                    self._store_asset_event_tags(conn, [event], [event_id])
+                    self._store_asset_event(conn, event, event_id)
+            finally:
+                self._batch_index = None
+
+    def index_connection(self):
+        # Inside store_event_batch, on its thread (which holds the storage lock): the batch's own
+        # transaction. A second connection there would wait on the batch's write lock. Other
+        # threads take the usual path and wait for the lock.
+        batch = self._batch_index
+        if batch is not None and batch[1] == threading.get_ident():
+            return nullcontext(batch[0])
+        return super().index_connection()
 
     def _close_engines(self) -> None:
         with self._db_lock:

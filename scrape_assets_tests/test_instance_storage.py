@@ -301,3 +301,52 @@ def test_a_batch_stores_what_storing_its_events_one_by_one_stores(tmp_path, monk
     assert expected["materialized partitions"] == {"a", "b", "c"} and len(expected["planned"]) == 3
     assert expected["data version tags"] and expected["planned check"]
     assert reads(batched) == expected
+
+
+def test_a_batch_is_one_transaction_per_database(tmp_path, monkeypatch):
+    """The fast path really runs: one use of the run's database and one of index.db per batch."""
+    monkeypatch.delenv("DAGSTER_EVENT_BATCH_SIZE", raising=False)
+    run_id, batches = _run_ranged(tmp_path / "run", monkeypatch)
+    storage = PooledSqliteEventLogStorage(str(tmp_path / "replay"))
+    uses: list[str] = []
+    original = PooledSqliteEventLogStorage._connect
+    monkeypatch.setattr(PooledSqliteEventLogStorage, "_connect", lambda self, shard: uses.append(shard) or original(self, shard))
+    for batch in batches:
+        uses.clear()
+        storage.store_event_batch(batch)
+        assert uses == [run_id, "index"], [e.dagster_event_type for e in batch]
+
+
+def test_a_failed_index_write_leaves_the_index_untouched_and_dagster_stores_the_batch_again(tmp_path, monkeypatch):
+    from dagster._core.events import DagsterEventBatchMetadata, generate_event_batch_id
+
+    monkeypatch.delenv("DAGSTER_EVENT_BATCH_SIZE", raising=False)
+    run_id, batches = _run_ranged(tmp_path / "run", monkeypatch)
+    planned = batches[0]  # three planned materializations and the planned check
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    calls = []
+    original = PooledSqliteEventLogStorage._store_asset_event
+
+    def locked_on_the_third(self, conn, event, event_id):
+        calls.append(event_id)
+        if len(calls) == 3:
+            raise sqlite3.OperationalError("database is locked")
+        return original(self, conn, event, event_id)
+
+    monkeypatch.setattr(PooledSqliteEventLogStorage, "_store_asset_event", locked_on_the_third)
+    key, check_key = dg.AssetKey("ranged"), dg.AssetCheckKey(dg.AssetKey("ranged"), "rows_ok")
+    with dg.DagsterInstance.get() as instance:
+        batch_id = generate_event_batch_id()
+        for i, entry in enumerate(planned):  # as Dagster's run creation hands them over
+            instance.handle_new_event(entry, batch_metadata=DagsterEventBatchMetadata(batch_id, i == len(planned) - 1))
+        storage = instance.event_log_storage
+        # The batch failed in index.db and was rolled back; Dagster's fallback stored each event once more.
+        index_planned = storage.get_event_records(
+            dg.EventRecordsFilter(event_type=DagsterEventType.ASSET_MATERIALIZATION_PLANNED, asset_key=key))
+        assert sorted(r.event_log_entry.dagster_event.partition for r in index_planned) == ["a", "b", "c"]
+        assert len(storage.get_asset_check_execution_history(check_key, 10)) == 1
+        assert len(storage.get_records_for_run(run_id).records) == 2 * len(planned)  # the run's log: twice
+    assert len(calls) == 3 + 3  # the failed batch got to its third asset event; the fallback did all three

@@ -78,6 +78,8 @@ from dagster._serdes import ConfigurableClassData
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
+from scrape_assets.errors import SettingsError
+
 logger = logging.getLogger(__name__)
 
 #: Shards (``index`` plus run databases) whose engine stays open; a run writes to two.
@@ -279,10 +281,20 @@ class ScrapeInstance(DagsterInstance):
         Dagster buffers a batch of events (see :meth:`PooledSqliteEventLogStorage.store_event_batch`)
         only when this is above 0; its own default is 0 (its SQLite storage would store them one by
         one anyway). Another event log storage (a ``storage:`` block) keeps Dagster's default.
+
+        Raises:
+            SettingsError: ``DAGSTER_EVENT_BATCH_SIZE`` is not an integer >= 0 (Dagster's own
+                check would fail with a bare ``ValueError``).
         """
         configured = os.getenv("DAGSTER_EVENT_BATCH_SIZE")
         if configured is not None:
-            return int(configured)
+            try:
+                size = int(configured)
+            except ValueError:
+                size = -1
+            if size < 0:
+                raise SettingsError("DAGSTER_EVENT_BATCH_SIZE", configured, "an integer >= 0 (0: every event on its own)")
+            return size
         return EVENT_BATCH_SIZE if isinstance(self.event_log_storage, PooledSqliteEventLogStorage) else 0
 
     @staticmethod

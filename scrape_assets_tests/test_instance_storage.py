@@ -10,11 +10,13 @@ import sys
 import time
 
 import dagster as dg
+import pytest
 from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
 from dagster._core.events.log import EventLogEntry
 from dagster._core.instance.ref import InstanceRef
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 
+from scrape_assets.errors import SettingsError
 from scrape_assets.instance_storage import MAX_ENGINES, PooledSqliteEventLogStorage, ScrapeInstance
 from scrape_assets_tests.conftest import REPO_ROOT
 
@@ -266,6 +268,26 @@ def test_dagster_event_batch_size_0_stores_events_one_by_one(tmp_path, monkeypat
     monkeypatch.setenv("DAGSTER_EVENT_BATCH_SIZE", "0")
     _, batches = _run_ranged(tmp_path, monkeypatch)
     assert batches == []
+
+
+@pytest.mark.parametrize("value", ["off", "-1"])
+def test_a_bad_dagster_event_batch_size_names_the_variable(tmp_path, monkeypatch, value):
+    shutil.copy(REPO_ROOT / "dagster.yaml", tmp_path / "dagster.yaml")
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    monkeypatch.setenv("DAGSTER_EVENT_BATCH_SIZE", value)
+    with dg.DagsterInstance.get() as instance:
+        with pytest.raises(SettingsError, match=rf"DAGSTER_EVENT_BATCH_SIZE='{value}' is invalid: expected an integer >= 0"):
+            instance._get_event_batch_size()
+
+
+def test_a_storage_block_keeps_dagsters_batching_default(tmp_path, monkeypatch):
+    (tmp_path / "dagster.yaml").write_text(
+        (REPO_ROOT / "dagster.yaml").read_text() + f"storage:\n  sqlite:\n    base_dir: {tmp_path / 'elsewhere'}\n"
+    )
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    monkeypatch.delenv("DAGSTER_EVENT_BATCH_SIZE", raising=False)
+    with dg.DagsterInstance.get() as instance:
+        assert instance._get_event_batch_size() == 0
 
 
 def test_a_batch_stores_what_storing_its_events_one_by_one_stores(tmp_path, monkeypatch):

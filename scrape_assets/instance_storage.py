@@ -121,6 +121,7 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         self._engines: OrderedDict[str, Engine] = OrderedDict()
         self._engines_pid = os.getpid()
         self._batch_index: tuple[Connection, int] | None = None  # (connection, thread) of a batch being written
+        self._tables_seen: set[str] = set()
         super().__init__(base_dir, inst_data=inst_data)
 
     @classmethod
@@ -218,6 +219,7 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         with self.index_transaction() as conn:
             self._batch_index = (conn, threading.get_ident())  # Dagster's check code asks index_connection()
             try:
+                asset_events, asset_event_ids = [], []
                 for event, statement in zip(events, statements):
                     with db_result(conn, statement) as result:
                         event_id = result.inserted_primary_key[0]
@@ -226,10 +228,26 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
                         continue
                     if event_id is None:
                         raise DagsterInvariantViolationError("Cannot store asset event tags for null event id.")
-                    self._store_asset_event_tags(conn, [event], [event_id])
                     self._store_asset_event(conn, event, event_id)
+                    asset_events.append(event)
+                    asset_event_ids.append(event_id)
+                self._store_asset_event_tags(conn, asset_events, asset_event_ids)  # one INSERT for the batch
             finally:
                 self._batch_index = None
+
+    def has_table(self, table_name: str) -> bool:
+        """Whether ``index.db`` has the table; a table once seen is remembered (until wipe/upgrade).
+
+        Dagster asks before writing each event's asset tags and each asset check event,
+        and answers with a new SQLAlchemy engine each time; tables are never dropped
+        outside :meth:`wipe` and :meth:`upgrade`, so a positive answer stays true.
+        """
+        if table_name in self._tables_seen:
+            return True
+        present = super().has_table(table_name)
+        if present:
+            self._tables_seen.add(table_name)
+        return present
 
     def index_connection(self):
         # Inside store_event_batch, on its thread (which holds the storage lock): the batch's own
@@ -250,10 +268,12 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
     def wipe(self) -> None:
         # The parent deletes the shard files: close them first, never write to unlinked files.
         self._close_engines()
+        self._tables_seen.clear()
         super().wipe()
 
     def upgrade(self) -> None:
         self._close_engines()
+        self._tables_seen.clear()
         super().upgrade()
 
     def dispose(self) -> None:

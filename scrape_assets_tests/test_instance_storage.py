@@ -372,3 +372,27 @@ def test_a_failed_index_write_leaves_the_index_untouched_and_dagster_stores_the_
         assert len(storage.get_asset_check_execution_history(check_key, 10)) == 1
         assert len(storage.get_records_for_run(run_id).records) == 2 * len(planned)  # the run's log: twice
     assert len(calls) == 3 + 3  # the failed batch got to its third asset event; the fallback did all three
+
+
+def test_table_checks_are_remembered_until_wipe(tmp_path, monkeypatch):
+    """Dagster asks "does index.db have asset_event_tags?" per tagged event, with a new engine each time."""
+    pooled = PooledSqliteEventLogStorage(str(tmp_path))
+    asked: list[str] = []
+    original = SqliteEventLogStorage.has_table
+    monkeypatch.setattr(SqliteEventLogStorage, "has_table", lambda self, name: asked.append(name) or original(self, name))
+
+    def tagged(partition: str) -> EventLogEntry:
+        entry = _materialization("run-a", partition)
+        materialization = entry.dagster_event.event_specific_data.materialization
+        data = StepMaterializationData(materialization._replace(tags={"dagster/data_version": f"v-{partition}"}))
+        return entry._replace(dagster_event=entry.dagster_event._replace(event_specific_data=data))
+
+    for i in range(5):
+        pooled.store_event(tagged(f"cat-{i}"))
+    assert asked.count("asset_event_tags") == 1
+    tags = pooled.get_event_tags_for_asset(ASSET)
+    assert sorted(t["dagster/data_version"] for t in tags) == [f"v-cat-{i}" for i in range(5)]
+    pooled.wipe()
+    pooled.store_event(tagged("cat-9"))
+    assert asked.count("asset_event_tags") == 2  # asked again after a wipe
+    assert [t["dagster/data_version"] for t in pooled.get_event_tags_for_asset(ASSET)] == ["v-cat-9"]

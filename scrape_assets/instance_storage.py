@@ -194,8 +194,9 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
 
         1. the run's database, one transaction: every event's row, in the batch's order;
         2. ``index.db``, one transaction: per event in order, its row and what
-           :meth:`store_event` adds for it (asset tags and asset entry, or the planned
-           check's rows, through Dagster's own code).
+           :meth:`store_event` adds for it (the asset entry, or the planned check's rows,
+           through Dagster's own code), then the asset tags of all its events in one
+           ``INSERT`` (the same rows and ids as one event at a time).
 
         A batch of several runs, or with an event type Dagster does not batch, goes through
         :meth:`store_event` one event at a time. ``index.db`` (what sensors, asset pages and
@@ -239,8 +240,9 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         """Whether ``index.db`` has the table; a table once seen is remembered (until wipe/upgrade).
 
         Dagster asks before writing each event's asset tags and each asset check event,
-        and answers with a new SQLAlchemy engine each time; tables are never dropped
-        outside :meth:`wipe` and :meth:`upgrade`, so a positive answer stays true.
+        and answers with a new SQLAlchemy engine each time. Dagster's own code never drops
+        an event-log table (only an alembic ``downgrade`` or a manual ``DROP TABLE`` does;
+        restart the processes using the instance after one), so a positive answer stays true.
         """
         if table_name in self._tables_seen:
             return True

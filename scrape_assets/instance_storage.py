@@ -261,21 +261,21 @@ class PooledSqliteEventLogStorage(SqliteEventLogStorage):
         return super().index_connection()
 
     def _close_engines(self) -> None:
+        """Close this process's engines and forget the tables seen (before files change or go)."""
         with self._db_lock:
             self._forget_inherited_engines()
             for engine in self._engines.values():
                 engine.dispose()
             self._engines.clear()
+            self._tables_seen.clear()
 
     def wipe(self) -> None:
         # The parent deletes the shard files: close them first, never write to unlinked files.
         self._close_engines()
-        self._tables_seen.clear()
         super().wipe()
 
     def upgrade(self) -> None:
         self._close_engines()
-        self._tables_seen.clear()
         super().upgrade()
 
     def dispose(self) -> None:

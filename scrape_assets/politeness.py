@@ -116,10 +116,10 @@ class RobotsCache:
         Args:
             client: the run's HTTP client (redirects are followed for robots.txt only).
             url: the absolute http(s) URL about to be fetched.
-            parsed: ``httpx.URL(url)`` when the caller has it already (saves parsing it again).
             user_agent: the full User-Agent header; protego matches robots.txt groups against it
                 case-insensitively (``User-agent: scrape-assets`` matches
                 ``scrape-assets/0.1 (+https://...)``).
+            parsed: ``httpx.URL(url)`` when the caller has it already (saves parsing it again).
 
         Returns:
             The :class:`RobotsDecision`. Never raises for network problems or HTTP statuses:

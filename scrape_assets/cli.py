@@ -49,7 +49,8 @@ def preflight(resources: dict) -> None:
     resources["store"].store().ensure_writable()
     warehouse = resources["warehouse"].warehouse()
     try:
-        warehouse.create_tables()
+        with warehouse:
+            warehouse.create_tables()
     except sa.exc.SQLAlchemyError as exc:
         raise SettingsError(
             "SCRAPE_WAREHOUSE_URL", warehouse.describe(), f"a reachable, writable database ({exc.__class__.__name__}: {exc.orig if hasattr(exc, 'orig') else exc})"
@@ -64,7 +65,8 @@ def summarize(resources: dict) -> dict:
     site = resources["site"]
     spec = site.spec()
     store = resources["store"].store()
-    wh = resources["warehouse"].warehouse()
+    with resources["warehouse"].warehouse() as wh:
+        products_loaded, dead_letter_count = wh.count(products), wh.count(dead_letters)
     done = failed = 0
     categories = 0
     for category in spec.categories:
@@ -82,8 +84,8 @@ def summarize(resources: dict) -> dict:
         "pages_done": done,
         "pages_failed": failed,
         "success_rate": done / (done + failed) if done + failed else 1.0,
-        "products_loaded": wh.count(products),
-        "dead_letters": wh.count(dead_letters),
+        "products_loaded": products_loaded,
+        "dead_letters": dead_letter_count,
         "object_storage": store.describe(),
         "warehouse": wh.describe(),
     }

@@ -10,6 +10,7 @@ from scrape_assets.defs.assets.parsed_products import parsed_products
 from scrape_assets.defs.assets.products_table import products_table
 from scrape_assets.defs.assets.raw_pages import raw_pages
 from scrape_assets.defs.resources import build_resources
+from scrape_assets.gc_tuning import apply_gc_policy
 
 # Steps run in the run's own process (in_process_executor): the four steps are sequential
 # anyway, and a process per step cost ~1.5 s each (measured in BENCHMARKS.md); a crash of
@@ -24,3 +25,6 @@ defs = dg.Definitions.merge(
     schedules.defs,
     sensors.defs,
 )
+
+# Last: everything above is loaded and long-lived (see gc_tuning for what this saves).
+apply_gc_policy()

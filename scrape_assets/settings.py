@@ -20,6 +20,7 @@ resources. ``SCRAPE_DEMO_DATE`` is validated here and read by the demo catalogue
 | ``SCRAPE_LOCK_WAIT_S`` | seconds a run waits for another run holding the same partition | 0: stop at once |
 | ``SCRAPE_SCHEDULE_CRON`` | cron of the daily schedule (UTC) | ``0 2 * * *`` |
 | ``SCRAPE_DEMO_DATE`` | the demo catalogue's day (``YYYY-MM-DD``) | today (UTC) |
+| ``SCRAPE_GC_FREEZE`` | garbage-collector policy, read by :mod:`scrape_assets.gc_tuning` | ``1`` |
 """
 
 from __future__ import annotations

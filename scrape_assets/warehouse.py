@@ -96,6 +96,21 @@ class Warehouse:
             sa.event.listen(self.engine, "connect", _sqlite_pragmas)
         self._created = False
 
+    def close(self) -> None:
+        """Close the engine's pooled connections (SQLite: the last one folds the WAL into the file).
+
+        Steps close their warehouse when done, so a run leaves ``warehouse.db`` whole (no
+        ``-wal`` file holding its last writes) whatever the interpreter does at exit.
+        The object stays usable: a later call opens a new connection.
+        """
+        self.engine.dispose()
+
+    def __enter__(self) -> Warehouse:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
     def describe(self) -> str:
         """The URL without password, for logs and metadata."""
         return self.engine.url.render_as_string(hide_password=True)

@@ -31,6 +31,8 @@ def test_demo_command_runs_all_categories_in_one_run_and_prints_summary(tmp_path
     assert "dead letters    0 (table `dead_letters`)" in out
     assert f"raw pages       {tmp_path / 'data' / 'objects'}" in out
     assert "38/38 pages done, 0 failed for good; 12/12 categories complete;" in done.stderr  # the crawl's progress
+    # The steps closed the warehouse: its last writes are in warehouse.db itself, no -wal file beside it.
+    assert not (tmp_path / "data" / "warehouse.db-wal").exists()
     assert Warehouse(f"sqlite:///{tmp_path / 'data' / 'warehouse.db'}").count(products) == 678
 
     # The run is on the instance `make ui` opens: one run for all twelve categories.

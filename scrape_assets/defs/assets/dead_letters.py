@@ -67,9 +67,8 @@ def dead_letters(
     """
     spec = site.spec()
     object_store = store.store()
-    wh = warehouse.warehouse()
     counts = {}
-    with store.locks(context, spec.name):
+    with store.locks(context, spec.name), warehouse.warehouse() as wh:
         for category in context.partition_keys:
             manifest = latest_manifest(object_store, spec.name, category, complete=True)
             if manifest is None:

@@ -10,7 +10,7 @@ from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, Ware
 from scrape_assets.errors import ManifestError
 from scrape_assets.extract import load_current, load_parse_state
 from scrape_assets.manifest import load_manifest, utc_now_iso
-from scrape_assets.warehouse import products
+from scrape_assets.warehouse import Warehouse, products
 
 ROWS_CHECK = "products_table_matches_parsed"
 
@@ -19,7 +19,7 @@ class SchemaValidationFailed(dg.Failure):
     """Parsed rows failed the schema: the table is left untouched."""
 
 
-def load_categories(context, site: SiteResource, store: ObjectStoreResource, warehouse: WarehouseResource):
+def load_categories(context, site: SiteResource, store: ObjectStoreResource, wh: Warehouse):
     """Check every partition of the run passed the schema, then load them one by one.
 
     An input already loaded (same input version in ``partition_loads``) is not reloaded;
@@ -27,7 +27,6 @@ def load_categories(context, site: SiteResource, store: ObjectStoreResource, war
     """
     spec = site.spec()
     object_store = store.store()
-    wh = warehouse.warehouse()
     states = {}
     for category in context.partition_keys:
         state = load_parse_state(object_store, spec.name, category)
@@ -83,7 +82,7 @@ def load_categories(context, site: SiteResource, store: ObjectStoreResource, war
         f"{len(states)} categories: {totals['rows_loaded']:,} rows loaded into products "
         f"({totals['partitions_reloaded']} categories reloaded), {totals['rows_carried_forward']} earlier rows kept"
     )
-    return wh, totals, loaded, in_table, problems
+    return totals, loaded, in_table, problems
 
 
 def snapshot_date(snapshot_id: str) -> str:
@@ -110,15 +109,16 @@ def products_table(
     of pages that failed this time are carried forward, never deleted by a failed fetch. An
     unchanged input is not reloaded; ``price_history`` gets the day's prices either way.
     """
-    with store.locks(context, site.spec().name):
-        wh, totals, loaded, in_table, problems = load_categories(context, site, store, warehouse)
+    with store.locks(context, site.spec().name), warehouse.warehouse() as wh:
+        totals, loaded, in_table, problems = load_categories(context, site, store, wh)
+        total_rows = wh.count(products)
     add_per_category(context, {"rows_by_category": in_table, "rows_loaded_by_category": loaded})
     return dg.MaterializeResult(
         metadata={
             **totals,
             "table": "products",
             "warehouse": wh.describe(),
-            "total_rows_in_table": wh.count(products),
+            "total_rows_in_table": total_rows,
         },
         check_results=[
             dg.AssetCheckResult(

@@ -181,9 +181,10 @@ def render(results: dict, analysis: Path | None = None) -> str:
               "the host's speed drifts by up to ~20% between identical runs with no CPU of other programs to see); "
               "Scrapy ran once per row (its margin is not close).", ""]
     lines += _table(THROUGHPUT_HEADER, throughput_rows(results))
-    lines += ["Where the pipeline's wall time goes (seconds; `start` = process start and loading definitions before RUN_START, "
+    lines += ["Where the pipeline's wall time goes (seconds; `start + exit` = the command's time outside the run: process "
+              "start, definitions, instance and run creation before RUN_START, interpreter shutdown after RUN_SUCCESS; "
               "`other` = in-run time outside the steps: run events between steps):", ""]
-    lines += _table(["pages", "c", "wall", "start", "raw_pages", "parsed_products", "products_table", "dead_letters", "other"],
+    lines += _table(["pages", "c", "wall", "start + exit", "raw_pages", "parsed_products", "products_table", "dead_letters", "other"],
                     step_rows(results))
     lines += ["## Re-parse backfill", "",
               "Saved pages → validated rows → table: `--select parsed_products,products_table,dead_letters` over every "

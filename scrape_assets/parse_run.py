@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import gc
 import multiprocessing
 import os
 import signal
@@ -44,6 +45,7 @@ from scrape_assets.extract import (
     save_parse_state,
     save_parsed,
 )
+from scrape_assets.gc_tuning import gc_freeze_enabled
 from scrape_assets.manifest import Manifest, latest_manifest
 from scrape_assets.spec import SiteSpec
 from scrape_assets.storage import ObjectStore
@@ -152,6 +154,10 @@ def parse_partitions(
         # than once in every worker; a run with nothing to parse never imports it.
         import scrape_assets.schemas  # noqa: F401
 
+        if gc_freeze_enabled():
+            # Python's recipe for fork without exec (gc.freeze docs): the workers' collections
+            # then skip everything inherited, rather than walking (and copying) it.
+            gc.freeze()
         pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
                                    initializer=_die_with_parent, initargs=(os.getpid(),))
     try:

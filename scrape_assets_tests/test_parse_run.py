@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import pickle
@@ -168,3 +169,27 @@ def test_workers_die_with_a_killed_step_and_release_its_partition_locks(crawled,
 
     with open(lock_file, "w") as lock:  # nobody holds the step's lock any more
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_the_pool_forks_after_freezing_the_collector_unless_turned_off(crawled, tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(parse_run.gc, "freeze", lambda: calls.append("freeze"))
+    list(parse_run.parse_partitions(_copy(crawled, tmp_path, "a"), SPEC, CATEGORIES, workers=2))
+    assert calls == ["freeze"]
+    monkeypatch.setenv("SCRAPE_GC_FREEZE", "0")
+    list(parse_run.parse_partitions(_copy(crawled, tmp_path, "b"), SPEC, CATEGORIES, workers=2))
+    assert calls == ["freeze"]
+
+
+def test_parsed_json_keeps_prices_exact_and_refuses_unknown_types(tmp_path):
+    from decimal import Decimal
+
+    from scrape_assets.extract import ParsedSnapshot, encode_parsed
+
+    row = {"product_id": "7", "title": "Ça coûte £", "price": Decimal("1234567890.10"), "rating": 3}
+    parsed = ParsedSnapshot(category="travel", snapshot_id="s1", products=[row], pages=[], rejects=[])
+    data = encode_parsed(parsed)
+    assert json.loads(data)["products"] == [{**row, "price": "1234567890.10"}]  # exact digits, UTF-8 text
+    assert "Ça coûte £".encode() in data
+    with pytest.raises(TypeError, match="not JSON serializable"):  # only a Decimal becomes a string
+        encode_parsed(ParsedSnapshot(category="travel", snapshot_id="s1", products=[{**row, "price": {1.5}}]))

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import random
 from collections import Counter
+from urllib.parse import urljoin
 from decimal import Decimal
 from pathlib import Path
 
@@ -12,6 +15,7 @@ import pytest
 from scrape_assets.parsing import (
     PagerInfo,
     Reject,
+    UrlJoiner,
     decode_html,
     parse_listing,
     parse_pager,
@@ -332,3 +336,32 @@ def test_field_repair_matches_whole_document_repair(spec, path):
     whole_document = parse_listing(decode_html(body).encode("utf-8"), spec, LIVE_BASE + path)
     assert per_field == whole_document
     assert len(per_field.products) == 20
+
+
+_BASES = [
+    "http://h/a/b/c.html", "http://h/a/b/", "http://h", "https://h:8080/x/y?q=1#f", "http://h/a/b/c.html?x=y",
+    "http://127.0.0.1:46403/catalogue/category/books/cat-001_2/page-7.html", "file:///tmp/a/b", "http://h/a/b/..",
+    "http://h/a;p/b;q",
+]
+_PARTS = ["", ".", "..", "a", "b.html", "../", "./", "/", "//", "x/", "?q=1", "#f", "a?b", "..a", "%2F", "c d", "\t",
+          "http:", "http://o/", "//o/", "a:b", "~u", ";p", "../../", "é", "\\"]
+
+
+def test_url_joiner_equals_urljoin():
+    hrefs = ["".join(c) for c in itertools.product(_PARTS, repeat=2)]
+    rng = random.Random(4)
+    hrefs += ["".join(rng.choice(_PARTS) for _ in range(rng.randint(3, 5))) for _ in range(3000)]
+    for base in _BASES:
+        join = UrlJoiner(base)  # one joiner for all: its remembered prefixes must not leak between hrefs
+        for href in hrefs:
+            assert join(href) == urljoin(base, href), (base, href)
+
+
+def test_url_joiner_resolves_a_listings_shared_prefix_once():
+    join = UrlJoiner("http://h/catalogue/category/books/travel_2/page-2.html")
+    assert join("../../../book_1/index.html") == "http://h/catalogue/book_1/index.html"
+    assert join("../../../book_2/index.html") == "http://h/catalogue/book_2/index.html"
+    assert join("/media/x.jpg") == "http://h/media/x.jpg"
+    assert join._prefixes == {"../../../": "http://h/catalogue/", "/": "http://h/"}
+    assert join("../../../a/../b") == "http://h/catalogue/b" and join("?page=3") == "http://h/catalogue/category/books/travel_2/page-2.html?page=3"
+    assert set(join._prefixes) == {"../../../", "/"}  # those went to urljoin whole

@@ -143,19 +143,19 @@ def run_demo(new_snapshot: bool = False) -> int:
     from scrape_assets.defs.jobs import all_categories_tags, category_partitions
 
     preflight(defs.resources)
-    instance = _instance()
     job = defs.resolve_job_def("daily_scrape_job")
     keys = category_partitions.get_partition_keys()
     print(f"scrape-assets: {len(keys)} categories in one run on the Dagster instance at {os.environ['DAGSTER_HOME']}")
-    result = job.execute_in_process(
-        instance=instance,
-        tags={**all_categories_tags(category_partitions), "scrape/launched_by": "scrape-assets demo"},
-        run_config={
-            "loggers": {"console": {"config": {"log_level": "INFO"}}},
-            "ops": {"raw_pages": {"config": {"new_snapshot": new_snapshot}}},
-        },
-        raise_on_error=False,
-    )
+    with _instance() as instance:  # disposed: its SQLite files are closed (WAL folded) before exit
+        result = job.execute_in_process(
+            instance=instance,
+            tags={**all_categories_tags(category_partitions), "scrape/launched_by": "scrape-assets demo"},
+            run_config={
+                "loggers": {"console": {"config": {"log_level": "INFO"}}},
+                "ops": {"raw_pages": {"config": {"new_snapshot": new_snapshot}}},
+            },
+            raise_on_error=False,
+        )
     print_summary(summarize(defs.resources), run_figures(result))
     if not result.success:
         print(f"\nrun {result.run_id} did not succeed; see `make ui` for the failed step", file=sys.stderr)

@@ -11,15 +11,16 @@ once when :mod:`scrape_assets.definitions` is imported, does two things:
   and the fork workers of ``parsed_products`` do not dirty (copy) those pages by walking
   them. Objects created afterwards are collected as usual.
 * at exit (``atexit``), ``gc.disable()`` and ``gc.freeze()`` again: the interpreter's
-  final collections then have nothing to walk. This was ~0.55 s of every
-  ``dagster asset materialize`` on the 2-core benchmark host (BENCHMARKS.md), after the
-  run had already ended: the command returned that much later.
+  final collections then have nothing to walk. They were 0.55–0.8 s of every
+  ``dagster asset materialize`` on the 2-core benchmark host (``benchmarks/analysis.md``),
+  after the run had already ended: the command returned that much later.
 
 What it costs: cycles among frozen objects are never freed (memory of the process, given
 back when it exits), and at exit the ``__del__`` of objects that are only reachable
 through a reference cycle is not called. Everything this project writes is closed and
-committed by then (files by context managers, SQLite transactions committed; a WAL file
-left behind is replayed by the next connection). Standard streams are flushed by the
+committed by then: files by context managers, the warehouse by the steps that use it,
+the Dagster instance by the ``dagster`` CLI and ``scrape-assets demo`` (a WAL file a
+process killed outright leaves behind is replayed by the next connection). Standard streams are flushed by the
 interpreter as usual. ``atexit`` handlers all still run.
 
 ``SCRAPE_GC_FREEZE=0`` turns both off (Python's defaults), e.g. to rule this out when

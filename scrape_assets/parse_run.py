@@ -93,6 +93,18 @@ def default_workers() -> int:
     return max(1, min(cpus, MAX_DEFAULT_WORKERS))
 
 
+def _init_worker(parent_pid: int, freeze: bool) -> None:
+    """Pool initializer: die with the parent; with ``freeze``, ``gc.freeze()`` what was inherited.
+
+    Frozen, the objects inherited from the step's process are skipped by the worker's
+    collections instead of walked (and their pages copied) on each one; the step's process
+    itself is left as it was (see :mod:`scrape_assets.gc_tuning`).
+    """
+    _die_with_parent(parent_pid)
+    if freeze:
+        gc.freeze()
+
+
 def _die_with_parent(parent_pid: int) -> None:
     """Pool initializer: the worker gets SIGKILL when the step's process dies (Linux prctl).
 
@@ -154,12 +166,8 @@ def parse_partitions(
         # than once in every worker; a run with nothing to parse never imports it.
         import scrape_assets.schemas  # noqa: F401
 
-        if gc_freeze_enabled():
-            # Python's recipe for fork without exec (gc.freeze docs): the workers' collections
-            # then skip everything inherited, rather than walking (and copying) it.
-            gc.freeze()
         pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
-                                   initializer=_die_with_parent, initargs=(os.getpid(),))
+                                   initializer=_init_worker, initargs=(os.getpid(), gc_freeze_enabled()))
     try:
         pending: collections.deque[Future] = collections.deque()
         queue = iter(to_parse)

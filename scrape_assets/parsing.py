@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit, uses_relative
 
 import ftfy
 import ftfy.bad_codecs  # noqa: F401  registers the lossless "sloppy-windows-1252" codec
@@ -339,15 +339,19 @@ class UrlJoiner:
     :func:`urllib.parse.urljoin` once and the rest is appended. Any other ``href`` (a scheme
     or authority, a query, a fragment, ``;``, whitespace, ``//``, a ``.`` or ``..`` after the
     prefix, an empty one) goes to ``urljoin`` whole. Results equal ``urljoin``'s (tested
-    against it); about 3x less CPU per link.
+    against it); about 3x less CPU per link. Bases that are not absolute hierarchical URLs
+    (no scheme or host, ``about:blank``) always go to ``urljoin``.
     """
 
     def __init__(self, base: str):
         self.base = base
         self._prefixes: dict[str, str] = {}
+        parts = urlsplit(base)
+        # Only against a hierarchical absolute base (a page URL): urljoin treats others apart.
+        self._by_prefix = parts.scheme in uses_relative and bool(parts.netloc)
 
     def __call__(self, href: str) -> str:
-        if not href or "//" in href or not _PLAIN_PATH.fullmatch(href):
+        if not self._by_prefix or not href or "//" in href or not _PLAIN_PATH.fullmatch(href):
             return urljoin(self.base, href)
         prefix = _PATH_PREFIX.match(href).group()
         rest = href[len(prefix):]

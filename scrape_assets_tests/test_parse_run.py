@@ -171,14 +171,23 @@ def test_workers_die_with_a_killed_step_and_release_its_partition_locks(crawled,
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
-def test_the_pool_forks_after_freezing_the_collector_unless_turned_off(crawled, tmp_path, monkeypatch):
-    calls = []
-    monkeypatch.setattr(parse_run.gc, "freeze", lambda: calls.append("freeze"))
+def _freeze_recorder(path: str):
+    def freeze() -> None:  # runs in the worker (the patched module is inherited through fork)
+        with open(path, "a") as out:
+            out.write(f"{os.getpid()}\n")
+    return freeze
+
+
+def test_workers_freeze_what_they_inherit_unless_turned_off(crawled, tmp_path, monkeypatch):
+    record = tmp_path / "frozen.txt"
+    monkeypatch.setattr(parse_run.gc, "freeze", _freeze_recorder(str(record)))
     list(parse_run.parse_partitions(_copy(crawled, tmp_path, "a"), SPEC, CATEGORIES, workers=2))
-    assert calls == ["freeze"]
+    frozen_in = record.read_text().split()
+    assert len(frozen_in) == 2 and str(os.getpid()) not in frozen_in  # each worker, never the step's process
+    record.unlink()
     monkeypatch.setenv("SCRAPE_GC_FREEZE", "0")
     list(parse_run.parse_partitions(_copy(crawled, tmp_path, "b"), SPEC, CATEGORIES, workers=2))
-    assert calls == ["freeze"]
+    assert not record.exists()
 
 
 def test_parsed_json_keeps_prices_exact_and_refuses_unknown_types(tmp_path):

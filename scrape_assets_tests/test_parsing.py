@@ -341,7 +341,7 @@ def test_field_repair_matches_whole_document_repair(spec, path):
 _BASES = [
     "http://h/a/b/c.html", "http://h/a/b/", "http://h", "https://h:8080/x/y?q=1#f", "http://h/a/b/c.html?x=y",
     "http://127.0.0.1:46403/catalogue/category/books/cat-001_2/page-7.html", "file:///tmp/a/b", "http://h/a/b/..",
-    "http://h/a;p/b;q",
+    "http://h/a;p/b;q", "", "a/b", "about:blank", "//h/a/b", "mailto:x@y",
 ]
 _PARTS = ["", ".", "..", "a", "b.html", "../", "./", "/", "//", "x/", "?q=1", "#f", "a?b", "..a", "%2F", "c d", "\t",
           "http:", "http://o/", "//o/", "a:b", "~u", ";p", "../../", "é", "\\"]

@@ -11,7 +11,7 @@ never leak into another):
   client on our :class:`~scrape_assets.http_transport.AiohttpTransport`; our
   ``PageFetcher.fetch`` (robots.txt, limiter, deadline, on that transport); and bare aiohttp.
 * Parsing, the same 1,000 saved pages: ``parsing.parse_listing`` as the pipeline calls it,
-  the same without the mojibake repair (``repair_text``), without ``urljoin``, and the bare
+  the same without the mojibake repair (``repair_text``), without resolving links (``UrlJoiner``), and the bare
   selectolax loop of ``bare_parse.py``.
 * The Dagster event log, 500 asset materialization events into a fresh SQLite event log:
   Dagster's ``SqliteEventLogStorage`` (a new engine per event) against our
@@ -85,7 +85,7 @@ pages = [(path.read_bytes(), url) for path, url in files]
 if mode == "no_repair":
     parsing.repair_text = lambda text: text
 if mode == "no_urljoin":
-    parsing.urljoin = lambda base, href: base + href
+    parsing.UrlJoiner = lambda base: (lambda href: base + href)
 def run():
     for body, url in pages:
         if mode == "bare":
@@ -171,7 +171,7 @@ def main() -> int:
             objects = str(work / "run" / "data" / "objects")
             for label, mode in (("parse_listing (as extract_snapshot calls it)", "pipeline"),
                                 ("parse_listing without repair_text (ftfy)", "no_repair"),
-                                ("parse_listing without urljoin", "no_urljoin"),
+                                ("parse_listing without resolving links (UrlJoiner)", "no_urljoin"),
                                 ("bare selectolax loop (bare_parse.py)", "bare")):
                 rate, cpu_ms = _measure(_PARSE, str(spec), objects, mode)
                 print(f"{label:58s} {rate:8.0f} {cpu_ms:12.3f}", flush=True)

@@ -84,8 +84,13 @@ def targets(results: dict) -> list[list]:
                          "met" if ratio >= 2 else f"missed: {ratio / 2:.0%} of the target ({2 / ratio:.1f}× too slow)"])
         if "16" in t and "64" in t:
             r16, r64 = int(size) / t["16"]["ours"]["wall_s"], int(size) / t["64"]["ours"]["wall_s"]
+            verdict = "met" if r64 >= r16 else f"missed: {r64 / r16:.1%} of c=16"
+            runs16, runs64 = t["16"]["ours"].get("runs_wall_s") or [], t["64"]["ours"].get("runs_wall_s") or []
+            if r64 < r16 and runs16 and runs64 and min(runs64) <= max(runs16):
+                verdict += (f" (the runs overlap: c=64 {min(runs64):.1f}–{max(runs64):.1f} s, "
+                            f"c=16 {min(runs16):.1f}–{max(runs16):.1f} s)")
             rows.append([f"throughput at c=64 not lower than at c=16, {int(size):,} pages", f"{r64:.0f} vs {r16:.0f} pages/s",
-                         "met" if r64 >= r16 * 0.97 else f"missed: {r64 / r16:.0%} of c=16"])
+                         verdict])
     reparse_size = "10000" if "reparse" in sizes.get("10000", {}) else next((s for s in sizes if "reparse" in sizes[s]), None)
     if reparse_size:
         rp = sizes[reparse_size]["reparse"]

@@ -11,8 +11,8 @@ never leak into another):
   client on our :class:`~scrape_assets.http_transport.AiohttpTransport`; our
   ``PageFetcher.fetch`` (robots.txt, limiter, deadline, on that transport); and bare aiohttp.
 * Parsing, the same 1,000 saved pages: ``parsing.parse_listing`` as the pipeline calls it,
-  the same without the mojibake repair (``repair_text``), without resolving links (``UrlJoiner``), and the bare
-  selectolax loop of ``bare_parse.py``.
+  the same without the mojibake repair (``repair_text``), without resolving links
+  (``UrlJoiner``), and the bare selectolax loop of ``bare_parse.py``.
 * The Dagster event log, 500 asset materialization events into a fresh SQLite event log:
   Dagster's ``SqliteEventLogStorage`` (a new engine per event) against our
   :class:`~scrape_assets.instance_storage.PooledSqliteEventLogStorage` (one kept per shard),

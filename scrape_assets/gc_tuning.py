@@ -20,8 +20,8 @@ back when it exits), and at exit the ``__del__`` of objects that are only reacha
 through a reference cycle is not called. Everything this project writes is closed and
 committed by then: files by context managers, the warehouse by the steps that use it,
 the Dagster instance by the ``dagster`` CLI and ``scrape-assets demo`` (a WAL file a
-process killed outright leaves behind is replayed by the next connection). Standard streams are flushed by the
-interpreter as usual. ``atexit`` handlers all still run.
+process killed outright leaves behind is replayed by the next connection). Standard
+streams are flushed by the interpreter as usual. ``atexit`` handlers all still run.
 
 ``SCRAPE_GC_FREEZE=0`` turns both off (Python's defaults), e.g. to rule this out when
 chasing a leak; any value other than ``0`` or ``1`` raises

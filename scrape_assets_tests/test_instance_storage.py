@@ -11,8 +11,7 @@ import time
 
 import dagster as dg
 import pytest
-from dagster._core.events import DagsterEvent, DagsterEventType, StepMaterializationData
-from dagster._core.events.log import EventLogEntry
+from dagster._core.events import StepMaterializationData
 from dagster._core.instance.ref import InstanceRef
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 
@@ -23,20 +22,20 @@ from scrape_assets_tests.conftest import REPO_ROOT
 ASSET = dg.AssetKey("raw_pages")
 
 
-def _materialization(run_id: str, partition: str) -> EventLogEntry:
-    event = DagsterEvent(
-        event_type_value=DagsterEventType.ASSET_MATERIALIZATION.value,
+def _materialization(run_id: str, partition: str) -> dg.EventLogEntry:
+    event = dg.DagsterEvent(
+        event_type_value=dg.DagsterEventType.ASSET_MATERIALIZATION.value,
         job_name="job",
         event_specific_data=StepMaterializationData(
             dg.AssetMaterialization(asset_key=ASSET, partition=partition, metadata={"pages": 3})
         ),
     )
-    return EventLogEntry(error_info=None, level=20, user_message="", run_id=run_id, timestamp=time.time(),
+    return dg.EventLogEntry(error_info=None, level=20, user_message="", run_id=run_id, timestamp=time.time(),
                          step_key="raw_pages", job_name="job", dagster_event=event)
 
 
 def _partitions(storage, run_id: str) -> list[str]:
-    records = storage.get_records_for_run(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION).records
+    records = storage.get_records_for_run(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION).records
     return [r.event_log_entry.dagster_event.partition for r in records]
 
 
@@ -231,9 +230,9 @@ def ranged(context) -> dg.MaterializeResult:
 _RANGE_TAGS = {"dagster/asset_partition_range_start": "a", "dagster/asset_partition_range_end": "c"}
 
 
-def _run_ranged(tmp_path, monkeypatch) -> tuple[str, list[list[EventLogEntry]]]:
+def _run_ranged(tmp_path, monkeypatch) -> tuple[str, list[list[dg.EventLogEntry]]]:
     """Materialize ``ranged`` over a, b, c in one run on a ScrapeInstance; the batches its storage got."""
-    batches: list[list[EventLogEntry]] = []
+    batches: list[list[dg.EventLogEntry]] = []
     original = PooledSqliteEventLogStorage.store_event_batch
 
     def spy(self, events):
@@ -312,7 +311,7 @@ def test_a_batch_stores_what_storing_its_events_one_by_one_stores(tmp_path, monk
         return {
             "run log": [r.event_log_entry for r in storage.get_records_for_run(run_id).records],
             "materializations": entries(None),
-            "planned": entries(DagsterEventType.ASSET_MATERIALIZATION_PLANNED),
+            "planned": entries(dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED),
             "latest": asset_entry.last_materialization_record.event_log_entry,
             "materialized partitions": storage.get_materialized_partitions(key),
             "data version tags": sorted(map(sorted, (t.items() for t in storage.get_event_tags_for_asset(key)))),
@@ -367,7 +366,7 @@ def test_a_failed_index_write_leaves_the_index_untouched_and_dagster_stores_the_
         storage = instance.event_log_storage
         # The batch failed in index.db and was rolled back; Dagster's fallback stored each event once more.
         index_planned = storage.get_event_records(
-            dg.EventRecordsFilter(event_type=DagsterEventType.ASSET_MATERIALIZATION_PLANNED, asset_key=key))
+            dg.EventRecordsFilter(event_type=dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED, asset_key=key))
         assert sorted(r.event_log_entry.dagster_event.partition for r in index_planned) == ["a", "b", "c"]
         assert len(storage.get_asset_check_execution_history(check_key, 10)) == 1
         assert len(storage.get_records_for_run(run_id).records) == 2 * len(planned)  # the run's log: twice
@@ -381,7 +380,7 @@ def test_table_checks_are_remembered_until_wipe(tmp_path, monkeypatch):
     original = SqliteEventLogStorage.has_table
     monkeypatch.setattr(SqliteEventLogStorage, "has_table", lambda self, name: asked.append(name) or original(self, name))
 
-    def tagged(partition: str) -> EventLogEntry:
+    def tagged(partition: str) -> dg.EventLogEntry:
         entry = _materialization("run-a", partition)
         materialization = entry.dagster_event.event_specific_data.materialization
         data = StepMaterializationData(materialization._replace(tags={"dagster/data_version": f"v-{partition}"}))

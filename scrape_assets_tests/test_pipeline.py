@@ -197,8 +197,6 @@ def test_a_failed_fetch_never_deletes_rows_loaded_earlier(tmp_path, instance):
 
 
 def test_a_complete_snapshot_is_adopted_only_when_its_run_died_before_recording_it(instance, monkeypatch):
-    from dagster._core.storage.dagster_run import DagsterRun
-
     from scrape_assets.defs.assets.raw_pages import InterruptedRunSnapshots
     from scrape_assets.manifest import Manifest
 
@@ -207,7 +205,7 @@ def test_a_complete_snapshot_is_adopted_only_when_its_run_died_before_recording_
                         fetch_config_hash="h", start_url="http://x/", run_id=run_id)
 
     for run_id, status in (("ok", dg.DagsterRunStatus.SUCCESS), ("died", dg.DagsterRunStatus.FAILURE)):
-        instance.add_run(DagsterRun(job_name="daily_scrape_job", run_id=run_id, status=status))
+        instance.add_run(dg.DagsterRun(job_name="daily_scrape_job", run_id=run_id, status=status))
     instance.report_runless_asset_event(dg.AssetMaterialization(
         "raw_pages", partition="travel", metadata={"by_category": dg.MetadataValue.json({"travel": {"snapshot_id": "s1"}})}))
     instance.report_runless_asset_event(dg.AssetMaterialization(

@@ -155,7 +155,9 @@ class FetchedPage:
     attempts: int
 
 
-def build_client(policy: FetchPolicy, *, mounts: dict[str, httpx.AsyncBaseTransport] | None = None) -> httpx.AsyncClient:
+def build_client(
+    policy: FetchPolicy, *, mounts: dict[str, httpx.AsyncBaseTransport] | None = None, proxy_url: str | None = None
+) -> httpx.AsyncClient:
     """Create the run's HTTP client, configured for :class:`PageFetcher`.
 
     Timeouts are ``policy.timeout_s`` each; redirects are not followed automatically (the
@@ -169,16 +171,22 @@ def build_client(policy: FetchPolicy, *, mounts: dict[str, httpx.AsyncBaseTransp
         policy: the fetch policy.
         mounts: transports by URL pattern, e.g. ``{"http://demo.scrape-assets.invalid":
             DemoTransport()}`` to serve the demo site in-process.
+        proxy_url: an ``http://[user:pass@]host:port`` forward proxy for every request that
+            goes out on the network (robots.txt included; mounted transports are not
+            affected). Not part of the fetch config: a snapshot may resume through another proxy.
 
     Returns:
         A new, unopened :class:`httpx.AsyncClient`.
+
+    Raises:
+        ValueError: ``proxy_url`` is not an ``http://host[:port]`` URL.
     """
     return httpx.AsyncClient(
         headers={"User-Agent": policy.user_agent},
         timeout=httpx.Timeout(policy.timeout_s),
         follow_redirects=False,
         max_redirects=policy.max_redirects,
-        transport=AiohttpTransport(max_connections=policy.max_concurrency + 2),
+        transport=AiohttpTransport(max_connections=policy.max_concurrency + 2, proxy=proxy_url),
         mounts=mounts,
     )
 

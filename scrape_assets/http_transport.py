@@ -22,7 +22,8 @@ aiohttp error becomes the httpx error httpcore raises for the same condition, so
     ServerDisconnectedError                  RemoteProtocolError  (hung up before/while answering)
     ClientPayloadError                       RemoteProtocolError  (body shorter than Content-Length,
                                                                    bad chunking)
-    ClientResponseError                      RemoteProtocolError  (malformed status line/headers)
+    ClientResponseError                      RemoteProtocolError  (malformed status line/headers; a
+                                                                   proxy refusing a CONNECT tunnel)
     ClientOSError                            ReadError            (reset by peer)
     InvalidURL, NonHttpUrlClientError        UnsupportedProtocol
     any other aiohttp.ClientError            TransportError
@@ -30,8 +31,13 @@ aiohttp error becomes the httpx error httpcore raises for the same condition, so
 Every request is sent once: aiohttp's silent resend after a hang-up is turned off, so each
 attempt the fetcher counts (and spaces out politely) is one request on the wire.
 
-Limits: HTTP/1.1 only (no HTTP/2); no proxies (``trust_env`` is off, so ``HTTP(S)_PROXY``
-variables are ignored);
+Proxies: only the one passed as ``proxy`` (``SCRAPE_PROXY_URL``), an ``http://`` forward
+proxy: ``http`` URLs go to it in absolute form, ``https`` ones through a ``CONNECT`` tunnel,
+and credentials in its URL (``http://user:pass@host:port``) become a ``Proxy-Authorization:
+Basic`` header (RFC 9110, section 11.7.1). ``trust_env`` is off: ``HTTP(S)_PROXY`` / ``NO_PROXY``
+variables are ignored, so a proxy meant for package installs never carries a crawl by surprise.
+
+Limits: HTTP/1.1 only (no HTTP/2); no proxy chains or SOCKS proxies;
 bodies are passed through undecoded (httpx decodes ``Content-Encoding``); cookies are left
 to httpx (aiohttp's jar is disabled). Response headers larger than aiohttp's parser limits
 (8,190 bytes a line) are a ``RemoteProtocolError``.
@@ -47,6 +53,8 @@ from collections.abc import AsyncIterator, Iterator
 import aiohttp
 import httpx
 from yarl import URL
+
+from scrape_assets.storage import redact_url
 
 _EXCEPTIONS: tuple[tuple[type[BaseException], type[httpx.TransportError]], ...] = (
     # First match wins: subclasses before their bases.
@@ -65,8 +73,12 @@ _EXCEPTIONS: tuple[tuple[type[BaseException], type[httpx.TransportError]], ...] 
 
 
 @contextlib.contextmanager
-def _mapped_errors(request: httpx.Request) -> Iterator[None]:
-    """Re-raise aiohttp's errors as the httpx error for the same condition (module table)."""
+def _mapped_errors(request: httpx.Request, secrets: tuple[str, ...] = ()) -> Iterator[None]:
+    """Re-raise aiohttp's errors as the httpx error for the same condition (module table).
+
+    ``secrets`` (a proxy's ``user:password@``) are cut out of the message, and the aiohttp
+    error is then not chained: its repr carries the proxy URL and ``Proxy-Authorization``.
+    """
     try:
         yield
     except httpx.HTTPError:
@@ -75,19 +87,45 @@ def _mapped_errors(request: httpx.Request) -> Iterator[None]:
         for source, target in _EXCEPTIONS:
             if isinstance(exc, source):
                 message = str(exc) or type(exc).__name__
-                raise target(message, request=request) from exc
+                if not secrets:
+                    raise target(message, request=request) from exc
+                for secret in secrets:
+                    message = message.replace(secret, "")
+                raise target(message, request=request) from None
         raise  # pragma: no cover - the table ends with aiohttp.ClientError
+
+
+def _userinfo(proxy: str | None) -> tuple[str, ...]:
+    """The ``user:password@`` forms of ``proxy``'s credentials as they may appear in aiohttp's messages."""
+    url = URL(proxy) if proxy else None
+    if url is None or not (url.raw_user or url.raw_password):
+        return ()
+    forms = {f"{url.raw_user or ''}:{url.raw_password or ''}@", f"{url.user or ''}:{url.password or ''}@",
+             f"{url.raw_user or ''}@", f"{url.user or ''}@"}
+    return tuple(sorted((f for f in forms if f != "@"), key=len, reverse=True))
+
+
+def is_forward_proxy_url(url: str) -> bool:
+    """True for ``http://[user:pass@]host[:port][/]``: a forward proxy's URL (no path, query or fragment)."""
+    try:
+        parsed = URL(url)
+        port = parsed.port  # raises ValueError for a port that is not a number
+    except (ValueError, TypeError):
+        return False
+    return (parsed.scheme == "http" and bool(parsed.host) and port is not None and parsed.path in ("", "/")
+            and not parsed.query_string and not parsed.fragment)
 
 
 class _ResponseStream(httpx.AsyncByteStream):
     """The body of one aiohttp response, chunk by chunk as it arrives."""
 
-    def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request, secrets: tuple[str, ...]) -> None:
         self._response = response
         self._request = request
+        self._secrets = secrets
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        with _mapped_errors(self._request):
+        with _mapped_errors(self._request, self._secrets):
             async for chunk in self._response.content.iter_any():
                 yield chunk
 
@@ -110,13 +148,27 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             aiohttp's).
         verify: ``True`` to verify TLS certificates with the system's CAs, ``False`` not to,
             or an :class:`ssl.SSLContext`.
+        proxy: URL of an ``http://`` forward proxy every request goes through (None: direct).
+
+    Raises:
+        ValueError: ``max_connections < 1``, or ``proxy`` is not an ``http://host[:port]`` URL
+            (the message shows it without credentials).
     """
 
     def __init__(
-        self, *, max_connections: int, keepalive_expiry_s: float = 15.0, verify: bool | ssl.SSLContext = True
+        self,
+        *,
+        max_connections: int,
+        keepalive_expiry_s: float = 15.0,
+        verify: bool | ssl.SSLContext = True,
+        proxy: str | None = None,
     ) -> None:
         if max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {max_connections}")
+        if proxy is not None and not is_forward_proxy_url(proxy):
+            raise ValueError(f"proxy must be an http://host[:port] URL, got {redact_url(proxy)!r}")
+        self._proxy = proxy
+        self._secrets = _userinfo(proxy)
         self._max_connections = max_connections
         self._keepalive_expiry_s = keepalive_expiry_s
         self._verify = verify
@@ -131,7 +183,8 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 limit=self._max_connections, keepalive_timeout=self._keepalive_expiry_s, ssl=ssl_option
             )
             self._session = aiohttp.ClientSession(
-                connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False
+                connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False,
+                proxy=self._proxy,
             )
             # aiohttp resends a GET once, at once, when the server hangs up or resets before
             # answering: a request the fetcher would neither count nor space out (politeness,
@@ -149,7 +202,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         session = self._session_for_request()
         timeout = request.extensions.get("timeout", {})
         body = await request.aread()
-        with _mapped_errors(request):
+        with _mapped_errors(request, self._secrets):
             response = await session.request(
                 request.method,
                 URL(str(request.url), encoded=True),  # sent exactly as httpx built it, no re-quoting
@@ -167,7 +220,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         return httpx.Response(
             status_code=response.status,
             headers=response.raw_headers,
-            stream=_ResponseStream(response, request),
+            stream=_ResponseStream(response, request, self._secrets),
             request=request,
             extensions=extensions,
         )

@@ -16,6 +16,7 @@ resources. ``SCRAPE_DEMO_DATE`` is validated here and read by the demo catalogue
 | ``SCRAPE_MAX_CONCURRENCY`` | per-host concurrent requests | spec |
 | ``SCRAPE_MAX_ATTEMPTS`` | attempts per page before it is dead-lettered | 3 |
 | ``SCRAPE_ALERT_WEBHOOK_URL`` | alerts POSTed here as JSON | unset: log only |
+| ``SCRAPE_PROXY_URL`` | ``http://[user:pass@]host:port`` forward proxy for all fetches (secret) | unset: direct |
 | ``SCRAPE_USER_AGENT`` | User-Agent sent (put a contact in it for real sites) | ``scrape_assets/<version> (...)`` |
 | ``SCRAPE_LOCK_WAIT_S`` | seconds a run waits for another run holding the same partition | 0: stop at once |
 | ``SCRAPE_SCHEDULE_CRON`` | cron of the daily schedule (UTC) | ``0 2 * * *`` |
@@ -32,7 +33,9 @@ from datetime import date
 from pathlib import Path
 
 from scrape_assets.errors import SettingsError, UnknownSiteError
+from scrape_assets.http_transport import is_forward_proxy_url
 from scrape_assets.spec import load_spec
+from scrape_assets.storage import redact_url
 
 _CRON_FIELD = r"[0-9*/,\-A-Za-z?LW#]+"
 _CRON = re.compile(rf"{_CRON_FIELD}(\s+{_CRON_FIELD}){{4}}")
@@ -51,6 +54,7 @@ class Settings:
     max_concurrency: int | None
     max_attempts: int
     alert_webhook_set: bool
+    proxy_set: bool
     schedule_cron: str
     user_agent: str | None
     lock_wait_s: float
@@ -98,6 +102,12 @@ def load_settings(env: dict | None = None) -> Settings:
     if webhook and not webhook.startswith(("http://", "https://")):
         # The value is a secret: name the variable, not the URL.
         raise SettingsError("SCRAPE_ALERT_WEBHOOK_URL", "<hidden>", "an http(s) URL")
+    proxy = env.get("SCRAPE_PROXY_URL") or ""
+    if proxy and not is_forward_proxy_url(proxy):
+        # May hold credentials: show it without them.
+        raise SettingsError(
+            "SCRAPE_PROXY_URL", redact_url(proxy), "an http:// proxy URL, e.g. http://user:pass@proxy.internal:3128"
+        )
     base_url = env.get("SCRAPE_BASE_URL") or None
     if base_url and not base_url.startswith(("http://", "https://")):
         raise SettingsError("SCRAPE_BASE_URL", base_url, "an absolute http(s) URL")
@@ -112,6 +122,7 @@ def load_settings(env: dict | None = None) -> Settings:
         max_concurrency=_number(env, "SCRAPE_MAX_CONCURRENCY", int, 1),
         max_attempts=3 if max_attempts is None else max_attempts,
         alert_webhook_set=bool(env.get("SCRAPE_ALERT_WEBHOOK_URL")),
+        proxy_set=bool(proxy),
         schedule_cron=cron,
         user_agent=env.get("SCRAPE_USER_AGENT") or None,
         lock_wait_s=_number(env, "SCRAPE_LOCK_WAIT_S", float, 0) or 0.0,

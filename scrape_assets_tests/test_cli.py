@@ -95,6 +95,10 @@ def test_bad_inputs_each_give_one_clear_error_naming_the_input(tmp_path):
             {"SCRAPE_ALERT_WEBHOOK_URL": "ftp://secret-token@x"},
             "scrape-assets: error: SCRAPE_ALERT_WEBHOOK_URL='<hidden>' is invalid: expected an http(s) URL",
         ),
+        "proxy not http": (
+            {"SCRAPE_PROXY_URL": "socks5://scraper:secret-token@proxy.internal:1080"},
+            "scrape-assets: error: SCRAPE_PROXY_URL='socks5://proxy.internal:1080' is invalid: expected an http:// proxy URL",
+        ),
         "bad warehouse URL": (
             {"SCRAPE_WAREHOUSE_URL": "nosuchdb://x/y"},
             "scrape-assets: error: SCRAPE_WAREHOUSE_URL='nosuchdb://x/y' is invalid: expected a SQLAlchemy URL",

@@ -604,3 +604,40 @@ def test_connection_refused_is_a_connection_error():
     with pytest.raises(TransientFetchError) as raised:
         asyncio.run(main())
     assert (raised.value.reason, raised.value.http_status, raised.value.attempts) == ("connection_error", None, 2)
+
+
+@pytest.mark.timeout(30)
+def test_robots_txt_and_pages_go_through_the_configured_proxy():
+    """A real forward proxy stand-in on 127.0.0.1 answers for an unresolvable host."""
+    seen: list[str] = []
+
+    async def proxy_handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = (await reader.readuntil(b"\r\n\r\n")).decode()
+                target = head.split(" ")[1]
+                seen.append(target)
+                body = b"User-agent: *\nDisallow: /private/\n" if target.endswith("/robots.txt") else b"<html>ok</html>"
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async def main():
+        server = await asyncio.start_server(proxy_handler, "127.0.0.1", 0)
+        proxy_url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        policy = _socket_policy(obey_robots_txt=True)
+        try:
+            async with build_client(policy, proxy_url=proxy_url) as client:
+                fetcher = PageFetcher(client, policy, sleep=_no_sleep)
+                page = await fetcher.fetch("http://shop.invalid/catalogue/page-1.html")
+                with pytest.raises(PermanentFetchError) as refused:
+                    await fetcher.fetch("http://shop.invalid/private/page-1.html")
+                return page, refused.value
+        finally:
+            server.close()
+
+    page, refused = asyncio.run(main())
+    assert (page.body, page.http_status) == (b"<html>ok</html>", 200)
+    assert refused.reason == "robots_disallowed"
+    assert seen == ["http://shop.invalid/robots.txt", "http://shop.invalid/catalogue/page-1.html"]

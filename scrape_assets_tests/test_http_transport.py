@@ -144,3 +144,73 @@ def test_read_timeout_is_a_read_timeout():
 def test_max_connections_must_be_positive():
     with pytest.raises(ValueError, match="max_connections must be >= 1, got 0"):
         AiohttpTransport(max_connections=0)
+
+
+def _through_proxy(proxy_url_for, requests):
+    """Send ``requests(client)`` through a HeadServer standing in as the proxy; return (result, proxy)."""
+
+    async def main():
+        async with HeadServer(lambda n: _ok(f"via proxy {n}".encode())) as proxy:
+            transport = AiohttpTransport(max_connections=2, proxy=proxy_url_for(proxy.base))
+            async with httpx.AsyncClient(transport=transport, timeout=2.0) as client:
+                return await requests(client), proxy
+
+    return asyncio.run(main())
+
+
+def test_requests_go_to_the_proxy_in_absolute_form_with_its_credentials():
+    async def two(client):
+        return [await client.get("http://catalogue.invalid/books/page-2.html?sort=a"),
+                await client.get("http://catalogue.invalid/robots.txt")]
+
+    # The .invalid host cannot resolve: only the proxy can have answered.
+    responses, proxy = _through_proxy(lambda base: base.replace("http://", "http://scraper:s3cret@"), two)
+    assert [r.text for r in responses] == ["via proxy 1", "via proxy 2"]
+    heads = [h.decode().split("\r\n") for h in proxy.heads]
+    assert [h[0] for h in heads] == ["GET http://catalogue.invalid/books/page-2.html?sort=a HTTP/1.1",
+                                     "GET http://catalogue.invalid/robots.txt HTTP/1.1"]
+    assert all("Proxy-Authorization: Basic c2NyYXBlcjpzM2NyZXQ=" in h for h in heads)  # base64("scraper:s3cret")
+    assert all("Host: catalogue.invalid" in h for h in heads)
+    assert proxy.connections == 1  # one kept-alive connection to the proxy
+
+
+def test_proxy_without_credentials_sends_no_proxy_authorization():
+    responses, proxy = _through_proxy(lambda base: base, lambda client: client.get("http://catalogue.invalid/"))
+    assert responses.text == "via proxy 1"
+    assert b"Proxy-Authorization" not in proxy.heads[0]
+
+
+def test_https_urls_ask_the_proxy_for_a_connect_tunnel():
+    async def main():
+        async with HeadServer(lambda n: b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n") as proxy:
+            transport = AiohttpTransport(max_connections=1, proxy=proxy.base.replace("http://", "http://scraper:s3cret@"))
+            async with httpx.AsyncClient(transport=transport, timeout=2.0) as client:
+                with pytest.raises(httpx.TransportError) as raised:
+                    await client.get("https://shop.invalid/catalogue/page-1.html")
+                return raised.value, proxy
+
+    exc, proxy = asyncio.run(main())
+    head = proxy.heads[0].decode().split("\r\n")
+    assert head[0] == "CONNECT shop.invalid:443 HTTP/1.1"
+    assert "Proxy-Authorization: Basic c2NyYXBlcjpzM2NyZXQ=" in head
+    assert "403" in str(exc) and str(proxy.base.split("//")[1]) in str(exc)  # names the proxy and its answer
+    assert "s3cret" not in str(exc) and exc.__cause__ is None  # not the credentials (dead letters keep messages)
+    assert classify_exception(exc, headers_received=False) == ("retry", "connection_error")
+
+
+@pytest.mark.parametrize("proxy", ["https://user:pw@proxy.internal:3128", "socks5://proxy.internal:1080",
+                                   "proxy.internal:3128", "http://proxy.internal:3128/path", "http://:3128"])
+def test_a_proxy_that_is_not_an_http_forward_proxy_url_is_refused_without_showing_credentials(proxy):
+    with pytest.raises(ValueError, match="proxy must be an http://host\\[:port\\] URL") as raised:
+        AiohttpTransport(max_connections=1, proxy=proxy)
+    assert "pw" not in str(raised.value)
+
+
+def test_proxy_variables_of_the_environment_are_ignored(monkeypatch):
+    async def main():
+        async with HeadServer(lambda n: _ok(b"direct")) as server:
+            monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # nothing listens there
+            async with httpx.AsyncClient(transport=AiohttpTransport(max_connections=1), timeout=2.0) as client:
+                return (await client.get(server.base + "/")).text
+
+    assert asyncio.run(main()) == "direct"

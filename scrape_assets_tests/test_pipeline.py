@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import shutil
 from collections import Counter
 from decimal import Decimal
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources as importlib_resources
+from urllib.parse import urlsplit
 
 import dagster as dg
 import yaml
@@ -14,7 +18,7 @@ from scrape_assets.demo_site import catalogue
 from scrape_assets.manifest import latest_manifest, list_snapshots
 from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import Warehouse, dead_letters, products
-from scrape_assets_tests.conftest import make_resources, materialize, run_metadata
+from scrape_assets_tests.conftest import make_resources, materialize, run_metadata, serving
 
 CATEGORIES = ["travel", "mystery", "classics"]  # consecutive in demo.yaml, so one range
 BUSINESS_COLUMNS = ("category", "product_id", "title", "price", "currency", "rating", "availability", "url", "page_number")
@@ -233,3 +237,55 @@ def test_merged_metadata_joins_per_partition_tables_and_reads_older_whole_table_
     assert merged_metadata(per_partition) == expected
     whole_table = {"pages_done": 3, "by_category": expected["by_category"]}
     assert merged_metadata([whole_table, whole_table]) == expected
+
+
+class _ForwardingProxy(BaseHTTPRequestHandler):
+    """A minimal HTTP forward proxy: absolute-form GETs relayed to ``server.origin`` (host:port)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format, *args):  # noqa: A002 - keep test output quiet
+        pass
+
+    def do_GET(self):
+        target = urlsplit(self.path)
+        self.server.seen.append((self.path, self.headers.get("Proxy-Authorization")))
+        upstream = http.client.HTTPConnection(self.server.origin, timeout=5)
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("proxy-authorization", "connection")}
+        upstream.request("GET", target.path + (f"?{target.query}" if target.query else ""), headers=headers)
+        reply = upstream.getresponse()
+        body = reply.read()
+        self.send_response(reply.status)
+        for name, value in reply.getheaders():
+            if name.lower() not in ("content-length", "connection", "transfer-encoding"):
+                self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        upstream.close()
+
+
+def test_raw_pages_fetch_through_the_configured_proxy(tmp_path, instance, demo_server):
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), _ForwardingProxy)
+    proxy.origin, proxy.seen = urlsplit(demo_server.base_url).netloc, []
+    proxy_url = f"http://scraper:s3cret@127.0.0.1:{proxy.server_address[1]}"
+    # shop.invalid cannot resolve: every page must come through the proxy.
+    res = make_resources(tmp_path, base_url="http://shop.invalid/", proxy_url=proxy_url)
+    with serving(proxy):
+        result = materialize(instance, res, ["travel", "mystery"])
+    assert result.success
+    md = run_metadata(result)["raw_pages"]
+    assert (md["pages_done"], md["pages_failed"]) == (3, 0)
+    assert _table(tmp_path, ["category"]).count(("mystery",)) == 32
+    targets = [path for path, _ in proxy.seen]
+    assert targets[0] == "http://shop.invalid/robots.txt"
+    assert sorted(targets[1:]) == sorted(
+        f"http://shop.invalid/{path}" for path in (
+            "catalogue/category/books/travel_2/index.html", "catalogue/category/books/mystery_3/index.html",
+            "catalogue/category/books/mystery_3/page-2.html"))
+    assert {auth for _, auth in proxy.seen} == {"Basic c2NyYXBlcjpzM2NyZXQ="}  # base64("scraper:s3cret")
+    logs = [e.message for e in instance.all_logs(result.run_id)]
+    assert any(f"from http://shop.invalid/ through proxy http://127.0.0.1:{proxy.server_address[1]}" in m for m in logs)
+    assert not any("s3cret" in m for m in logs)  # the proxy's credentials never reach the logs
+    manifest = latest_manifest(ObjectStore(str(tmp_path / "objects")), "demo", "travel", complete=True)
+    assert "proxy" not in json.dumps(manifest.fetch_config)  # a snapshot may resume through another proxy

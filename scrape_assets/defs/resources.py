@@ -18,7 +18,7 @@ from scrape_assets.fetcher import FetchPolicy, build_client
 from scrape_assets.locks import host_lock, partition_locks
 from scrape_assets.settings import load_settings
 from scrape_assets.spec import SiteSpec, load_spec
-from scrape_assets.storage import ObjectStore
+from scrape_assets.storage import ObjectStore, redact_url
 from scrape_assets.warehouse import Warehouse
 
 USER_AGENT = f"scrape_assets/{__version__} (polite catalogue crawler; httpx+aiohttp)"
@@ -34,6 +34,9 @@ class SiteResource(dg.ConfigurableResource):
     max_attempts: int = Field(default=3, ge=1, description="HTTP attempts per page before it is dead-lettered")
     timeout_s: float = Field(default=20.0, gt=0, description="per-request timeout in seconds")
     user_agent: str = USER_AGENT
+    proxy_url: str | None = Field(
+        default=None, description="http:// forward proxy for all fetches; secret: set via SCRAPE_PROXY_URL"
+    )
 
     def spec(self) -> SiteSpec:
         """The site spec (raises SpecError naming the file and key when invalid)."""
@@ -61,8 +64,14 @@ class SiteResource(dg.ConfigurableResource):
         return {"site": self.site, "base_url": self.fetch_base_url(), **self.fetch_policy().as_dict()}
 
     def client(self) -> httpx.AsyncClient:
-        """An httpx client; the demo host is served in-process (no socket, no network)."""
-        return build_client(self.fetch_policy(), mounts={DEMO_BASE_URL.rstrip("/"): DemoTransport()})
+        """An httpx client (through ``proxy_url`` when set); the demo host is served in-process (no socket)."""
+        return build_client(
+            self.fetch_policy(), mounts={DEMO_BASE_URL.rstrip("/"): DemoTransport()}, proxy_url=self.proxy_url
+        )
+
+    def describe_route(self) -> str:
+        """``<fetch base URL>``, plus `` through proxy <proxy without credentials>`` when one is set (for logs)."""
+        return self.fetch_base_url() + (f" through proxy {redact_url(self.proxy_url)}" if self.proxy_url else "")
 
 
 class ObjectStoreResource(dg.ConfigurableResource):
@@ -120,6 +129,7 @@ def build_resources(env: dict | None = None) -> dict:
             max_concurrency=settings.max_concurrency,
             max_attempts=settings.max_attempts,
             user_agent=settings.user_agent or USER_AGENT,
+            proxy_url=dg.EnvVar("SCRAPE_PROXY_URL") if settings.proxy_set else None,
         ),
         "store": ObjectStoreResource(url=settings.storage_url, lock_wait_s=settings.lock_wait_s),
         "warehouse": WarehouseResource(url=settings.warehouse_url),

@@ -182,7 +182,9 @@ def raw_pages(context: dg.AssetExecutionContext, config: RawPagesConfig, site: S
     """
     categories = list(context.partition_keys)
     try:
-        context.log.info(f"fetching {len(categories)} categor{'y' if len(categories) == 1 else 'ies'} from {site.fetch_base_url()}")
+        context.log.info(
+            f"fetching {len(categories)} categor{'y' if len(categories) == 1 else 'ies'} from {site.describe_route()}"
+        )
         with store.locks(context, site.spec().name), store.host_lock(context, site.fetch_base_url()):
             reports = asyncio.run(
                 crawl_partitions(

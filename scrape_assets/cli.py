@@ -9,6 +9,10 @@
     responses a fault spec names (:mod:`scrape_assets.faults`).
 ``scrape-assets summary``
     Print the summary of what is stored now (categories, pages, products, dead letters).
+``scrape-assets prune --keep N [--dry-run]``
+    Delete old snapshots of every category, keeping the N newest complete ones and
+    everything they read (:mod:`scrape_assets.retention`); exit code 1 when a category was
+    skipped (a run is writing it).
 """
 
 from __future__ import annotations
@@ -163,6 +167,37 @@ def run_demo(new_snapshot: bool = False) -> int:
     return 0
 
 
+def run_prune(keep: int, dry_run: bool, out=None) -> int:
+    """Prune the configured site's snapshots (see :mod:`scrape_assets.retention`); 1 if a category was skipped."""
+    out = out or sys.stdout
+    from scrape_assets.defs.resources import build_resources
+    from scrape_assets.retention import prune
+
+    resources = build_resources()
+    spec = resources["site"].spec()
+    store = resources["store"].store()
+    plans = prune(store, spec.name, list(spec.categories), keep, owner=f"scrape-assets prune (pid {os.getpid()})",
+                  dry_run=dry_run)
+    for plan in plans:
+        print(plan.line(dry_run=dry_run), file=out)
+    skipped = [p.category for p in plans if p.skipped]
+    freed = sum(p.bytes_freed for p in plans)
+    print(f"{'dry run: would delete' if dry_run else 'deleted'} {sum(len(p.deleted) for p in plans)} snapshots "
+          f"({freed / 1e6:.1f} MB) in {len(plans) - len(skipped)} categories of {spec.name} at {store.describe()}"
+          + (f"; skipped {len(skipped)}: {', '.join(skipped)}" if skipped else ""), file=out)
+    return 1 if skipped else 0
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 (the newest complete snapshot is always kept), got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``scrape-assets``; returns the exit code (0 ok, 1 run failed, 2 bad input)."""
     parser = argparse.ArgumentParser(prog="scrape-assets", description=__doc__.split("\n\n")[0])
@@ -174,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--faults", metavar="FILE", help="inject the faults of this spec (see scrape_assets/faults.py)")
     sub.add_parser("summary", help="print what is stored now")
+    prune = sub.add_parser("prune", help="delete old snapshots, keeping the newest N complete ones per category")
+    prune.add_argument("--keep", type=_at_least_one, required=True, metavar="N",
+                       help="complete snapshots to keep per category (>= 1)")
+    prune.add_argument("--dry-run", action="store_true", help="report what would be deleted; delete nothing")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -189,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
 
             serve_forever(args.host, args.port)
             return 0
+        if args.command == "prune":
+            return run_prune(args.keep, args.dry_run)
         if args.command == "summary":
             from scrape_assets.definitions import defs
 

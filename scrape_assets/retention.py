@@ -1,0 +1,194 @@
+"""Snapshot retention: delete old snapshots of a partition without breaking the ones kept.
+
+Every daily run adds a snapshot folder per category (see :mod:`scrape_assets.manifest`).
+Unchanged pages are not stored again: a later snapshot's manifest points at the earlier
+body (``body_key``), so deleting old folders by hand would break the snapshots that read
+them. :func:`prune` keeps, per category:
+
+* the ``keep`` newest *complete* snapshots (``keep >= 1``);
+* the snapshot whose ``parsed.json`` is current and the one it stands for (the parse
+  state): ``products_table`` and re-parse backfills read them;
+* every snapshot newer than the newest complete one (in flight: a run resumes it);
+* in the snapshots it deletes, every page body a kept snapshot reads (``body_key``): the
+  folder then holds only those bodies, no manifest, and is no longer a snapshot.
+
+Everything else under a deleted snapshot's folder goes: ``manifest.json`` first (the
+snapshot disappears at once, so a crash mid-way leaves only unreferenced files, which
+the next prune removes), then the journal, ``parsed.json``, ``dead_letters.json``, page
+bodies, and temp files left by crashes. Older incomplete snapshots are abandoned (a run
+only resumes the newest) and count as deletable.
+
+A category is pruned while holding all four of its partition locks (``raw_pages``,
+``parsed_products``, ``products_table``, ``dead_letters``; :mod:`scrape_assets.locks`),
+without waiting: a category a run is writing is skipped and reported, never half-pruned.
+
+Limits: on a remote object store (S3) there are no locks: prune only while no run of
+the site is active. Only the categories of the current spec are pruned. The warehouse
+(``products``, ``price_history``) and Dagster's run history are not touched: materialization
+metadata may name snapshots that no longer exist.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+
+from scrape_assets.errors import ManifestError, PartitionLockedError
+from scrape_assets.extract import load_parse_state
+from scrape_assets.locks import partition_lock
+from scrape_assets.manifest import list_snapshots, load_manifest
+from scrape_assets.storage import ObjectStore
+
+#: The partition lock scopes of the four assets that write under a category.
+WRITER_SCOPES = ("raw_pages", "parsed_products", "products_table", "dead_letters")
+#: Folder names that are snapshot ids (``2026-11-30T084512Z``, ``...Z-1`` for a same-second twin).
+SNAPSHOT_ID = re.compile(r"\d{4}-\d{2}-\d{2}T\d{6}Z(-\d+)?")
+
+
+@dataclass
+class PrunePlan:
+    """What pruning one category deletes and keeps.
+
+    Attributes:
+        kept: snapshot ids kept, oldest first.
+        deleted: snapshot ids deleted (their manifests go), oldest first.
+        objects: storage keys deleted, each deleted snapshot's ``manifest.json`` first.
+        bytes_freed: total size of ``objects``, bytes.
+        bodies_kept: page bodies left in deleted snapshots' folders because a kept snapshot reads them.
+        skipped: why nothing was done (a run holds a lock), else None.
+    """
+
+    category: str
+    kept: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    objects: list[str] = field(default_factory=list)
+    bytes_freed: int = 0
+    bodies_kept: int = 0
+    skipped: str | None = None
+
+    def line(self, *, dry_run: bool = False) -> str:
+        """One human-readable line, e.g. ``travel: kept 2 snapshots, deleted 3 (41 objects, 1.2 MB)``."""
+        if self.skipped:
+            return f"{self.category}: skipped: {self.skipped}"
+        if not (self.kept or self.objects):
+            return f"{self.category}: no snapshots"
+        verb = "would delete" if dry_run else "deleted"
+        text = (f"{self.category}: kept {len(self.kept)} snapshot{'s' * (len(self.kept) != 1)}"
+                f"{' (newest ' + self.kept[-1] + ')' if self.kept else ''}, {verb} {len(self.deleted)} "
+                f"({len(self.objects)} objects, {_megabytes(self.bytes_freed)})")
+        if self.bodies_kept:
+            text += f"; {self.bodies_kept} page bodies of deleted snapshots kept: newer snapshots read them"
+        return text
+
+
+def _megabytes(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def plan_prune(store: ObjectStore, site: str, category: str, keep: int) -> PrunePlan:
+    """Decide what pruning ``category`` to ``keep`` complete snapshots deletes (reads only).
+
+    Raises:
+        ValueError: ``keep < 1``.
+        ManifestError: a snapshot's manifest is unreadable (whether it is complete, and
+            which bodies it reads, is unknown: nothing can be decided safely).
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1 (the newest complete snapshot is always kept), got {keep}")
+    snapshots = list_snapshots(store, site, category)
+    manifests = {s: load_manifest(store, site, category, s) for s in snapshots}
+    complete = [s for s in snapshots if manifests[s].is_complete]
+    keep_ids = set(complete[-keep:])
+    if complete:
+        keep_ids.update(s for s in snapshots if s > complete[-1])  # in flight: the next run resumes it
+    else:
+        keep_ids.update(snapshots)  # nothing complete yet: nothing is old
+    state = load_parse_state(store, site, category)
+    if state is not None:
+        keep_ids.update(s for s in (state.snapshot_id, state.latest_snapshot_id) if s in manifests)
+    protected = {manifests[s].body_key(n) for s in keep_ids for n in manifests[s].pages}
+    plan = PrunePlan(category, kept=sorted(keep_ids))
+    folders = [n for n in store.list_names(f"{site}/{category}") if SNAPSHOT_ID.fullmatch(n) and n not in keep_ids]
+    for snapshot_id in folders:
+        prefix = f"{site}/{category}/{snapshot_id}"
+        keys = sorted(_objects(store, prefix), key=lambda k: (not k.endswith("/manifest.json"), k))
+        if snapshot_id in manifests:
+            plan.deleted.append(snapshot_id)
+        for key in keys:
+            if key in protected:
+                plan.bodies_kept += 1
+                continue
+            plan.objects.append(key)
+            plan.bytes_freed += store.path(key).stat().st_size
+    return plan
+
+
+def _objects(store: ObjectStore, prefix: str) -> Iterator[str]:
+    """Keys of every object under ``prefix`` (recursively)."""
+    for name in store.list_names(prefix):
+        key = f"{prefix}/{name}"
+        if store.path(key).is_dir():
+            yield from _objects(store, key)
+        else:
+            yield key
+
+
+def apply_prune(store: ObjectStore, plan: PrunePlan) -> None:
+    """Delete ``plan.objects`` in order, then the folders left empty (local disks).
+
+    Hold the category's writer locks while calling this (:func:`prune` does).
+    """
+    for key in plan.objects:
+        store.delete(key)
+    if store.is_local:
+        for snapshot_folder in sorted({"/".join(key.split("/")[:3]) for key in plan.objects}):  # site/category/id
+            _remove_empty_folders(store.path(snapshot_folder).path)
+
+
+def _remove_empty_folders(top: str) -> None:
+    for folder, _, _ in sorted(os.walk(top), key=lambda entry: -len(entry[0])):  # deepest first
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass  # not empty: it holds bodies a kept snapshot reads
+
+
+def prune(
+    store: ObjectStore, site: str, categories: list[str], keep: int, *, owner: str, dry_run: bool = False
+) -> list[PrunePlan]:
+    """Prune each category to ``keep`` complete snapshots (see the module docstring).
+
+    Args:
+        keep: complete snapshots to keep per category (``>= 1``).
+        owner: who prunes, recorded in the lock files (e.g. ``"scrape-assets prune (pid 123)"``).
+        dry_run: plan and report only; nothing is deleted (the locks are still taken, so
+            the report is what a real prune would do at that moment).
+
+    Returns:
+        One plan per category, in order. A category a run is writing, or with an
+        unreadable manifest, has ``skipped`` set (the reason) and nothing deleted.
+
+    Raises:
+        ValueError: ``keep < 1``.
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1 (the newest complete snapshot is always kept), got {keep}")
+    plans = []
+    for category in categories:
+        try:
+            with ExitStack() as locks:
+                for scope in WRITER_SCOPES:
+                    locks.enter_context(partition_lock(store, site, category, owner=owner, scope=scope))
+                plan = plan_prune(store, site, category, keep)
+                if not dry_run:
+                    apply_prune(store, plan)
+        except PartitionLockedError as exc:
+            plan = PrunePlan(category, skipped=f"being written by {exc.holder}")
+        except ManifestError as exc:
+            plan = PrunePlan(category, skipped=f"not pruned, to be safe: {exc}")
+        plans.append(plan)
+    return plans
+

@@ -1,0 +1,173 @@
+"""Snapshot retention: old snapshots go, everything the kept ones read stays, runs go on as before."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from scrape_assets.cli import main
+from scrape_assets.demo_site import changed_categories, make_server
+from scrape_assets.extract import extract_snapshot, load_parse_state, parsed_key
+from scrape_assets.locks import partition_lock
+from scrape_assets.manifest import Manifest, PageEntry, latest_manifest, list_snapshots, load_manifest
+from scrape_assets.retention import plan_prune, prune
+from scrape_assets.spec import load_spec
+from scrape_assets.storage import ObjectStore
+from scrape_assets.warehouse import Warehouse, products
+from scrape_assets_tests.conftest import make_resources, materialize
+
+KEYS = ["travel", "mystery", "classics", "romance", "fiction", "default"]  # consecutive in demo.yaml
+DAYS = [datetime.date(2026, 11, 28) + datetime.timedelta(days=i) for i in range(4)]
+
+
+def _files(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file() and p.suffix != ".lock"}
+
+
+def _run_day(tmp_path, instance, day, port):
+    server = make_server("127.0.0.1", port, day=day)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result = materialize(instance, make_resources(tmp_path, base_url=server.base_url), KEYS)
+        assert result.success
+        conditional = [r for r in server.requests if "if-none-match" in r.headers]
+        return server.server_address[1], len(conditional)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _spec_with_max_pages(tmp_path, n: int) -> str:
+    """The demo spec with another parsing rule: every partition's parse input changes (a parser fix)."""
+    demo = (Path(__file__).resolve().parents[1] / "scrape_assets" / "sites" / "demo.yaml").read_text()
+    path = tmp_path / f"demo-{n}.yaml"
+    path.write_text(demo.replace("pagination:\n", f"pagination:\n  max_pages: {n}\n", 1))
+    return str(path)
+
+
+def test_prune_keeps_what_the_newest_snapshots_read_and_the_next_day_runs_as_before(tmp_path, instance):
+    unchanged = set(KEYS) - set().union(*(changed_categories(d) for d in DAYS[1:3]))
+    assert unchanged and set(KEYS) - unchanged, "the seeded schedule leaves some categories unchanged for 3 days"
+    port = 0
+    for day in DAYS[:3]:
+        port, _ = _run_day(tmp_path, instance, day, port)
+    # A parser fix re-parses day 3's snapshot: its unchanged pages are day 1's bodies (304s).
+    fix = make_resources(tmp_path, site=_spec_with_max_pages(tmp_path, 999))
+    assert materialize(instance, fix, KEYS, selection=["parsed_products", "products_table"]).success
+    root = tmp_path / "objects"
+    store, spec = ObjectStore(str(root)), load_spec("demo")
+    table = sorted(tuple(r.values()) for r in Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(products))
+    before = _files(root)
+
+    dry = prune(store, "demo", KEYS, keep=1, owner="test", dry_run=True)
+    assert _files(root) == before  # a dry run deletes nothing
+    plans = prune(store, "demo", KEYS, keep=1, owner="test")
+    assert [(p.kept, p.deleted, p.objects, p.bytes_freed) for p in plans] == [
+        (p.kept, p.deleted, p.objects, p.bytes_freed) for p in dry]  # ...and says exactly what a prune does
+
+    after = _files(root)
+    assert set(before) - set(after) == {key for p in plans for key in p.objects}
+    assert sum(before.values()) - sum(after.values()) == sum(p.bytes_freed for p in plans) > 0
+    for plan in plans:
+        category, state = plan.category, load_parse_state(store, "demo", plan.category)
+        latest = latest_manifest(store, "demo", category, complete=True)
+        assert list_snapshots(store, "demo", category) == plan.kept == [latest.snapshot_id] == [state.snapshot_id]
+        assert len(plan.deleted) == 2
+        # Every body the newest snapshot reads is there: a re-parse needs no request.
+        assert len(extract_snapshot(store, latest, spec, fetch_base_url=latest.fetch_config["base_url"]).products) > 0
+        assert store.exists(parsed_key(latest))
+        if category in unchanged:  # day 3 reads all of day 1's bodies: kept, day 1's manifest gone
+            assert plan.bodies_kept == len(latest.pages) and all(e.body_key for e in latest.pages.values())
+    assert sum(p.bodies_kept for p in plans) >= sum(len(p.kept) for p in plans if p.category in unchanged)
+
+    # A re-parse backfill and the next day work on what is left.
+    refix = make_resources(tmp_path, site=_spec_with_max_pages(tmp_path, 998))
+    reparse = materialize(instance, refix, KEYS, selection=["parsed_products", "products_table"])
+    assert reparse.success
+    assert sum(e.materialization.metadata["pages_parsed"].value for e in reparse.get_asset_materialization_events()
+               if e.asset_key.path[0] == "parsed_products") > 0
+    assert sorted(tuple(r.values()) for r in Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(products)) == table
+    _, conditional = _run_day(tmp_path, instance, DAYS[3], port)
+    assert conditional > 0  # validators of the kept snapshots are still used
+    assert prune(store, "demo", KEYS, keep=1, owner="test")  # and a prune after it finds a consistent store
+
+
+def _snapshot(store: ObjectStore, snapshot_id: str, *, complete: bool, body_from: str | None = None) -> Manifest:
+    """A one-page snapshot of demo/travel; its body stored, or read from ``body_from``'s snapshot."""
+    manifest = Manifest(site="demo", category="travel", snapshot_id=snapshot_id, fetch_config={},
+                        fetch_config_hash="h", start_url="http://x/", pages={1: PageEntry(url="http://x/")})
+    entry = manifest.pages[1]
+    if body_from is None:
+        store.write_bytes_atomic(manifest.page_key(1), b"<html>" + snapshot_id.encode() + b"</html>")
+    else:
+        entry.body_key = f"demo/travel/{body_from}/pages/page-0001.html"
+    entry.status = "done" if complete else "pending"
+    manifest.completed_at = "2026-11-30T00:00:00Z" if complete else None
+    manifest.save(store)
+    return manifest
+
+
+def test_in_flight_and_abandoned_snapshots_locks_and_leftovers(tmp_path):
+    store = ObjectStore(str(tmp_path / "objects"))
+    _snapshot(store, "2026-11-27T000000Z", complete=False)  # abandoned: a newer one completed
+    _snapshot(store, "2026-11-28T000000Z", complete=True)
+    _snapshot(store, "2026-11-29T000000Z", complete=True, body_from="2026-11-28T000000Z")  # a 304
+    _snapshot(store, "2026-11-30T000000Z", complete=False, body_from="2026-11-28T000000Z")  # in flight
+    (tmp_path / "objects/demo/travel/2026-11-26T000000Z/pages").mkdir(parents=True)  # left by a crashed prune
+    (tmp_path / "objects/demo/travel/2026-11-26T000000Z/pages/page-0001.html").write_bytes(b"old")
+
+    with partition_lock(store, "demo", "travel", owner="run-1", scope="parsed_products"):
+        [locked] = prune(store, "demo", ["travel"], keep=1, owner="test")
+    assert locked.skipped.startswith("being written by parsed_products of run run-1 (pid ") and not locked.objects
+    assert len(list_snapshots(store, "demo", "travel")) == 4
+
+    [plan] = prune(store, "demo", ["travel"], keep=1, owner="test")
+    assert plan.kept == ["2026-11-29T000000Z", "2026-11-30T000000Z"]
+    assert plan.deleted == ["2026-11-27T000000Z", "2026-11-28T000000Z"]
+    assert plan.objects == [
+        "demo/travel/2026-11-26T000000Z/pages/page-0001.html",
+        "demo/travel/2026-11-27T000000Z/manifest.json",  # the manifest first: the snapshot is gone at once
+        "demo/travel/2026-11-27T000000Z/pages/page-0001.html",
+        "demo/travel/2026-11-28T000000Z/manifest.json",
+    ]
+    assert plan.bodies_kept == 1  # 2026-11-28's page, read by the two kept snapshots
+    assert store.read_bytes("demo/travel/2026-11-28T000000Z/pages/page-0001.html") == b"<html>2026-11-28T000000Z</html>"
+    assert sorted(n for n in os.listdir(tmp_path / "objects/demo/travel") if not n.endswith(".lock")) == [
+        "2026-11-28T000000Z", "2026-11-29T000000Z", "2026-11-30T000000Z"]  # empty folders removed
+    assert os.listdir(tmp_path / "objects/demo/travel/2026-11-28T000000Z") == ["pages"]
+    assert plan.line() == ("travel: kept 2 snapshots (newest 2026-11-30T000000Z), deleted 2 (4 objects, 0.0 MB); "
+                           "1 page bodies of deleted snapshots kept: newer snapshots read them")
+    # Nothing is deleted twice, and the body stays while a kept snapshot reads it.
+    [again] = prune(store, "demo", ["travel"], keep=1, owner="test")
+    assert (again.deleted, again.objects, again.bodies_kept) == ([], [], 1)
+
+
+def test_keep_must_be_at_least_one(tmp_path):
+    with pytest.raises(ValueError, match="keep must be >= 1"):
+        plan_prune(ObjectStore(str(tmp_path)), "demo", "travel", 0)
+
+
+def test_cli_prune_reports_and_exits_nonzero_when_a_category_was_skipped(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SCRAPE_DATA_DIR", str(tmp_path))
+    store = ObjectStore(str(tmp_path / "objects"))
+    _snapshot(store, "2026-11-28T000000Z", complete=True)
+    _snapshot(store, "2026-11-29T000000Z", complete=True)
+
+    assert main(["prune", "--keep", "1", "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("travel: kept 1 snapshot (newest 2026-11-29T000000Z), would delete 1 (2 objects")
+    assert out[-1].startswith("dry run: would delete 1 snapshots (0.0 MB) in ")
+    assert len(list_snapshots(store, "demo", "travel")) == 2
+
+    with partition_lock(store, "demo", "travel", owner="run-9", scope="raw_pages"):
+        assert main(["prune", "--keep", "1"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].endswith("; skipped 1: travel")
+
+    assert main(["prune", "--keep", "1"]) == 0
+    assert list_snapshots(store, "demo", "travel") == ["2026-11-29T000000Z"]
+    assert capsys.readouterr().out.splitlines()[-1].startswith("deleted 1 snapshots")

@@ -22,8 +22,9 @@ aiohttp error becomes the httpx error httpcore raises for the same condition, so
     ServerDisconnectedError                  RemoteProtocolError  (hung up before/while answering)
     ClientPayloadError                       RemoteProtocolError  (body shorter than Content-Length,
                                                                    bad chunking)
-    ClientResponseError                      RemoteProtocolError  (malformed status line/headers; a
-                                                                   proxy refusing a CONNECT tunnel)
+    ClientHttpProxyError                     ProxyError           (the proxy refused a CONNECT tunnel;
+                                                                   the message names its status)
+    ClientResponseError                      RemoteProtocolError  (malformed status line/headers)
     ClientOSError                            ReadError            (reset by peer)
     InvalidURL, NonHttpUrlClientError        UnsupportedProtocol
     any other aiohttp.ClientError            TransportError
@@ -31,11 +32,15 @@ aiohttp error becomes the httpx error httpcore raises for the same condition, so
 Every request is sent once: aiohttp's silent resend after a hang-up is turned off, so each
 attempt the fetcher counts (and spaces out politely) is one request on the wire.
 
-Proxies: only the one passed as ``proxy`` (``SCRAPE_PROXY_URL``), an ``http://`` forward
-proxy: ``http`` URLs go to it in absolute form, ``https`` ones through a ``CONNECT`` tunnel,
-and credentials in its URL (``http://user:pass@host:port``) become a ``Proxy-Authorization:
-Basic`` header (RFC 9110, section 11.7.1). ``trust_env`` is off: ``HTTP(S)_PROXY`` / ``NO_PROXY``
-variables are ignored, so a proxy meant for package installs never carries a crawl by surprise.
+Proxies: only the one passed as ``proxy`` (``SCRAPE_PROXY_URL``, see
+:mod:`scrape_assets.proxies`), an ``http://`` forward proxy: ``http`` URLs go to it in
+absolute form, ``https`` ones through a ``CONNECT`` tunnel (with the request's
+``User-Agent``). aiohttp is given the proxy's address only; its credentials go out as a
+``Proxy-Authorization`` header (on each ``http`` request, on the ``CONNECT`` for ``https``),
+so aiohttp's error messages cannot contain them, and with credentials set an aiohttp error
+is not chained to the httpx one (its ``request_info`` holds that header). ``trust_env`` is
+off: ``HTTP(S)_PROXY`` / ``NO_PROXY`` variables are ignored, so a proxy meant for package
+installs never carries a crawl by surprise.
 
 Limits: HTTP/1.1 only (no HTTP/2); no proxy chains or SOCKS proxies;
 bodies are passed through undecoded (httpx decodes ``Content-Encoding``); cookies are left
@@ -54,7 +59,7 @@ import aiohttp
 import httpx
 from yarl import URL
 
-from scrape_assets.storage import redact_url
+from scrape_assets.proxies import ProxyURL
 
 _EXCEPTIONS: tuple[tuple[type[BaseException], type[httpx.TransportError]], ...] = (
     # First match wins: subclasses before their bases.
@@ -64,6 +69,7 @@ _EXCEPTIONS: tuple[tuple[type[BaseException], type[httpx.TransportError]], ...] 
     (aiohttp.ClientConnectorError, httpx.ConnectError),
     (aiohttp.ServerDisconnectedError, httpx.RemoteProtocolError),
     (aiohttp.ClientPayloadError, httpx.RemoteProtocolError),
+    (aiohttp.ClientHttpProxyError, httpx.ProxyError),
     (aiohttp.ClientResponseError, httpx.RemoteProtocolError),
     (aiohttp.InvalidURL, httpx.UnsupportedProtocol),
     (aiohttp.NonHttpUrlClientError, httpx.UnsupportedProtocol),
@@ -73,11 +79,11 @@ _EXCEPTIONS: tuple[tuple[type[BaseException], type[httpx.TransportError]], ...] 
 
 
 @contextlib.contextmanager
-def _mapped_errors(request: httpx.Request, secrets: tuple[str, ...] = ()) -> Iterator[None]:
+def _mapped_errors(request: httpx.Request, *, chain: bool = True) -> Iterator[None]:
     """Re-raise aiohttp's errors as the httpx error for the same condition (module table).
 
-    ``secrets`` (a proxy's ``user:password@``) are cut out of the message, and the aiohttp
-    error is then not chained: its repr carries the proxy URL and ``Proxy-Authorization``.
+    ``chain=False`` raises it ``from None`` (proxy credentials: the aiohttp error's
+    ``request_info`` carries the ``Proxy-Authorization`` header).
     """
     try:
         yield
@@ -86,46 +92,23 @@ def _mapped_errors(request: httpx.Request, secrets: tuple[str, ...] = ()) -> Ite
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         for source, target in _EXCEPTIONS:
             if isinstance(exc, source):
-                message = str(exc) or type(exc).__name__
-                if not secrets:
-                    raise target(message, request=request) from exc
-                for secret in secrets:
-                    message = message.replace(secret, "")
-                raise target(message, request=request) from None
+                error = target(str(exc) or type(exc).__name__, request=request)
+                if chain:
+                    raise error from exc
+                raise error from None
         raise  # pragma: no cover - the table ends with aiohttp.ClientError
-
-
-def _userinfo(proxy: str | None) -> tuple[str, ...]:
-    """The ``user:password@`` forms of ``proxy``'s credentials as they may appear in aiohttp's messages."""
-    url = URL(proxy) if proxy else None
-    if url is None or not (url.raw_user or url.raw_password):
-        return ()
-    forms = {f"{url.raw_user or ''}:{url.raw_password or ''}@", f"{url.user or ''}:{url.password or ''}@",
-             f"{url.raw_user or ''}@", f"{url.user or ''}@"}
-    return tuple(sorted((f for f in forms if f != "@"), key=len, reverse=True))
-
-
-def is_forward_proxy_url(url: str) -> bool:
-    """True for ``http://[user:pass@]host[:port][/]``: a forward proxy's URL (no path, query or fragment)."""
-    try:
-        parsed = URL(url)
-        port = parsed.port  # raises ValueError for a port that is not a number
-    except (ValueError, TypeError):
-        return False
-    return (parsed.scheme == "http" and bool(parsed.host) and port is not None and parsed.path in ("", "/")
-            and not parsed.query_string and not parsed.fragment)
 
 
 class _ResponseStream(httpx.AsyncByteStream):
     """The body of one aiohttp response, chunk by chunk as it arrives."""
 
-    def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request, secrets: tuple[str, ...]) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request, *, chain: bool) -> None:
         self._response = response
         self._request = request
-        self._secrets = secrets
+        self._chain = chain
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        with _mapped_errors(self._request, self._secrets):
+        with _mapped_errors(self._request, chain=self._chain):
             async for chunk in self._response.content.iter_any():
                 yield chunk
 
@@ -148,11 +131,12 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             aiohttp's).
         verify: ``True`` to verify TLS certificates with the system's CAs, ``False`` not to,
             or an :class:`ssl.SSLContext`.
-        proxy: URL of an ``http://`` forward proxy every request goes through (None: direct).
+        proxy: ``http://[user:pass@]host:port`` of a forward proxy every request goes
+            through (None: direct).
 
     Raises:
-        ValueError: ``max_connections < 1``, or ``proxy`` is not an ``http://host[:port]`` URL
-            (the message shows it without credentials).
+        ValueError: ``max_connections < 1``, or ``proxy`` is not such a URL (the message
+            does not show it).
     """
 
     def __init__(
@@ -165,10 +149,11 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     ) -> None:
         if max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {max_connections}")
-        if proxy is not None and not is_forward_proxy_url(proxy):
-            raise ValueError(f"proxy must be an http://host[:port] URL, got {redact_url(proxy)!r}")
-        self._proxy = proxy
-        self._secrets = _userinfo(proxy)
+        try:
+            self._proxy = ProxyURL.parse(proxy) if proxy is not None else None
+        except ValueError as exc:
+            raise ValueError(f"proxy: {exc}") from None
+        self._chain = self._proxy is None or self._proxy.authorization is None
         self._max_connections = max_connections
         self._keepalive_expiry_s = keepalive_expiry_s
         self._verify = verify
@@ -183,8 +168,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 limit=self._max_connections, keepalive_timeout=self._keepalive_expiry_s, ssl=ssl_option
             )
             self._session = aiohttp.ClientSession(
-                connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False,
-                proxy=self._proxy,
+                connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False
             )
             # aiohttp resends a GET once, at once, when the server hangs up or resets before
             # answering: a request the fetcher would neither count nor space out (politeness,
@@ -202,12 +186,23 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         session = self._session_for_request()
         timeout = request.extensions.get("timeout", {})
         body = await request.aread()
-        with _mapped_errors(request, self._secrets):
+        headers = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in request.headers.raw]
+        via: dict = {}
+        if self._proxy is not None:
+            via["proxy"] = self._proxy.address
+            auth = self._proxy.authorization
+            if request.url.scheme == "https":  # CONNECT: the tunnel request carries them
+                via["proxy_headers"] = {"User-Agent": request.headers.get("User-Agent", ""),
+                                        **({"Proxy-Authorization": auth} if auth else {})}
+            elif auth:  # absolute-form request to the proxy, which consumes the header
+                headers.append(("Proxy-Authorization", auth))
+        with _mapped_errors(request, chain=self._chain):
             response = await session.request(
                 request.method,
                 URL(str(request.url), encoded=True),  # sent exactly as httpx built it, no re-quoting
-                headers=[(name.decode("latin-1"), value.decode("latin-1")) for name, value in request.headers.raw],
+                headers=headers,
                 data=body or None,
+                **via,
                 allow_redirects=False,
                 timeout=aiohttp.ClientTimeout(
                     total=None,
@@ -220,7 +215,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         return httpx.Response(
             status_code=response.status,
             headers=response.raw_headers,
-            stream=_ResponseStream(response, request, self._secrets),
+            stream=_ResponseStream(response, request, chain=self._chain),
             request=request,
             extensions=extensions,
         )

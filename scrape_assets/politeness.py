@@ -6,8 +6,8 @@ every page of that run (the :class:`~scrape_assets.fetcher.PageFetcher` owns the
 robots.txt outcomes (RFC 9309 §2.3.1), decided once per origin per run::
 
     2xx                       parse with protego; each URL allowed or "robots_disallowed"
-    4xx except 429            "unavailable" (§2.3.1.3): every URL allowed
-    429, 5xx                  "unreachable" (§2.3.1.4): every URL refused, "robots_unreachable"
+    4xx except 407, 429       "unavailable" (§2.3.1.3): every URL allowed
+    407, 429, 5xx             "unreachable" (§2.3.1.4): every URL refused, "robots_unreachable"
     network error, timeout    "unreachable" (§2.3.1.4): every URL refused, "robots_unreachable"
     more redirects than the   "unavailable" (§2.3.1.2 lets crawlers treat it so): allowed
     client follows (5)
@@ -15,7 +15,9 @@ robots.txt outcomes (RFC 9309 §2.3.1), decided once per origin per run::
     without Location)
 
 429 is read as "unreachable" although it is a 4xx: a site rate-limiting its robots.txt is
-telling us to back off, which is how Google's crawler treats it too. An unreachable robots.txt
+telling us to back off, which is how Google's crawler treats it too. 407 comes from our own
+proxy (it refused our credentials), not the site: it says nothing about what the site allows,
+so it refuses too instead of allowing all. An unreachable robots.txt
 is not retried within a run (the next run fetches it again); refusing is a decision, not an
 error, so :meth:`RobotsCache.check` returns a :class:`RobotsDecision` whose ``reason`` tells
 the crawler which dead-letter reason to record. ``Crawl-delay`` is not part of RFC 9309 and is
@@ -163,6 +165,8 @@ class RobotsCache:
         if 200 <= status <= 299:
             parser = Protego.parse(body.decode("utf-8", errors="replace"))
             return _RobotsFile("parsed", robots_url, f"robots.txt answered HTTP {status}", parser)
+        if status == 407:  # our proxy refused us: says nothing about the site's robots.txt
+            return _RobotsFile("unreachable", robots_url, "robots.txt: the proxy answered HTTP 407 (credentials?)")
         if 400 <= status <= 499 and status != 429:
             return _RobotsFile("unavailable", robots_url, f"robots.txt answered HTTP {status}; allowing all")
         return _RobotsFile("unreachable", robots_url, f"robots.txt answered HTTP {status}")

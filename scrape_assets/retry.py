@@ -14,6 +14,8 @@ Status table (``classify_status``)::
     2xx, 304                              "ok"         (304: conditional GET hit)
     408, 429, 500, 502, 503, 504,         "retry"      (RETRY_HTTP_CODES)
     522, 524, and every other 5xx
+    407                                   "retry"      (Proxy Authentication Required comes from
+                                                        our proxy, not the site: RFC 9110 §15.5.8)
     other 4xx (400, 401, 403, 404, 410..) "permanent"  (the request itself is wrong)
     1xx, other 3xx, anything else         "permanent"  (a 3xx that reaches the retry layer
                                                         means the redirect could not be followed)
@@ -47,12 +49,13 @@ def classify_status(status: int) -> StatusClass:
         status: the HTTP status code of the final response (redirects already followed).
 
     Returns:
-        ``"ok"`` for 2xx and 304; ``"retry"`` for :data:`RETRY_HTTP_CODES` and any other 5xx;
-        ``"permanent"`` for everything else (other 4xx, 1xx, unfollowed 3xx, out-of-range codes).
+        ``"ok"`` for 2xx and 304; ``"retry"`` for :data:`RETRY_HTTP_CODES`, any other 5xx and
+        407 (our proxy's, not the site's refusal); ``"permanent"`` for everything else (other
+        4xx, 1xx, unfollowed 3xx, out-of-range codes).
     """
     if 200 <= status <= 299 or status == 304:
         return "ok"
-    if status in RETRY_HTTP_CODES or 500 <= status <= 599:
+    if status in RETRY_HTTP_CODES or 500 <= status <= 599 or status == 407:
         return "retry"
     return "permanent"
 
@@ -69,12 +72,15 @@ def classify_exception(exc: BaseException, *, headers_received: bool) -> tuple[S
         httpx.LocalProtocolError                  ("permanent", "local_protocol_error")  our request
                                                                             is malformed; resending
                                                                             will not help
+        httpx.ProxyError                          ("retry", "proxy_error")  the proxy refused a
+                                                                            CONNECT tunnel (its status
+                                                                            is in the message)
         httpx.TransportError after headers        ("retry", "incomplete_body")  reset mid-body, or
                                                                             fewer bytes than
                                                                             Content-Length
                                                                             (httpx.RemoteProtocolError)
         httpx.TransportError before headers       ("retry", "connection_error")  refused, reset,
-                                                                            DNS failure, proxy error
+                                                                            DNS failure, proxy down
         httpx.DecodingError                       ("retry", "decoding_error")  e.g. a gzip stream
                                                                             cut short
 
@@ -95,6 +101,8 @@ def classify_exception(exc: BaseException, *, headers_received: bool) -> tuple[S
         return "permanent", "unsupported_url"
     if isinstance(exc, httpx.LocalProtocolError):
         return "permanent", "local_protocol_error"
+    if isinstance(exc, httpx.ProxyError):
+        return "retry", "proxy_error"
     if isinstance(exc, httpx.TransportError):
         return "retry", "incomplete_body" if headers_received else "connection_error"
     if isinstance(exc, httpx.DecodingError):

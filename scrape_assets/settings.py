@@ -16,7 +16,7 @@ resources. ``SCRAPE_DEMO_DATE`` is validated here and read by the demo catalogue
 | ``SCRAPE_MAX_CONCURRENCY`` | per-host concurrent requests | spec |
 | ``SCRAPE_MAX_ATTEMPTS`` | attempts per page before it is dead-lettered | 3 |
 | ``SCRAPE_ALERT_WEBHOOK_URL`` | alerts POSTed here as JSON | unset: log only |
-| ``SCRAPE_PROXY_URL`` | ``http://[user:pass@]host:port`` forward proxy for all fetches (secret) | unset: direct |
+| ``SCRAPE_PROXY_URL`` | ``http://[user:pass@]host:port`` forward proxy for page and robots.txt fetches (secret) | unset: direct |
 | ``SCRAPE_USER_AGENT`` | User-Agent sent (put a contact in it for real sites) | ``scrape_assets/<version> (...)`` |
 | ``SCRAPE_LOCK_WAIT_S`` | seconds a run waits for another run holding the same partition | 0: stop at once |
 | ``SCRAPE_SCHEDULE_CRON`` | cron of the daily schedule (UTC) | ``0 2 * * *`` |
@@ -33,9 +33,9 @@ from datetime import date
 from pathlib import Path
 
 from scrape_assets.errors import SettingsError, UnknownSiteError
-from scrape_assets.http_transport import is_forward_proxy_url
+from scrape_assets.proxies import EXPECTED as PROXY_EXPECTED
+from scrape_assets.proxies import ProxyURL
 from scrape_assets.spec import load_spec
-from scrape_assets.storage import redact_url
 
 _CRON_FIELD = r"[0-9*/,\-A-Za-z?LW#]+"
 _CRON = re.compile(rf"{_CRON_FIELD}(\s+{_CRON_FIELD}){{4}}")
@@ -103,11 +103,11 @@ def load_settings(env: dict | None = None) -> Settings:
         # The value is a secret: name the variable, not the URL.
         raise SettingsError("SCRAPE_ALERT_WEBHOOK_URL", "<hidden>", "an http(s) URL")
     proxy = env.get("SCRAPE_PROXY_URL") or ""
-    if proxy and not is_forward_proxy_url(proxy):
-        # May hold credentials: show it without them.
-        raise SettingsError(
-            "SCRAPE_PROXY_URL", redact_url(proxy), "an http:// proxy URL, e.g. http://user:pass@proxy.internal:3128"
-        )
+    if proxy:
+        try:
+            ProxyURL.parse(proxy)
+        except ValueError:
+            raise SettingsError("SCRAPE_PROXY_URL", "<hidden>", PROXY_EXPECTED) from None  # may hold a password
     base_url = env.get("SCRAPE_BASE_URL") or None
     if base_url and not base_url.startswith(("http://", "https://")):
         raise SettingsError("SCRAPE_BASE_URL", base_url, "an absolute http(s) URL")

@@ -57,9 +57,13 @@ def redact_url(url: str, *, keep_path: bool = True) -> str:
     parts = urlsplit(url)
     if not parts.scheme or len(parts.scheme) == 1:  # a plain path (or a Windows drive letter)
         return url
+    try:
+        port = parts.port
+    except ValueError:  # not a number: the "host" may be part of an unencoded password
+        return f"{parts.scheme}://<hidden>"
     host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
+    if port:
+        host = f"{host}:{port}"
     return urlunsplit((parts.scheme, host, parts.path if keep_path else "/…", "", ""))
 
 

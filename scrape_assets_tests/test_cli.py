@@ -97,7 +97,7 @@ def test_bad_inputs_each_give_one_clear_error_naming_the_input(tmp_path):
         ),
         "proxy not http": (
             {"SCRAPE_PROXY_URL": "socks5://scraper:secret-token@proxy.internal:1080"},
-            "scrape-assets: error: SCRAPE_PROXY_URL='socks5://proxy.internal:1080' is invalid: expected an http:// proxy URL",
+            "scrape-assets: error: SCRAPE_PROXY_URL='<hidden>' is invalid: expected an http://[user:pass@]host:port proxy",
         ),
         "bad warehouse URL": (
             {"SCRAPE_WAREHOUSE_URL": "nosuchdb://x/y"},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import socket
+import ssl
 
 import httpx
 import pytest
@@ -180,11 +181,11 @@ def test_proxy_without_credentials_sends_no_proxy_authorization():
     assert b"Proxy-Authorization" not in proxy.heads[0]
 
 
-def test_https_urls_ask_the_proxy_for_a_connect_tunnel():
+def test_a_proxy_refusing_the_connect_tunnel_is_a_proxy_error_without_credentials():
     async def main():
         async with HeadServer(lambda n: b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n") as proxy:
             transport = AiohttpTransport(max_connections=1, proxy=proxy.base.replace("http://", "http://scraper:s3cret@"))
-            async with httpx.AsyncClient(transport=transport, timeout=2.0) as client:
+            async with httpx.AsyncClient(transport=transport, timeout=2.0, headers={"User-Agent": "ua/1"}) as client:
                 with pytest.raises(httpx.TransportError) as raised:
                     await client.get("https://shop.invalid/catalogue/page-1.html")
                 return raised.value, proxy
@@ -192,24 +193,97 @@ def test_https_urls_ask_the_proxy_for_a_connect_tunnel():
     exc, proxy = asyncio.run(main())
     head = proxy.heads[0].decode().split("\r\n")
     assert head[0] == "CONNECT shop.invalid:443 HTTP/1.1"
-    assert "Proxy-Authorization: Basic c2NyYXBlcjpzM2NyZXQ=" in head
-    assert "403" in str(exc) and str(proxy.base.split("//")[1]) in str(exc)  # names the proxy and its answer
-    assert "s3cret" not in str(exc) and exc.__cause__ is None  # not the credentials (dead letters keep messages)
-    assert classify_exception(exc, headers_received=False) == ("retry", "connection_error")
+    assert "Proxy-Authorization: Basic c2NyYXBlcjpzM2NyZXQ=" in head and "User-Agent: ua/1" in head
+    assert type(exc) is httpx.ProxyError
+    assert "403" in str(exc) and proxy.base in str(exc)  # names the proxy and its answer...
+    assert "s3cret" not in str(exc) and "scraper" not in str(exc)  # ...not the credentials (dead letters keep it)
+    assert exc.__cause__ is None and exc.__suppress_context__  # aiohttp's error holds Proxy-Authorization
+    assert classify_exception(exc, headers_received=False) == ("retry", "proxy_error")
 
 
-@pytest.mark.parametrize("proxy", ["https://user:pw@proxy.internal:3128", "socks5://proxy.internal:1080",
-                                   "proxy.internal:3128", "http://proxy.internal:3128/path", "http://:3128"])
-def test_a_proxy_that_is_not_an_http_forward_proxy_url_is_refused_without_showing_credentials(proxy):
-    with pytest.raises(ValueError, match="proxy must be an http://host\\[:port\\] URL") as raised:
+def test_https_pages_go_through_a_connect_tunnel_that_the_origin_never_sees_the_credentials_of():
+    import trustme  # a test dependency (pyproject's [test] extra)
+
+    ca = trustme.CA()
+    origin_heads: list[str] = []
+
+    async def origin(reader, writer):
+        try:
+            while True:
+                origin_heads.append((await reader.readuntil(b"\r\n\r\n")).decode())
+                writer.write(_ok(b"over TLS"))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async def main():
+        server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ca.issue_cert("shop.test").configure_cert(server_ctx)
+        origin_server = await asyncio.start_server(origin, "127.0.0.1", 0, ssl=server_ctx)
+        origin_port = origin_server.sockets[0].getsockname()[1]
+        connects: list[str] = []
+
+        async def tunnel(reader, writer):  # a CONNECT proxy: one tunnel per connection
+            connects.append((await reader.readuntil(b"\r\n\r\n")).decode())
+            upstream_r, upstream_w = await asyncio.open_connection("127.0.0.1", origin_port)
+            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+
+            async def pipe(src, dst):
+                try:
+                    while data := await src.read(65536):
+                        dst.write(data)
+                        await dst.drain()
+                except ConnectionError:
+                    pass
+                finally:
+                    dst.close()
+
+            await asyncio.gather(pipe(reader, upstream_w), pipe(upstream_r, writer))
+
+        proxy_server = await asyncio.start_server(tunnel, "127.0.0.1", 0)
+        proxy_url = f"http://scraper:s3cret@127.0.0.1:{proxy_server.sockets[0].getsockname()[1]}"
+        client_ctx = ssl.create_default_context()
+        ca.configure_trust(client_ctx)
+        try:
+            transport = AiohttpTransport(max_connections=2, verify=client_ctx, proxy=proxy_url)
+            async with httpx.AsyncClient(transport=transport, timeout=3.0) as client:
+                return [(await client.get(f"https://shop.test:{origin_port}/{p}")).text for p in ("a", "b")], connects
+        finally:
+            proxy_server.close()
+            origin_server.close()
+
+    texts, connects = asyncio.run(main())
+    assert texts == ["over TLS", "over TLS"]
+    assert len(connects) == 1 and connects[0].startswith("CONNECT shop.test:")  # one kept-alive tunnel
+    assert "Proxy-Authorization: Basic c2NyYXBlcjpzM2NyZXQ=" in connects[0]
+    assert [h.split("\r\n")[0] for h in origin_heads] == ["GET /a HTTP/1.1", "GET /b HTTP/1.1"]
+    assert not any("Proxy-Authorization" in h for h in origin_heads)  # the credentials stop at the proxy
+
+
+def test_credentials_with_reserved_characters_reach_the_proxy_intact():
+    responses, proxy = _through_proxy(lambda base: base.replace("http://", "http://us%40er:pa/ss#w?rd@"),
+                                      lambda client: client.get("http://catalogue.invalid/"))
+    assert responses.text == "via proxy 1"
+    assert "Proxy-Authorization: Basic dXNAZXI6cGEvc3Mjdz9yZA==" in proxy.heads[0].decode()  # "us@er:pa/ss#w?rd"
+
+
+@pytest.mark.parametrize("proxy", ["https://user:hunter2@egress.corp:3128", "socks5://egress.corp:1080",
+                                   "egress.corp:3128", "http://egress.corp:3128/path", "http://:3128",
+                                   "http://egress.corp", "http://egress.corp:0", "http://egress.corp:99999",
+                                   "http://a:b:3128", "http://user:hunter2@egress.corp:3128?x=1"])
+def test_a_proxy_that_is_not_an_http_forward_proxy_url_is_refused_without_showing_it(proxy):
+    with pytest.raises(ValueError, match=r"proxy: expected an http://\[user:pass@\]host:port proxy URL") as raised:
         AiohttpTransport(max_connections=1, proxy=proxy)
-    assert "pw" not in str(raised.value)
+    assert "hunter2" not in str(raised.value) and "egress.corp" not in str(raised.value)
 
 
 def test_proxy_variables_of_the_environment_are_ignored(monkeypatch):
     async def main():
         async with HeadServer(lambda n: _ok(b"direct")) as server:
-            monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # nothing listens there
+            for name in ("NO_PROXY", "no_proxy"):
+                monkeypatch.delenv(name, raising=False)
+            for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+                monkeypatch.setenv(name, "http://127.0.0.1:9")  # nothing listens there
             async with httpx.AsyncClient(transport=AiohttpTransport(max_connections=1), timeout=2.0) as client:
                 return (await client.get(server.base + "/")).text
 

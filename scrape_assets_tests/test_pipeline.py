@@ -250,6 +250,11 @@ class _ForwardingProxy(BaseHTTPRequestHandler):
     def do_GET(self):
         target = urlsplit(self.path)
         self.server.seen.append((self.path, self.headers.get("Proxy-Authorization")))
+        if self.path.endswith(self.server.broken):  # the proxy's own failure, e.g. its upstream timed out
+            self.send_response(502)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         upstream = http.client.HTTPConnection(self.server.origin, timeout=5)
         headers = {k: v for k, v in self.headers.items() if k.lower() not in ("proxy-authorization", "connection")}
         upstream.request("GET", target.path + (f"?{target.query}" if target.query else ""), headers=headers)
@@ -267,7 +272,7 @@ class _ForwardingProxy(BaseHTTPRequestHandler):
 
 def test_raw_pages_fetch_through_the_configured_proxy(tmp_path, instance, demo_server):
     proxy = ThreadingHTTPServer(("127.0.0.1", 0), _ForwardingProxy)
-    proxy.origin, proxy.seen = urlsplit(demo_server.base_url).netloc, []
+    proxy.origin, proxy.seen, proxy.broken = urlsplit(demo_server.base_url).netloc, [], "mystery_3/page-2.html"
     proxy_url = f"http://scraper:s3cret@127.0.0.1:{proxy.server_address[1]}"
     # shop.invalid cannot resolve: every page must come through the proxy.
     res = make_resources(tmp_path, base_url="http://shop.invalid/", proxy_url=proxy_url)
@@ -275,17 +280,34 @@ def test_raw_pages_fetch_through_the_configured_proxy(tmp_path, instance, demo_s
         result = materialize(instance, res, ["travel", "mystery"])
     assert result.success
     md = run_metadata(result)["raw_pages"]
-    assert (md["pages_done"], md["pages_failed"]) == (3, 0)
-    assert _table(tmp_path, ["category"]).count(("mystery",)) == 32
+    assert (md["pages_done"], md["pages_failed"]) == (2, 1)
+    assert _table(tmp_path, ["category"]).count(("travel",)) == 11
     targets = [path for path, _ in proxy.seen]
     assert targets[0] == "http://shop.invalid/robots.txt"
-    assert sorted(targets[1:]) == sorted(
+    assert sorted(set(targets[1:])) == sorted(
         f"http://shop.invalid/{path}" for path in (
             "catalogue/category/books/travel_2/index.html", "catalogue/category/books/mystery_3/index.html",
             "catalogue/category/books/mystery_3/page-2.html"))
+    assert targets.count("http://shop.invalid/catalogue/category/books/mystery_3/page-2.html") == 3  # 502: retried
     assert {auth for _, auth in proxy.seen} == {"Basic c2NyYXBlcjpzM2NyZXQ="}  # base64("scraper:s3cret")
     logs = [e.message for e in instance.all_logs(result.run_id)]
     assert any(f"from http://shop.invalid/ through proxy http://127.0.0.1:{proxy.server_address[1]}" in m for m in logs)
-    assert not any("s3cret" in m for m in logs)  # the proxy's credentials never reach the logs
-    manifest = latest_manifest(ObjectStore(str(tmp_path / "objects")), "demo", "travel", complete=True)
-    assert "proxy" not in json.dumps(manifest.fetch_config)  # a snapshot may resume through another proxy
+    assert not any("s3cret" in m for m in logs)  # the proxy's credentials never reach the logs...
+    letters = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(dead_letters)
+    assert [(r["category"], r["http_status"], r["attempts"]) for r in letters] == [("mystery", 502, 3)]
+    objects = tmp_path / "objects"
+    stored = b"".join(p.read_bytes() for p in objects.rglob("*.json*"))  # manifests, journals, dead_letters.json
+    assert b"s3cret" not in stored and b"scraper" not in stored  # ...nor the manifests and dead letters
+    for category in ("travel", "mystery"):  # a snapshot may resume through another proxy
+        manifest = latest_manifest(ObjectStore(str(objects)), "demo", category, complete=True)
+        assert str(proxy.server_address[1]) not in json.dumps(manifest.fetch_config)
+
+
+def test_a_malformed_proxy_url_fails_raw_pages_once_without_retries_or_echoing_it(tmp_path, instance):
+    res = make_resources(tmp_path, base_url="http://shop.invalid/", proxy_url="http://user:hunter2@egress.corp")
+    result = materialize(instance, res, ["travel"], selection=["raw_pages"], raise_on_error=False)
+    assert not result.success
+    [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert "SCRAPE_PROXY_URL='<hidden>' is invalid" in failure.event_specific_data.error.message
+    assert not any(e.event_type_value in ("STEP_UP_FOR_RETRY", "STEP_RESTARTED") for e in result.all_events)
+    assert not any("hunter2" in (e.message or "") for e in instance.all_logs(result.run_id))

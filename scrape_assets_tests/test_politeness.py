@@ -102,7 +102,7 @@ def test_404_allows_everything():
     assert "404" in decision.detail
 
 
-@pytest.mark.parametrize("status", [500, 503, 429])
+@pytest.mark.parametrize("status", [500, 503, 429, 407])  # 407: our proxy refused us, not the site
 def test_server_error_disallows_everything_with_a_reason(status):
     async def main():
         cache = RobotsCache()

@@ -30,6 +30,7 @@ NOW = datetime(2025, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
         (403, "permanent"),
         (400, "permanent"),
         (410, "permanent"),
+        (407, "retry"),  # our proxy's refusal, not the site's
         (408, "retry"),
         (429, "retry"),
         (500, "retry"),
@@ -58,6 +59,7 @@ def test_every_retry_code_is_classified_retry():
         (TimeoutError(), True, ("retry", "timeout")),
         (httpx.ConnectError("refused"), False, ("retry", "connection_error")),
         (httpx.ReadError("reset"), False, ("retry", "connection_error")),
+        (httpx.ProxyError("403, message='Forbidden'"), False, ("retry", "proxy_error")),
         (httpx.ReadError("reset"), True, ("retry", "incomplete_body")),
         (httpx.RemoteProtocolError("peer closed"), True, ("retry", "incomplete_body")),
         (httpx.DecodingError("bad gzip"), True, ("retry", "decoding_error")),

@@ -14,11 +14,14 @@ from pydantic import Field
 
 from scrape_assets import __version__
 from scrape_assets.demo_site import DEMO_BASE_URL, DemoTransport
+from scrape_assets.errors import SettingsError
 from scrape_assets.fetcher import FetchPolicy, build_client
 from scrape_assets.locks import host_lock, partition_locks
+from scrape_assets.proxies import EXPECTED as PROXY_EXPECTED
+from scrape_assets.proxies import ProxyURL
 from scrape_assets.settings import load_settings
 from scrape_assets.spec import SiteSpec, load_spec
-from scrape_assets.storage import ObjectStore, redact_url
+from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import Warehouse
 
 USER_AGENT = f"scrape_assets/{__version__} (polite catalogue crawler; httpx+aiohttp)"
@@ -63,15 +66,39 @@ class SiteResource(dg.ConfigurableResource):
         """The frozen fetch config recorded in each manifest (a change refuses resume)."""
         return {"site": self.site, "base_url": self.fetch_base_url(), **self.fetch_policy().as_dict()}
 
+    def proxy(self) -> ProxyURL | None:
+        """The parsed ``proxy_url`` (None: direct).
+
+        Raises:
+            SettingsError: not an ``http://[user:pass@]host:port`` URL (the value is not shown).
+        """
+        if not self.proxy_url:
+            return None
+        try:
+            return ProxyURL.parse(self.proxy_url)
+        except ValueError:
+            raise SettingsError("SCRAPE_PROXY_URL", "<hidden>", PROXY_EXPECTED) from None
+
     def client(self) -> httpx.AsyncClient:
-        """An httpx client (through ``proxy_url`` when set); the demo host is served in-process (no socket)."""
+        """An httpx client (through the proxy when set); the demo host is served in-process (no socket, no proxy).
+
+        Raises:
+            SettingsError: ``proxy_url`` is malformed.
+        """
+        proxy = self.proxy()
         return build_client(
-            self.fetch_policy(), mounts={DEMO_BASE_URL.rstrip("/"): DemoTransport()}, proxy_url=self.proxy_url
+            self.fetch_policy(), mounts={DEMO_BASE_URL.rstrip("/"): DemoTransport()},
+            proxy_url=self.proxy_url if proxy else None,
         )
 
     def describe_route(self) -> str:
-        """``<fetch base URL>``, plus `` through proxy <proxy without credentials>`` when one is set (for logs)."""
-        return self.fetch_base_url() + (f" through proxy {redact_url(self.proxy_url)}" if self.proxy_url else "")
+        """``<fetch base URL>``, plus `` through proxy http://host:port`` when one carries the fetches (for logs).
+
+        Raises:
+            SettingsError: ``proxy_url`` is malformed.
+        """
+        base, proxy = self.fetch_base_url(), self.proxy()
+        return base + (f" through proxy {proxy.address}" if proxy and not base.startswith(DEMO_BASE_URL) else "")
 
 
 class ObjectStoreResource(dg.ConfigurableResource):

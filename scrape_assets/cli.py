@@ -12,7 +12,7 @@
 ``scrape-assets prune --keep N [--dry-run]``
     Delete old snapshots of every category, keeping the N newest complete ones and
     everything they read (:mod:`scrape_assets.retention`); exit code 1 when a category was
-    skipped (a run is writing it).
+    skipped (a run is writing it, or its files could not be read or deleted).
 """
 
 from __future__ import annotations
@@ -183,8 +183,11 @@ def run_prune(keep: int, dry_run: bool, out=None) -> int:
     skipped = [p.category for p in plans if p.skipped]
     freed = sum(p.bytes_freed for p in plans)
     print(f"{'dry run: would delete' if dry_run else 'deleted'} {sum(len(p.deleted) for p in plans)} snapshots "
-          f"({freed / 1e6:.1f} MB) in {len(plans) - len(skipped)} categories of {spec.name} at {store.describe()}"
+          f"({freed / 1e6:.1f} MB) across {len(plans)} categories of {spec.name} at {store.describe()}"
           + (f"; skipped {len(skipped)}: {', '.join(skipped)}" if skipped else ""), file=out)
+    if not store.is_local:
+        print("warning: remote storage has no partition locks: prune only while no run of this site is active",
+              file=sys.stderr)
     return 1 if skipped else 0
 
 
@@ -199,7 +202,8 @@ def _at_least_one(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``scrape-assets``; returns the exit code (0 ok, 1 run failed, 2 bad input)."""
+    """Entry point of ``scrape-assets``; returns the exit code (0 ok, 1 run failed or a category
+    not pruned, 2 bad input)."""
     parser = argparse.ArgumentParser(prog="scrape-assets", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="materialize every asset for every category, then print a summary")

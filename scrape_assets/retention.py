@@ -21,6 +21,12 @@ only resumes the newest) and count as deletable.
 A category is pruned while holding all four of its partition locks (``raw_pages``,
 ``parsed_products``, ``products_table``, ``dead_letters``; :mod:`scrape_assets.locks`),
 without waiting: a category a run is writing is skipped and reported, never half-pruned.
+The other way round, a run that starts while prune holds a category's locks stops at once
+like any run meeting another writer, unless ``SCRAPE_LOCK_WAIT_S`` lets it wait (pruning
+takes well under a second per category on a local disk): schedule prune away from the
+daily run, or give runs a lock wait. A dry run takes no locks and writes nothing (its
+figures can be stale if a run is writing meanwhile). A category whose files cannot be read
+or deleted is skipped with the reason; the others go on.
 
 Limits: on a remote object store (S3) there are no locks: prune only while no run of
 the site is active. Only the categories of the current spec are pruned. The warehouse
@@ -32,11 +38,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
-from scrape_assets.errors import ManifestError, PartitionLockedError
+from scrape_assets.errors import ManifestError, PartitionLockedError, StorageError
 from scrape_assets.extract import load_parse_state
 from scrape_assets.locks import partition_lock
 from scrape_assets.manifest import list_snapshots, load_manifest
@@ -80,7 +85,8 @@ class PrunePlan:
                 f"{' (newest ' + self.kept[-1] + ')' if self.kept else ''}, {verb} {len(self.deleted)} "
                 f"({len(self.objects)} objects, {_megabytes(self.bytes_freed)})")
         if self.bodies_kept:
-            text += f"; {self.bodies_kept} page bodies of deleted snapshots kept: newer snapshots read them"
+            text += (f"; {self.bodies_kept} page bod{'y' if self.bodies_kept == 1 else 'ies'} of deleted snapshots "
+                     "kept: newer snapshots read them")
         return text
 
 
@@ -106,34 +112,27 @@ def plan_prune(store: ObjectStore, site: str, category: str, keep: int) -> Prune
         keep_ids.update(s for s in snapshots if s > complete[-1])  # in flight: the next run resumes it
     else:
         keep_ids.update(snapshots)  # nothing complete yet: nothing is old
-    state = load_parse_state(store, site, category)
+    try:
+        state = load_parse_state(store, site, category)
+    except (ValueError, TypeError) as exc:  # which parsed.json is current is unknown: keep everything
+        raise ManifestError(f"{site}/{category}/parse_state.json", f"unreadable parse state ({exc})") from None
     if state is not None:
         keep_ids.update(s for s in (state.snapshot_id, state.latest_snapshot_id) if s in manifests)
     protected = {manifests[s].body_key(n) for s in keep_ids for n in manifests[s].pages}
     plan = PrunePlan(category, kept=sorted(keep_ids))
     folders = [n for n in store.list_names(f"{site}/{category}") if SNAPSHOT_ID.fullmatch(n) and n not in keep_ids]
     for snapshot_id in folders:
-        prefix = f"{site}/{category}/{snapshot_id}"
-        keys = sorted(_objects(store, prefix), key=lambda k: (not k.endswith("/manifest.json"), k))
+        files = sorted(store.list_files(f"{site}/{category}/{snapshot_id}"),
+                       key=lambda item: (not item[0].endswith("/manifest.json"), item[0]))  # the manifest first
         if snapshot_id in manifests:
             plan.deleted.append(snapshot_id)
-        for key in keys:
+        for key, size in files:
             if key in protected:
                 plan.bodies_kept += 1
                 continue
             plan.objects.append(key)
-            plan.bytes_freed += store.path(key).stat().st_size
+            plan.bytes_freed += size
     return plan
-
-
-def _objects(store: ObjectStore, prefix: str) -> Iterator[str]:
-    """Keys of every object under ``prefix`` (recursively)."""
-    for name in store.list_names(prefix):
-        key = f"{prefix}/{name}"
-        if store.path(key).is_dir():
-            yield from _objects(store, key)
-        else:
-            yield key
 
 
 def apply_prune(store: ObjectStore, plan: PrunePlan) -> None:
@@ -142,7 +141,7 @@ def apply_prune(store: ObjectStore, plan: PrunePlan) -> None:
     Hold the category's writer locks while calling this (:func:`prune` does).
     """
     for key in plan.objects:
-        store.delete(key)
+        store.delete_listed(key)
     if store.is_local:
         for snapshot_folder in sorted({"/".join(key.split("/")[:3]) for key in plan.objects}):  # site/category/id
             _remove_empty_folders(store.path(snapshot_folder).path)
@@ -164,12 +163,12 @@ def prune(
     Args:
         keep: complete snapshots to keep per category (``>= 1``).
         owner: who prunes, recorded in the lock files (e.g. ``"scrape-assets prune (pid 123)"``).
-        dry_run: plan and report only; nothing is deleted (the locks are still taken, so
-            the report is what a real prune would do at that moment).
+        dry_run: plan and report only: no lock taken, nothing written or deleted.
 
     Returns:
-        One plan per category, in order. A category a run is writing, or with an
-        unreadable manifest, has ``skipped`` set (the reason) and nothing deleted.
+        One plan per category, in order. A category a run is writing, with an unreadable
+        manifest or parse state, or whose files could not be listed or deleted, has
+        ``skipped`` set (the reason); it lost nothing it needs (see the deletion order).
 
     Raises:
         ValueError: ``keep < 1``.
@@ -180,7 +179,7 @@ def prune(
     for category in categories:
         try:
             with ExitStack() as locks:
-                for scope in WRITER_SCOPES:
+                for scope in WRITER_SCOPES if not dry_run else ():
                     locks.enter_context(partition_lock(store, site, category, owner=owner, scope=scope))
                 plan = plan_prune(store, site, category, keep)
                 if not dry_run:
@@ -189,6 +188,8 @@ def prune(
             plan = PrunePlan(category, skipped=f"being written by {exc.holder}")
         except ManifestError as exc:
             plan = PrunePlan(category, skipped=f"not pruned, to be safe: {exc}")
+        except (StorageError, OSError) as exc:
+            plan = PrunePlan(category, skipped=f"storage failed ({type(exc).__name__}: {exc})")
         plans.append(plan)
     return plans
 

@@ -18,6 +18,7 @@ sees the old object or the new one, never a mix. Temp files orphaned by a crash
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import re
 import threading
@@ -284,6 +285,44 @@ class ObjectStore:
             self.path(key).unlink()
         except FileNotFoundError:
             pass
+
+    def list_files(self, prefix: str) -> list[tuple[str, int]]:
+        """``(key, size in bytes)`` of every object under ``prefix``, recursively, sorted by key.
+
+        Local temp files left by crashes (``.<name>.<hex>.tmp``) are included, although
+        :func:`check_key` refuses their names: remove them with :meth:`delete_listed`. On
+        object stores this is one listing request (fsspec ``find``), not one per object.
+
+        Raises:
+            StorageError: ``prefix`` is not a valid key.
+        """
+        check_key(prefix)
+        if self.is_local:
+            top, found = self._local(prefix), []
+            for folder, _, names in os.walk(top):
+                for name in names:
+                    full = os.path.join(folder, name)
+                    found.append((os.path.relpath(full, self._local_root).replace(os.sep, "/"), os.path.getsize(full)))
+            return sorted(found)
+        base = self.path(prefix).path.rstrip("/")
+        entries = self.root.fs.find(base, detail=True)
+        return sorted((f"{prefix}/{name[len(base):].lstrip('/')}", int(info.get("size") or 0))
+                      for name, info in entries.items() if info.get("type") != "directory")
+
+    def delete_listed(self, key: str) -> None:
+        """Delete an object :meth:`list_files` returned, temp files included (missing: no error).
+
+        Raises:
+            StorageError: ``key`` is neither a valid key nor one with a temp file's name.
+        """
+        folder, _, name = key.rpartition("/")
+        if name.startswith(".") and name.endswith(TEMP_SUFFIX) and _SEGMENT.match(name[1:]):
+            if self.is_local:
+                check_key(folder)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self._local(folder), name))
+                return
+        self.delete(key)
 
     def sweep_temp_files(self, prefix: str, *, names: Iterable[str] | None = None, prune: bool = False) -> int:
         """Remove temp files orphaned by a crash under ``prefix`` (recursively); return how many.

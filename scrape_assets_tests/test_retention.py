@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -11,10 +12,20 @@ import pytest
 
 from scrape_assets.cli import main
 from scrape_assets.demo_site import changed_categories, make_server
-from scrape_assets.extract import extract_snapshot, load_parse_state, parsed_key
+from scrape_assets.extract import (
+    PARSER_VERSION,
+    ParsedSnapshot,
+    ParseState,
+    extract_snapshot,
+    load_current,
+    load_parse_state,
+    parsed_key,
+    save_parse_state,
+    save_parsed,
+)
 from scrape_assets.locks import partition_lock
 from scrape_assets.manifest import Manifest, PageEntry, latest_manifest, list_snapshots, load_manifest
-from scrape_assets.retention import plan_prune, prune
+from scrape_assets.retention import WRITER_SCOPES, plan_prune, prune
 from scrape_assets.spec import load_spec
 from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import Warehouse, products
@@ -119,11 +130,7 @@ def test_in_flight_and_abandoned_snapshots_locks_and_leftovers(tmp_path):
     _snapshot(store, "2026-11-30T000000Z", complete=False, body_from="2026-11-28T000000Z")  # in flight
     (tmp_path / "objects/demo/travel/2026-11-26T000000Z/pages").mkdir(parents=True)  # left by a crashed prune
     (tmp_path / "objects/demo/travel/2026-11-26T000000Z/pages/page-0001.html").write_bytes(b"old")
-
-    with partition_lock(store, "demo", "travel", owner="run-1", scope="parsed_products"):
-        [locked] = prune(store, "demo", ["travel"], keep=1, owner="test")
-    assert locked.skipped.startswith("being written by parsed_products of run run-1 (pid ") and not locked.objects
-    assert len(list_snapshots(store, "demo", "travel")) == 4
+    (tmp_path / "objects/demo/travel/2026-11-27T000000Z/.parsed.json.0f1e2d.tmp").write_bytes(b"{")  # a killed write
 
     [plan] = prune(store, "demo", ["travel"], keep=1, owner="test")
     assert plan.kept == ["2026-11-29T000000Z", "2026-11-30T000000Z"]
@@ -131,6 +138,7 @@ def test_in_flight_and_abandoned_snapshots_locks_and_leftovers(tmp_path):
     assert plan.objects == [
         "demo/travel/2026-11-26T000000Z/pages/page-0001.html",
         "demo/travel/2026-11-27T000000Z/manifest.json",  # the manifest first: the snapshot is gone at once
+        "demo/travel/2026-11-27T000000Z/.parsed.json.0f1e2d.tmp",
         "demo/travel/2026-11-27T000000Z/pages/page-0001.html",
         "demo/travel/2026-11-28T000000Z/manifest.json",
     ]
@@ -139,11 +147,74 @@ def test_in_flight_and_abandoned_snapshots_locks_and_leftovers(tmp_path):
     assert sorted(n for n in os.listdir(tmp_path / "objects/demo/travel") if not n.endswith(".lock")) == [
         "2026-11-28T000000Z", "2026-11-29T000000Z", "2026-11-30T000000Z"]  # empty folders removed
     assert os.listdir(tmp_path / "objects/demo/travel/2026-11-28T000000Z") == ["pages"]
-    assert plan.line() == ("travel: kept 2 snapshots (newest 2026-11-30T000000Z), deleted 2 (4 objects, 0.0 MB); "
-                           "1 page bodies of deleted snapshots kept: newer snapshots read them")
+    assert plan.line() == ("travel: kept 2 snapshots (newest 2026-11-30T000000Z), deleted 2 (5 objects, 0.0 MB); "
+                           "1 page body of deleted snapshots kept: newer snapshots read them")
     # Nothing is deleted twice, and the body stays while a kept snapshot reads it.
     [again] = prune(store, "demo", ["travel"], keep=1, owner="test")
     assert (again.deleted, again.objects, again.bodies_kept) == ([], [], 1)
+
+
+def _parsed_at(store: ObjectStore, snapshot_id: str, latest_snapshot_id: str) -> None:
+    """Record ``snapshot_id`` as the snapshot holding demo/travel's current parsed.json."""
+    manifest = load_manifest(store, "demo", "travel", snapshot_id)
+    save_parsed(store, manifest, ParsedSnapshot("travel", snapshot_id, PARSER_VERSION, [], [], []))
+    save_parse_state(store, "demo", "travel", ParseState(snapshot_id=snapshot_id, input_version="v",
+                                                         latest_snapshot_id=latest_snapshot_id, validated=True))
+
+
+def test_an_unchanged_categorys_older_parsed_snapshot_is_kept_for_the_table_load(tmp_path):
+    store = ObjectStore(str(tmp_path / "objects"))
+    for day in ("26", "27", "28", "29"):
+        _snapshot(store, f"2026-11-{day}T000000Z", complete=True)
+    _parsed_at(store, "2026-11-26T000000Z", latest_snapshot_id="2026-11-28T000000Z")  # same input since the 26th
+    [plan] = prune(store, "demo", ["travel"], keep=1, owner="test")
+    assert plan.kept == ["2026-11-26T000000Z", "2026-11-28T000000Z", "2026-11-29T000000Z"]
+    assert plan.deleted == ["2026-11-27T000000Z"]
+    parsed, state = load_current(store, "demo", "travel")  # what products_table and dead_letters read
+    assert parsed.snapshot_id == state.snapshot_id == "2026-11-26T000000Z"
+
+
+@pytest.mark.parametrize("scope", WRITER_SCOPES)
+def test_a_run_holding_any_writer_lock_keeps_prune_away_but_not_a_dry_run(tmp_path, scope):
+    store = ObjectStore(str(tmp_path / "objects"))
+    for day in ("28", "29"):
+        _snapshot(store, f"2026-11-{day}T000000Z", complete=True)
+    with partition_lock(store, "demo", "travel", owner="run-1", scope=scope):
+        [dry] = prune(store, "demo", ["travel"], keep=1, owner="test", dry_run=True)
+        locks = sorted(p.name for p in (tmp_path / "objects/demo/travel").glob("*.lock"))
+        [locked] = prune(store, "demo", ["travel"], keep=1, owner="test")
+    assert dry.skipped is None and dry.deleted == ["2026-11-28T000000Z"]
+    assert locks == [f"{scope}.lock"]  # the dry run took no lock (and created no lock file)
+    assert locked.skipped.startswith(f"being written by {scope} of run run-1") and not locked.objects
+    assert len(list_snapshots(store, "demo", "travel")) == 2
+
+
+def test_a_category_that_cannot_be_planned_or_deleted_is_skipped_and_the_others_go_on(tmp_path, monkeypatch):
+    store = ObjectStore(str(tmp_path / "objects"))
+    for day in ("28", "29"):
+        _snapshot(store, f"2026-11-{day}T000000Z", complete=True)
+    (tmp_path / "objects/demo/travel/parse_state.json").write_text("{not json")
+    mystery = tmp_path / "objects/demo/mystery"
+    shutil.copytree(tmp_path / "objects/demo/travel", mystery, ignore=shutil.ignore_patterns("parse_state.json"))
+    for manifest_file in mystery.rglob("manifest.json"):
+        manifest_file.write_text(manifest_file.read_text().replace('"travel"', '"mystery"'))
+    (tmp_path / "objects/demo/classics").mkdir()
+    shutil.copytree(mystery, tmp_path / "objects/demo/classics", dirs_exist_ok=True)
+    for manifest_file in (tmp_path / "objects/demo/classics").rglob("manifest.json"):
+        manifest_file.write_text(manifest_file.read_text().replace('"mystery"', '"classics"'))
+    real_delete = ObjectStore.delete_listed
+
+    def failing_delete(self, key):
+        if "/classics/" in key:
+            raise PermissionError(13, "Permission denied", key)
+        real_delete(self, key)
+
+    monkeypatch.setattr(ObjectStore, "delete_listed", failing_delete)
+    plans = prune(store, "demo", ["travel", "mystery", "classics"], keep=1, owner="test")
+    assert plans[0].skipped.startswith("not pruned, to be safe: ") and "unreadable parse state" in plans[0].skipped
+    assert plans[1].skipped is None and plans[1].deleted == ["2026-11-28T000000Z"]
+    assert plans[2].skipped.startswith("storage failed (PermissionError: ")
+    assert len(list_snapshots(store, "demo", "travel")) == 2  # untouched
 
 
 def test_keep_must_be_at_least_one(tmp_path):
@@ -160,7 +231,7 @@ def test_cli_prune_reports_and_exits_nonzero_when_a_category_was_skipped(tmp_pat
     assert main(["prune", "--keep", "1", "--dry-run"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("travel: kept 1 snapshot (newest 2026-11-29T000000Z), would delete 1 (2 objects")
-    assert out[-1].startswith("dry run: would delete 1 snapshots (0.0 MB) in ")
+    assert out[-1].startswith("dry run: would delete 1 snapshots (0.0 MB) across 12 categories of demo at ")
     assert len(list_snapshots(store, "demo", "travel")) == 2
 
     with partition_lock(store, "demo", "travel", owner="run-9", scope="raw_pages"):

@@ -123,3 +123,25 @@ def test_memory_store_and_redaction():
     assert store.list_names("x") == ["y.html"]
     assert redact_url("s3://key:secret@bucket/prefix?token=abc") == "s3://bucket/prefix"
     assert redact_url("https://hooks.example.com/services/T0/B0/SECRET", keep_path=False) == "https://hooks.example.com/…"
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_list_files_recurses_with_sizes_and_delete_listed_removes_temp_files_too(tmp_path, where):
+    store = ObjectStore(str(tmp_path / "objects") if where == "local" else f"memory://bucket-{tmp_path.name}/root")
+    store.write_bytes_atomic("s/c/snap/manifest.json", b"{}")
+    store.write_bytes_atomic("s/c/snap/pages/page-0001.html", b"<html>1</html>")
+    store.write_bytes_atomic("s/c/other/page.html", b"x")
+    expected = [("s/c/snap/manifest.json", 2), ("s/c/snap/pages/page-0001.html", 14)]
+    if where == "local":  # a temp file left by a killed write: listed, although not a valid key
+        (tmp_path / "objects/s/c/snap/.parsed.json.0a1b.tmp").write_bytes(b"{")
+        expected.insert(0, ("s/c/snap/.parsed.json.0a1b.tmp", 1))
+    assert store.list_files("s/c/snap") == expected
+    for key, _ in expected:
+        store.delete_listed(key)
+    assert store.list_files("s/c/snap") == [] and store.read_bytes("s/c/other/page.html") == b"x"
+    with pytest.raises(StorageError):
+        store.delete_listed("s/c/../escape.html")
+
+
+def test_redact_url_hides_a_host_that_may_be_part_of_a_password():
+    assert redact_url("http://user:pa/ss@proxy.corp:3128") == "http://<hidden>"  # 'pa' is no port

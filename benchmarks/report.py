@@ -181,10 +181,11 @@ def render(results: dict, analysis: Path | None = None) -> str:
               "sum over the process tree (steps run in the command's own process, Dagster's in-process executor; the other processes are the fork workers of `parsed_products` and Dagster's compute-log helpers). Others' CPU: what other programs "
               "(other people's test suites on this shared machine) used meanwhile; each command waited for a quiet "
               "machine first (at most 1 min), so a large figure there means that row was slowed down by them. "
-              "Ratio: ours/Scrapy pages/s, end to end. A pipeline row with several wall times in the last column is "
-              "the run with the median wall time of that many runs (the concurrencies interleaved, round after round; "
-              "the host's speed drifts by up to ~20% between identical runs with no CPU of other programs to see); "
-              "Scrapy ran once per row (its margin is not close).", ""]
+              "Ratio: ours/Scrapy pages/s, end to end, of the median runs. A row with several wall times in the last "
+              "column is the run with the median wall time of that many runs (the concurrencies interleaved, round "
+              "after round, Scrapy and pipeline alternating; the host's speed drifts by up to ~30% between identical "
+              "runs with no CPU of other programs to see); at 10,000 pages Scrapy ran once per row (~1 min a run; its "
+              "margin is not close).", ""]
     lines += _table(THROUGHPUT_HEADER, throughput_rows(results))
     lines += ["Where the pipeline's wall time goes (seconds; `start + exit` = the command's time outside the run: process "
               "start, definitions, instance and run creation before RUN_START, interpreter shutdown after RUN_SUCCESS; "

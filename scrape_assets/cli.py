@@ -181,8 +181,9 @@ def run_prune(keep: int, dry_run: bool, out=None) -> int:
     for plan in plans:
         print(plan.line(dry_run=dry_run), file=out)
     skipped = [p.category for p in plans if p.skipped]
-    freed = sum(p.bytes_freed for p in plans)
-    print(f"{'dry run: would delete' if dry_run else 'deleted'} {sum(len(p.deleted) for p in plans)} snapshots "
+    done = [p for p in plans if not p.skipped]  # a skipped line says what, if anything, went
+    freed = sum(p.bytes_freed for p in done)
+    print(f"{'dry run: would delete' if dry_run else 'deleted'} {sum(len(p.deleted) for p in done)} snapshots "
           f"({freed / 1e6:.1f} MB) across {len(plans)} categories of {spec.name} at {store.describe()}"
           + (f"; skipped {len(skipped)}: {', '.join(skipped)}" if skipped else ""), file=out)
     if not store.is_local:

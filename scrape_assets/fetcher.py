@@ -179,7 +179,8 @@ def build_client(
         A new, unopened :class:`httpx.AsyncClient`.
 
     Raises:
-        ValueError: ``proxy_url`` is not an ``http://host[:port]`` URL.
+        ValueError: ``proxy_url`` is not an ``http://[user:pass@]host:port`` URL (the message
+            names the rule broken, not the value).
     """
     return httpx.AsyncClient(
         headers={"User-Agent": policy.user_agent},

@@ -51,9 +51,8 @@ to httpx (aiohttp's jar is disabled). Response headers larger than aiohttp's par
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ssl
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import aiohttp
 import httpx
@@ -78,25 +77,15 @@ _EXCEPTIONS: tuple[tuple[type[BaseException], type[httpx.TransportError]], ...] 
 )
 
 
-@contextlib.contextmanager
-def _mapped_errors(request: httpx.Request, *, chain: bool = True) -> Iterator[None]:
-    """Re-raise aiohttp's errors as the httpx error for the same condition (module table).
+def _mapped(exc: BaseException, request: httpx.Request) -> httpx.TransportError:
+    """The httpx error for the same condition as aiohttp's ``exc`` (module table)."""
+    for source, target in _EXCEPTIONS:
+        if isinstance(exc, source):
+            return target(str(exc) or type(exc).__name__, request=request)
+    raise TypeError(f"not an aiohttp error: {type(exc).__name__}")  # pragma: no cover - table ends with ClientError
 
-    ``chain=False`` raises it ``from None`` (proxy credentials: the aiohttp error's
-    ``request_info`` carries the ``Proxy-Authorization`` header).
-    """
-    try:
-        yield
-    except httpx.HTTPError:
-        raise
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        for source, target in _EXCEPTIONS:
-            if isinstance(exc, source):
-                error = target(str(exc) or type(exc).__name__, request=request)
-                if chain:
-                    raise error from exc
-                raise error from None
-        raise  # pragma: no cover - the table ends with aiohttp.ClientError
+
+_AIOHTTP_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
 class _ResponseStream(httpx.AsyncByteStream):
@@ -108,9 +97,18 @@ class _ResponseStream(httpx.AsyncByteStream):
         self._chain = chain
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        with _mapped_errors(self._request, chain=self._chain):
-            async for chunk in self._response.content.iter_any():
-                yield chunk
+        chunks = self._response.content.iter_any().__aiter__()
+        while True:
+            failure = None
+            try:
+                chunk = await chunks.__anext__()
+            except StopAsyncIteration:
+                return
+            except _AIOHTTP_ERRORS as exc:
+                failure = exc
+            if failure is not None:  # raised outside the except: no __context__ (see handle_async_request)
+                raise _mapped(failure, self._request) from (failure if self._chain else None)
+            yield chunk
 
     async def aclose(self) -> None:
         # release() returns a fully read connection to the pool and closes one whose body
@@ -195,8 +193,9 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 via["proxy_headers"] = {"User-Agent": request.headers.get("User-Agent", ""),
                                         **({"Proxy-Authorization": auth} if auth else {})}
             elif auth:  # absolute-form request to the proxy, which consumes the header
-                headers.append(("Proxy-Authorization", auth))
-        with _mapped_errors(request, chain=self._chain):
+                headers = [h for h in headers if h[0].lower() != "proxy-authorization"] + [("Proxy-Authorization", auth)]
+        failure = None
+        try:
             response = await session.request(
                 request.method,
                 URL(str(request.url), encoded=True),  # sent exactly as httpx built it, no re-quoting
@@ -211,6 +210,12 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                     sock_read=timeout.get("read"),
                 ),
             )
+        except _AIOHTTP_ERRORS as exc:
+            failure = exc
+        if failure is not None:
+            # Raised here, after the except block, so the httpx error has no __context__ either:
+            # with proxy credentials, aiohttp's error (its request_info) holds Proxy-Authorization.
+            raise _mapped(failure, request) from (failure if self._chain else None)
         extensions = {"http_version": b"HTTP/1.1", "reason_phrase": (response.reason or "").encode("latin-1", "replace")}
         return httpx.Response(
             status_code=response.status,

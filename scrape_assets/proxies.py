@@ -10,11 +10,14 @@ password).
 from __future__ import annotations
 
 import base64
+import re
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 #: What a valid value looks like, for error messages.
 EXPECTED = "an http://[user:pass@]host:port proxy URL, e.g. http://user:pass@proxy.internal:3128"
+_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")  # a DNS name or an IPv4 address
+_IPV6 = re.compile(r"\[[0-9A-Fa-f:.]{2,45}\]")
 
 
 @dataclass(frozen=True)
@@ -40,19 +43,21 @@ class ProxyURL:
         percent-encoded ones (``%40``) are decoded.
 
         Raises:
-            ValueError: anything else (another scheme, no port, a path or query); the
-                message never contains ``url``.
+            ValueError: anything else; the message names the rule broken (scheme, host, port,
+                or something after the port) but never contains ``url``.
         """
         if not url.startswith("http://"):
-            raise ValueError(f"expected {EXPECTED}")
+            raise ValueError(f"expected {EXPECTED} (the scheme must be http://)")
         userinfo, at, hostport = url[len("http://"):].rpartition("@")
         hostport = hostport.removesuffix("/")
+        if any(c in hostport for c in "/?#"):
+            raise ValueError(f"expected {EXPECTED} (nothing may follow the port)")
         host, colon, port = hostport.rpartition(":")
-        bracketed_ipv6 = host.startswith("[") and host.endswith("]") and ":" in host
-        valid_host = bracketed_ipv6 or (bool(host) and not any(c in host for c in "/?#[]: "))
-        if not (colon and valid_host and port.isdigit() and 1 <= int(port) <= 65535):
-            raise ValueError(f"expected {EXPECTED}")
-        if not at:
+        if not (colon and port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+            raise ValueError(f"expected {EXPECTED} (the port must be given, 1..65535)")
+        if not (_HOST.fullmatch(host) or _IPV6.fullmatch(host)):
+            raise ValueError(f"expected {EXPECTED} (the host must be a name, an IPv4 or a bracketed IPv6 address)")
+        if not at or not userinfo:  # "http://@host:port": no credentials
             return cls(host, int(port))
         username, _, password = userinfo.partition(":")
         return cls(host, int(port), unquote(username), unquote(password))

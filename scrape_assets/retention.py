@@ -63,7 +63,8 @@ class PrunePlan:
         objects: storage keys deleted, each deleted snapshot's ``manifest.json`` first.
         bytes_freed: total size of ``objects``, bytes.
         bodies_kept: page bodies left in deleted snapshots' folders because a kept snapshot reads them.
-        skipped: why nothing was done (a run holds a lock), else None.
+        objects_deleted: how many of ``objects`` are gone (all of them after a complete prune).
+        skipped: why the category was not (or only partly) pruned, else None.
     """
 
     category: str
@@ -72,6 +73,7 @@ class PrunePlan:
     objects: list[str] = field(default_factory=list)
     bytes_freed: int = 0
     bodies_kept: int = 0
+    objects_deleted: int = 0
     skipped: str | None = None
 
     def line(self, *, dry_run: bool = False) -> str:
@@ -99,8 +101,10 @@ def plan_prune(store: ObjectStore, site: str, category: str, keep: int) -> Prune
 
     Raises:
         ValueError: ``keep < 1``.
-        ManifestError: a snapshot's manifest is unreadable (whether it is complete, and
-            which bodies it reads, is unknown: nothing can be decided safely).
+        ManifestError: a snapshot's manifest or the parse state is unreadable (what is
+            complete or current, and which bodies are read, is unknown: nothing can be
+            decided safely).
+        StorageError, OSError: a snapshot folder cannot be listed.
     """
     if keep < 1:
         raise ValueError(f"keep must be >= 1 (the newest complete snapshot is always kept), got {keep}")
@@ -139,9 +143,16 @@ def apply_prune(store: ObjectStore, plan: PrunePlan) -> None:
     """Delete ``plan.objects`` in order, then the folders left empty (local disks).
 
     Hold the category's writer locks while calling this (:func:`prune` does).
+    ``plan.objects_deleted`` counts the deletions done, so a failure part-way is reported
+    as it is.
+
+    Raises:
+        StorageError, OSError: a delete failed (the objects before it are gone; the
+            manifest of each snapshot goes first, so no snapshot is left half-readable).
     """
     for key in plan.objects:
         store.delete_listed(key)
+        plan.objects_deleted += 1
     if store.is_local:
         for snapshot_folder in sorted({"/".join(key.split("/")[:3]) for key in plan.objects}):  # site/category/id
             _remove_empty_folders(store.path(snapshot_folder).path)
@@ -177,6 +188,7 @@ def prune(
         raise ValueError(f"keep must be >= 1 (the newest complete snapshot is always kept), got {keep}")
     plans = []
     for category in categories:
+        plan = PrunePlan(category)
         try:
             with ExitStack() as locks:
                 for scope in WRITER_SCOPES if not dry_run else ():
@@ -185,11 +197,12 @@ def prune(
                 if not dry_run:
                     apply_prune(store, plan)
         except PartitionLockedError as exc:
-            plan = PrunePlan(category, skipped=f"being written by {exc.holder}")
+            plan.skipped = f"being written by {exc.holder}"
         except ManifestError as exc:
-            plan = PrunePlan(category, skipped=f"not pruned, to be safe: {exc}")
+            plan.skipped = f"not pruned, to be safe: {exc}"
         except (StorageError, OSError) as exc:
-            plan = PrunePlan(category, skipped=f"storage failed ({type(exc).__name__}: {exc})")
+            part = f"partly pruned ({plan.objects_deleted} of {len(plan.objects)} objects deleted): "
+            plan.skipped = f"{part if plan.objects_deleted else ''}storage failed ({type(exc).__name__}: {exc})"
         plans.append(plan)
     return plans
 

@@ -289,40 +289,56 @@ class ObjectStore:
     def list_files(self, prefix: str) -> list[tuple[str, int]]:
         """``(key, size in bytes)`` of every object under ``prefix``, recursively, sorted by key.
 
-        Local temp files left by crashes (``.<name>.<hex>.tmp``) are included, although
-        :func:`check_key` refuses their names: remove them with :meth:`delete_listed`. On
-        object stores this is one listing request (fsspec ``find``), not one per object.
+        Files whose names :func:`check_key` refuses are included (temp files left by
+        crashes, ``.<name>.<hex>.tmp``; strays such as ``.DS_Store``): remove them with
+        :meth:`delete_listed`. On object stores this is one listing request (fsspec
+        ``find``), not one per object.
 
         Raises:
-            StorageError: ``prefix`` is not a valid key.
+            StorageError: ``prefix`` is not a valid key, or the store listed a path outside it.
+            OSError: a folder under ``prefix`` cannot be read (local disks).
         """
         check_key(prefix)
         if self.is_local:
             top, found = self._local(prefix), []
-            for folder, _, names in os.walk(top):
+
+            def unreadable(exc: OSError) -> None:
+                raise exc
+
+            for folder, _, names in os.walk(top, onerror=unreadable):
                 for name in names:
                     full = os.path.join(folder, name)
                     found.append((os.path.relpath(full, self._local_root).replace(os.sep, "/"), os.path.getsize(full)))
             return sorted(found)
         base = self.path(prefix).path.rstrip("/")
-        entries = self.root.fs.find(base, detail=True)
-        return sorted((f"{prefix}/{name[len(base):].lstrip('/')}", int(info.get("size") or 0))
-                      for name, info in entries.items() if info.get("type") != "directory")
+        found = []
+        for name, info in self.root.fs.find(base, detail=True).items():
+            if info.get("type") == "directory":
+                continue
+            if not name.startswith(base + "/"):  # never turn a listing we do not understand into deletes
+                raise StorageError(f"{self.describe()}/{prefix}", f"listing returned {name!r}, outside {base!r}")
+            found.append((f"{prefix}/{name[len(base) + 1:]}", int(info.get("size") or 0)))
+        return sorted(found)
 
     def delete_listed(self, key: str) -> None:
-        """Delete an object :meth:`list_files` returned, temp files included (missing: no error).
+        """Delete a file :meth:`list_files` returned, whatever its name (missing: no error).
+
+        The folder part must be a valid key; the last part may be any file name (no ``/``,
+        not ``.`` or ``..``), so nothing outside the root can be named.
 
         Raises:
-            StorageError: ``key`` is neither a valid key nor one with a temp file's name.
+            StorageError: the folder is not a valid key, or the name is empty, ``.`` or ``..``.
         """
         folder, _, name = key.rpartition("/")
-        if name.startswith(".") and name.endswith(TEMP_SUFFIX) and _SEGMENT.match(name[1:]):
-            if self.is_local:
-                check_key(folder)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(self._local(folder), name))
-                return
-        self.delete(key)
+        check_key(folder)
+        if name in ("", ".", ".."):
+            raise StorageError(key, "not a file name")
+        if self.is_local:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self._local(folder), name))
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.root.fs.rm_file(f"{self.path(folder).path.rstrip('/')}/{name}")
 
     def sweep_temp_files(self, prefix: str, *, names: Iterable[str] | None = None, prune: bool = False) -> int:
         """Remove temp files orphaned by a crash under ``prefix`` (recursively); return how many.

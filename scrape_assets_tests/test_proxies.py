@@ -18,6 +18,7 @@ from scrape_assets.proxies import ProxyURL
         ("http://us%40er:pa%2Fss@egress.corp:3128", "http://egress.corp:3128", "Basic dXNAZXI6cGEvc3M="),  # us@er:pa/ss
         ("http://user:pa/ss@w#rd@egress.corp:3128", "http://egress.corp:3128", "Basic dXNlcjpwYS9zc0B3I3Jk"),  # unencoded
         ("http://token@egress.corp:3128", "http://egress.corp:3128", "Basic dG9rZW46"),  # "token:"
+        ("http://@egress.corp:3128", "http://egress.corp:3128", None),  # empty credentials: none
     ],
 )
 def test_valid_urls_give_the_address_and_the_basic_credentials(url, address, authorization):
@@ -31,7 +32,8 @@ def test_valid_urls_give_the_address_and_the_basic_credentials(url, address, aut
     ["", "egress.corp:3128", "https://egress.corp:3128", "socks5://egress.corp:1080", "http://egress.corp",
      "http://egress.corp:", "http://egress.corp:0", "http://egress.corp:65536", "http://egress.corp:3128/path",
      "http://egress.corp:3128?x=1", "http://egress.corp:3128#f", "http://:3128", "http://a:b:3128",
-     "http://user:hunter2@egress.corp", "http://[::1:3128"],
+     "http://user:hunter2@egress.corp", "http://[::1:3128", "http://egress.corp:\uff13\uff11\uff12\uff18",
+     "http://egress.corp:\u00b3", "http://u:p@egress\\corp:1", "http://égress.corp:1", "http://egress%2ecorp:1"],
 )
 def test_anything_else_is_refused_without_echoing_it(url):
     with pytest.raises(ValueError, match=r"^expected an http://\[user:pass@\]host:port proxy URL") as raised:

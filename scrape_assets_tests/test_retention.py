@@ -205,7 +205,7 @@ def test_a_category_that_cannot_be_planned_or_deleted_is_skipped_and_the_others_
     real_delete = ObjectStore.delete_listed
 
     def failing_delete(self, key):
-        if "/classics/" in key:
+        if "/classics/" in key and not key.endswith("/manifest.json"):  # after the manifest went
             raise PermissionError(13, "Permission denied", key)
         real_delete(self, key)
 
@@ -213,8 +213,22 @@ def test_a_category_that_cannot_be_planned_or_deleted_is_skipped_and_the_others_
     plans = prune(store, "demo", ["travel", "mystery", "classics"], keep=1, owner="test")
     assert plans[0].skipped.startswith("not pruned, to be safe: ") and "unreadable parse state" in plans[0].skipped
     assert plans[1].skipped is None and plans[1].deleted == ["2026-11-28T000000Z"]
-    assert plans[2].skipped.startswith("storage failed (PermissionError: ")
+    assert plans[2].skipped.startswith("partly pruned (1 of 2 objects deleted): storage failed (PermissionError: ")
+    assert list_snapshots(store, "demo", "classics") == ["2026-11-29T000000Z"]  # the manifest first: no half snapshot
     assert len(list_snapshots(store, "demo", "travel")) == 2  # untouched
+
+
+def test_stray_files_in_an_old_snapshot_are_deleted_too(tmp_path):
+    store = ObjectStore(str(tmp_path / "objects"))
+    for day in ("28", "29"):
+        _snapshot(store, f"2026-11-{day}T000000Z", complete=True)
+    old = tmp_path / "objects/demo/travel/2026-11-28T000000Z"
+    for stray in (".DS_Store", "pages/page-0001.html~", ".nfs000000000123"):
+        (old / stray).write_bytes(b"x")
+    [dry] = prune(store, "demo", ["travel"], keep=1, owner="test", dry_run=True)
+    [plan] = prune(store, "demo", ["travel"], keep=1, owner="test")
+    assert plan.skipped is None and plan.objects == dry.objects and len(plan.objects) == 5
+    assert plan.objects_deleted == 5 and not old.exists()
 
 
 def test_keep_must_be_at_least_one(tmp_path):

@@ -130,7 +130,7 @@ def test_list_files_recurses_with_sizes_and_delete_listed_removes_temp_files_too
     store = ObjectStore(str(tmp_path / "objects") if where == "local" else f"memory://bucket-{tmp_path.name}/root")
     store.write_bytes_atomic("s/c/snap/manifest.json", b"{}")
     store.write_bytes_atomic("s/c/snap/pages/page-0001.html", b"<html>1</html>")
-    store.write_bytes_atomic("s/c/other/page.html", b"x")
+    store.write_bytes_atomic("s/c/snap-1/page.html", b"x")  # a same-second twin: a prefix, not a child
     expected = [("s/c/snap/manifest.json", 2), ("s/c/snap/pages/page-0001.html", 14)]
     if where == "local":  # a temp file left by a killed write: listed, although not a valid key
         (tmp_path / "objects/s/c/snap/.parsed.json.0a1b.tmp").write_bytes(b"{")
@@ -138,9 +138,10 @@ def test_list_files_recurses_with_sizes_and_delete_listed_removes_temp_files_too
     assert store.list_files("s/c/snap") == expected
     for key, _ in expected:
         store.delete_listed(key)
-    assert store.list_files("s/c/snap") == [] and store.read_bytes("s/c/other/page.html") == b"x"
-    with pytest.raises(StorageError):
-        store.delete_listed("s/c/../escape.html")
+    assert store.list_files("s/c/snap") == [] and store.read_bytes("s/c/snap-1/page.html") == b"x"
+    for bad in ("s/c/../escape.html", "s/c/snap/..", "/etc/passwd"):
+        with pytest.raises(StorageError):
+            store.delete_listed(bad)
 
 
 def test_redact_url_hides_a_host_that_may_be_part_of_a_password():

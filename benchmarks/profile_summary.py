@@ -27,6 +27,11 @@ _PLUMBING = re.compile(
 )
 
 
+def _ranked(counter: Counter) -> list[tuple]:
+    """Items by count, largest first; ties by key, so the summary is the same on every call."""
+    return sorted(counter.items(), key=lambda item: (-item[1], str(item[0])))
+
+
 _PROCESS = re.compile(r'process \d+:"[^"]*"')
 
 
@@ -109,16 +114,16 @@ def summarize(path: Path, top: int = 12) -> dict:
             handoff[phase][frames[i] + " -> " + (frames[i + 1] if i + 1 < len(frames) else "(itself)")] += n
     out = {"file": str(path), "samples": total, "cpu_s": total / 100, "waiting_samples": waiting,
            "processes": len({pid for pid, *_ in samples}), "phases": {}}
-    for phase, n in phase_samples.most_common():
-        hot = [(f, c) for f, c in inclusive[phase].most_common() if not _PLUMBING.match(f) and c < 0.97 * n][:top]
+    for phase, n in _ranked(phase_samples):
+        hot = [(f, c) for f, c in _ranked(inclusive[phase]) if not _PLUMBING.match(f) and c < 0.97 * n][:top]
         out["phases"][phase] = {
             "samples": n,
             "share": n / total if total else 0.0,
             "inclusive": hot,
-            "self": self_time[phase].most_common(top),
-            "handoff": handoff[phase].most_common(top),
+            "self": _ranked(self_time[phase])[:top],
+            "handoff": _ranked(handoff[phase])[:top],
         }
-    out["all_self"] = self_time["all"].most_common(top * 2)
+    out["all_self"] = _ranked(self_time["all"])[: top * 2]
     return out
 
 

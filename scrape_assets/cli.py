@@ -23,7 +23,7 @@ import os
 import sys
 from pathlib import Path
 
-from scrape_assets.errors import ScrapeError
+from scrape_assets.errors import ScrapeError, SettingsError, StorageError
 
 
 def _instance():
@@ -39,18 +39,27 @@ def _instance():
     return dg.DagsterInstance.get()
 
 
+def storage_setting_error(exc: StorageError) -> SettingsError:
+    """``exc`` (object storage unusable) as the setting that chose it: ``SCRAPE_STORAGE_URL``, or ``SCRAPE_DATA_DIR``."""
+    variable = "SCRAPE_STORAGE_URL" if os.environ.get("SCRAPE_STORAGE_URL") else "SCRAPE_DATA_DIR"
+    detail = str(exc).removeprefix(f"{exc.location}: ")
+    return SettingsError(variable, exc.location, f"object storage this process can write ({detail})")
+
+
 def preflight(resources: dict) -> None:
     """Fail before launching anything when storage or the warehouse cannot be used.
 
     Raises:
-        StorageError: object storage unreachable or unwritable (names the location).
-        SettingsError: the warehouse URL is invalid or its database unreachable.
+        SettingsError: object storage cannot be opened or written (names
+            ``SCRAPE_STORAGE_URL`` or ``SCRAPE_DATA_DIR`` and the location), or the warehouse URL
+            is invalid or its database unreachable.
     """
     import sqlalchemy as sa
 
-    from scrape_assets.errors import SettingsError
-
-    resources["store"].store().ensure_writable()
+    try:
+        resources["store"].store().ensure_writable()
+    except StorageError as exc:
+        raise storage_setting_error(exc) from exc
     warehouse = resources["warehouse"].warehouse()
     try:
         with warehouse:
@@ -240,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
 
             print_summary(summarize(defs.resources))
             return 0
+    except StorageError as exc:  # e.g. an unknown protocol, found when the definitions load
+        print(f"scrape-assets: error: {storage_setting_error(exc)}", file=sys.stderr)
+        return 2
     except ScrapeError as exc:
         print(f"scrape-assets: error: {exc}", file=sys.stderr)
         return 2

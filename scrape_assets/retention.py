@@ -59,6 +59,8 @@ class PrunePlan:
 
     Attributes:
         kept: snapshot ids kept, oldest first.
+        kept_for_parse: those of ``kept`` kept only because the parse state names them (an
+            unchanged category's current ``parsed.json`` lives in an older snapshot).
         deleted: snapshot ids deleted (their manifests go), oldest first.
         objects: storage keys deleted, each deleted snapshot's ``manifest.json`` first.
         bytes_freed: total size of ``objects``, bytes.
@@ -69,6 +71,7 @@ class PrunePlan:
 
     category: str
     kept: list[str] = field(default_factory=list)
+    kept_for_parse: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     objects: list[str] = field(default_factory=list)
     bytes_freed: int = 0
@@ -86,6 +89,8 @@ class PrunePlan:
         text = (f"{self.category}: kept {len(self.kept)} snapshot{'s' * (len(self.kept) != 1)}"
                 f"{' (newest ' + self.kept[-1] + ')' if self.kept else ''}, {verb} {len(self.deleted)} "
                 f"({len(self.objects)} objects, {_megabytes(self.bytes_freed)})")
+        if self.kept_for_parse:
+            text += f"; kept {', '.join(self.kept_for_parse)} for the parse state (current parsed.json)"
         if self.bodies_kept:
             text += (f"; {self.bodies_kept} page bod{'y' if self.bodies_kept == 1 else 'ies'} of deleted snapshots "
                      "kept: newer snapshots read them")
@@ -120,10 +125,12 @@ def plan_prune(store: ObjectStore, site: str, category: str, keep: int) -> Prune
         state = load_parse_state(store, site, category)
     except (ValueError, TypeError) as exc:  # which parsed.json is current is unknown: keep everything
         raise ManifestError(f"{site}/{category}/parse_state.json", f"unreadable parse state ({exc})") from None
+    for_parse = set()
     if state is not None:
-        keep_ids.update(s for s in (state.snapshot_id, state.latest_snapshot_id) if s in manifests)
+        for_parse = {s for s in (state.snapshot_id, state.latest_snapshot_id) if s in manifests} - keep_ids
+        keep_ids |= for_parse
     protected = {manifests[s].body_key(n) for s in keep_ids for n in manifests[s].pages}
-    plan = PrunePlan(category, kept=sorted(keep_ids))
+    plan = PrunePlan(category, kept=sorted(keep_ids), kept_for_parse=sorted(for_parse))
     folders = [n for n in store.list_names(f"{site}/{category}") if SNAPSHOT_ID.fullmatch(n) and n not in keep_ids]
     for snapshot_id in folders:
         files = sorted(store.list_files(f"{site}/{category}/{snapshot_id}"),

@@ -33,7 +33,6 @@ from datetime import date
 from pathlib import Path
 
 from scrape_assets.errors import SettingsError, UnknownSiteError
-from scrape_assets.proxies import EXPECTED as PROXY_EXPECTED
 from scrape_assets.proxies import ProxyURL
 from scrape_assets.spec import load_spec
 
@@ -106,8 +105,8 @@ def load_settings(env: dict | None = None) -> Settings:
     if proxy:
         try:
             ProxyURL.parse(proxy)
-        except ValueError:
-            raise SettingsError("SCRAPE_PROXY_URL", "<hidden>", PROXY_EXPECTED) from None  # may hold a password
+        except ValueError as exc:  # the value may hold a password: the message names the rule, not it
+            raise SettingsError("SCRAPE_PROXY_URL", "<hidden>", str(exc).removeprefix("expected ")) from None
     base_url = env.get("SCRAPE_BASE_URL") or None
     if base_url and not base_url.startswith(("http://", "https://")):
         raise SettingsError("SCRAPE_BASE_URL", base_url, "an absolute http(s) URL")

@@ -90,7 +90,10 @@ class Warehouse:
         self.url = url
         try:
             self.engine = sa.create_engine(url)
-        except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ImportError) as exc:
+        except ImportError as exc:  # a valid URL whose database driver is not installed
+            raise SettingsError("SCRAPE_WAREHOUSE_URL", redact_url(url),
+                                f"a SQLAlchemy URL whose driver is installed in this environment ({exc})") from exc
+        except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
             raise SettingsError("SCRAPE_WAREHOUSE_URL", redact_url(url), f"a SQLAlchemy URL ({exc})") from exc
         if self.engine.dialect.name == "sqlite":
             sa.event.listen(self.engine, "connect", _sqlite_pragmas)

@@ -73,11 +73,13 @@ def test_bad_inputs_each_give_one_clear_error_naming_the_input(tmp_path):
     cases = {
         "unwritable data dir": (
             {"SCRAPE_DATA_DIR": str(blocker / "data")},
-            f"scrape-assets: error: {blocker / 'data' / 'objects'}: object storage is not writable",
+            f"scrape-assets: error: SCRAPE_DATA_DIR='{blocker / 'data' / 'objects'}' is invalid: expected object "
+            "storage this process can write (object storage is not writable",
         ),
         "unreachable storage URL": (
-            {"SCRAPE_STORAGE_URL": "nosuchproto://bucket/prefix"},
-            "scrape-assets: error: nosuchproto://bucket/prefix: cannot open object storage: Unsupported filesystem",
+            {"SCRAPE_STORAGE_URL": "nosuchproto://key:secret-token@bucket/prefix"},
+            "scrape-assets: error: SCRAPE_STORAGE_URL='nosuchproto://bucket/prefix' is invalid: expected object storage "
+            "this process can write (cannot open object storage: Unsupported filesystem",
         ),
         "malformed spec": (
             {"SCRAPE_SITE": str(malformed)},
@@ -97,11 +99,17 @@ def test_bad_inputs_each_give_one_clear_error_naming_the_input(tmp_path):
         ),
         "proxy not http": (
             {"SCRAPE_PROXY_URL": "socks5://scraper:secret-token@proxy.internal:1080"},
-            "scrape-assets: error: SCRAPE_PROXY_URL='<hidden>' is invalid: expected an http://[user:pass@]host:port proxy",
+            "scrape-assets: error: SCRAPE_PROXY_URL='<hidden>' is invalid: expected an http://[user:pass@]host:port proxy"
+            " URL, e.g. http://user:pass@proxy.internal:3128 (the scheme must be http://)",
         ),
         "bad warehouse URL": (
             {"SCRAPE_WAREHOUSE_URL": "nosuchdb://x/y"},
             "scrape-assets: error: SCRAPE_WAREHOUSE_URL='nosuchdb://x/y' is invalid: expected a SQLAlchemy URL",
+        ),
+        "warehouse driver not installed": (  # a valid URL: the missing piece is the driver
+            {"SCRAPE_WAREHOUSE_URL": "postgresql+pg8000://u:secret-token@db.internal/shop"},
+            "scrape-assets: error: SCRAPE_WAREHOUSE_URL='postgresql+pg8000://db.internal/shop' is invalid: expected a "
+            "SQLAlchemy URL whose driver is installed in this environment (No module named 'pg8000')",
         ),
     }
     for name, (env, expected) in cases.items():

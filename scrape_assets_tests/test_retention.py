@@ -169,7 +169,9 @@ def test_an_unchanged_categorys_older_parsed_snapshot_is_kept_for_the_table_load
     _parsed_at(store, "2026-11-26T000000Z", latest_snapshot_id="2026-11-28T000000Z")  # same input since the 26th
     [plan] = prune(store, "demo", ["travel"], keep=1, owner="test")
     assert plan.kept == ["2026-11-26T000000Z", "2026-11-28T000000Z", "2026-11-29T000000Z"]
+    assert plan.kept_for_parse == ["2026-11-26T000000Z", "2026-11-28T000000Z"]
     assert plan.deleted == ["2026-11-27T000000Z"]
+    assert plan.line().endswith("; kept 2026-11-26T000000Z, 2026-11-28T000000Z for the parse state (current parsed.json)")
     parsed, state = load_current(store, "demo", "travel")  # what products_table and dead_letters read
     assert parsed.snapshot_id == state.snapshot_id == "2026-11-26T000000Z"
 

@@ -17,7 +17,6 @@ from scrape_assets.demo_site import DEMO_BASE_URL, DemoTransport
 from scrape_assets.errors import SettingsError
 from scrape_assets.fetcher import FetchPolicy, build_client
 from scrape_assets.locks import host_lock, partition_locks
-from scrape_assets.proxies import EXPECTED as PROXY_EXPECTED
 from scrape_assets.proxies import ProxyURL
 from scrape_assets.settings import load_settings
 from scrape_assets.spec import SiteSpec, load_spec
@@ -76,8 +75,8 @@ class SiteResource(dg.ConfigurableResource):
             return None
         try:
             return ProxyURL.parse(self.proxy_url)
-        except ValueError:
-            raise SettingsError("SCRAPE_PROXY_URL", "<hidden>", PROXY_EXPECTED) from None
+        except ValueError as exc:  # names the rule broken, never the value
+            raise SettingsError("SCRAPE_PROXY_URL", "<hidden>", str(exc).removeprefix("expected ")) from None
 
     def client(self) -> httpx.AsyncClient:
         """An httpx client (through the proxy when set); the demo host is served in-process (no socket, no proxy).

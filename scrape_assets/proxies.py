@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
+from scrape_assets.errors import SettingsError
+
 #: What a valid value looks like, for error messages.
 EXPECTED = "an http://[user:pass@]host:port proxy URL, e.g. http://user:pass@proxy.internal:3128"
 _HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")  # a DNS name or an IPv4 address
@@ -61,6 +63,19 @@ class ProxyURL:
             return cls(host, int(port))
         username, _, password = userinfo.partition(":")
         return cls(host, int(port), unquote(username), unquote(password))
+
+    @classmethod
+    def from_setting(cls, url: str) -> ProxyURL:
+        """:meth:`parse` for the value of ``SCRAPE_PROXY_URL`` (environment or resource config).
+
+        Raises:
+            SettingsError: naming the variable and the rule broken; the value shows as
+                ``<hidden>`` (it may hold a password).
+        """
+        try:
+            return cls.parse(url)
+        except ValueError as exc:
+            raise SettingsError("SCRAPE_PROXY_URL", "<hidden>", str(exc).removeprefix("expected ")) from None
 
     @property
     def address(self) -> str:

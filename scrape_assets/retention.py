@@ -36,7 +36,6 @@ metadata may name snapshots that no longer exist.
 
 from __future__ import annotations
 
-import os
 import re
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -97,6 +96,11 @@ class PrunePlan:
         return text
 
 
+def _check_keep(keep: int) -> None:
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1 (the newest complete snapshot is always kept), got {keep}")
+
+
 def _megabytes(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
@@ -111,8 +115,7 @@ def plan_prune(store: ObjectStore, site: str, category: str, keep: int) -> Prune
             decided safely).
         StorageError, OSError: a snapshot folder cannot be listed.
     """
-    if keep < 1:
-        raise ValueError(f"keep must be >= 1 (the newest complete snapshot is always kept), got {keep}")
+    _check_keep(keep)
     snapshots = list_snapshots(store, site, category)
     manifests = {s: load_manifest(store, site, category, s) for s in snapshots}
     complete = [s for s in snapshots if manifests[s].is_complete]
@@ -160,17 +163,8 @@ def apply_prune(store: ObjectStore, plan: PrunePlan) -> None:
     for key in plan.objects:
         store.delete_listed(key)
         plan.objects_deleted += 1
-    if store.is_local:
-        for snapshot_folder in sorted({"/".join(key.split("/")[:3]) for key in plan.objects}):  # site/category/id
-            _remove_empty_folders(store.path(snapshot_folder).path)
-
-
-def _remove_empty_folders(top: str) -> None:
-    for folder, _, _ in sorted(os.walk(top), key=lambda entry: -len(entry[0])):  # deepest first
-        try:
-            os.rmdir(folder)
-        except OSError:
-            pass  # not empty: it holds bodies a kept snapshot reads
+    for snapshot_folder in sorted({"/".join(key.split("/")[:3]) for key in plan.objects}):  # site/category/id
+        store.sweep_temp_files(snapshot_folder, prune=True)  # empty folders go; those with kept bodies stay
 
 
 def prune(
@@ -191,8 +185,7 @@ def prune(
     Raises:
         ValueError: ``keep < 1``.
     """
-    if keep < 1:
-        raise ValueError(f"keep must be >= 1 (the newest complete snapshot is always kept), got {keep}")
+    _check_keep(keep)  # before any lock is taken
     plans = []
     for category in categories:
         plan = PrunePlan(category)

@@ -103,10 +103,7 @@ def load_settings(env: dict | None = None) -> Settings:
         raise SettingsError("SCRAPE_ALERT_WEBHOOK_URL", "<hidden>", "an http(s) URL")
     proxy = env.get("SCRAPE_PROXY_URL") or ""
     if proxy:
-        try:
-            ProxyURL.parse(proxy)
-        except ValueError as exc:  # the value may hold a password: the message names the rule, not it
-            raise SettingsError("SCRAPE_PROXY_URL", "<hidden>", str(exc).removeprefix("expected ")) from None
+        ProxyURL.from_setting(proxy)  # fail early, without echoing a password
     base_url = env.get("SCRAPE_BASE_URL") or None
     if base_url and not base_url.startswith(("http://", "https://")):
         raise SettingsError("SCRAPE_BASE_URL", base_url, "an absolute http(s) URL")

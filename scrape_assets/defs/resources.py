@@ -14,7 +14,6 @@ from pydantic import Field
 
 from scrape_assets import __version__
 from scrape_assets.demo_site import DEMO_BASE_URL, DemoTransport
-from scrape_assets.errors import SettingsError
 from scrape_assets.fetcher import FetchPolicy, build_client
 from scrape_assets.locks import host_lock, partition_locks
 from scrape_assets.proxies import ProxyURL
@@ -71,12 +70,7 @@ class SiteResource(dg.ConfigurableResource):
         Raises:
             SettingsError: not an ``http://[user:pass@]host:port`` URL (the value is not shown).
         """
-        if not self.proxy_url:
-            return None
-        try:
-            return ProxyURL.parse(self.proxy_url)
-        except ValueError as exc:  # names the rule broken, never the value
-            raise SettingsError("SCRAPE_PROXY_URL", "<hidden>", str(exc).removeprefix("expected ")) from None
+        return ProxyURL.from_setting(self.proxy_url) if self.proxy_url else None
 
     def client(self) -> httpx.AsyncClient:
         """An httpx client (through the proxy when set); the demo host is served in-process (no socket, no proxy).

@@ -114,6 +114,15 @@ class Warehouse:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
+    @property
+    def accepts_decimal_strings(self) -> bool:
+        """Whether :meth:`load_products` may get prices as exact decimal strings (``"51.77"``).
+
+        SQLite: yes, its ``Numeric`` binding turns the string into the same float as the
+        Decimal. Other databases get Decimals (a driver may send a string as text).
+        """
+        return self.engine.dialect.name == "sqlite"
+
     def describe(self) -> str:
         """The URL without password, for logs and metadata."""
         return self.engine.url.render_as_string(hide_password=True)
@@ -176,7 +185,8 @@ class Warehouse:
 
         Args:
             rows: the partition's product rows (a mapping per row with at least the table's
-                columns; other keys are ignored), or None to leave ``products`` as it is
+                columns; other keys are ignored; ``price`` a Decimal, or its exact string
+                when :attr:`accepts_decimal_strings`), or None to leave ``products`` as it is
                 (unchanged input: only the price history of the day is written).
             carry_page: True for a page number whose products could not be fetched this time
                 (failed, or never reached); the rows loaded earlier from such pages are kept

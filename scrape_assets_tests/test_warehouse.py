@@ -7,7 +7,7 @@ from decimal import Decimal
 import pytest
 import sqlalchemy as sa
 
-from scrape_assets.warehouse import Warehouse, insert_many, products
+from scrape_assets.warehouse import Warehouse, insert_many, price_history, products
 
 
 def _row(category, pid, price="9.99"):
@@ -96,3 +96,22 @@ def test_processes_racing_to_create_the_tables_all_succeed(tmp_path):
     results = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0] * 6, [err[-500:] for _, err in results]
     assert [out.strip() for out, _ in results] == ["0"] * 6
+
+
+def test_decimal_string_prices_load_the_same_table_as_decimals(tmp_path):
+    """products_table passes parsed.json's exact price strings on SQLite: same products and price_history."""
+    prices = ["12.34", "0.50", "9.99", "51.77", "1000.00", "0.01", "123456.78"]
+    tables = []
+    for way in ("decimal", "string"):
+        wh = Warehouse(f"sqlite:///{tmp_path / f'{way}.db'}")
+        assert wh.accepts_decimal_strings
+        rows = [_row("a", str(i), p) for i, p in enumerate(prices)]
+        if way == "string":
+            rows = [{**r, "price": str(r["price"])} for r in rows]
+        wh.load_products("a", rows, input_version="v1", snapshot_id="s1", loaded_at="2026-12-01T00:00:00Z",
+                         history_date="2026-12-01", history_snapshot_id="s1")
+        tables.append((wh.rows(products), wh.rows(price_history)))
+        wh.close()
+    assert tables[0] == tables[1]
+    assert [r["price"] for r in tables[1][0]] == [Decimal(p) for p in prices]
+    assert sorted(r["price"] for r in tables[1][1]) == sorted(Decimal(p) for p in prices)

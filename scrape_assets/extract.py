@@ -209,8 +209,8 @@ def load_parsed(store: ObjectStore, manifest: Manifest, *, decimal_prices: bool 
         decimal_prices: False leaves each price as the exact decimal string stored in
             ``parsed.json`` (e.g. ``"51.77"``), for a loader that binds it as a number
             anyway (``products_table``: SQLite's ``Numeric`` binding gives the same float
-            from the string as from the Decimal). It also skips copying each row: 200,000
-            rows are ~0.25 s faster to load (benchmarks/analysis.md).
+            from the string as from the Decimal). It also skips copying each row: loading
+            200,000 rows took ~0.3 s less alone, ~0.1 s less in a run (benchmarks/analysis.md).
 
     Raises:
         ManifestError: the snapshot has not been parsed yet (materialize ``parsed_products`` first).

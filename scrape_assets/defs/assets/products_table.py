@@ -47,7 +47,7 @@ def load_categories(context, site: SiteResource, store: ObjectStoreResource, wh:
         unchanged = wh.loaded_version(products, category) == state.input_version
         rows, manifest = None, None
         if not unchanged:
-            # On SQLite prices stay decimal strings: bound as the same numbers (~0.25 s less per 200,000 rows).
+            # On SQLite prices stay decimal strings: bound as the same numbers (200,000 rows: ~0.1 s less in a run).
             parsed, _ = load_current(object_store, spec.name, category, decimal_prices=not wh.accepts_decimal_strings)
             rows = parsed.products  # dicts with the table's columns and more (insert_many picks the columns)
             manifest = load_manifest(object_store, spec.name, category, state.snapshot_id)

@@ -182,13 +182,8 @@ def save_parse_state(store: ObjectStore, site: str, category: str, state: ParseS
     store.write_bytes_atomic(_state_key(site, category), json.dumps(state.__dict__).encode())
 
 
-def load_current(
-    store: ObjectStore, site: str, category: str, *, decimal_prices: bool = True
-) -> tuple[ParsedSnapshot, ParseState]:
+def load_current(store: ObjectStore, site: str, category: str) -> tuple[ParsedSnapshot, ParseState]:
     """The partition's current parsed rows and their parse state.
-
-    Args:
-        decimal_prices: see :func:`load_parsed`.
 
     Raises:
         ManifestError: the partition has never been parsed (materialize parsed_products first).
@@ -198,8 +193,7 @@ def load_current(
         raise ManifestError(
             _state_key(site, category), "partition not parsed yet: materialize parsed_products for it first"
         )
-    manifest = load_manifest(store, site, category, state.snapshot_id)
-    return load_parsed(store, manifest, decimal_prices=decimal_prices), state
+    return load_parsed(store, load_manifest(store, site, category, state.snapshot_id)), state
 
 
 def load_parsed(store: ObjectStore, manifest: Manifest, *, decimal_prices: bool = True) -> ParsedSnapshot:

@@ -204,16 +204,17 @@ def test_parsed_json_keeps_prices_exact_and_refuses_unknown_types(tmp_path):
         encode_parsed(ParsedSnapshot(category="travel", snapshot_id="s1", products=[{**row, "price": {1.5}}]))
 
 
-def test_load_current_can_leave_prices_as_their_exact_strings(crawled, tmp_path):
+def test_load_parsed_can_leave_prices_as_their_exact_strings(crawled, tmp_path):
     """products_table's way (decimal_prices=False): the same rows, each price the string parsed.json holds."""
     from decimal import Decimal
 
-    from scrape_assets.extract import load_current
+    from scrape_assets.extract import load_current, load_parsed
+    from scrape_assets.manifest import load_manifest
 
     store = _copy(crawled, tmp_path, "s")
     list(parse_run.parse_partitions(store, SPEC, ["travel"], workers=1))
-    exact, _ = load_current(store, SPEC.name, "travel")
-    as_text, _ = load_current(store, SPEC.name, "travel", decimal_prices=False)
+    exact, state = load_current(store, SPEC.name, "travel")
+    as_text = load_parsed(store, load_manifest(store, SPEC.name, "travel", state.snapshot_id), decimal_prices=False)
     assert len(as_text.products) == EXPECTED_PRODUCTS["travel"]
     assert all(isinstance(p["price"], Decimal) for p in exact.products)
     assert all(isinstance(p["price"], str) for p in as_text.products)

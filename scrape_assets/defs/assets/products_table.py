@@ -8,7 +8,7 @@ from scrape_assets.defs.assets.partition_metadata import add_per_category
 from scrape_assets.defs.partitions import category_partitions
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource
 from scrape_assets.errors import ManifestError
-from scrape_assets.extract import load_current, load_parse_state
+from scrape_assets.extract import load_parse_state, load_parsed
 from scrape_assets.manifest import load_manifest, utc_now_iso
 from scrape_assets.warehouse import Warehouse, products
 
@@ -47,10 +47,10 @@ def load_categories(context, site: SiteResource, store: ObjectStoreResource, wh:
         unchanged = wh.loaded_version(products, category) == state.input_version
         rows, manifest = None, None
         if not unchanged:
-            # On SQLite prices stay decimal strings: bound as the same numbers (200,000 rows: ~0.1 s less in a run).
-            parsed, _ = load_current(object_store, spec.name, category, decimal_prices=not wh.accepts_decimal_strings)
-            rows = parsed.products  # dicts with the table's columns and more (insert_many picks the columns)
             manifest = load_manifest(object_store, spec.name, category, state.snapshot_id)
+            # On SQLite prices stay decimal strings: bound as the same numbers (200,000 rows: ~0.1 s less in a run).
+            parsed = load_parsed(object_store, manifest, decimal_prices=not wh.accepts_decimal_strings)
+            rows = parsed.products  # dicts with the table's columns and more (insert_many picks the columns)
         loaded[category], carried[category] = wh.load_products(
             category,
             rows,

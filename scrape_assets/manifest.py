@@ -58,6 +58,18 @@ def new_snapshot_id(now: datetime | None = None) -> str:
     return (now or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H%M%SZ")
 
 
+def snapshot_sort_key(snapshot_id: str) -> tuple[str, int]:
+    """Order of snapshot ids: by time, then by the ``-N`` suffix of same-second snapshots as a number.
+
+    ``2026-11-30T084512Z`` -> ``("2026-11-30T084512Z", 0)``; ``...Z-10`` -> ``(..., 10)``, so
+    ``-10`` sorts after ``-9`` (as text it would not).
+    """
+    base, dash, n = snapshot_id.partition("Z-")
+    if dash and n.isascii() and n.isdigit():
+        return f"{base}Z", int(n)
+    return snapshot_id, 0
+
+
 def config_hash(config: dict) -> str:
     """SHA-256 (hex) of the canonical JSON of a fetch config."""
     return hashlib.sha256(json.dumps(config, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
@@ -279,9 +291,9 @@ def snapshot_prefix(site: str, category: str, snapshot_id: str) -> str:
 
 
 def list_snapshots(store: ObjectStore, site: str, category: str) -> list[str]:
-    """Snapshot ids of a partition that have a manifest, oldest first."""
+    """Snapshot ids of a partition that have a manifest, oldest first (:func:`snapshot_sort_key`)."""
     check_key(f"{site}/{category}")
-    names = store.list_names(f"{site}/{category}")
+    names = sorted(store.list_names(f"{site}/{category}"), key=snapshot_sort_key)
     return [n for n in names if store.exists(f"{site}/{category}/{n}/manifest.json")]
 
 
@@ -356,7 +368,7 @@ def open_snapshot(
         if latest.fetch_config_hash == digest and adopt_complete(latest):
             return latest, True  # complete: left as it is (its run_id names the run that completed it)
     snapshot_id = new_snapshot_id(now)
-    if latest is not None and snapshot_id <= latest.snapshot_id:
+    if latest is not None and snapshot_sort_key(snapshot_id) <= snapshot_sort_key(latest.snapshot_id):
         snapshot_id = _after(latest.snapshot_id)
     manifest = Manifest(
         site=site,

@@ -121,7 +121,7 @@ def plan_prune(store: ObjectStore, site: str, category: str, keep: int) -> Prune
     complete = [s for s in snapshots if manifests[s].is_complete]
     keep_ids = set(complete[-keep:])
     if complete:
-        keep_ids.update(s for s in snapshots if s > complete[-1])  # in flight: the next run resumes it
+        keep_ids.update(snapshots[snapshots.index(complete[-1]) + 1:])  # in flight: the next run resumes it
     else:
         keep_ids.update(snapshots)  # nothing complete yet: nothing is old
     try:

@@ -18,6 +18,7 @@ from scrape_assets.manifest import (
     latest_manifest,
     list_snapshots,
     load_manifest,
+    snapshot_sort_key,
     open_snapshot,
 )
 from scrape_assets.storage import ObjectStore
@@ -68,6 +69,18 @@ def test_changed_config_refuses_resume_listing_keys_unless_new_snapshot(tmp_path
     assert resumed is False
     assert fresh.snapshot_id == "2026-11-30T084512Z-1"  # same second: still unique and sorted after
     assert list_snapshots(store, "demo", "travel") == ["2026-11-30T084512Z", "2026-11-30T084512Z-1"]
+
+
+def test_more_than_ten_snapshots_in_one_second_stay_unique_and_in_order(tmp_path):
+    # "-10" sorts before "-2" as text: the order must be numeric, or the 12th snapshot would
+    # reuse (and overwrite) "-10" after "-9" was wrongly taken for the newest.
+    store = ObjectStore(str(tmp_path))
+    ids = [_open(store, fetch_config=CONFIG, new_snapshot=True, now=T0)[0].snapshot_id for _ in range(12)]
+    assert ids == ["2026-11-30T084512Z"] + [f"2026-11-30T084512Z-{n}" for n in range(1, 12)]
+    assert list_snapshots(store, "demo", "travel") == ids
+    assert latest_manifest(store, "demo", "travel").snapshot_id == "2026-11-30T084512Z-11"
+    assert sorted(["2026-11-30T084512Z-10", "2026-11-30T084513Z", "2026-11-30T084512Z-9"], key=snapshot_sort_key) == [
+        "2026-11-30T084512Z-9", "2026-11-30T084512Z-10", "2026-11-30T084513Z"]
 
 
 def test_complete_snapshot_starts_a_new_one_and_latest_complete_is_found(tmp_path):

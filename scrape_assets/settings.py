@@ -54,6 +54,8 @@ class Settings:
     max_attempts: int
     alert_webhook_set: bool
     proxy_set: bool
+    storage_url_set: bool
+    warehouse_url_set: bool
     schedule_cron: str
     user_agent: str | None
     lock_wait_s: float
@@ -119,6 +121,8 @@ def load_settings(env: dict | None = None) -> Settings:
         max_attempts=3 if max_attempts is None else max_attempts,
         alert_webhook_set=bool(env.get("SCRAPE_ALERT_WEBHOOK_URL")),
         proxy_set=bool(proxy),
+        storage_url_set=bool(env.get("SCRAPE_STORAGE_URL")),
+        warehouse_url_set=bool(env.get("SCRAPE_WAREHOUSE_URL")),
         schedule_cron=cron,
         user_agent=env.get("SCRAPE_USER_AGENT") or None,
         lock_wait_s=_number(env, "SCRAPE_LOCK_WAIT_S", float, 0) or 0.0,

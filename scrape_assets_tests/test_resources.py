@@ -5,7 +5,7 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from scrape_assets.defs.resources import SiteResource, build_resources
+from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource, build_resources
 from scrape_assets.errors import SettingsError
 
 
@@ -42,3 +42,39 @@ def test_a_malformed_proxy_url_from_run_config_is_a_settings_error_that_hides_it
         with pytest.raises(SettingsError, match=r"SCRAPE_PROXY_URL='<hidden>' is invalid: expected an http://") as raised:
             call()
         assert "hunter2" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("variable", "resource", "url"),
+    [
+        ("SCRAPE_WAREHOUSE_URL", "warehouse", "postgresql://scraper:hunter2@db.internal/warehouse"),
+        ("SCRAPE_STORAGE_URL", "store", "s3://key:hunter2@bucket/prefix"),
+    ],
+)
+def test_a_storage_or_warehouse_url_that_is_set_reaches_dagster_as_an_env_var(monkeypatch, variable, resource, url):
+    # The resources' config is what the UI (and its unauthenticated GraphQL API) shows.
+    monkeypatch.setenv(variable, url)
+    wired = build_resources()[resource]
+    assert wired.url == dg.EnvVar(variable)
+    field = wired.get_resource_definition().config_schema.as_field()
+    assert field.default_value["url"] == {"env": variable} and "hunter2" not in str(field.default_value)
+
+
+def test_the_env_var_urls_resolve_in_a_run_and_the_defaults_stay_plain_paths(monkeypatch, tmp_path):
+    for variable in ("SCRAPE_WAREHOUSE_URL", "SCRAPE_STORAGE_URL"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("SCRAPE_DATA_DIR", str(tmp_path))
+    defaults = build_resources()
+    assert defaults["warehouse"].url == f"sqlite:///{tmp_path / 'warehouse.db'}"
+    assert defaults["store"].url == str(tmp_path / "objects")
+
+    monkeypatch.setenv("SCRAPE_WAREHOUSE_URL", f"sqlite:///{tmp_path / 'other.db'}")
+    monkeypatch.setenv("SCRAPE_STORAGE_URL", str(tmp_path / "elsewhere"))
+    resources = build_resources()
+
+    @dg.asset
+    def urls(warehouse: WarehouseResource, store: ObjectStoreResource) -> tuple[str, str]:
+        return warehouse.url, store.url
+
+    result = dg.materialize([urls], resources={"warehouse": resources["warehouse"], "store": resources["store"]})
+    assert result.output_for_node("urls") == (f"sqlite:///{tmp_path / 'other.db'}", str(tmp_path / "elsewhere"))

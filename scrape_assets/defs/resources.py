@@ -151,8 +151,15 @@ def build_resources(env: dict | None = None) -> dict:
             user_agent=settings.user_agent or USER_AGENT,
             proxy_url=dg.EnvVar("SCRAPE_PROXY_URL") if settings.proxy_set else None,
         ),
-        "store": ObjectStoreResource(url=settings.storage_url, lock_wait_s=settings.lock_wait_s),
-        "warehouse": WarehouseResource(url=settings.warehouse_url),
+        # URLs set by the user may carry credentials (a PostgreSQL password): EnvVar keeps them out of
+        # the resource config that the UI and its GraphQL API show; the defaults are local paths.
+        "store": ObjectStoreResource(
+            url=dg.EnvVar("SCRAPE_STORAGE_URL") if settings.storage_url_set else settings.storage_url,
+            lock_wait_s=settings.lock_wait_s,
+        ),
+        "warehouse": WarehouseResource(
+            url=dg.EnvVar("SCRAPE_WAREHOUSE_URL") if settings.warehouse_url_set else settings.warehouse_url
+        ),
         "alerts": AlertsResource(
             webhook_url=dg.EnvVar("SCRAPE_ALERT_WEBHOOK_URL") if settings.alert_webhook_set else None
         ),

@@ -181,7 +181,7 @@ class Warehouse:
         history_snapshot_id: str,
         carry_page: Callable[[int], bool] | None = None,
     ) -> tuple[int, int]:
-        """Load one partition of ``products`` and its day in ``price_history``, in one transaction.
+        """Load one partition of ``products`` and its day's prices in ``price_history``, in one transaction.
 
         Args:
             rows: the partition's product rows (a mapping per row with at least the table's
@@ -193,8 +193,12 @@ class Warehouse:
                 (carried forward with their older ``snapshot_id``) unless the product shows
                 up on another page now. A failed fetch never deletes good rows.
             input_version: recorded in ``partition_loads`` to recognise an unchanged input.
-            history_date: ``YYYY-MM-DD``; the (date, category) rows of ``price_history`` are replaced
-                by the partition's prices as loaded, so re-running a day never duplicates.
+            history_date: ``YYYY-MM-DD``; ``price_history`` gets that day's row of every product
+                *seen* in the loaded snapshot (its ``snapshot_id`` is the one recorded in
+                ``partition_loads``), replacing the day's earlier row of the same product, so
+                re-running a day never duplicates. Carried-forward rows were not seen: their old
+                prices are not stamped with this day, and a row an earlier run of the same day
+                saw stays.
 
         Returns:
             ``(rows inserted, rows carried forward)``; ``(0, 0)`` when ``rows`` is None.
@@ -235,9 +239,19 @@ class Warehouse:
                     [{"table_name": products.name, "category": category, "input_version": input_version,
                       "snapshot_id": snapshot_id, "loaded_at": loaded_at}],
                 )
+            # Seen in the loaded snapshot: carried rows keep an older snapshot_id, so their
+            # (old) prices are not stamped with this day.
+            loaded_snapshot = (
+                sa.select(partition_loads.c.snapshot_id)
+                .where(partition_loads.c.table_name == products.name, partition_loads.c.category == category)
+                .scalar_subquery()
+            )
+            seen = sa.and_(products.c.category == category, products.c.snapshot_id == loaded_snapshot)
             conn.execute(
                 price_history.delete().where(
-                    price_history.c.snapshot_date == history_date, price_history.c.category == category
+                    price_history.c.snapshot_date == history_date,
+                    price_history.c.category == category,
+                    price_history.c.product_id.in_(sa.select(products.c.product_id).where(seen)),
                 )
             )
             conn.execute(
@@ -246,7 +260,7 @@ class Warehouse:
                     sa.select(
                         sa.literal(history_date), products.c.category, products.c.product_id, products.c.price,
                         products.c.currency, sa.literal(history_snapshot_id),
-                    ).where(products.c.category == category),
+                    ).where(seen),
                 )
             )
         return inserted, carried

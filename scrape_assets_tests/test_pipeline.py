@@ -17,7 +17,7 @@ import yaml
 from scrape_assets.demo_site import catalogue
 from scrape_assets.manifest import latest_manifest, list_snapshots
 from scrape_assets.storage import ObjectStore
-from scrape_assets.warehouse import Warehouse, dead_letters, products
+from scrape_assets.warehouse import Warehouse, dead_letters, price_history, products
 from scrape_assets_tests.conftest import make_resources, materialize, run_metadata, serving
 
 CATEGORIES = ["travel", "mystery", "classics"]  # consecutive in demo.yaml, so one range
@@ -194,6 +194,13 @@ def test_a_failed_fetch_never_deletes_rows_loaded_earlier(tmp_path, instance):
     for key, row in after.items():
         carried = key[0] == "travel" or row[8] == 2  # travel, and mystery's page 2
         assert (row[9] != new_snapshot) == carried, key  # carried rows keep their older snapshot_id
+    # Both runs on the same (UTC) day: the day's prices are what some run saw that day; the
+    # carried rows' prices were seen by the first run only, and keep its row.
+    history = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(price_history)
+    assert len(history) == 11 + 32
+    for r in history:
+        carried = r["category"] == "travel" or after[(r["category"], r["product_id"])][8] == 2
+        assert (r["snapshot_id"] != new_snapshot) == carried, r
     letters = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(dead_letters)
     assert sorted((r["category"], r["http_status"]) for r in letters) == [("mystery", 404), ("travel", 500)]
     checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}

@@ -115,3 +115,39 @@ def test_decimal_string_prices_load_the_same_table_as_decimals(tmp_path):
     assert tables[0] == tables[1]
     assert [r["price"] for r in tables[1][0]] == [Decimal(p) for p in prices]
     assert sorted(r["price"] for r in tables[1][1]) == sorted(Decimal(p) for p in prices)
+
+
+def test_price_history_gets_only_the_prices_seen_that_day(tmp_path):
+    """Carried-forward rows (their pages failed) are not stamped with the new day's date."""
+    wh = Warehouse(f"sqlite:///{tmp_path / 'w.db'}")
+
+    def page_rows(snapshot, prices):  # {product_id: (page_number, price)}
+        return [{**_row("a", pid, price), "page_number": page, "snapshot_id": snapshot}
+                for pid, (page, price) in prices.items()]
+
+    def load(snapshot, day, rows, failed_pages=()):
+        return wh.load_products("a", rows, input_version=f"v-{snapshot}", snapshot_id=snapshot, loaded_at="t",
+                                history_date=day, history_snapshot_id=snapshot,
+                                carry_page=lambda n: n in failed_pages)
+
+    def history(day):
+        return {(r["product_id"], str(r["price"]), r["snapshot_id"])
+                for r in wh.rows(price_history) if r["snapshot_date"] == day}
+
+    assert load("s1", "2026-12-01", page_rows("s1", {"1": (1, "1.00"), "2": (1, "2.00"), "3": (2, "3.00")})) == (3, 0)
+    # Next day page 2 fails: product 3 is carried in products, but was not seen on the 2nd.
+    assert load("s2", "2026-12-02", page_rows("s2", {"1": (1, "1.10"), "2": (1, "2.10")}), failed_pages={2}) == (2, 1)
+    assert {r["product_id"]: r["snapshot_id"] for r in wh.rows(products)} == {"1": "s2", "2": "s2", "3": "s1"}
+    assert history("2026-12-01") == {("1", "1.00", "s1"), ("2", "2.00", "s1"), ("3", "3.00", "s1")}
+    assert history("2026-12-02") == {("1", "1.10", "s2"), ("2", "2.10", "s2")}
+    # The same day again, page 2 back: product 3 seen with its new price, the others replaced, none twice.
+    load("s3", "2026-12-02", page_rows("s3", {"1": (1, "1.20"), "2": (1, "2.20"), "3": (2, "3.30")}))
+    assert history("2026-12-02") == {("1", "1.20", "s3"), ("2", "2.20", "s3"), ("3", "3.30", "s3")}
+    # A later run of that day that sees page 1 only keeps the day's earlier price of product 3.
+    load("s4", "2026-12-02", page_rows("s4", {"1": (1, "1.40"), "2": (1, "2.40")}), failed_pages={2})
+    assert history("2026-12-02") == {("1", "1.40", "s4"), ("2", "2.40", "s4"), ("3", "3.30", "s3")}
+    # Unchanged input next day (rows None): the day gets what the loaded snapshot saw, not the carried row.
+    assert wh.load_products("a", None, input_version="v-s4", snapshot_id="s4", loaded_at="t",
+                            history_date="2026-12-03", history_snapshot_id="s5") == (0, 0)
+    assert history("2026-12-03") == {("1", "1.40", "s5"), ("2", "2.40", "s5")}
+    assert len(wh.rows(price_history)) == 3 + 3 + 2

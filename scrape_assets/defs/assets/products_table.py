@@ -108,7 +108,8 @@ def products_table(
 
     Delete-then-insert in one transaction per category: a rerun gives the same table. Rows
     of pages that failed this time are carried forward, never deleted by a failed fetch. An
-    unchanged input is not reloaded; ``price_history`` gets the day's prices either way.
+    unchanged input is not reloaded; ``price_history`` gets the prices seen that day either way (not
+    those of carried-forward rows).
     """
     with store.locks(context, site.spec().name), warehouse.warehouse() as wh:
         totals, loaded, in_table, problems = load_categories(context, site, store, wh)

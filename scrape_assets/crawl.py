@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from urllib.parse import urljoin, urlsplit
 
 from scrape_assets.batched_log import LOG_EVERY_S
@@ -156,6 +157,8 @@ class PartitionCrawler:
         run_id: the run crawling, recorded in the manifest.
         adopt_complete: see :func:`~scrape_assets.manifest.open_snapshot`; an adopted
             complete snapshot is reported as resumed, with nothing fetched.
+        resume_max_age: an incomplete snapshot older than this is left as it is and a new
+            one starts (see :func:`~scrape_assets.manifest.open_snapshot`); None: any age.
         progress: the run's :class:`CrawlProgress` (shared by its crawlers), or a callback
             for log lines (a progress of its own is made for this one category).
     """
@@ -172,10 +175,12 @@ class PartitionCrawler:
         max_attempts: int,
         run_id: str | None = None,
         adopt_complete: Callable[[Manifest], bool] | None = None,
+        resume_max_age: timedelta | None = None,
         progress: CrawlProgress | ProgressCallback | None = None,
     ):
         self.run_id = run_id
         self.adopt_complete = adopt_complete
+        self.resume_max_age = resume_max_age
         self.spec = spec
         self.category = category
         self.store = store
@@ -212,6 +217,8 @@ class PartitionCrawler:
             new_snapshot=new_snapshot,
             run_id=self.run_id,
             adopt_complete=self.adopt_complete,
+            resume_max_age=self.resume_max_age,
+            on_abandon=self._report_abandoned,
         )
         swept = self._sweep_abandoned(manifest)
         if not manifest.is_complete:  # a complete one is read (and written into) by later stages
@@ -271,6 +278,14 @@ class PartitionCrawler:
                 manifest.record(self.store, n)
                 lost += 1
         return lost
+
+    def _report_abandoned(self, stale: Manifest) -> None:
+        c = stale.counts()
+        self.progress.emit(
+            f"{self.category}: not resuming snapshot {stale.snapshot_id}: started {stale.created_at}, more than "
+            f"{self.resume_max_age.total_seconds() / 3600:g} h ago ({c['done']} done, {c['pending']} pending); "
+            "it stays as it is and a new snapshot starts"
+        )
 
     def _sweep_abandoned(self, manifest: Manifest) -> int:
         """Remove snapshot folders without a manifest (a crash inside a new snapshot's first write)."""

@@ -36,7 +36,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Literal
 
 from scrape_assets.errors import FetchConfigChangedError, ManifestError
@@ -193,6 +193,10 @@ class Manifest:
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
     # -- state --------------------------------------------------------------------------
+    def created_datetime(self) -> datetime:
+        """``created_at`` as an aware UTC datetime."""
+        return datetime.strptime(self.created_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+
     @property
     def is_complete(self) -> bool:
         """Every page discovered has ended ``done`` or ``failed`` and the crawl finished."""
@@ -338,12 +342,19 @@ def open_snapshot(
     now: datetime | None = None,
     run_id: str | None = None,
     adopt_complete: Callable[[Manifest], bool] | None = None,
+    resume_max_age: timedelta | None = None,
+    on_abandon: Callable[[Manifest], None] | None = None,
 ) -> tuple[Manifest, bool]:
     """Resume the partition's incomplete snapshot, or start a new one.
 
     Args:
         fetch_config: the frozen fetch config (JSON-serialisable, flat) of this run.
         new_snapshot: start a new snapshot even if the latest one is incomplete with another config.
+        now: the current time (UTC; default: the clock), for the new snapshot's id and the age below.
+        resume_max_age: an incomplete snapshot created longer ago than this is not resumed
+            (its pages would be dated by its start, possibly days ago): it is left as it is,
+            and a new snapshot starts. None: resume at any age.
+        on_abandon: called with such a snapshot before the new one starts (for a log line).
         run_id: the run opening the snapshot, recorded in the manifest as ``run_id``.
         adopt_complete: asked about the latest snapshot when it is *complete* and has this
             run's fetch config; True resumes it as it is (nothing left to fetch) instead of
@@ -360,6 +371,11 @@ def open_snapshot(
     """
     digest = config_hash(fetch_config)
     latest = latest_manifest(store, site, category)
+    if latest is not None and not latest.is_complete and resume_max_age is not None:
+        if (now or datetime.now(timezone.utc)) - latest.created_datetime() > resume_max_age:
+            if on_abandon is not None:
+                on_abandon(latest)
+            new_snapshot = True
     if latest is not None and not latest.is_complete and not new_snapshot:
         if latest.fetch_config_hash != digest:
             raise FetchConfigChangedError(latest.key, differing_keys(latest.fetch_config, fetch_config))
@@ -377,6 +393,7 @@ def open_snapshot(
         fetch_config=fetch_config,
         fetch_config_hash=digest,
         start_url=start_url,
+        created_at=(now or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ"),
         pages={1: PageEntry(url=start_url)},
         run_id=run_id,
     )

@@ -19,6 +19,7 @@ resources. ``SCRAPE_DEMO_DATE`` is validated here and read by the demo catalogue
 | ``SCRAPE_PROXY_URL`` | ``http://[user:pass@]host:port`` forward proxy for page and robots.txt fetches (secret) | unset: direct |
 | ``SCRAPE_USER_AGENT`` | User-Agent sent (put a contact in it for real sites) | ``scrape_assets/<version> (...)`` |
 | ``SCRAPE_LOCK_WAIT_S`` | seconds a run waits for another run holding the same partition | 0: stop at once |
+| ``SCRAPE_RESUME_MAX_AGE_H`` | hours after its start an incomplete snapshot is still resumed | 20 |
 | ``SCRAPE_SCHEDULE_CRON`` | cron of the daily schedule (UTC) | ``0 2 * * *`` |
 | ``SCRAPE_DEMO_DATE`` | the demo catalogue's day (``YYYY-MM-DD``) | today (UTC) |
 | ``SCRAPE_GC_FREEZE`` | garbage-collector policy, read by :mod:`scrape_assets.gc_tuning` | ``1`` |
@@ -59,6 +60,11 @@ class Settings:
     schedule_cron: str
     user_agent: str | None
     lock_wait_s: float
+    resume_max_age_h: float
+
+
+#: Hours an incomplete snapshot is resumed after its start (a daily run must not continue yesterday's).
+DEFAULT_RESUME_MAX_AGE_H = 20.0
 
 
 def _number(env, name: str, kind: type, minimum: float):
@@ -110,6 +116,7 @@ def load_settings(env: dict | None = None) -> Settings:
     if base_url and not base_url.startswith(("http://", "https://")):
         raise SettingsError("SCRAPE_BASE_URL", base_url, "an absolute http(s) URL")
     max_attempts = _number(env, "SCRAPE_MAX_ATTEMPTS", int, 1)
+    resume_max_age_h = _number(env, "SCRAPE_RESUME_MAX_AGE_H", float, 0)
     return Settings(
         site=site,
         base_url=base_url,
@@ -126,4 +133,5 @@ def load_settings(env: dict | None = None) -> Settings:
         schedule_cron=cron,
         user_agent=env.get("SCRAPE_USER_AGENT") or None,
         lock_wait_s=_number(env, "SCRAPE_LOCK_WAIT_S", float, 0) or 0.0,
+        resume_max_age_h=DEFAULT_RESUME_MAX_AGE_H if resume_max_age_h is None else resume_max_age_h,
     )

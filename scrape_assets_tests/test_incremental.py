@@ -9,7 +9,7 @@ import dagster as dg
 
 from scrape_assets.manifest import latest_manifest, list_snapshots, load_manifest
 from scrape_assets.storage import ObjectStore
-from scrape_assets.warehouse import Warehouse, products
+from scrape_assets.warehouse import Warehouse, price_history, products
 from scrape_assets_tests.conftest import make_resources, materialize, run_metadata
 
 PAGES = {"travel": 1, "mystery": 2}
@@ -58,7 +58,6 @@ def test_next_day_refetches_only_the_categories_that_changed(tmp_path, instance)
     import threading
 
     from scrape_assets.demo_site import changed_categories, make_server
-    from scrape_assets.warehouse import price_history
 
     day1, day2 = datetime.date(2026, 11, 30), datetime.date(2026, 12, 1)
     keys = ["travel", "mystery", "classics", "romance", "fiction", "default"]
@@ -108,7 +107,7 @@ def test_next_day_refetches_only_the_categories_that_changed(tmp_path, instance)
 
 
 def test_unchanged_second_run_reparses_nothing_reloads_nothing_and_history_has_no_duplicates(tmp_path, instance, demo_server):
-    from scrape_assets.warehouse import partition_loads, price_history
+    from scrape_assets.warehouse import partition_loads
 
     res = make_resources(tmp_path, base_url=demo_server.base_url)
     first = materialize(instance, res, ["travel", "mystery"])
@@ -270,3 +269,41 @@ def test_ui_staleness_follows_page_hashes_and_the_parser_code_version(tmp_path, 
     assert status(graph, "parsed_products") == StaleStatus.STALE
     causes = get_stale_status_resolver(instance, graph).get_stale_causes(dg.AssetKey("parsed_products"), "travel")
     assert [c.category for c in causes] == [StaleCauseCategory.CODE]
+
+
+def test_a_snapshot_left_incomplete_days_ago_is_not_resumed_by_todays_run(tmp_path, instance, demo_server):
+    """Resuming it would date today's pages (and prices) by the day it started."""
+    from scrape_assets.defs.resources import ObjectStoreResource
+    from scrape_assets.manifest import open_snapshot
+
+    res = make_resources(tmp_path, base_url=demo_server.base_url)
+    store = ObjectStore(str(tmp_path / "objects"))
+    site = res["site"]
+    two_days_ago = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=2)
+    stale, _ = open_snapshot(store, site="demo", category="travel", now=two_days_ago,
+                             start_url=site.spec().start_url("travel", site.fetch_base_url()),
+                             fetch_config=site.fetch_config())
+    result = materialize(instance, res, ["travel"])
+    assert result.success
+    snapshots = list_snapshots(store, "demo", "travel")
+    assert snapshots[0] == stale.snapshot_id and len(snapshots) == 2
+    assert load_manifest(store, "demo", "travel", stale.snapshot_id).is_complete is False
+    today = latest_manifest(store, "demo", "travel", complete=True)
+    assert today.snapshot_id == snapshots[1] and today.counts()["done"] == len(today.pages)
+    logs = [e.message for e in instance.all_logs(result.run_id)]
+    assert any(f"travel: not resuming snapshot {stale.snapshot_id}: started {stale.created_at}, more than 20 h ago" in m
+               for m in logs)
+    history = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(price_history)
+    assert {r["snapshot_date"] for r in history} == {today.snapshot_id[:10]} and len(history) == 11
+
+    # The same situation with the limit lifted (resume_max_age_h=None): that snapshot is resumed.
+    other = tmp_path / "other"
+    res = {**make_resources(other, base_url=demo_server.base_url),
+           "store": ObjectStoreResource(url=str(other / "objects"), resume_max_age_h=None)}
+    store = ObjectStore(str(other / "objects"))
+    stale, _ = open_snapshot(store, site="demo", category="travel", now=two_days_ago,
+                             start_url=site.spec().start_url("travel", site.fetch_base_url()),
+                             fetch_config=site.fetch_config())
+    assert materialize(instance, res, ["travel"], selection=["raw_pages"]).success
+    assert list_snapshots(store, "demo", "travel") == [stale.snapshot_id]
+    assert latest_manifest(store, "demo", "travel", complete=True).snapshot_id == stale.snapshot_id

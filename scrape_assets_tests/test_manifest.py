@@ -6,7 +6,7 @@ import dataclasses
 import json
 import os
 import threading
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -81,6 +81,25 @@ def test_more_than_ten_snapshots_in_one_second_stay_unique_and_in_order(tmp_path
     assert latest_manifest(store, "demo", "travel").snapshot_id == "2026-11-30T084512Z-11"
     assert sorted(["2026-11-30T084512Z-10", "2026-11-30T084513Z", "2026-11-30T084512Z-9"], key=snapshot_sort_key) == [
         "2026-11-30T084512Z-9", "2026-11-30T084512Z-10", "2026-11-30T084513Z"]
+
+
+def test_an_incomplete_snapshot_older_than_resume_max_age_is_left_and_a_new_one_starts(tmp_path):
+    store = ObjectStore(str(tmp_path))
+    stale, _ = _open(store, fetch_config=CONFIG, now=T0)
+    assert stale.created_at == "2026-11-30T08:45:12Z"  # the snapshot's start, from the same clock as its id
+    max_age = timedelta(hours=20)
+    # Within the age (and exactly at it): resumed, whatever day it is now.
+    for later in (timedelta(hours=19), max_age):
+        again, resumed = _open(store, fetch_config=CONFIG, now=T0 + later, resume_max_age=max_age)
+        assert resumed is True and again.snapshot_id == stale.snapshot_id
+    abandoned = []
+    fresh, resumed = _open(store, fetch_config={**CONFIG, "max_attempts": 9}, now=T0 + timedelta(hours=25),
+                           resume_max_age=max_age, on_abandon=abandoned.append)
+    assert resumed is False and fresh.snapshot_id == "2026-12-01T094512Z"  # no FetchConfigChangedError either
+    assert [m.snapshot_id for m in abandoned] == [stale.snapshot_id]
+    assert load_manifest(store, "demo", "travel", stale.snapshot_id).is_complete is False  # left as it was
+    # Without an age limit the stale one would have been resumed (the default of open_snapshot).
+    assert _open(store, fetch_config={**CONFIG, "max_attempts": 9}, now=T0 + timedelta(days=9))[0].snapshot_id == fresh.snapshot_id
 
 
 def test_complete_snapshot_starts_a_new_one_and_latest_complete_is_found(tmp_path):

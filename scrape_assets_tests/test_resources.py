@@ -78,3 +78,15 @@ def test_the_env_var_urls_resolve_in_a_run_and_the_defaults_stay_plain_paths(mon
 
     result = dg.materialize([urls], resources={"warehouse": resources["warehouse"], "store": resources["store"]})
     assert result.output_for_node("urls") == (f"sqlite:///{tmp_path / 'other.db'}", str(tmp_path / "elsewhere"))
+
+
+def test_resume_max_age_comes_from_its_setting_with_a_20_hour_default(monkeypatch):
+    from datetime import timedelta
+
+    monkeypatch.delenv("SCRAPE_RESUME_MAX_AGE_H", raising=False)
+    assert build_resources()["store"].resume_max_age() == timedelta(hours=20)
+    monkeypatch.setenv("SCRAPE_RESUME_MAX_AGE_H", "1.5")
+    assert build_resources()["store"].resume_max_age() == timedelta(hours=1, minutes=30)
+    monkeypatch.setenv("SCRAPE_RESUME_MAX_AGE_H", "-1")
+    with pytest.raises(SettingsError, match=r"SCRAPE_RESUME_MAX_AGE_H='-1' is invalid: expected a number ≥ 0"):
+        build_resources()

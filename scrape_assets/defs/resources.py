@@ -6,6 +6,7 @@ never displays them.
 """
 
 
+from datetime import timedelta
 from urllib.parse import urlsplit
 
 import dagster as dg
@@ -17,7 +18,7 @@ from scrape_assets.demo_site import DEMO_BASE_URL, DemoTransport
 from scrape_assets.fetcher import FetchPolicy, build_client
 from scrape_assets.locks import host_lock, partition_locks
 from scrape_assets.proxies import ProxyURL
-from scrape_assets.settings import load_settings
+from scrape_assets.settings import DEFAULT_RESUME_MAX_AGE_H, load_settings
 from scrape_assets.spec import SiteSpec, load_spec
 from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import Warehouse
@@ -101,6 +102,15 @@ class ObjectStoreResource(dg.ConfigurableResource):
     lock_wait_s: float = Field(
         default=0.0, ge=0, description="seconds to wait for another run holding a partition before stopping"
     )
+    resume_max_age_h: float | None = Field(
+        default=DEFAULT_RESUME_MAX_AGE_H,
+        ge=0,
+        description="hours after its start an incomplete snapshot is still resumed; older: a new one starts",
+    )
+
+    def resume_max_age(self) -> timedelta | None:
+        """``resume_max_age_h`` as a timedelta (None: resume at any age)."""
+        return None if self.resume_max_age_h is None else timedelta(hours=self.resume_max_age_h)
 
     def store(self) -> ObjectStore:
         """The :class:`ObjectStore` at ``url`` (raises StorageError when it cannot be opened)."""
@@ -156,6 +166,7 @@ def build_resources(env: dict | None = None) -> dict:
         "store": ObjectStoreResource(
             url=dg.EnvVar("SCRAPE_STORAGE_URL") if settings.storage_url_set else settings.storage_url,
             lock_wait_s=settings.lock_wait_s,
+            resume_max_age_h=settings.resume_max_age_h,
         ),
         "warehouse": WarehouseResource(
             url=dg.EnvVar("SCRAPE_WAREHOUSE_URL") if settings.warehouse_url_set else settings.warehouse_url

@@ -156,6 +156,7 @@ async def crawl_partitions(
                 max_attempts=site.max_attempts,
                 run_id=run_id,
                 adopt_complete=adopt_complete,
+                resume_max_age=store.resume_max_age(),
                 progress=progress,
             )
             for category in categories

@@ -5,16 +5,22 @@ A *collapse* of a subject (a category, or ``all`` for a whole run) is any of:
 - its page success rate is below ``floor`` (default 0.9);
 - its rate dropped by more than ``max_drop`` (default 0.3) below the median of its
   last ``history_size`` rates (needs ``min_history`` earlier observations);
-- the products parsed or loaded for it fell to zero.
+- the products parsed for it, or the rows of it in the table, fell to zero (two
+  separate collapses: a category whose pages fail parses nothing while its table still
+  holds the rows carried forward, and neither observation may clear the other).
 
 One alert per collapse: a subject alerts when it enters the collapsed state and again
-only after a healthy observation has cleared it.
+only after a healthy observation of the same kind has cleared it.
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+
+
+#: Where a product count comes from: ``parsed_products`` or ``products_table``.
+PRODUCT_SOURCES = ("parsed", "loaded")
 
 
 @dataclass(frozen=True)
@@ -40,7 +46,14 @@ class CollapseState:
     @classmethod
     def from_dict(cls, data: dict | None) -> CollapseState:
         data = data or {}
-        return cls(history=dict(data.get("history", {})), collapsed=dict(data.get("collapsed", {})))
+        collapsed = {}
+        for key, reason in dict(data.get("collapsed", {})).items():
+            kind, _, subject = key.partition(":")
+            if kind == "products" and ":" not in subject:  # before parsed and loaded were told apart
+                collapsed.update({f"products:{source}:{subject}": reason for source in PRODUCT_SOURCES})
+            else:
+                collapsed[key] = reason
+        return cls(history=dict(data.get("history", {})), collapsed=collapsed)
 
 
 def observe_rate(state: CollapseState, subject: str, rate: float, rules: CollapseRules) -> str | None:
@@ -57,10 +70,13 @@ def observe_rate(state: CollapseState, subject: str, rate: float, rules: Collaps
     return _transition(state, f"rate:{subject}", reason, subject)
 
 
-def observe_products(state: CollapseState, subject: str, products: int) -> str | None:
-    """Record a product count; return an alert text when it newly falls to zero."""
-    reason = "products fell to zero (layout change or empty site?)" if products == 0 else None
-    return _transition(state, f"products:{subject}", reason, subject)
+def observe_products(state: CollapseState, subject: str, products: int, source: str = "parsed") -> str | None:
+    """Record a product count from ``source`` (one of :data:`PRODUCT_SOURCES`); alert when it newly falls to zero."""
+    if source not in PRODUCT_SOURCES:
+        raise ValueError(f"source must be one of {PRODUCT_SOURCES}, got {source!r}")
+    what = "products parsed" if source == "parsed" else "rows in the products table"
+    reason = f"{what} fell to zero (layout change or empty site?)" if products == 0 else None
+    return _transition(state, f"products:{source}:{subject}", reason, subject)
 
 
 def _transition(state: CollapseState, key: str, reason: str | None, subject: str) -> str | None:

@@ -129,7 +129,7 @@ class _WebhookHandler(__import__("http.server").server.BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         with self.server.lock:
             self.server.received.append(json.loads(body))
-        self.send_response(200)
+        self.send_response(self.server.status)
         self.send_header("Content-Length", "2")
         self.end_headers()
         self.wfile.write(b"ok")
@@ -140,7 +140,8 @@ def webhook_server():
     """A real HTTP endpoint on 127.0.0.1 collecting alert POSTs in ``.received``."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _WebhookHandler)
     server.daemon_threads = True
-    server.received = []
+    server.received = []  # every POST, accepted or not
+    server.status = 200  # what it answers (set 500 to refuse)
     server.lock = threading.Lock()
     server.url = f"http://127.0.0.1:{server.server_address[1]}/hooks/SECRET-TOKEN"
     with serving(server):

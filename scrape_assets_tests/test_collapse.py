@@ -1,5 +1,7 @@
 """Collapse rules (pure): floor, sharp drop against history, products to zero, one alert per collapse."""
 
+import pytest
+
 from scrape_assets.collapse import CollapseRules, CollapseState, observe_products, observe_rate
 
 RULES = CollapseRules(floor=0.9, max_drop=0.3, history_size=5, min_history=3)
@@ -26,8 +28,32 @@ def test_sharp_drop_against_history_even_above_floor():
 def test_products_to_zero_and_state_round_trip():
     state = CollapseState()
     assert observe_products(state, "mystery", 32) is None
-    assert observe_products(state, "mystery", 0).startswith("mystery: products fell to zero")
+    assert observe_products(state, "mystery", 0) == "mystery: products parsed fell to zero (layout change or empty site?)"
     restored = CollapseState.from_dict(state.to_dict())
     assert observe_products(restored, "mystery", 0) is None
     assert observe_products(restored, "mystery", 30) is None
     assert restored.collapsed == {}
+
+
+def test_parsed_and_loaded_counts_are_separate_collapses():
+    """Pages failing for days: nothing parsed, the table keeps carried rows; one alert, not one a day."""
+    state = CollapseState()
+    for day in range(3):
+        parsed = observe_products(state, "travel", 0, "parsed")
+        assert parsed == ("travel: products parsed fell to zero (layout change or empty site?)" if day == 0 else None)
+        assert observe_products(state, "travel", 11, "loaded") is None  # carried rows: does not clear "parsed"
+    assert observe_products(state, "travel", 0, "loaded") == (
+        "travel: rows in the products table fell to zero (layout change or empty site?)")
+    assert set(state.collapsed) == {"products:parsed:travel", "products:loaded:travel"}
+    assert observe_products(state, "travel", 20, "parsed") is None
+    assert set(state.collapsed) == {"products:loaded:travel"}
+    with pytest.raises(ValueError, match="source must be one of"):
+        observe_products(state, "travel", 1, "table")
+
+
+def test_a_cursor_state_from_before_the_split_does_not_alert_again():
+    old = {"history": {"travel": [1.0]}, "collapsed": {"products:travel": "products fell to zero", "rate:all": "x"}}
+    state = CollapseState.from_dict(old)
+    assert set(state.collapsed) == {"products:parsed:travel", "products:loaded:travel", "rate:all"}
+    assert observe_products(state, "travel", 0, "parsed") is None  # already alerted before the upgrade
+    assert observe_products(state, "travel", 5, "loaded") is None and "products:loaded:travel" not in state.collapsed

@@ -10,6 +10,7 @@ import dagster as dg
 from scrape_assets.defs.resources import AlertsResource
 from scrape_assets.defs.schedules import daily_scrape_schedule
 from scrape_assets.defs.sensors import run_failure_alert_sensor, success_rate_collapse_sensor
+from scrape_assets.warehouse import Warehouse, products
 from scrape_assets_tests.conftest import make_resources, materialize
 
 DEAD_HOST = "http://127.0.0.1:9/"  # discard port: connection refused, every page fails
@@ -34,29 +35,34 @@ def test_collapse_alerts_once_then_clears_on_recovery(tmp_path, instance, webhoo
 
     run = materialize(instance, broken, ["travel", "mystery"], selection=["raw_pages"])
     assert run.success  # dead pages never fail the run
-    cursor, _ = _tick(instance, cursor, webhook_server.url)
-    texts = sorted(m["text"] for m in webhook_server.received)
-    assert texts == [
-        "scrape_assets collapse: all: success rate 0% is below the floor 90%",
-        "scrape_assets collapse: mystery: success rate 0% is below the floor 90%",
-        "scrape_assets collapse: travel: success rate 0% is below the floor 90%",
+    cursor, result = _tick(instance, cursor, webhook_server.url)
+    # One message for the evaluation's three collapses, each listed.
+    [message] = webhook_server.received
+    expected = [
+        "all: success rate 0% is below the floor 90%",
+        "mystery: success rate 0% is below the floor 90%",
+        "travel: success rate 0% is below the floor 90%",
     ]
-    assert all(m["kind"] == "collapse" for m in webhook_server.received)
+    assert message["kind"] == "collapse" and sorted(message["alerts"]) == expected
+    assert message["text"].startswith("scrape_assets: 3 collapses\n- ")
+    assert sorted(message["text"].split("\n")[1:]) == [f"- {t}" for t in expected]
+    assert result.skip_message == "3 alert(s) sent in one message"
 
     # Same cursor again, and another collapsed run: still one alert per collapse.
     cursor, _ = _tick(instance, cursor, webhook_server.url)
     assert materialize(instance, broken, ["travel", "mystery"], selection=["raw_pages"]).success
     cursor, _ = _tick(instance, cursor, webhook_server.url)
-    assert len(webhook_server.received) == 3
+    assert len(webhook_server.received) == 1
 
     # Recovery clears the state; a new collapse alerts again.
     assert materialize(instance, healthy, ["travel"], selection=["raw_pages"]).success
     cursor, _ = _tick(instance, cursor, webhook_server.url)
-    assert len(webhook_server.received) == 3
+    assert len(webhook_server.received) == 1
     assert materialize(instance, broken, ["travel"], selection=["raw_pages"]).success
     cursor, _ = _tick(instance, cursor, webhook_server.url)
     assert webhook_server.received[-1]["text"] == "scrape_assets collapse: travel: success rate 0% is below the floor 90%"
-    assert len(webhook_server.received) == 4
+    assert webhook_server.received[-1]["alerts"] == ["travel: success rate 0% is below the floor 90%"]
+    assert len(webhook_server.received) == 2
     state = json.loads(cursor)["state"]
     assert set(state["collapsed"]) == {"rate:travel", "rate:mystery", "rate:all"}
 
@@ -71,8 +77,53 @@ def test_products_falling_to_zero_alerts(tmp_path, instance, webhook_server):
     cursor, _ = _tick(instance, cursor, webhook_server.url)
     cursor, _ = _tick(instance, cursor, webhook_server.url)
     assert [m["text"] for m in webhook_server.received] == [
-        "scrape_assets collapse: travel: products fell to zero (layout change or empty site?)"
+        "scrape_assets collapse: travel: products parsed fell to zero (layout change or empty site?)"
     ]
+
+
+def test_a_category_failing_day_after_day_alerts_once(tmp_path, instance, webhook_server):
+    """Nothing parsed, while the table keeps the rows carried forward: the alert is not repeated each run."""
+    assert materialize(instance, make_resources(tmp_path), ["travel"]).success
+    cursor, _ = _tick(instance, None, webhook_server.url)
+    dead = make_resources(tmp_path, base_url=DEAD_HOST, max_attempts=1)
+    for _ in range(3):
+        assert materialize(instance, dead, ["travel"]).success  # dead pages never fail the run
+        cursor, _ = _tick(instance, cursor, webhook_server.url)
+    [message] = webhook_server.received
+    assert sorted(message["alerts"]) == [
+        "travel: products parsed fell to zero (layout change or empty site?)",
+        "travel: success rate 0% is below the floor 90%",
+    ]
+    assert Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").count(products, "travel") == 11  # carried forward
+
+
+def test_alerts_the_webhook_refused_are_sent_with_the_next_evaluation(tmp_path, instance, webhook_server):
+    assert materialize(instance, make_resources(tmp_path, base_url=DEAD_HOST, max_attempts=1), ["travel"],
+                       selection=["raw_pages"]).success
+    webhook_server.status = 500
+    cursor, result = _tick(instance, None, webhook_server.url)
+    assert result.skip_message == "webhook refused 1 alert(s): kept for the next evaluation"
+    assert json.loads(cursor)["unsent"] == ["travel: success rate 0% is below the floor 90%"]
+    webhook_server.status = 200
+    assert materialize(instance, make_resources(tmp_path / "m", base_url=DEAD_HOST, max_attempts=1), ["mystery"],
+                       selection=["raw_pages"]).success
+    cursor, _ = _tick(instance, cursor, webhook_server.url)
+    refused, delivered = webhook_server.received
+    assert refused["alerts"] == ["travel: success rate 0% is below the floor 90%"]
+    assert delivered["alerts"] == ["travel: success rate 0% is below the floor 90%",
+                                   "mystery: success rate 0% is below the floor 90%"]
+    assert "unsent" not in json.loads(cursor)
+    _tick(instance, cursor, webhook_server.url)
+    assert len(webhook_server.received) == 2  # delivered once
+
+
+def test_one_message_lists_at_most_max_lines_alerts():
+    from scrape_assets.defs.sensors import MAX_LINES, alert_message
+
+    texts = [f"cat-{i:03d}: success rate 0% is below the floor 90%" for i in range(MAX_LINES + 5)]
+    lines = alert_message(texts).split("\n")
+    assert lines[0] == f"scrape_assets: {MAX_LINES + 5} collapses"
+    assert lines[1:-1] == [f"- {t}" for t in texts[:MAX_LINES]] and lines[-1] == "- ... and 5 more"
 
 
 def test_alerts_without_webhook_only_log(tmp_path, instance, caplog):

@@ -3,7 +3,10 @@
 The collapse sensor reads new materializations of ``raw_pages`` (page success rates,
 per category and per run) and ``parsed_products`` / ``products_table`` (products per
 category) from the instance's event log, feeds them to :mod:`scrape_assets.collapse`,
-and alerts once per collapse. Its cursor holds the event-log positions and the state.
+and alerts once per collapse: one webhook message per evaluation however many collapses
+it found (an outage of 50 categories is one message, not 101). Its cursor holds the
+event-log positions, the state, and the alerts the webhook has not accepted yet (sent
+again with the next evaluation's, up to :data:`MAX_UNSENT`).
 """
 
 
@@ -19,6 +22,10 @@ RULES = CollapseRules()
 BATCH = 200
 #: Runs whose run-wide rate the cursor remembers as observed (a run's events may span evaluations).
 RUNS_REMEMBERED = 200
+#: Alerts kept for the next evaluation while the webhook refuses them (the oldest are dropped beyond).
+MAX_UNSENT = 100
+#: Alerts listed in one message; the rest are counted.
+MAX_LINES = 30
 
 
 def _new_records(instance, asset: str, cursor: str | None):
@@ -62,7 +69,8 @@ def evaluate(instance, cursor: str | None, rules: CollapseRules = RULES) -> tupl
                 alerts.append(observe_rate(state, category, float(value["success_rate"]), rules))
             else:
                 count = value["products"] if isinstance(value, dict) else int(value)
-                alerts.append(observe_products(state, category, count))
+                source = "loaded" if asset == "products_table" else "parsed"
+                alerts.append(observe_products(state, category, count, source))
         if asset == "raw_pages" and metadata.get("categories", len(table)) > 1 and run_id not in runs_observed:
             runs_observed.append(run_id)
             alerts.append(observe_rate(state, "all", float(metadata["success_rate"]), rules))
@@ -76,15 +84,37 @@ def evaluate(instance, cursor: str | None, rules: CollapseRules = RULES) -> tupl
     return alerts, new_cursor
 
 
+def alert_message(texts: list[str]) -> str:
+    """One message for an evaluation's collapses: the line itself for one, a list for several."""
+    if len(texts) == 1:
+        return f"scrape_assets collapse: {texts[0]}"
+    more = len(texts) - MAX_LINES
+    return (f"scrape_assets: {len(texts)} collapses\n" + "\n".join(f"- {t}" for t in texts[:MAX_LINES])
+            + (f"\n- ... and {more} more" if more > 0 else ""))
+
+
 @dg.sensor(minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING)
 def success_rate_collapse_sensor(context: dg.SensorEvaluationContext, alerts: AlertsResource):
     """Alert (log + webhook) when a category's or a run's success rate collapses."""
+    unsent = list(json.loads(context.cursor).get("unsent", [])) if context.cursor else []
     found, new_cursor = evaluate(context.instance, context.cursor)
     for text in found:
         context.log.warning(f"collapse: {text}")
-        send_alert(f"scrape_assets collapse: {text}", webhook_url=alerts.webhook_url, fields={"kind": "collapse"})
-    context.update_cursor(new_cursor)
-    return dg.SkipReason(f"{len(found)} alert(s) sent" if found else "no collapse")
+    pending, sent = unsent + found, True
+    if pending:
+        sent = send_alert(alert_message(pending), webhook_url=alerts.webhook_url,
+                          fields={"kind": "collapse", "alerts": pending})
+    cursor = json.loads(new_cursor)
+    if pending and not sent and alerts.webhook_url:  # refused or unreachable: try again next time
+        cursor["unsent"] = pending[-MAX_UNSENT:]
+    context.update_cursor(json.dumps(cursor, sort_keys=True))
+    if not pending:
+        return dg.SkipReason("no collapse")
+    if not alerts.webhook_url:
+        return dg.SkipReason(f"{len(pending)} alert(s) logged (no webhook)")
+    if sent:
+        return dg.SkipReason(f"{len(pending)} alert(s) sent in one message")
+    return dg.SkipReason(f"webhook refused {len(pending)} alert(s): kept for the next evaluation")
 
 
 @dg.run_failure_sensor(default_status=dg.DefaultSensorStatus.RUNNING)

@@ -23,6 +23,8 @@ from urllib.parse import urljoin
 
 from selectolax.lexbor import LexborHTMLParser
 
+from scrape_assets.manifest import snapshot_sort_key
+
 _ID = re.compile(r"_(\d+)/index\.html$")
 _AMOUNT = re.compile(r"\d+(?:\.\d+)?")
 _RATINGS = {"One": 1, "Two": 2, "Three": 3, "Four": 4, "Five": 5}
@@ -32,7 +34,8 @@ def page_files(objects: Path, site: str) -> list[tuple[Path, str]]:
     """``(file, page URL)`` of every done page of each category's latest complete snapshot."""
     out = []
     for category in sorted(p for p in (objects / site).iterdir() if p.is_dir()):
-        snapshots = sorted(p for p in category.iterdir() if (p / "manifest.json").exists())
+        snapshots = sorted((p for p in category.iterdir() if (p / "manifest.json").exists()),
+                           key=lambda p: snapshot_sort_key(p.name))
         for snapshot in reversed(snapshots):
             manifest = json.loads((snapshot / "manifest.json").read_text())
             journal = snapshot / "manifest.journal"

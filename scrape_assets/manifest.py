@@ -8,7 +8,8 @@ person can read::
     {site}/{category}/{snapshot_id}/parsed.json          (written by parsed_products)
     {site}/{category}/{snapshot_id}/dead_letters.json    (written by dead_letters)
 
-``snapshot_id`` is the UTC start time, ``YYYY-MM-DDTHHMMSSZ``, so names sort by time.
+``snapshot_id`` is the UTC start time, ``YYYY-MM-DDTHHMMSSZ`` (``-1``, ``-2``, ... appended for
+further snapshots in the same second); :func:`snapshot_sort_key` orders them by time.
 
 The manifest (JSON) holds the frozen fetch config and its SHA-256, and for every page
 its URL, status (``pending`` → ``done`` | ``failed``), attempts, HTTP status, content

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from scrape_assets.errors import ManifestError, PartitionLockedError, StorageError
 from scrape_assets.extract import load_parse_state
 from scrape_assets.locks import partition_lock
-from scrape_assets.manifest import list_snapshots, load_manifest
+from scrape_assets.manifest import list_snapshots, load_manifest, snapshot_sort_key
 from scrape_assets.storage import ObjectStore
 
 #: The partition lock scopes of the four assets that write under a category.
@@ -133,8 +133,10 @@ def plan_prune(store: ObjectStore, site: str, category: str, keep: int) -> Prune
         for_parse = {s for s in (state.snapshot_id, state.latest_snapshot_id) if s in manifests} - keep_ids
         keep_ids |= for_parse
     protected = {manifests[s].body_key(n) for s in keep_ids for n in manifests[s].pages}
-    plan = PrunePlan(category, kept=sorted(keep_ids), kept_for_parse=sorted(for_parse))
-    folders = [n for n in store.list_names(f"{site}/{category}") if SNAPSHOT_ID.fullmatch(n) and n not in keep_ids]
+    plan = PrunePlan(category, kept=[s for s in snapshots if s in keep_ids],
+                     kept_for_parse=[s for s in snapshots if s in for_parse])
+    folders = sorted((n for n in store.list_names(f"{site}/{category}") if SNAPSHOT_ID.fullmatch(n) and n not in keep_ids),
+                     key=snapshot_sort_key)
     for snapshot_id in folders:
         files = sorted(store.list_files(f"{site}/{category}/{snapshot_id}"),
                        key=lambda item: (not item[0].endswith("/manifest.json"), item[0]))  # the manifest first

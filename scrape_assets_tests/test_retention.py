@@ -162,6 +162,19 @@ def _parsed_at(store: ObjectStore, snapshot_id: str, latest_snapshot_id: str) ->
                                                          latest_snapshot_id=latest_snapshot_id, validated=True))
 
 
+def test_more_than_ten_snapshots_in_one_second_are_pruned_in_time_order(tmp_path):
+    # As text "-10" sorts before "-9": the in-flight "-10" would have looked older than the newest complete one.
+    store = ObjectStore(str(tmp_path / "objects"))
+    ids = ["2026-11-30T084512Z"] + [f"2026-11-30T084512Z-{n}" for n in range(1, 11)]
+    for snapshot_id in ids:
+        _snapshot(store, snapshot_id, complete=snapshot_id != ids[-1])
+    [plan] = prune(store, "demo", ["travel"], keep=2, owner="test")
+    assert plan.kept == ["2026-11-30T084512Z-8", "2026-11-30T084512Z-9", "2026-11-30T084512Z-10"]
+    assert plan.deleted == ids[:8]  # oldest first
+    assert plan.line().startswith("travel: kept 3 snapshots (newest 2026-11-30T084512Z-10), deleted 8")
+    assert list_snapshots(store, "demo", "travel") == plan.kept
+
+
 def test_an_unchanged_categorys_older_parsed_snapshot_is_kept_for_the_table_load(tmp_path):
     store = ObjectStore(str(tmp_path / "objects"))
     for day in ("26", "27", "28", "29"):

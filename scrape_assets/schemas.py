@@ -47,6 +47,15 @@ _INT_COLUMNS = ("rating", "page_number")
 #: UTC timestamps as written by ``datetime.now(timezone.utc).isoformat()`` (or with ``Z``).
 FETCHED_AT_PATTERN = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(Z|\+00:00)$"
 LAYOUT_GUARD_MESSAGE = "page parsed to zero products while the site says it has some: the layout may have changed"
+#: A partition fails when more than this share of its product cards were rejected (a field
+#: unreadable) and more than :data:`REJECTS_ALWAYS_ALLOWED` of them: a selector that stopped
+#: matching some cards (a redesign, an A/B test) must not silently drop those products.
+MAX_REJECTED_SHARE = 0.05
+REJECTS_ALWAYS_ALLOWED = 2
+REJECTED_SHARE_MESSAGE = (
+    f"more than {MAX_REJECTED_SHARE:.0%} of the partition's product cards were rejected (a field's selector "
+    "may no longer match some cards; see the parse dead letters)"
+)
 
 
 def _is_positive_decimal(value: object) -> bool:
@@ -104,6 +113,14 @@ class PagesSchema(pa.DataFrameModel):
     @pa.dataframe_check(name="parsed_at_most_cards", error="more products parsed than product cards found")
     def _parsed_at_most_cards(cls, pages: pd.DataFrame) -> Series[bool]:
         return pages["products_parsed"] <= pages["cards_found"]
+
+    @pa.dataframe_check(name="rejected_share", error=REJECTED_SHARE_MESSAGE)
+    def _few_cards_rejected(cls, pages: pd.DataFrame) -> Series[bool]:
+        """Partition-wide; the pages with rejected cards are the failure cases."""
+        rejected_by_page = pages["cards_found"] - pages["products_parsed"]
+        rejected, cards = int(rejected_by_page.sum()), int(pages["cards_found"].sum())
+        too_many = rejected > max(REJECTS_ALWAYS_ALLOWED, MAX_REJECTED_SHARE * cards)
+        return ~(rejected_by_page > 0) if too_many else pd.Series(True, index=pages.index)
 
 
 def _is_int(value: object) -> bool:

@@ -94,11 +94,11 @@ def test_backfill_with_server_stopped_reparses_without_any_request(tmp_path, ins
     assert demo_server.request_count() == requests_before
 
 
-def _broken_spec(tmp_path) -> str:
-    """The demo spec with the price selector changed, as if the site's layout changed overnight."""
+def _broken_spec(tmp_path, field: str = "price", css: str = "p.price_tag") -> str:
+    """The demo spec with a selector changed, as if the site's layout changed overnight."""
     data = yaml.safe_load(importlib_resources.files("scrape_assets.sites").joinpath("demo.yaml").read_text())
-    data["selectors"]["price"] = {"css": "p.price_tag"}
-    path = tmp_path / "demo_changed_layout.yaml"
+    data["selectors"][field] = {**data["selectors"][field], "css": css}
+    path = tmp_path / f"demo_changed_{field}.yaml"
     path.write_text(yaml.safe_dump(data))
     return str(path)
 
@@ -122,6 +122,21 @@ def test_blocking_check_stops_products_table_and_earlier_rows_stay(tmp_path, ins
     materialized = {e.asset_key.path[0] for e in result.get_asset_materialization_events()}
     assert "products_table" not in materialized
     assert _table(tmp_path) == before  # the earlier rows of the partition stay
+
+
+def test_a_selector_that_stops_matching_some_cards_blocks_the_load(tmp_path, instance):
+    """Five-star cards lose their rating element: their products must not silently leave the table."""
+    assert materialize(instance, make_resources(tmp_path), ["travel", "mystery"]).success
+    before = _table(tmp_path)
+    partial = make_resources(tmp_path, site=_broken_spec(tmp_path, "rating", "p.star-rating:not(.Five)"))
+    result = materialize(instance, partial, ["travel", "mystery"], raise_on_error=False)
+    check = {c.check_name: c for c in result.get_asset_check_evaluations()}["parsed_products_match_schema"]
+    assert check.passed is False
+    cases = check.metadata["failure_cases"].value
+    assert {c["check"] for c in cases} == {"rejected_share"}  # every page still has products: no layout_guard
+    assert all(c["failure_case"]["products_parsed"] < c["failure_case"]["cards_found"] for c in cases)
+    assert "products_table" not in {e.asset_key.path[0] for e in result.get_asset_materialization_events()}
+    assert _table(tmp_path) == before  # nothing dropped
 
 
 def test_fetch_config_change_refuses_resume_until_new_snapshot(tmp_path, instance):

@@ -12,6 +12,7 @@ from scrape_assets.schemas import (
     LAYOUT_GUARD_MESSAGE,
     PAGE_COLUMNS,
     PRODUCT_COLUMNS,
+    REJECTED_SHARE_MESSAGE,
     pages_frame,
     products_frame,
     validate_parsed,
@@ -197,6 +198,25 @@ def test_layout_guard_fails_page_with_zero_products_the_site_claims():
         "cards_found": 0,
         "site_claims_products": True,
     }
+
+
+@pytest.mark.parametrize(
+    ("rejected", "cards", "passes"),
+    [(5, 100, True), (6, 100, False), (2, 10, True), (3, 10, False), (0, 40, True)],
+)
+def test_a_partition_with_many_rejected_cards_fails(rejected, cards, passes):
+    """More than 5% (and more than 2) of a partition's cards rejected: some selector stopped matching."""
+    half = cards // 2  # two pages; the rejects on the second
+    pages = pages_frame([_page_row(page_number=1, products_parsed=half, cards_found=half),
+                         _page_row(page_number=2, products_parsed=cards - half - rejected, cards_found=cards - half)])
+    report = validate_parsed(products_frame([_row()]), pages)
+    assert report.passed is passes
+    if not passes:
+        [case] = report.failure_cases
+        assert (case["schema"], case["check"], case["index"]) == ("pages", "rejected_share", 1)
+        assert case["message"] == REJECTED_SHARE_MESSAGE and "more than 5%" in case["message"]
+        assert case["failure_case"]["page_number"] == 2
+        assert case["failure_case"]["cards_found"] - case["failure_case"]["products_parsed"] == rejected
 
 
 def test_pages_parsed_more_than_cards_fails():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from datetime import datetime, timezone
 
 import dagster as dg
@@ -11,7 +12,7 @@ from scrape_assets.defs.resources import AlertsResource
 from scrape_assets.defs.schedules import daily_scrape_schedule
 from scrape_assets.defs.sensors import run_failure_alert_sensor, success_rate_collapse_sensor
 from scrape_assets.warehouse import Warehouse, products
-from scrape_assets_tests.conftest import make_resources, materialize
+from scrape_assets_tests.conftest import REPO_ROOT, make_resources, materialize
 
 DEAD_HOST = "http://127.0.0.1:9/"  # discard port: connection refused, every page fails
 
@@ -165,6 +166,19 @@ def test_daily_schedule_launches_one_run_for_all_categories():
     assert daily_scrape_schedule.cron_schedule == "0 2 * * *"
     assert daily_scrape_schedule.execution_timezone == "UTC"
     assert daily_scrape_schedule.default_status == dg.DefaultScheduleStatus.RUNNING
+
+
+def test_the_shipped_instance_queues_daily_runs_one_at_a_time_and_catches_up_one_day(tmp_path, monkeypatch):
+    """A daily run still going when the next fires waits in the queue; missed days are not replayed."""
+    shutil.copy(REPO_ROOT / "dagster.yaml", tmp_path / "dagster.yaml")
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    request = daily_scrape_schedule(dg.build_schedule_context(
+        scheduled_execution_time=datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc)))
+    assert request.tags["scrape/day"] == "2026-11-30"
+    with dg.DagsterInstance.get() as instance:
+        limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
+        assert {"key": "scrape/day", "limit": 1} in limits  # no value: one run across all days
+        assert instance.scheduler.max_catchup_runs == 1
 
 
 def test_first_evaluation_alerts_only_collapses_still_open(tmp_path, instance, webhook_server):

@@ -80,6 +80,7 @@ def summarize(resources: dict) -> dict:
     store = resources["store"].store()
     with resources["warehouse"].warehouse() as wh:
         products_loaded, dead_letter_count = wh.count(products), wh.count(dead_letters)
+        not_in_spec = {c: n for c, n in wh.rows_by_category(products).items() if c not in spec.categories}
     done = failed = 0
     categories = 0
     for category in spec.categories:
@@ -98,6 +99,7 @@ def summarize(resources: dict) -> dict:
         "pages_failed": failed,
         "success_rate": done / (done + failed) if done + failed else 1.0,
         "products_loaded": products_loaded,
+        "products_of_categories_not_in_spec": not_in_spec,
         "dead_letters": dead_letter_count,
         "object_storage": store.describe(),
         "warehouse": wh.describe(),
@@ -142,6 +144,14 @@ def print_summary(summary: dict, run: dict | None = None, out=sys.stdout) -> Non
         f"  pages           {summary['pages_done']} done, {summary['pages_failed']} failed",
         f"  success rate    {summary['success_rate']:.1%}",
         f"  products loaded {summary['products_loaded']} (table `products`)",
+    ]
+    stale = summary.get("products_of_categories_not_in_spec") or {}
+    if stale:
+        lines.append(
+            f"  not in spec     {sum(stale.values())} of those rows belong to categories no longer in the spec: "
+            + ", ".join(f"{c} ({n})" for c, n in stale.items()) + " (README: 'Removing a category')"
+        )
+    lines += [
         f"  dead letters    {summary['dead_letters']} (table `dead_letters`)",
         f"  raw pages       {summary['object_storage']}",
         f"  warehouse       {summary['warehouse']}",
@@ -154,8 +164,10 @@ def run_demo(new_snapshot: bool = False) -> int:
     """Materialize all assets for all categories in one run; print a summary. Returns an exit code."""
     from scrape_assets.definitions import defs
     from scrape_assets.defs.jobs import all_categories_tags, category_partitions
+    from scrape_assets.defs.resources import build_resources
 
-    preflight(defs.resources)
+    resources = build_resources(secrets_as_env_vars=False)  # used here, outside Dagster's runs
+    preflight(resources)
     job = defs.resolve_job_def("daily_scrape_job")
     keys = category_partitions.get_partition_keys()
     print(f"scrape-assets: {len(keys)} categories in one run on the Dagster instance at {os.environ['DAGSTER_HOME']}")
@@ -169,7 +181,7 @@ def run_demo(new_snapshot: bool = False) -> int:
             },
             raise_on_error=False,
         )
-    print_summary(summarize(defs.resources), run_figures(result))
+    print_summary(summarize(resources), run_figures(result))
     if not result.success:
         print(f"\nrun {result.run_id} did not succeed; see `make ui` for the failed step", file=sys.stderr)
         return 1
@@ -182,7 +194,7 @@ def run_prune(keep: int, dry_run: bool, out=None) -> int:
     from scrape_assets.defs.resources import build_resources
     from scrape_assets.retention import prune
 
-    resources = build_resources()
+    resources = build_resources(secrets_as_env_vars=False)
     spec = resources["site"].spec()
     store = resources["store"].store()
     plans = prune(store, spec.name, list(spec.categories), keep, owner=f"scrape-assets prune (pid {os.getpid()})",
@@ -245,9 +257,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "prune":
             return run_prune(args.keep, args.dry_run)
         if args.command == "summary":
-            from scrape_assets.definitions import defs
+            from scrape_assets.defs.resources import build_resources
 
-            print_summary(summarize(defs.resources))
+            print_summary(summarize(build_resources(secrets_as_env_vars=False)))
             return 0
     except StorageError as exc:  # e.g. an unknown protocol, found when the definitions load
         print(f"scrape-assets: error: {storage_setting_error(exc)}", file=sys.stderr)

@@ -274,6 +274,13 @@ class Warehouse:
         with self.engine.connect() as conn:
             return int(conn.execute(query).scalar_one())
 
+    def rows_by_category(self, table: sa.Table) -> dict[str, int]:
+        """``{category: rows}`` of ``table``, sorted by category."""
+        self.create_tables()
+        query = sa.select(table.c.category, sa.func.count()).group_by(table.c.category).order_by(table.c.category)
+        with self.engine.connect() as conn:
+            return {category: int(n) for category, n in conn.execute(query)}
+
     def duplicate_product_keys(self, category: str | None = None) -> list[tuple[str, str, int]]:
         """``(category, product_id, count)`` for keys that appear more than once (should be none)."""
         self.create_tables()

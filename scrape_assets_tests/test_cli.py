@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from importlib import resources as importlib_resources
 from pathlib import Path
 
 import dagster as dg
+import yaml
 
 from scrape_assets.warehouse import Warehouse, products
 
@@ -40,6 +42,26 @@ def test_demo_command_runs_all_categories_in_one_run_and_prints_summary(tmp_path
         runs = instance.get_runs()
         assert len(runs) == 1 and runs[0].job_name == "daily_scrape_job"
         assert runs[0].tags["dagster/asset_partition_range_end"] == "sequential-art"
+
+    # A category dropped from the spec keeps its rows: the summary says whose and how many.
+    assert "not in spec" not in out
+    spec = yaml.safe_load(importlib_resources.files("scrape_assets.sites").joinpath("demo.yaml").read_text())
+    del spec["categories"]["travel"]
+    (tmp_path / "demo_without_travel.yaml").write_text(yaml.safe_dump(spec))
+    env["SCRAPE_SITE"] = str(tmp_path / "demo_without_travel.yaml")
+    summary = subprocess.run([str(cli), "summary"], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert summary.returncode == 0, summary.stderr[-3000:]
+    assert "categories      11/11" in summary.stdout and "products loaded 678 (table `products`)" in summary.stdout
+    assert ("  not in spec     11 of those rows belong to categories no longer in the spec: travel (11) "
+            "(README: 'Removing a category')") in summary.stdout
+
+    # Storage and warehouse named by their variables (passed to Dagster as EnvVar): the command uses the values.
+    env.update(SCRAPE_STORAGE_URL=str(tmp_path / "data" / "objects"),
+               SCRAPE_WAREHOUSE_URL=f"sqlite:///{tmp_path / 'data' / 'warehouse.db'}")
+    summary = subprocess.run([str(cli), "summary"], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert summary.returncode == 0, summary.stderr[-3000:]
+    assert "products loaded 678 (table `products`)" in summary.stdout
+    assert f"warehouse       sqlite:///{tmp_path / 'data' / 'warehouse.db'}" in summary.stdout
 
 
 def test_bad_settings_give_one_clear_error(tmp_path):

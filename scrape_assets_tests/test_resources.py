@@ -7,6 +7,7 @@ import pytest
 
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource, build_resources
 from scrape_assets.errors import SettingsError
+from scrape_assets.warehouse import products
 
 
 def test_proxy_url_is_wired_as_an_env_var_and_left_out_of_the_fetch_config(monkeypatch):
@@ -90,3 +91,18 @@ def test_resume_max_age_comes_from_its_setting_with_a_20_hour_default(monkeypatc
     monkeypatch.setenv("SCRAPE_RESUME_MAX_AGE_H", "-1")
     with pytest.raises(SettingsError, match=r"SCRAPE_RESUME_MAX_AGE_H='-1' is invalid: expected a number ≥ 0"):
         build_resources()
+
+
+def test_the_commands_own_resources_hold_the_values_not_env_vars(monkeypatch, tmp_path):
+    """``scrape-assets`` uses resources itself (preflight, summary, prune): no run resolves an EnvVar there."""
+    monkeypatch.setenv("SCRAPE_WAREHOUSE_URL", f"sqlite:///{tmp_path / 'w.db'}")
+    monkeypatch.setenv("SCRAPE_STORAGE_URL", str(tmp_path / "objects"))
+    monkeypatch.setenv("SCRAPE_PROXY_URL", "http://egress.corp:3128")
+    monkeypatch.setenv("SCRAPE_ALERT_WEBHOOK_URL", "https://hooks.example/T0")
+    plain = build_resources(secrets_as_env_vars=False)
+    assert plain["warehouse"].url == f"sqlite:///{tmp_path / 'w.db'}" and not isinstance(plain["warehouse"].url, dg.EnvVar)
+    assert plain["store"].url == str(tmp_path / "objects") and not isinstance(plain["store"].url, dg.EnvVar)
+    assert plain["site"].proxy_url == "http://egress.corp:3128" and plain["alerts"].webhook_url == "https://hooks.example/T0"
+    with plain["warehouse"].warehouse() as wh:
+        assert wh.count(products) == 0  # opens the named database, not one called "SCRAPE_WAREHOUSE_URL"
+    assert (tmp_path / "w.db").exists()

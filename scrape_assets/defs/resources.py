@@ -6,6 +6,7 @@ never displays them.
 """
 
 
+import os
 from datetime import timedelta
 from urllib.parse import urlsplit
 
@@ -148,9 +149,25 @@ class AlertsResource(dg.ConfigurableResource):
     webhook_url: str | None = Field(default=None, description="secret; set via SCRAPE_ALERT_WEBHOOK_URL")
 
 
-def build_resources(env: dict | None = None) -> dict:
-    """The resources of a deployment, from ``SCRAPE_*`` variables (see README)."""
+def build_resources(env: dict | None = None, *, secrets_as_env_vars: bool = True) -> dict:
+    """The resources of a deployment, from ``SCRAPE_*`` variables (see README).
+
+    Args:
+        env: the variables (default ``os.environ``).
+        secrets_as_env_vars: values that may hold credentials (the proxy, storage, warehouse
+            and webhook URLs, when set) as ``dg.EnvVar``: Dagster resolves them in a run and
+            shows only the variable's name in the UI and its API. False gives the values, for
+            a process that uses the resources itself (the ``scrape-assets`` commands), never
+            for definitions handed to Dagster.
+    """
     settings = load_settings(env)
+    values = dict(os.environ if env is None else env)
+
+    def secret(name: str, is_set: bool) -> str | None:
+        if not is_set:
+            return None
+        return dg.EnvVar(name) if secrets_as_env_vars else values[name]
+
     return {
         "site": SiteResource(
             site=settings.site,
@@ -159,19 +176,16 @@ def build_resources(env: dict | None = None) -> dict:
             max_concurrency=settings.max_concurrency,
             max_attempts=settings.max_attempts,
             user_agent=settings.user_agent or USER_AGENT,
-            proxy_url=dg.EnvVar("SCRAPE_PROXY_URL") if settings.proxy_set else None,
+            proxy_url=secret("SCRAPE_PROXY_URL", settings.proxy_set),
         ),
-        # URLs set by the user may carry credentials (a PostgreSQL password): EnvVar keeps them out of
-        # the resource config that the UI and its GraphQL API show; the defaults are local paths.
+        # URLs set by the user may carry credentials (a PostgreSQL password); the defaults are local paths.
         "store": ObjectStoreResource(
-            url=dg.EnvVar("SCRAPE_STORAGE_URL") if settings.storage_url_set else settings.storage_url,
+            url=secret("SCRAPE_STORAGE_URL", settings.storage_url_set) or settings.storage_url,
             lock_wait_s=settings.lock_wait_s,
             resume_max_age_h=settings.resume_max_age_h,
         ),
         "warehouse": WarehouseResource(
-            url=dg.EnvVar("SCRAPE_WAREHOUSE_URL") if settings.warehouse_url_set else settings.warehouse_url
+            url=secret("SCRAPE_WAREHOUSE_URL", settings.warehouse_url_set) or settings.warehouse_url
         ),
-        "alerts": AlertsResource(
-            webhook_url=dg.EnvVar("SCRAPE_ALERT_WEBHOOK_URL") if settings.alert_webhook_set else None
-        ),
+        "alerts": AlertsResource(webhook_url=secret("SCRAPE_ALERT_WEBHOOK_URL", settings.alert_webhook_set)),
     }

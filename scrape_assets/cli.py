@@ -80,7 +80,10 @@ def summarize(resources: dict) -> dict:
     store = resources["store"].store()
     with resources["warehouse"].warehouse() as wh:
         products_loaded, dead_letter_count = wh.count(products), wh.count(dead_letters)
+        owner = wh.site()
         not_in_spec = {c: n for c, n in wh.rows_by_category(products).items() if c not in spec.categories}
+        if owner not in (None, spec.name):  # another site's tables: nothing of this spec is in them
+            not_in_spec = {}
     done = failed = 0
     categories = 0
     for category in spec.categories:
@@ -103,6 +106,7 @@ def summarize(resources: dict) -> dict:
         "dead_letters": dead_letter_count,
         "object_storage": store.describe(),
         "warehouse": wh.describe(),
+        "warehouse_site": owner,
     }
 
 
@@ -154,7 +158,9 @@ def print_summary(summary: dict, run: dict | None = None, out=sys.stdout) -> Non
     lines += [
         f"  dead letters    {summary['dead_letters']} (table `dead_letters`)",
         f"  raw pages       {summary['object_storage']}",
-        f"  warehouse       {summary['warehouse']}",
+        f"  warehouse       {summary['warehouse']}" + (
+            f" (tables of site {summary['warehouse_site']!r}, not {summary['site']!r}: figures above are theirs)"
+            if summary.get("warehouse_site") not in (None, summary["site"]) else ""),
         "  Dagster UI      make ui  (then open http://127.0.0.1:3000)",
     ]
     print("\n".join(lines), file=out)

@@ -121,9 +121,15 @@ def _die_with_parent(parent_pid: int) -> None:
 
 def _validate(parsed: ParsedSnapshot) -> ValidationReport:
     """The pandera schemas' verdict on a snapshot's rows (pandas is imported only here)."""
-    from scrape_assets.schemas import pages_frame, products_frame, validate_parsed
+    from scrape_assets.schemas import REJECTED_SHARE_CHECK, pages_frame, products_frame, validate_parsed
 
-    return validate_parsed(products_frame(parsed.products), pages_frame(parsed.pages))
+    report = validate_parsed(products_frame(parsed.products), pages_frame(parsed.pages))
+    if not report.passed and parsed.rejects:  # say which field stopped parsing, not only which pages
+        reasons = dict(collections.Counter(r["reason"] for r in parsed.rejects).most_common(5))
+        for case in report.failure_cases:
+            if case["check"] == REJECTED_SHARE_CHECK:
+                case["reject_reasons"] = reasons
+    return report
 
 
 def _parse_and_validate(store: ObjectStore, manifest: Manifest, spec: SiteSpec) -> _Encoded:

@@ -52,9 +52,11 @@ LAYOUT_GUARD_MESSAGE = "page parsed to zero products while the site says it has 
 #: matching some cards (a redesign, an A/B test) must not silently drop those products.
 MAX_REJECTED_SHARE = 0.05
 REJECTS_ALWAYS_ALLOWED = 2
+REJECTED_SHARE_CHECK = "rejected_share"
 REJECTED_SHARE_MESSAGE = (
     f"more than {MAX_REJECTED_SHARE:.0%} of the partition's product cards were rejected (a field's selector "
-    "may no longer match some cards; see the parse dead letters)"
+    "may no longer match some cards): each case is a page with rejected cards, `reject_reasons` the "
+    "category's most common reasons"
 )
 
 
@@ -114,7 +116,7 @@ class PagesSchema(pa.DataFrameModel):
     def _parsed_at_most_cards(cls, pages: pd.DataFrame) -> Series[bool]:
         return pages["products_parsed"] <= pages["cards_found"]
 
-    @pa.dataframe_check(name="rejected_share", error=REJECTED_SHARE_MESSAGE)
+    @pa.dataframe_check(name=REJECTED_SHARE_CHECK, error=REJECTED_SHARE_MESSAGE)
     def _few_cards_rejected(cls, pages: pd.DataFrame) -> Series[bool]:
         """Partition-wide; the pages with rejected cards are the failure cases."""
         rejected_by_page = pages["cards_found"] - pages["products_parsed"]

@@ -27,6 +27,7 @@ resources. ``SCRAPE_DEMO_DATE`` is validated here and read by the demo catalogue
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -65,19 +66,21 @@ class Settings:
 
 #: Hours an incomplete snapshot is resumed after its start (a daily run must not continue yesterday's).
 DEFAULT_RESUME_MAX_AGE_H = 20.0
+MAX_RESUME_MAX_AGE_H = 8760.0  # a year
 
 
-def _number(env, name: str, kind: type, minimum: float):
+def _number(env, name: str, kind: type, minimum: float, maximum: float | None = None):
     what = "an integer" if kind is int else "a number"
+    expected = f"{what} ≥ {minimum}" + (f" and ≤ {maximum:g}" if maximum is not None else "")
     raw = env.get(name)
     if raw in (None, ""):
         return None
     try:
         value = kind(raw)
     except ValueError:
-        raise SettingsError(name, raw, f"{what} ≥ {minimum}") from None
-    if value < minimum:
-        raise SettingsError(name, raw, f"{what} ≥ {minimum}")
+        raise SettingsError(name, raw, expected) from None
+    if not math.isfinite(value) or value < minimum or (maximum is not None and value > maximum):  # nan, inf too
+        raise SettingsError(name, raw, expected)
     return value
 
 
@@ -116,7 +119,7 @@ def load_settings(env: dict | None = None) -> Settings:
     if base_url and not base_url.startswith(("http://", "https://")):
         raise SettingsError("SCRAPE_BASE_URL", base_url, "an absolute http(s) URL")
     max_attempts = _number(env, "SCRAPE_MAX_ATTEMPTS", int, 1)
-    resume_max_age_h = _number(env, "SCRAPE_RESUME_MAX_AGE_H", float, 0)
+    resume_max_age_h = _number(env, "SCRAPE_RESUME_MAX_AGE_H", float, 0.01, maximum=MAX_RESUME_MAX_AGE_H)
     return Settings(
         site=site,
         base_url=base_url,

@@ -73,6 +73,13 @@ partition_loads = sa.Table(
     sa.Column("loaded_at", sa.String(32), nullable=False, comment="UTC ISO 8601"),
 )
 
+warehouse_site = sa.Table(
+    "warehouse_site",
+    metadata,
+    sa.Column("site", sa.String(64), primary_key=True, comment="the one site whose rows these tables hold"),
+    sa.Column("claimed_at", sa.String(32), nullable=False, comment="UTC ISO 8601"),
+)
+
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
@@ -159,6 +166,36 @@ class Warehouse:
             insert_many(conn, table, rows)
             crashpoint("warehouse.after_insert")
         return len(rows)
+
+    def site(self) -> str | None:
+        """The site these tables belong to (None: not claimed yet)."""
+        self.create_tables()
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(warehouse_site.c.site)).scalars().first()
+
+    def claim_site(self, site: str, *, now: str) -> None:
+        """Make sure these tables hold ``site``'s rows only; the first site to load claims them.
+
+        The tables are keyed by category, not by site: a second site's ``travel`` would
+        replace the first's rows. Call before loading anything.
+
+        Raises:
+            SettingsError: the tables already belong to another site (names both, and what to set).
+        """
+        owner = self.site()
+        if owner is None:
+            try:
+                with self.engine.begin() as conn:
+                    conn.execute(warehouse_site.insert(), [{"site": site, "claimed_at": now}])
+                return
+            except sa.exc.IntegrityError:  # another process claimed it first: check whom for
+                owner = self.site()
+        if owner != site:
+            raise SettingsError(
+                "SCRAPE_WAREHOUSE_URL", self.describe(),
+                f"the warehouse of site {site!r} (this one holds site {owner!r}; its tables are keyed by "
+                "category, so give each site its own SCRAPE_WAREHOUSE_URL or SCRAPE_DATA_DIR)",
+            )
 
     def loaded_version(self, table: sa.Table, category: str) -> str | None:
         """The input version last loaded into ``table`` for ``category`` (None: never loaded)."""

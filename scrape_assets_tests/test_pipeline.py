@@ -135,8 +135,32 @@ def test_a_selector_that_stops_matching_some_cards_blocks_the_load(tmp_path, ins
     cases = check.metadata["failure_cases"].value
     assert {c["check"] for c in cases} == {"rejected_share"}  # every page still has products: no layout_guard
     assert all(c["failure_case"]["products_parsed"] < c["failure_case"]["cards_found"] for c in cases)
+    # Which field stopped parsing, counted per category (its dead letters are not written: the check blocks).
+    reasons = {c["failure_case"]["category"]: c["reject_reasons"] for c in cases}
+    for category, by_reason in reasons.items():
+        assert list(by_reason) == ["rating: no element matches 'p.star-rating:not(.Five)'"], category
+        assert by_reason[list(by_reason)[0]] == sum(
+            c["failure_case"]["cards_found"] - c["failure_case"]["products_parsed"]
+            for c in cases if c["failure_case"]["category"] == category)
     assert "products_table" not in {e.asset_key.path[0] for e in result.get_asset_materialization_events()}
     assert _table(tmp_path) == before  # nothing dropped
+
+
+def test_a_second_site_cannot_load_into_the_first_sites_tables(tmp_path, instance):
+    """Both specs have a `travel`: one warehouse per site, refused with a clear error, rows untouched."""
+    assert materialize(instance, make_resources(tmp_path), ["travel"]).success
+    before = _table(tmp_path)
+    data = yaml.safe_load(importlib_resources.files("scrape_assets.sites").joinpath("demo.yaml").read_text())
+    data["name"] = "other_shop"
+    (tmp_path / "other_shop.yaml").write_text(yaml.safe_dump(data))
+    result = materialize(instance, make_resources(tmp_path, site=str(tmp_path / "other_shop.yaml")), ["travel"],
+                         raise_on_error=False)
+    assert not result.success
+    failures = {e.step_key: e.event_specific_data.error.message for e in result.get_step_failure_events()}
+    assert set(failures) == {"products_table", "dead_letters"}  # the two steps that write the warehouse
+    assert all("expected the warehouse of site 'other_shop' (this one holds site 'demo'" in m for m in failures.values())
+    assert _table(tmp_path) == before
+    assert Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(dead_letters) == []
 
 
 def test_fetch_config_change_refuses_resume_until_new_snapshot(tmp_path, instance):

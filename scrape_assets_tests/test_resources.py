@@ -88,8 +88,14 @@ def test_resume_max_age_comes_from_its_setting_with_a_20_hour_default(monkeypatc
     assert build_resources()["store"].resume_max_age() == timedelta(hours=20)
     monkeypatch.setenv("SCRAPE_RESUME_MAX_AGE_H", "1.5")
     assert build_resources()["store"].resume_max_age() == timedelta(hours=1, minutes=30)
-    monkeypatch.setenv("SCRAPE_RESUME_MAX_AGE_H", "-1")
-    with pytest.raises(SettingsError, match=r"SCRAPE_RESUME_MAX_AGE_H='-1' is invalid: expected a number ≥ 0"):
+    for bad in ("-1", "0", "inf", "nan", "1e12", "soon"):  # 0 would turn crash-resume off, even for a retry
+        monkeypatch.setenv("SCRAPE_RESUME_MAX_AGE_H", bad)
+        with pytest.raises(SettingsError, match=rf"SCRAPE_RESUME_MAX_AGE_H='{bad}' is invalid: "
+                                                r"expected a number ≥ 0.01 and ≤ 8760"):
+            build_resources()
+    monkeypatch.setenv("SCRAPE_REQUESTS_PER_SECOND", "nan")  # every number setting: finite only
+    monkeypatch.setenv("SCRAPE_RESUME_MAX_AGE_H", "48")
+    with pytest.raises(SettingsError, match=r"SCRAPE_REQUESTS_PER_SECOND='nan' is invalid: expected a number"):
         build_resources()
 
 

@@ -252,7 +252,8 @@ def test_keep_must_be_at_least_one(tmp_path):
 
 
 def test_cli_prune_reports_and_exits_nonzero_when_a_category_was_skipped(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("SCRAPE_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("SCRAPE_DATA_DIR", str(tmp_path / "unused"))
+    monkeypatch.setenv("SCRAPE_STORAGE_URL", str(tmp_path / "objects"))  # a Dagster EnvVar in the definitions
     store = ObjectStore(str(tmp_path / "objects"))
     _snapshot(store, "2026-11-28T000000Z", complete=True)
     _snapshot(store, "2026-11-29T000000Z", complete=True)

@@ -111,6 +111,8 @@ def test_alerts_the_webhook_refused_are_sent_with_the_next_evaluation(tmp_path, 
     cursor, _ = _tick(instance, cursor, webhook_server.url)
     refused, delivered = webhook_server.received
     assert refused["alerts"] == ["travel: success rate 0% is below the floor 90%"]
+    assert "held since" not in refused["text"]
+    assert "\n(some held since 20" in delivered["text"] and "the webhook refused them then" in delivered["text"]
     assert delivered["alerts"] == ["travel: success rate 0% is below the floor 90%",
                                    "mystery: success rate 0% is below the floor 90%"]
     assert "unsent" not in json.loads(cursor)
@@ -175,7 +177,13 @@ def test_the_shipped_instance_queues_daily_runs_one_at_a_time_and_catches_up_one
     request = daily_scrape_schedule(dg.build_schedule_context(
         scheduled_execution_time=datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc)))
     assert request.tags["scrape/day"] == "2026-11-30"
+    # A daily run whose process died would hold that one slot forever: run monitoring ends it after 20 h.
+    assert request.tags["dagster/max_runtime"] == str(20 * 3600)
+    monkeypatch.setenv("SCRAPE_RESUME_MAX_AGE_H", "30")
+    assert daily_scrape_schedule(dg.build_schedule_context(
+        scheduled_execution_time=datetime(2026, 12, 1, 2, 0, tzinfo=timezone.utc))).tags["dagster/max_runtime"] == "108000"
     with dg.DagsterInstance.get() as instance:
+        assert instance.run_monitoring_enabled
         limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
         assert {"key": "scrape/day", "limit": 1} in limits  # no value: one run across all days
         assert instance.scheduler.max_catchup_runs == 1
@@ -192,9 +200,12 @@ def test_first_evaluation_alerts_only_collapses_still_open(tmp_path, instance, w
     assert not materialize(instance, broken_layout, ["travel"], raise_on_error=False).success  # products -> 0
     assert materialize(instance, healthy, ["travel"]).success  # recovered
     assert materialize(instance, dead, ["mystery"], selection=["raw_pages"]).success  # still collapsed
+    assert not materialize(instance, broken_layout, ["classics"], raise_on_error=False).success  # still at zero
     _tick(instance, None, webhook_server.url)
-    assert [m["text"] for m in webhook_server.received] == [
-        "scrape_assets collapse: mystery: success rate 0% is below the floor 90%"
+    [message] = webhook_server.received
+    assert sorted(message["alerts"]) == [
+        "classics: products parsed fell to zero (layout change or empty site?)",
+        "mystery: success rate 0% is below the floor 90%",
     ]
 
 

@@ -151,3 +151,19 @@ def test_price_history_gets_only_the_prices_seen_that_day(tmp_path):
                             history_date="2026-12-03", history_snapshot_id="s5") == (0, 0)
     assert history("2026-12-03") == {("1", "1.40", "s5"), ("2", "2.40", "s5")}
     assert len(wh.rows(price_history)) == 3 + 3 + 2
+
+
+def test_the_first_site_to_load_claims_the_tables_and_another_is_refused(tmp_path):
+    """Tables are keyed by category: a second site's ``travel`` would silently replace the first's."""
+    from scrape_assets.errors import SettingsError
+
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    wh = Warehouse(url)
+    assert wh.site() is None
+    wh.claim_site("demo", now="2026-12-01T00:00:00Z")
+    Warehouse(url).claim_site("demo", now="2026-12-02T00:00:00Z")  # the same site again, another process
+    assert wh.site() == "demo"
+    with pytest.raises(SettingsError, match=r"expected the warehouse of site 'books_toscrape' \(this one holds site "
+                                            r"'demo'.*own SCRAPE_WAREHOUSE_URL or SCRAPE_DATA_DIR\)"):
+        Warehouse(url).claim_site("books_toscrape", now="2026-12-02T00:00:00Z")
+    assert wh.site() == "demo"

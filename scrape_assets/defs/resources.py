@@ -17,7 +17,9 @@ from pydantic import Field
 from scrape_assets import __version__
 from scrape_assets.demo_site import DEMO_BASE_URL, DemoTransport
 from scrape_assets.fetcher import FetchPolicy, build_client
+from scrape_assets.errors import SettingsError
 from scrape_assets.locks import host_lock, partition_locks
+from scrape_assets.manifest import utc_now_iso
 from scrape_assets.proxies import ProxyURL
 from scrape_assets.settings import DEFAULT_RESUME_MAX_AGE_H, load_settings
 from scrape_assets.spec import SiteSpec, load_spec
@@ -141,6 +143,20 @@ class WarehouseResource(dg.ConfigurableResource):
     def warehouse(self) -> Warehouse:
         """The :class:`Warehouse` at ``url`` (raises SettingsError for a bad URL)."""
         return Warehouse(self.url)
+
+    def for_site(self, site: str) -> Warehouse:
+        """The warehouse, claimed for ``site`` (:meth:`Warehouse.claim_site`); close it (``with``).
+
+        Raises:
+            dagster.Failure: the tables belong to another site (not retried: a setting must change).
+        """
+        wh = self.warehouse()
+        try:
+            wh.claim_site(site, now=utc_now_iso())
+        except SettingsError as exc:
+            wh.close()
+            raise dg.Failure(description=str(exc), allow_retries=False) from exc
+        return wh
 
 
 class AlertsResource(dg.ConfigurableResource):

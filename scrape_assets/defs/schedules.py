@@ -4,6 +4,12 @@ It launches ONE run covering all categories as a partition range (the assets use
 single-run backfill policy), so a daily refresh costs one process start rather than one
 per category; categories are crawled concurrently inside it under the shared per-host
 limits. Set ``SCRAPE_SCHEDULE_CRON`` to change the time.
+
+Daily runs queue one at a time (the shipped ``dagster.yaml`` limits the tag ``scrape/day``
+to 1). Each carries ``dagster/max_runtime`` = ``SCRAPE_RESUME_MAX_AGE_H``: the daemon's run
+monitoring cancels a run still going after that, and marks failed one whose process died
+(killed, host rebooted) that would otherwise stay "started" and hold the queue forever;
+its snapshots would not be resumed after that age anyway.
 """
 
 
@@ -23,7 +29,11 @@ def daily_scrape_schedule(context: dg.ScheduleEvaluationContext):
     """One run of ``daily_scrape_job`` over all categories, keyed by the scheduled date."""
     scheduled = context.scheduled_execution_time
     day = scheduled.strftime("%Y-%m-%d") if scheduled else "manual"
-    return dg.RunRequest(run_key=f"daily-{day}", tags={**all_categories_tags(category_partitions), "scrape/day": day})
+    tags = {**all_categories_tags(category_partitions), "scrape/day": day}
+    max_runtime_s = int(load_settings().resume_max_age_h * 3600)
+    if max_runtime_s > 0:
+        tags["dagster/max_runtime"] = str(max_runtime_s)
+    return dg.RunRequest(run_key=f"daily-{day}", tags=tags)
 
 
 defs = dg.Definitions(schedules=[daily_scrape_schedule])

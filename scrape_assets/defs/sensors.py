@@ -17,6 +17,7 @@ import dagster as dg
 from scrape_assets.alerts import send_alert
 from scrape_assets.collapse import CollapseRules, CollapseState, observe_products, observe_rate
 from scrape_assets.defs.resources import AlertsResource
+from scrape_assets.manifest import utc_now_iso
 
 RULES = CollapseRules()
 BATCH = 200
@@ -76,7 +77,8 @@ def evaluate(instance, cursor: str | None, rules: CollapseRules = RULES) -> tupl
             alerts.append(observe_rate(state, "all", float(metadata["success_rate"]), rules))
     alerts = [a for a in alerts if a]
     if cursor is None:  # first evaluation: alert only what is still collapsed now
-        still_open = {f"{key.split(':', 1)[1]}: {reason}" for key, reason in state.collapsed.items()}
+        # Keys are "rate:{subject}" or "products:{source}:{subject}"; subjects have no ":".
+        still_open = {f"{key.rsplit(':', 1)[1]}: {reason}" for key, reason in state.collapsed.items()}
         alerts = list(dict.fromkeys(a for a in alerts if a in still_open))
     new_cursor = json.dumps(
         {"positions": positions, "state": state.to_dict(), "runs": runs_observed[-RUNS_REMEMBERED:]}, sort_keys=True
@@ -84,29 +86,40 @@ def evaluate(instance, cursor: str | None, rules: CollapseRules = RULES) -> tupl
     return alerts, new_cursor
 
 
-def alert_message(texts: list[str]) -> str:
-    """One message for an evaluation's collapses: the line itself for one, a list for several."""
+def alert_message(texts: list[str], held_since: str | None = None) -> str:
+    """One message for an evaluation's collapses: the line itself for one, a list for several.
+
+    ``held_since``: when the oldest of them was first refused by the webhook (UTC ISO 8601), if any.
+    """
     if len(texts) == 1:
-        return f"scrape_assets collapse: {texts[0]}"
-    more = len(texts) - MAX_LINES
-    return (f"scrape_assets: {len(texts)} collapses\n" + "\n".join(f"- {t}" for t in texts[:MAX_LINES])
-            + (f"\n- ... and {more} more" if more > 0 else ""))
+        text = f"scrape_assets collapse: {texts[0]}"
+    else:
+        more = len(texts) - MAX_LINES
+        text = (f"scrape_assets: {len(texts)} collapses\n" + "\n".join(f"- {t}" for t in texts[:MAX_LINES])
+                + (f"\n- ... and {more} more" if more > 0 else ""))
+    if held_since:
+        text += f"\n(some held since {held_since}: the webhook refused them then; a collapse may have cleared since)"
+    return text
 
 
 @dg.sensor(minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING)
 def success_rate_collapse_sensor(context: dg.SensorEvaluationContext, alerts: AlertsResource):
     """Alert (log + webhook) when a category's or a run's success rate collapses."""
-    unsent = list(json.loads(context.cursor).get("unsent", [])) if context.cursor else []
+    previous = json.loads(context.cursor) if context.cursor else {}
+    unsent, held_since = list(previous.get("unsent", [])), previous.get("unsent_since")
     found, new_cursor = evaluate(context.instance, context.cursor)
     for text in found:
         context.log.warning(f"collapse: {text}")
     pending, sent = unsent + found, True
     if pending:
-        sent = send_alert(alert_message(pending), webhook_url=alerts.webhook_url,
+        sent = send_alert(alert_message(pending, held_since if unsent else None), webhook_url=alerts.webhook_url,
                           fields={"kind": "collapse", "alerts": pending})
     cursor = json.loads(new_cursor)
     if pending and not sent and alerts.webhook_url:  # refused or unreachable: try again next time
+        if len(pending) > MAX_UNSENT:
+            context.log.warning(f"webhook still refusing: {len(pending) - MAX_UNSENT} oldest unsent alert(s) dropped")
         cursor["unsent"] = pending[-MAX_UNSENT:]
+        cursor["unsent_since"] = held_since if unsent else utc_now_iso()
     context.update_cursor(json.dumps(cursor, sort_keys=True))
     if not pending:
         return dg.SkipReason("no collapse")

@@ -68,7 +68,7 @@ def dead_letters(
     spec = site.spec()
     object_store = store.store()
     counts = {}
-    with store.locks(context, spec.name), warehouse.warehouse() as wh:
+    with store.locks(context, spec.name), warehouse.for_site(spec.name) as wh:
         for category in context.partition_keys:
             manifest = latest_manifest(object_store, spec.name, category, complete=True)
             if manifest is None:

@@ -111,7 +111,7 @@ def products_table(
     unchanged input is not reloaded; ``price_history`` gets the prices seen that day either way (not
     those of carried-forward rows).
     """
-    with store.locks(context, site.spec().name), warehouse.warehouse() as wh:
+    with store.locks(context, site.spec().name), warehouse.for_site(site.spec().name) as wh:
         totals, loaded, in_table, problems = load_categories(context, site, store, wh)
         total_rows = wh.count(products)
     add_per_category(context, {"rows_by_category": in_table, "rows_loaded_by_category": loaded})

@@ -64,6 +64,7 @@ def preflight(resources: dict) -> None:
     try:
         with warehouse:
             warehouse.create_tables()
+            warehouse.check_site(resources["site"].spec().name)  # before a crawl whose load would be refused
     except sa.exc.SQLAlchemyError as exc:
         raise SettingsError(
             "SCRAPE_WAREHOUSE_URL", warehouse.describe(), f"a reachable, writable database ({exc.__class__.__name__}: {exc.orig if hasattr(exc, 'orig') else exc})"
@@ -159,7 +160,8 @@ def print_summary(summary: dict, run: dict | None = None, out=sys.stdout) -> Non
         f"  dead letters    {summary['dead_letters']} (table `dead_letters`)",
         f"  raw pages       {summary['object_storage']}",
         f"  warehouse       {summary['warehouse']}" + (
-            f" (tables of site {summary['warehouse_site']!r}, not {summary['site']!r}: figures above are theirs)"
+            f" (tables of site {summary['warehouse_site']!r}, not {summary['site']!r}: the products and dead "
+            "letters counted above are theirs)"
             if summary.get("warehouse_site") not in (None, summary["site"]) else ""),
         "  Dagster UI      make ui  (then open http://127.0.0.1:3000)",
     ]

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, timezone
 from typing import Literal
 
-from scrape_assets.errors import FetchConfigChangedError, ManifestError
+from scrape_assets.errors import FetchConfigChangedError, ManifestError, StorageError
 from scrape_assets.storage import ObjectStore, check_key
 
 FORMAT_VERSION = 1
@@ -293,6 +293,18 @@ def snapshot_prefix(site: str, category: str, snapshot_id: str) -> str:
     prefix = f"{site}/{category}/{snapshot_id}"
     check_key(prefix)
     return prefix
+
+
+def has_snapshot(store: ObjectStore, site: str) -> Callable[[str, str], bool]:
+    """``(category, snapshot_id) -> bool``: whether that snapshot of ``site`` has a manifest in ``store``."""
+
+    def check(category: str, snapshot_id: str) -> bool:
+        try:
+            return store.exists(f"{snapshot_prefix(site, category, snapshot_id)}/manifest.json")
+        except StorageError:  # not even a valid key: not one of ours
+            return False
+
+    return check
 
 
 def list_snapshots(store: ObjectStore, site: str, category: str) -> list[str]:

@@ -76,7 +76,10 @@ partition_loads = sa.Table(
 warehouse_site = sa.Table(
     "warehouse_site",
     metadata,
-    sa.Column("site", sa.String(64), primary_key=True, comment="the one site whose rows these tables hold"),
+    # One row at most (id = 1): a second claim, of any site, is a key conflict.
+    sa.Column("id", sa.SmallInteger, sa.CheckConstraint("id = 1", name="one_site_per_warehouse"), primary_key=True,
+              autoincrement=False),
+    sa.Column("site", sa.String(64), nullable=False, comment="the one site whose rows these tables hold"),
     sa.Column("claimed_at", sa.String(32), nullable=False, comment="UTC ISO 8601"),
 )
 
@@ -171,31 +174,57 @@ class Warehouse:
         """The site these tables belong to (None: not claimed yet)."""
         self.create_tables()
         with self.engine.connect() as conn:
-            return conn.execute(sa.select(warehouse_site.c.site)).scalars().first()
+            return conn.execute(sa.select(warehouse_site.c.site).where(warehouse_site.c.id == 1)).scalar_one_or_none()
 
-    def claim_site(self, site: str, *, now: str) -> None:
+    def check_site(self, site: str) -> None:
+        """Raise :class:`SettingsError` if these tables belong to another site (reads only; see :meth:`claim_site`)."""
+        owner = self.site()
+        if owner not in (None, site):
+            raise self._other_site(site, owner)
+
+    def claim_site(self, site: str, *, now: str, owns: Callable[[str, str], bool] | None = None) -> None:
         """Make sure these tables hold ``site``'s rows only; the first site to load claims them.
 
         The tables are keyed by category, not by site: a second site's ``travel`` would
-        replace the first's rows. Call before loading anything.
+        replace the first's rows (or have them carried into its own). Call before loading.
+
+        Args:
+            owns: ``(category, snapshot_id) -> bool``, whether a load recorded in
+                ``partition_loads`` is ``site``'s (its manifest is in this site's storage).
+                Tables loaded before claims existed are claimed only if one of their loads
+                is ``site``'s (or none was recorded); None: no such check.
 
         Raises:
-            SettingsError: the tables already belong to another site (names both, and what to set).
+            SettingsError: the tables belong to another site, or hold loads none of which is
+                ``site``'s (names the site, and the SQL to claim them by hand if they are).
         """
         owner = self.site()
         if owner is None:
+            if owns is not None:
+                with self.engine.connect() as conn:
+                    loads = conn.execute(sa.select(partition_loads.c.category, partition_loads.c.snapshot_id)).all()
+                if loads and not any(owns(category, snapshot) for category, snapshot in loads):
+                    raise SettingsError(
+                        "SCRAPE_WAREHOUSE_URL", self.describe(),
+                        f"a warehouse of site {site!r} (this one was loaded before sites were recorded, and none of "
+                        f"its {len(loads)} loads is a snapshot of {site!r}; if it is this site's, claim it with "
+                        f"INSERT INTO warehouse_site (id, site, claimed_at) VALUES (1, '{site}', '{now}'))",
+                    )
             try:
                 with self.engine.begin() as conn:
-                    conn.execute(warehouse_site.insert(), [{"site": site, "claimed_at": now}])
+                    conn.execute(warehouse_site.insert(), [{"id": 1, "site": site, "claimed_at": now}])
                 return
             except sa.exc.IntegrityError:  # another process claimed it first: check whom for
                 owner = self.site()
         if owner != site:
-            raise SettingsError(
-                "SCRAPE_WAREHOUSE_URL", self.describe(),
-                f"the warehouse of site {site!r} (this one holds site {owner!r}; its tables are keyed by "
-                "category, so give each site its own SCRAPE_WAREHOUSE_URL or SCRAPE_DATA_DIR)",
-            )
+            raise self._other_site(site, owner)
+
+    def _other_site(self, site: str, owner: str | None) -> SettingsError:
+        return SettingsError(
+            "SCRAPE_WAREHOUSE_URL", self.describe(),
+            f"the warehouse of site {site!r} (this one holds site {owner!r}; its tables are keyed by category: "
+            "give each site its own warehouse, with SCRAPE_DATA_DIR or SCRAPE_WAREHOUSE_URL)",
+        )
 
     def loaded_version(self, table: sa.Table, category: str) -> str | None:
         """The input version last loaded into ``table`` for ``category`` (None: never loaded)."""

@@ -63,6 +63,15 @@ def test_demo_command_runs_all_categories_in_one_run_and_prints_summary(tmp_path
     assert "products loaded 678 (table `products`)" in summary.stdout
     assert f"warehouse       sqlite:///{tmp_path / 'data' / 'warehouse.db'}" in summary.stdout
 
+    # Another site on the same warehouse: refused before a single request (its load would be).
+    spec["name"] = "other_shop"
+    (tmp_path / "other_shop.yaml").write_text(yaml.safe_dump(spec))
+    env["SCRAPE_SITE"] = str(tmp_path / "other_shop.yaml")
+    other = subprocess.run([str(cli), "demo"], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert other.returncode != 0
+    assert "expected the warehouse of site 'other_shop' (this one holds site 'demo'" in other.stderr
+    assert not (tmp_path / "data" / "objects" / "other_shop").exists()
+
 
 def test_bad_settings_give_one_clear_error(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCRAPE_")}

@@ -157,8 +157,9 @@ def test_a_second_site_cannot_load_into_the_first_sites_tables(tmp_path, instanc
                          raise_on_error=False)
     assert not result.success
     failures = {e.step_key: e.event_specific_data.error.message for e in result.get_step_failure_events()}
-    assert set(failures) == {"products_table", "dead_letters"}  # the two steps that write the warehouse
-    assert all("expected the warehouse of site 'other_shop' (this one holds site 'demo'" in m for m in failures.values())
+    assert set(failures) == {"raw_pages"}  # before any request: its load would be refused
+    assert "expected the warehouse of site 'other_shop' (this one holds site 'demo'" in failures["raw_pages"]
+    assert not ObjectStore(str(tmp_path / "objects")).exists("other_shop")  # nothing fetched or stored
     assert _table(tmp_path) == before
     assert Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(dead_letters) == []
 

@@ -153,17 +153,54 @@ def test_price_history_gets_only_the_prices_seen_that_day(tmp_path):
     assert len(wh.rows(price_history)) == 3 + 3 + 2
 
 
-def test_the_first_site_to_load_claims_the_tables_and_another_is_refused(tmp_path):
+def test_the_first_site_to_load_claims_the_tables_and_another_is_refused(tmp_path, monkeypatch):
     """Tables are keyed by category: a second site's ``travel`` would silently replace the first's."""
     from scrape_assets.errors import SettingsError
 
     url = f"sqlite:///{tmp_path / 'w.db'}"
     wh = Warehouse(url)
     assert wh.site() is None
+    wh.check_site("books_toscrape")  # unclaimed: anyone may
     wh.claim_site("demo", now="2026-12-01T00:00:00Z")
     Warehouse(url).claim_site("demo", now="2026-12-02T00:00:00Z")  # the same site again, another process
     assert wh.site() == "demo"
-    with pytest.raises(SettingsError, match=r"expected the warehouse of site 'books_toscrape' \(this one holds site "
-                                            r"'demo'.*own SCRAPE_WAREHOUSE_URL or SCRAPE_DATA_DIR\)"):
+    refused = r"expected the warehouse of site 'books_toscrape' \(this one holds site 'demo'.*SCRAPE_WAREHOUSE_URL\)"
+    with pytest.raises(SettingsError, match=refused):
         Warehouse(url).claim_site("books_toscrape", now="2026-12-02T00:00:00Z")
-    assert wh.site() == "demo"
+    with pytest.raises(SettingsError, match=refused):
+        Warehouse(url).check_site("books_toscrape")
+    # Two sites racing past the "unclaimed?" read: the single-row table lets one claim win.
+    other = Warehouse(f"sqlite:///{tmp_path / 'race.db'}")
+    other.claim_site("demo", now="t")
+    real_site, calls = Warehouse.site, []
+
+    def unclaimed_at_first(self):  # the other claim lands between this read and the insert
+        calls.append(1)
+        return None if len(calls) == 1 else real_site(self)
+
+    monkeypatch.setattr(Warehouse, "site", unclaimed_at_first)
+    late = Warehouse(f"sqlite:///{tmp_path / 'race.db'}")
+    with pytest.raises(SettingsError, match="this one holds site 'demo'"):
+        late.claim_site("books_toscrape", now="t")  # insert conflicts even though it read None first
+    monkeypatch.undo()
+    assert Warehouse(f"sqlite:///{tmp_path / 'race.db'}").site() == "demo"
+
+
+def test_a_warehouse_loaded_before_claims_is_claimed_only_by_a_site_whose_snapshot_it_loaded(tmp_path):
+    from scrape_assets.errors import SettingsError
+    from scrape_assets.warehouse import partition_loads
+
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    old = Warehouse(url)
+    old.load_products("travel", [_row("travel", "1")], input_version="v", snapshot_id="2026-11-30T000000Z",
+                      loaded_at="t", history_date="2026-11-30", history_snapshot_id="2026-11-30T000000Z")
+    with old.engine.begin() as conn:  # as an earlier version left it: loads, no claim
+        conn.execute(sa.text("DELETE FROM warehouse_site"))
+    assert len(old.rows(partition_loads)) == 1
+    with pytest.raises(SettingsError, match=r"none of its 1 loads is a snapshot of 'books_toscrape'; if it is this "
+                                            r"site's, claim it with INSERT INTO warehouse_site"):
+        Warehouse(url).claim_site("books_toscrape", now="t", owns=lambda category, snapshot: False)
+    assert Warehouse(url).site() is None
+    seen = []
+    Warehouse(url).claim_site("demo", now="t", owns=lambda category, snapshot: seen.append((category, snapshot)) or True)
+    assert seen == [("travel", "2026-11-30T000000Z")] and Warehouse(url).site() == "demo"

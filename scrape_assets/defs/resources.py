@@ -7,6 +7,7 @@ never displays them.
 
 
 import os
+from collections.abc import Callable
 from datetime import timedelta
 from urllib.parse import urlsplit
 
@@ -144,19 +145,34 @@ class WarehouseResource(dg.ConfigurableResource):
         """The :class:`Warehouse` at ``url`` (raises SettingsError for a bad URL)."""
         return Warehouse(self.url)
 
-    def for_site(self, site: str) -> Warehouse:
-        """The warehouse, claimed for ``site`` (:meth:`Warehouse.claim_site`); close it (``with``).
+    def for_site(self, site: str, owns: Callable[[str, str], bool] | None = None) -> Warehouse:
+        """The warehouse, claimed for ``site`` (:meth:`Warehouse.claim_site`, ``owns`` passed on); close it (``with``).
 
         Raises:
             dagster.Failure: the tables belong to another site (not retried: a setting must change).
         """
         wh = self.warehouse()
         try:
-            wh.claim_site(site, now=utc_now_iso())
+            wh.claim_site(site, now=utc_now_iso(), owns=owns)
         except SettingsError as exc:
             wh.close()
             raise dg.Failure(description=str(exc), allow_retries=False) from exc
+        except BaseException:
+            wh.close()
+            raise
         return wh
+
+    def check_site(self, site: str) -> None:
+        """Fail early (before a crawl) when the warehouse belongs to another site; reads only.
+
+        Raises:
+            dagster.Failure: it does (not retried: a setting must change).
+        """
+        with self.warehouse() as wh:
+            try:
+                wh.check_site(site)
+            except SettingsError as exc:
+                raise dg.Failure(description=str(exc), allow_retries=False) from exc
 
 
 class AlertsResource(dg.ConfigurableResource):

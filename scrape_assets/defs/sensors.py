@@ -119,7 +119,7 @@ def success_rate_collapse_sensor(context: dg.SensorEvaluationContext, alerts: Al
         if len(pending) > MAX_UNSENT:
             context.log.warning(f"webhook still refusing: {len(pending) - MAX_UNSENT} oldest unsent alert(s) dropped")
         cursor["unsent"] = pending[-MAX_UNSENT:]
-        cursor["unsent_since"] = held_since if unsent else utc_now_iso()
+        cursor["unsent_since"] = (held_since if unsent else None) or utc_now_iso()
     context.update_cursor(json.dumps(cursor, sort_keys=True))
     if not pending:
         return dg.SkipReason("no collapse")

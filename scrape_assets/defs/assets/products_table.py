@@ -9,7 +9,7 @@ from scrape_assets.defs.partitions import category_partitions
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource
 from scrape_assets.errors import ManifestError
 from scrape_assets.extract import load_parse_state, load_parsed
-from scrape_assets.manifest import load_manifest, utc_now_iso
+from scrape_assets.manifest import has_snapshot, load_manifest, utc_now_iso
 from scrape_assets.warehouse import Warehouse, products
 
 ROWS_CHECK = "products_table_matches_parsed"
@@ -111,7 +111,8 @@ def products_table(
     unchanged input is not reloaded; ``price_history`` gets the prices seen that day either way (not
     those of carried-forward rows).
     """
-    with store.locks(context, site.spec().name), warehouse.for_site(site.spec().name) as wh:
+    name = site.spec().name
+    with store.locks(context, name), warehouse.for_site(name, owns=has_snapshot(store.store(), name)) as wh:
         totals, loaded, in_table, problems = load_categories(context, site, store, wh)
         total_rows = wh.count(products)
     add_per_category(context, {"rows_by_category": in_table, "rows_loaded_by_category": loaded})

@@ -13,7 +13,7 @@ from scrape_assets.crawl import CrawlProgress, CrawlReport, PartitionCrawler
 from scrape_assets.defs.assets.partition_metadata import add_per_category
 from scrape_assets.defs.partitions import category_partitions
 from scrape_assets.defs.pools import configured_host_pool
-from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
+from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource
 from scrape_assets.errors import FetchConfigChangedError, PartitionLockedError, SettingsError, SpecError
 from scrape_assets.fetcher import PageFetcher
 from scrape_assets.manifest import Manifest
@@ -175,13 +175,18 @@ async def crawl_partitions(
     group_name="scrape",
     kinds={"python", "html"},
 )
-def raw_pages(context: dg.AssetExecutionContext, config: RawPagesConfig, site: SiteResource, store: ObjectStoreResource):
+def raw_pages(
+    context: dg.AssetExecutionContext, config: RawPagesConfig, site: SiteResource, store: ObjectStoreResource,
+    warehouse: WarehouseResource,
+):
     """One snapshot of a category's listing pages: raw HTML + manifest in object storage.
 
     Fetches politely (robots.txt, per-host rate/concurrency, retries with backoff and
-    Retry-After), resumes an interrupted snapshot, never fails for a dead page.
+    Retry-After), resumes an interrupted snapshot, never fails for a dead page. Before any
+    request it checks the warehouse is not another site's (its load would be refused).
     """
     categories = list(context.partition_keys)
+    warehouse.check_site(site.spec().name)
     try:
         context.log.info(
             f"fetching {len(categories)} categor{'y' if len(categories) == 1 else 'ies'} from {site.describe_route()}"

@@ -119,11 +119,12 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _validate(parsed: ParsedSnapshot) -> ValidationReport:
+def _validate(parsed: ParsedSnapshot, spec: SiteSpec) -> ValidationReport:
     """The pandera schemas' verdict on a snapshot's rows (pandas is imported only here)."""
     from scrape_assets.schemas import REJECTED_SHARE_CHECK, pages_frame, products_frame, validate_parsed
 
-    report = validate_parsed(products_frame(parsed.products), pages_frame(parsed.pages))
+    pages = pages_frame(parsed.pages, max_rejected_share=spec.validation.max_rejected_share)
+    report = validate_parsed(products_frame(parsed.products), pages)
     if not report.passed and parsed.rejects:  # say which field stopped parsing, not only which pages
         reasons = dict(collections.Counter(r["reason"] for r in parsed.rejects).most_common(5))
         for case in report.failure_cases:
@@ -135,7 +136,7 @@ def _validate(parsed: ParsedSnapshot) -> ValidationReport:
 def _parse_and_validate(store: ObjectStore, manifest: Manifest, spec: SiteSpec) -> _Encoded:
     """Worker: parse a snapshot's saved pages, validate the rows, encode ``parsed.json`` (reads only)."""
     parsed = extract_snapshot(store, manifest, spec, fetch_base_url=manifest.fetch_config.get("base_url", spec.base_url))
-    report = _validate(parsed)
+    report = _validate(parsed, spec)
     return _Encoded(encode_parsed(parsed), parsed.snapshot_id, len(parsed.pages), len(parsed.products),
                     len(parsed.rejects), report)
 
@@ -211,7 +212,7 @@ def _reuse(store: ObjectStore, spec: SiteSpec, category: str, manifest: Manifest
         return PartitionParse(category, figures, None,
                               f"{category}: unchanged since snapshot {state.snapshot_id}: 0 pages re-parsed")
     parsed, _ = load_current(store, spec.name, category)
-    report = _validate(parsed)
+    report = _validate(parsed, spec)
     save_parse_state(store, spec.name, category,
                      replace(state, latest_snapshot_id=manifest.snapshot_id, validated=report.passed))
     return PartitionParse(category, figures, report, _line(category, state.products, 0, state.snapshot_id,

@@ -50,13 +50,14 @@ LAYOUT_GUARD_MESSAGE = "page parsed to zero products while the site says it has 
 #: A partition fails when more than this share of its product cards were rejected (a field
 #: unreadable) and more than :data:`REJECTS_ALWAYS_ALLOWED` of them: a selector that stopped
 #: matching some cards (a redesign, an A/B test) must not silently drop those products.
+#: The default of the spec's ``validation.max_rejected_share`` (passed to :func:`pages_frame`).
 MAX_REJECTED_SHARE = 0.05
 REJECTS_ALWAYS_ALLOWED = 2
 REJECTED_SHARE_CHECK = "rejected_share"
 REJECTED_SHARE_MESSAGE = (
-    f"more than {MAX_REJECTED_SHARE:.0%} of the partition's product cards were rejected (a field's selector "
-    "may no longer match some cards): each case is a page with rejected cards, `reject_reasons` the "
-    "category's most common reasons"
+    "more of the partition's product cards were rejected than the spec's validation.max_rejected_share "
+    f"allows (default {MAX_REJECTED_SHARE:.0%}; a field's selector may no longer match some cards): each case "
+    "is a page with rejected cards, `reject_reasons` the category's most common reasons"
 )
 
 
@@ -121,7 +122,8 @@ class PagesSchema(pa.DataFrameModel):
         """Partition-wide; the pages with rejected cards are the failure cases."""
         rejected_by_page = pages["cards_found"] - pages["products_parsed"]
         rejected, cards = int(rejected_by_page.sum()), int(pages["cards_found"].sum())
-        too_many = rejected > max(REJECTS_ALWAYS_ALLOWED, MAX_REJECTED_SHARE * cards)
+        share = pages.attrs.get("max_rejected_share", MAX_REJECTED_SHARE)
+        too_many = rejected > max(REJECTS_ALWAYS_ALLOWED, share * cards)
         return ~(rejected_by_page > 0) if too_many else pd.Series(True, index=pages.index)
 
 
@@ -168,11 +170,13 @@ def products_frame(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(columns, columns=list(PRODUCT_COLUMNS))
 
 
-def pages_frame(rows: list[dict]) -> pd.DataFrame:
+def pages_frame(rows: list[dict], *, max_rejected_share: float = MAX_REJECTED_SHARE) -> pd.DataFrame:
     """Build the per-page summary frame.
 
     Args:
         rows: one dict per listing page with exactly the keys of :data:`PAGE_COLUMNS`.
+        max_rejected_share: the partition's allowed share of rejected cards (0..1), kept in
+            the frame's ``attrs`` for the schema's ``rejected_share`` check.
 
     Returns:
         A frame with :data:`PAGE_COLUMNS` in order: ``category`` ``str``, the counts
@@ -194,7 +198,9 @@ def pages_frame(rows: list[dict]) -> pd.DataFrame:
             columns[name] = pd.Series(values, dtype="int64")
         else:
             columns[name] = pd.Series(values, dtype=object)
-    return pd.DataFrame(columns, columns=list(PAGE_COLUMNS))
+    frame = pd.DataFrame(columns, columns=list(PAGE_COLUMNS))
+    frame.attrs["max_rejected_share"] = max_rejected_share
+    return frame
 
 
 def _jsonable(value: object) -> object:

@@ -127,6 +127,19 @@ class Incremental(_Strict):
     revalidate: Literal["every_page", "first_page"] = "every_page"
 
 
+class Validation(_Strict):
+    """Site-specific thresholds of the schema check (``parsed_products_match_schema``).
+
+    ``max_rejected_share``: the share of a partition's product cards that may be rejected
+    (a field unreadable) before the check fails (and more than 2 cards); raise it for a
+    site where some cards legitimately lack a price or rating. Changing it re-validates
+    the partitions that failed at the next run; ones that passed are checked again when
+    their pages change.
+    """
+
+    max_rejected_share: float = Field(default=0.05, ge=0, le=1)
+
+
 class SiteSpec(_Strict):
     """One site. See the module docstring and ``scrape_assets/sites/*.yaml``."""
 
@@ -139,6 +152,7 @@ class SiteSpec(_Strict):
     product_id: ProductId
     politeness: Politeness = Politeness()
     incremental: Incremental = Incremental()
+    validation: Validation = Validation()
 
     @field_validator("base_url")
     @classmethod

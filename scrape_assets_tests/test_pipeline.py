@@ -9,6 +9,7 @@ from collections import Counter
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources as importlib_resources
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import dagster as dg
@@ -144,6 +145,17 @@ def test_a_selector_that_stops_matching_some_cards_blocks_the_load(tmp_path, ins
             for c in cases if c["failure_case"]["category"] == category)
     assert "products_table" not in {e.asset_key.path[0] for e in result.get_asset_materialization_events()}
     assert _table(tmp_path) == before  # nothing dropped
+
+    # A site where such cards are expected: the spec raises the allowed share, and the next run
+    # validates the saved rows again (no re-parse, no request) and loads them.
+    spec = yaml.safe_load(Path(partial["site"].site).read_text())
+    spec["validation"] = {"max_rejected_share": 0.5}
+    Path(partial["site"].site).write_text(yaml.safe_dump(spec))
+    result = materialize(instance, partial, ["travel", "mystery"], selection=["parsed_products", "products_table"])
+    assert result.success
+    assert run_metadata(result)["parsed_products"]["pages_parsed"] == 0
+    after = _table(tmp_path)
+    assert 0 < len(after) < len(before) and {r[1] for r in after} < {r[1] for r in before}  # five-star ones left
 
 
 def test_a_second_site_cannot_load_into_the_first_sites_tables(tmp_path, instance):

@@ -214,9 +214,16 @@ def test_a_partition_with_many_rejected_cards_fails(rejected, cards, passes):
     if not passes:
         [case] = report.failure_cases
         assert (case["schema"], case["check"], case["index"]) == ("pages", "rejected_share", 1)
-        assert case["message"] == REJECTED_SHARE_MESSAGE and "more than 5%" in case["message"]
+        assert case["message"] == REJECTED_SHARE_MESSAGE and "validation.max_rejected_share" in case["message"]
         assert case["failure_case"]["page_number"] == 2
         assert case["failure_case"]["cards_found"] - case["failure_case"]["products_parsed"] == rejected
+
+
+def test_the_allowed_share_of_rejected_cards_comes_from_the_spec():
+    pages = [_page_row(page_number=1, products_parsed=40, cards_found=50)]  # 20% rejected
+    assert not validate_parsed(products_frame([_row()]), pages_frame(pages)).passed
+    assert validate_parsed(products_frame([_row()]), pages_frame(pages, max_rejected_share=0.2)).passed
+    assert not validate_parsed(products_frame([_row()]), pages_frame(pages, max_rejected_share=0.19)).passed
 
 
 def test_pages_parsed_more_than_cards_fails():

@@ -80,11 +80,11 @@ def summarize(resources: dict) -> dict:
     spec = site.spec()
     store = resources["store"].store()
     with resources["warehouse"].warehouse() as wh:
-        products_loaded, dead_letter_count = wh.count(products), wh.count(dead_letters)
-        owner = wh.site()
-        not_in_spec = {c: n for c, n in wh.rows_by_category(products).items() if c not in spec.categories}
-        if owner not in (None, spec.name):  # another site's tables: nothing of this spec is in them
-            not_in_spec = {}
+        by_category, dead_letter_count, owner = wh.rows_by_category(products), wh.count(dead_letters), wh.site()
+    products_loaded = sum(by_category.values())
+    # Another site's tables hold nothing of this spec: no category of theirs is "no longer in it".
+    not_in_spec = {} if owner not in (None, spec.name) else {c: n for c, n in by_category.items()
+                                                             if c not in spec.categories}
     done = failed = 0
     categories = 0
     for category in spec.categories:

@@ -49,9 +49,12 @@ COMPACT_EVERY = 1000
 PageStatus = Literal["pending", "done", "failed"]
 
 
-def utc_now_iso() -> str:
-    """Now in UTC, ISO 8601 with seconds and a ``Z`` suffix."""
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+_ISO_SECONDS = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def utc_now_iso(now: datetime | None = None) -> str:
+    """``now`` (default: the clock) in UTC, ISO 8601 with seconds and a ``Z`` suffix."""
+    return (now or datetime.now(timezone.utc)).strftime(_ISO_SECONDS)
 
 
 def new_snapshot_id(now: datetime | None = None) -> str:
@@ -196,7 +199,7 @@ class Manifest:
     # -- state --------------------------------------------------------------------------
     def created_datetime(self) -> datetime:
         """``created_at`` as an aware UTC datetime."""
-        return datetime.strptime(self.created_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+        return datetime.strptime(self.created_at, _ISO_SECONDS).replace(tzinfo=timezone.utc)
 
     @property
     def is_complete(self) -> bool:
@@ -383,9 +386,10 @@ def open_snapshot(
             different config, and ``new_snapshot`` is false. Lists the differing keys.
     """
     digest = config_hash(fetch_config)
+    now = now or datetime.now(timezone.utc)
     latest = latest_manifest(store, site, category)
     if latest is not None and not latest.is_complete and resume_max_age is not None:
-        if (now or datetime.now(timezone.utc)) - latest.created_datetime() > resume_max_age:
+        if now - latest.created_datetime() > resume_max_age:
             if on_abandon is not None:
                 on_abandon(latest)
             new_snapshot = True
@@ -406,7 +410,7 @@ def open_snapshot(
         fetch_config=fetch_config,
         fetch_config_hash=digest,
         start_url=start_url,
-        created_at=(now or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        created_at=utc_now_iso(now),
         pages={1: PageEntry(url=start_url)},
         run_id=run_id,
     )

@@ -24,7 +24,7 @@ import pandas as pd
 import pandera.pandas as pa
 from pandera.typing import Series
 
-from scrape_assets.spec import PARTITION_KEY_PATTERN
+from scrape_assets.spec import DEFAULT_MAX_REJECTED_SHARE, PARTITION_KEY_PATTERN
 from scrape_assets.validation_report import MAX_FAILURE_CASES, ValidationReport, merge_reports  # noqa: F401 - re-exported
 
 PRODUCT_COLUMNS: tuple[str, ...] = (
@@ -51,7 +51,7 @@ LAYOUT_GUARD_MESSAGE = "page parsed to zero products while the site says it has 
 #: unreadable) and more than :data:`REJECTS_ALWAYS_ALLOWED` of them: a selector that stopped
 #: matching some cards (a redesign, an A/B test) must not silently drop those products.
 #: The default of the spec's ``validation.max_rejected_share`` (passed to :func:`pages_frame`).
-MAX_REJECTED_SHARE = 0.05
+MAX_REJECTED_SHARE = DEFAULT_MAX_REJECTED_SHARE
 REJECTS_ALWAYS_ALLOWED = 2
 REJECTED_SHARE_CHECK = "rejected_share"
 REJECTED_SHARE_MESSAGE = (

@@ -127,6 +127,10 @@ class Incremental(_Strict):
     revalidate: Literal["every_page", "first_page"] = "every_page"
 
 
+#: Default of ``validation.max_rejected_share`` (the schema check's fallback too).
+DEFAULT_MAX_REJECTED_SHARE = 0.05
+
+
 class Validation(_Strict):
     """Site-specific thresholds of the schema check (``parsed_products_match_schema``).
 
@@ -137,7 +141,7 @@ class Validation(_Strict):
     their pages change.
     """
 
-    max_rejected_share: float = Field(default=0.05, ge=0, le=1)
+    max_rejected_share: float = Field(default=DEFAULT_MAX_REJECTED_SHARE, ge=0, le=1)
 
 
 class SiteSpec(_Strict):

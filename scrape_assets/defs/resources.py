@@ -162,18 +162,6 @@ class WarehouseResource(dg.ConfigurableResource):
             raise
         return wh
 
-    def check_site(self, site: str) -> None:
-        """Fail early (before a crawl) when the warehouse belongs to another site; reads only.
-
-        Raises:
-            dagster.Failure: it does (not retried: a setting must change).
-        """
-        with self.warehouse() as wh:
-            try:
-                wh.check_site(site)
-            except SettingsError as exc:
-                raise dg.Failure(description=str(exc), allow_retries=False) from exc
-
 
 class AlertsResource(dg.ConfigurableResource):
     """Where alerts go: the log always, a webhook (JSON POST, Slack-compatible) when set."""

@@ -29,10 +29,11 @@ def daily_scrape_schedule(context: dg.ScheduleEvaluationContext):
     """One run of ``daily_scrape_job`` over all categories, keyed by the scheduled date."""
     scheduled = context.scheduled_execution_time
     day = scheduled.strftime("%Y-%m-%d") if scheduled else "manual"
-    tags = {**all_categories_tags(category_partitions), "scrape/day": day}
-    max_runtime_s = int(load_settings().resume_max_age_h * 3600)
-    if max_runtime_s > 0:
-        tags["dagster/max_runtime"] = str(max_runtime_s)
+    tags = {
+        **all_categories_tags(category_partitions),
+        "scrape/day": day,
+        "dagster/max_runtime": str(int(load_settings().resume_max_age_h * 3600)),  # >= 36 s (settings)
+    }
     return dg.RunRequest(run_key=f"daily-{day}", tags=tags)
 
 

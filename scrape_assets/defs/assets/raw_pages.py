@@ -186,8 +186,9 @@ def raw_pages(
     request it checks the warehouse is not another site's (its load would be refused).
     """
     categories = list(context.partition_keys)
-    warehouse.check_site(site.spec().name)
     try:
+        with warehouse.warehouse() as wh:
+            wh.check_site(site.spec().name)  # before any request: its load would be refused
         context.log.info(
             f"fetching {len(categories)} categor{'y' if len(categories) == 1 else 'ies'} from {site.describe_route()}"
         )

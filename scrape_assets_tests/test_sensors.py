@@ -10,8 +10,14 @@ import dagster as dg
 
 from scrape_assets.defs.resources import AlertsResource
 from scrape_assets.defs.schedules import daily_scrape_schedule
-from scrape_assets.defs.sensors import run_failure_alert_sensor, success_rate_collapse_sensor
-from scrape_assets.warehouse import Warehouse, products
+from scrape_assets.defs.jobs import load_job
+from scrape_assets.defs.sensors import (
+    HELD_BACK_TAG,
+    held_back_load_sensor,
+    run_failure_alert_sensor,
+    success_rate_collapse_sensor,
+)
+from scrape_assets.warehouse import Warehouse, dead_letters, products
 from scrape_assets_tests.conftest import REPO_ROOT, make_resources, materialize
 
 DEAD_HOST = "http://127.0.0.1:9/"  # discard port: connection refused, every page fails
@@ -221,3 +227,76 @@ def test_a_run_whose_events_span_two_evaluations_counts_once_for_all(tmp_path, i
     state = json.loads(cursor)["state"]
     assert state["history"] == {"travel": [0.0], "mystery": [0.0], "all": [0.0]}
     assert len(json.loads(cursor)["runs"]) == 1
+
+
+def _failure_context(instance, result, resources, sensor_name):
+    run = instance.get_run_by_id(result.run_id)
+    failure = [e for e in result.all_events if e.event_type_value in ("STEP_FAILURE", "RUN_FAILURE")][-1]
+    return dg.build_run_status_sensor_context(
+        sensor_name=sensor_name, dagster_instance=instance, dagster_run=run, dagster_event=failure, resources=resources,
+    ).for_run_failure()
+
+
+def test_categories_a_failed_schema_check_held_back_are_loaded_by_a_follow_up_run(tmp_path, instance):
+    """One category failing the schema stops the whole run's load; the sensor loads the others."""
+    from scrape_assets.defs.assets.dead_letters import dead_letters as dead_letters_asset
+    from scrape_assets.defs.assets.parsed_products import parsed_products
+    from scrape_assets.defs.assets.products_table import products_table
+    from scrape_assets.defs.assets.raw_pages import raw_pages
+    from scrape_assets_tests.test_pipeline import _broken_spec
+
+    categories = ["travel", "mystery", "classics"]  # five-star cards: 0 of 11, 7 of 32, 1 of 19
+    assert materialize(instance, make_resources(tmp_path), categories).success
+    wh = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}")
+
+    def table():
+        return {c: sorted((r["product_id"], r["snapshot_id"]) for r in wh.rows(products) if r["category"] == c)
+                for c in categories}
+
+    before = table()
+    assert {c: len(rows) for c, rows in before.items()} == {"travel": 11, "mystery": 32, "classics": 19}
+
+    # The rating selector stops matching five-star cards: mystery rejects 7 (over 5% and over 2) and
+    # fails the blocking check; travel (0) and classics (1) pass, but the whole run's load is held back.
+    changed = make_resources(tmp_path, site=_broken_spec(tmp_path, "rating", "p.star-rating:not(.Five)"))
+    failed = materialize(instance, changed, categories, raise_on_error=False)
+    assert not failed.success
+    assert table() == before
+
+    sensor_resources = {k: changed[k] for k in ("site", "store", "warehouse")}
+    requests = held_back_load_sensor(_failure_context(instance, failed, sensor_resources, "held_back_load_sensor"))
+    # travel and classics are not consecutive in the spec's order: one run per range.
+    ranges = [(r.tags["dagster/asset_partition_range_start"], r.tags["dagster/asset_partition_range_end"]) for r in requests]
+    assert ranges == [("travel", "travel"), ("classics", "classics")]
+    assert {r.tags[HELD_BACK_TAG] for r in requests} == {failed.run_id}
+    assert len({r.run_key for r in requests}) == 2
+
+    # Launched as the daemon would: load_job with the request's tags. No request, no parse.
+    job = dg.Definitions(
+        assets=[raw_pages, parsed_products, products_table, dead_letters_asset], jobs=[load_job], resources=changed
+    ).resolve_job_def("load_job")
+    for request in requests:
+        assert job.execute_in_process(instance=instance, tags=request.tags).success
+    after = table()
+    assert after["mystery"] == before["mystery"]  # failed the schema: its earlier rows stay
+    assert after["travel"] != before["travel"] and {p for p, _ in after["travel"]} == {p for p, _ in before["travel"]}
+    assert len(after["classics"]) == 18  # the five-star card is a dead letter of stage parse now
+    [reject] = [r for r in wh.rows(dead_letters) if r["category"] == "classics"]
+    assert reject["stage"] == "parse" and "rating" in reject["reason"]
+    assert not [r for r in wh.rows(dead_letters) if r["category"] == "mystery"]
+
+    # Evaluated again for the same run: everything that passed is loaded, nothing to launch.
+    again = held_back_load_sensor(_failure_context(instance, failed, sensor_resources, "held_back_load_sensor"))
+    assert isinstance(again, dg.SkipReason) and "nothing held back" in again.skip_message
+    wh.close()
+
+
+def test_held_back_load_sensor_ignores_failures_of_other_kinds(tmp_path, instance):
+    result = materialize(
+        instance, make_resources(tmp_path, site=str(tmp_path / "missing.yaml")), ["travel"], raise_on_error=False
+    )
+    assert not result.success
+    resources = {k: v for k, v in make_resources(tmp_path).items() if k != "alerts"}
+    skip = held_back_load_sensor(_failure_context(instance, result, resources, "held_back_load_sensor"))
+    assert isinstance(skip, dg.SkipReason) and "nothing held back" in skip.skip_message
+    assert held_back_load_sensor.default_status == dg.DefaultSensorStatus.RUNNING

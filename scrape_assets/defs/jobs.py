@@ -1,4 +1,4 @@
-"""``daily_scrape_job``: every asset, all categories, in one run."""
+"""Jobs: ``daily_scrape_job`` (every asset), ``reparse_job`` (no fetching), ``load_job`` (tables only)."""
 
 
 import dagster as dg
@@ -7,6 +7,7 @@ from scrape_assets.defs.partitions import category_partitions
 
 SCRAPE_ASSETS = ["raw_pages", "parsed_products", "products_table", "dead_letters"]
 REPARSE_ASSETS = ["parsed_products", "products_table", "dead_letters"]
+LOAD_ASSETS = ["products_table", "dead_letters"]
 
 daily_scrape_job = dg.define_asset_job(
     "daily_scrape_job",
@@ -22,6 +23,16 @@ reparse_job = dg.define_asset_job(
     description="Re-parse saved pages and reload the tables: zero HTTP requests (after a parser fix).",
 )
 
+load_job = dg.define_asset_job(
+    "load_job",
+    selection=dg.AssetSelection.assets(*LOAD_ASSETS),
+    partitions_def=category_partitions,
+    description=(
+        "Load the rows parsed_products already validated into the tables: no request, no parse "
+        "(held_back_load_sensor launches it for categories a failed check held back)."
+    ),
+)
+
 
 def all_categories_tags(partitions_def: dg.StaticPartitionsDefinition) -> dict[str, str]:
     """Run tags selecting every partition as one range (one run, one process start)."""
@@ -29,6 +40,6 @@ def all_categories_tags(partitions_def: dg.StaticPartitionsDefinition) -> dict[s
     return {"dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]}
 
 
-defs = dg.Definitions(jobs=[daily_scrape_job, reparse_job])
+defs = dg.Definitions(jobs=[daily_scrape_job, reparse_job, load_job])
 
-__all__ = ["all_categories_tags", "category_partitions", "daily_scrape_job", "defs", "reparse_job"]
+__all__ = ["all_categories_tags", "category_partitions", "daily_scrape_job", "defs", "load_job", "reparse_job"]

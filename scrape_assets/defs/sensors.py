@@ -1,4 +1,4 @@
-"""Sensors: ``success_rate_collapse_sensor`` and ``run_failure_alert_sensor``.
+"""Sensors: ``success_rate_collapse_sensor``, ``run_failure_alert_sensor``, ``held_back_load_sensor``.
 
 The collapse sensor reads new materializations of ``raw_pages`` (page success rates,
 per category and per run) and ``parsed_products`` / ``products_table`` (products per
@@ -7,6 +7,12 @@ and alerts once per collapse: one webhook message per evaluation however many co
 it found (an outage of 50 categories is one message, not 101). Its cursor holds the
 event-log positions, the state, and the alerts the webhook has not accepted yet (sent
 again with the next evaluation's, up to :data:`MAX_UNSENT`).
+
+``held_back_load_sensor`` loads what a failed blocking check held back: one run covers
+many categories, so one category failing ``parsed_products_match_schema`` stops the load
+of all of them. After such a run fails, it launches ``load_job`` (``products_table`` and
+``dead_letters``, no request, no parse) for the run's other categories whose rows passed
+the schema and are not in the table yet: one run per consecutive range of them.
 """
 
 
@@ -16,8 +22,12 @@ import dagster as dg
 
 from scrape_assets.alerts import send_alert
 from scrape_assets.collapse import CollapseRules, CollapseState, observe_products, observe_rate
-from scrape_assets.defs.resources import AlertsResource
+from scrape_assets.defs.jobs import category_partitions, load_job
+from scrape_assets.defs.resources import AlertsResource, ObjectStoreResource, SiteResource, WarehouseResource
+from scrape_assets.errors import ScrapeError
+from scrape_assets.extract import load_parse_state
 from scrape_assets.manifest import utc_now_iso
+from scrape_assets.warehouse import products
 
 RULES = CollapseRules()
 BATCH = 200
@@ -142,4 +152,82 @@ def run_failure_alert_sensor(context: dg.RunFailureSensorContext, alerts: Alerts
     )
 
 
-defs = dg.Definitions(sensors=[success_rate_collapse_sensor, run_failure_alert_sensor])
+SCHEMA_CHECK = "parsed_products_match_schema"
+#: Tag of the runs ``held_back_load_sensor`` launches: the failed run whose load they finish.
+HELD_BACK_TAG = "scrape/held_back_by"
+
+
+def run_partition_keys(run: dg.DagsterRun, keys: list[str]) -> list[str]:
+    """The partition keys a run covered (its range or single-partition tag), in ``keys`` order."""
+    tags = run.tags
+    if "dagster/asset_partition_range_start" in tags:
+        start, end = keys.index(tags["dagster/asset_partition_range_start"]), keys.index(tags["dagster/asset_partition_range_end"])
+        return keys[start:end + 1]
+    return [tags["dagster/partition"]] if tags.get("dagster/partition") in keys else []
+
+
+def consecutive_ranges(chosen: list[str], keys: list[str]) -> list[tuple[str, str]]:
+    """``chosen`` as ``(first, last)`` ranges of consecutive keys in ``keys`` order (one run each)."""
+    ranges: list[list[str]] = []
+    last = None
+    for index in sorted(keys.index(k) for k in chosen):
+        if last is not None and index == last + 1:
+            ranges[-1][1] = keys[index]
+        else:
+            ranges.append([keys[index], keys[index]])
+        last = index
+    return [(first, end) for first, end in ranges]
+
+
+def held_back_categories(instance, run: dg.DagsterRun, keys: list[str], site: str, store, warehouse) -> list[str]:
+    """Categories of a failed ``run`` a failed schema check kept out of ``products_table``.
+
+    Empty unless the run planned ``products_table`` and recorded a failed
+    ``parsed_products_match_schema`` evaluation. Of its categories, those whose parse state
+    says validated and whose input version is not the one loaded (``partition_loads``), in
+    ``keys`` order: the failing ones stay out (``products_table`` refuses them anyway).
+    """
+    if run.tags.get(HELD_BACK_TAG):
+        return []  # a load this sensor launched: it ran no check
+    plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
+    if "products_table" not in (plan.step_keys_to_execute or [step.key for step in plan.steps]):
+        return []
+    evaluations = instance.all_logs(run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
+    if not any(e.dagster_event.event_specific_data.check_name == SCHEMA_CHECK
+               and not e.dagster_event.event_specific_data.passed for e in evaluations):
+        return []
+    held = []
+    for category in run_partition_keys(run, keys):
+        state = load_parse_state(store, site, category)
+        if state is not None and state.validated and warehouse.loaded_version(products, category) != state.input_version:
+            held.append(category)
+    return held
+
+
+@dg.run_failure_sensor(default_status=dg.DefaultSensorStatus.RUNNING, request_job=load_job)
+def held_back_load_sensor(
+    context: dg.RunFailureSensorContext, site: SiteResource, store: ObjectStoreResource, warehouse: WarehouseResource
+):
+    """After a run failed its blocking schema check, load its categories that passed (``load_job``)."""
+    run = context.dagster_run
+    keys = category_partitions.get_partition_keys()
+    try:
+        with warehouse.warehouse() as wh:
+            held = held_back_categories(context.instance, run, keys, site.spec().name, store.store(), wh)
+    except ScrapeError as exc:  # settings, storage or warehouse unusable: the failure alert already went out
+        context.log.warning(f"held_back_load_sensor: cannot read run {run.run_id[:8]}'s categories: {exc}")
+        return dg.SkipReason(f"cannot read run {run.run_id[:8]}'s categories: {exc}")
+    if not held:
+        return dg.SkipReason(f"run {run.run_id[:8]}: nothing held back by a failed schema check")
+    context.log.info(f"run {run.run_id[:8]} failed its schema check; loading the categories that passed: {', '.join(held)}")
+    return [
+        dg.RunRequest(
+            run_key=f"held-back-{run.run_id}-{first}",
+            tags={"dagster/asset_partition_range_start": first, "dagster/asset_partition_range_end": last,
+                  HELD_BACK_TAG: run.run_id},
+        )
+        for first, last in consecutive_ranges(held, keys)
+    ]
+
+
+defs = dg.Definitions(sensors=[success_rate_collapse_sensor, run_failure_alert_sensor, held_back_load_sensor])

@@ -66,6 +66,7 @@ class Settings:
 
 #: Hours an incomplete snapshot is resumed after its start (a daily run must not continue yesterday's).
 DEFAULT_RESUME_MAX_AGE_H = 20.0
+MIN_RESUME_MAX_AGE_H = 0.01  # 36 s: below that even a step retry would start a new snapshot
 MAX_RESUME_MAX_AGE_H = 8760.0  # a year
 
 
@@ -119,7 +120,7 @@ def load_settings(env: dict | None = None) -> Settings:
     if base_url and not base_url.startswith(("http://", "https://")):
         raise SettingsError("SCRAPE_BASE_URL", base_url, "an absolute http(s) URL")
     max_attempts = _number(env, "SCRAPE_MAX_ATTEMPTS", int, 1)
-    resume_max_age_h = _number(env, "SCRAPE_RESUME_MAX_AGE_H", float, 0.01, maximum=MAX_RESUME_MAX_AGE_H)
+    resume_max_age_h = _number(env, "SCRAPE_RESUME_MAX_AGE_H", float, MIN_RESUME_MAX_AGE_H, maximum=MAX_RESUME_MAX_AGE_H)
     return Settings(
         site=site,
         base_url=base_url,

@@ -99,6 +99,29 @@ def test_resume_max_age_comes_from_its_setting_with_a_20_hour_default(monkeypatc
         build_resources()
 
 
+def test_resume_max_age_from_run_config_has_the_settings_bounds(tmp_path):
+    """The launchpad cannot set 0 (a step retry would then start a new snapshot) or more than a year."""
+    from scrape_assets.defs.assets.raw_pages import raw_pages
+
+    def run(hours):
+        return dg.materialize(
+            [raw_pages], partition_key="travel", raise_on_error=False, instance=dg.DagsterInstance.ephemeral(),
+            resources={"site": SiteResource(), "store": ObjectStoreResource.configure_at_launch(),
+                       "warehouse": WarehouseResource(url=f"sqlite:///{tmp_path / 'w.db'}")},
+            run_config={"resources": {"store": {"config": {"url": str(tmp_path / "o"), "resume_max_age_h": hours}}}},
+        )
+
+    def errors(result):
+        failures = [e.event_specific_data.error for e in result.all_events if e.is_failure and e.event_specific_data]
+        return " ".join(f"{err.to_string()} {err.cause.to_string() if err.cause else ''}" for err in failures if err)
+
+    for bad, expected in ((0, "greater than or equal to 0.01"), (9000, "less than or equal to 8760")):
+        result = run(bad)
+        assert not result.success
+        assert "resume_max_age_h" in errors(result) and expected in errors(result)
+    assert run(None).success
+
+
 def test_the_commands_own_resources_hold_the_values_not_env_vars(monkeypatch, tmp_path):
     """``scrape-assets`` uses resources itself (preflight, summary, prune): no run resolves an EnvVar there."""
     monkeypatch.setenv("SCRAPE_WAREHOUSE_URL", f"sqlite:///{tmp_path / 'w.db'}")

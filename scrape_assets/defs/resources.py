@@ -22,7 +22,7 @@ from scrape_assets.errors import SettingsError
 from scrape_assets.locks import host_lock, partition_locks
 from scrape_assets.manifest import utc_now_iso
 from scrape_assets.proxies import ProxyURL
-from scrape_assets.settings import DEFAULT_RESUME_MAX_AGE_H, load_settings
+from scrape_assets.settings import DEFAULT_RESUME_MAX_AGE_H, MAX_RESUME_MAX_AGE_H, MIN_RESUME_MAX_AGE_H, load_settings
 from scrape_assets.spec import SiteSpec, load_spec
 from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import Warehouse
@@ -108,8 +108,12 @@ class ObjectStoreResource(dg.ConfigurableResource):
     )
     resume_max_age_h: float | None = Field(
         default=DEFAULT_RESUME_MAX_AGE_H,
-        ge=0,
-        description="hours after its start an incomplete snapshot is still resumed; older: a new one starts",
+        ge=MIN_RESUME_MAX_AGE_H,
+        le=MAX_RESUME_MAX_AGE_H,
+        description=(
+            "hours after its start an incomplete snapshot is still resumed; older: a new one starts "
+            "(None: any age; the same bounds as SCRAPE_RESUME_MAX_AGE_H)"
+        ),
     )
 
     def resume_max_age(self) -> timedelta | None:

@@ -302,7 +302,7 @@ def _render(route: tuple[str, str, int], day: datetime.date) -> tuple[bytes, str
     return body, content_type, '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
 
 
-def _etag_matches(if_none_match: str, etag: str) -> bool:
+def etag_matches(if_none_match: str, etag: str) -> bool:
     """RFC 9110 §13.1.2: weak comparison against a list of entity tags, or ``*``."""
     if if_none_match.strip() == "*":
         return True
@@ -352,7 +352,7 @@ def respond(
     validators = {"ETag": etag, "Last-Modified": format_datetime(midnight, usegmt=True)}
     lower = {k.lower(): v for k, v in (headers or {}).items()}
     if "if-none-match" in lower:
-        not_modified = _etag_matches(lower["if-none-match"], etag)
+        not_modified = etag_matches(lower["if-none-match"], etag)
     else:
         not_modified = "if-modified-since" in lower and _not_modified_since(lower["if-modified-since"], midnight)
     if not_modified:

@@ -54,6 +54,11 @@ Fault kinds and their options (every rule also takes ``match`` and ``first_n``):
                          honestly empty category)
     robots_disallow      prefix: an extra "Disallow: <prefix>" in robots.txt
 
+The content kinds (charset_*, layout_changed, zero_products, robots_disallow) are the page as
+the site changed it: its ETag is the changed body's, so a conditional GET with the original
+page's validators gets the changed page (200), and one with the changed page's ETag gets 304
+(RFC 9110 §13.1.2); If-Modified-Since alone always gets the page.
+
 Attempts are counted by the server, per path (query ignored), over its lifetime: the first
 request of a path is attempt 1. ``rates`` only draw for requests no rule claimed; a draw is a
 pure function of ``(seed, path, attempt)``, so the same crawl meets the same faults. Kinds drawn
@@ -87,7 +92,9 @@ from typing import Annotated, Literal, NamedTuple, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from scrape_assets import demo_markup
-from scrape_assets.demo_site import DemoRequestHandler, DemoResponse, DemoServer, LoggedRequest, respond, serve_forever
+from scrape_assets.demo_site import (
+    DemoRequestHandler, DemoResponse, DemoServer, LoggedRequest, etag_matches, respond, serve_forever,
+)
 from scrape_assets.errors import SpecError
 from scrape_assets.yaml_models import parse_yaml_model
 
@@ -510,7 +517,14 @@ class FaultyDemoRequestHandler(DemoRequestHandler):
         rule = self.server.spec.choose(path, attempt)
         self._event = dict(at_s=at_s, method=self.command, path=path, attempt=attempt,
                            fault=rule.fault if rule is not None else None)
-        response = respond(self.command, self.path, self.headers, day=self.server.day)
+        if rule is not None and rule.fault in CONTENT_KINDS:
+            # The page changed: the client's validators are checked against the changed page
+            # (_send_content), not the original, or a conditional GET would never see the change.
+            conditional = ("if-none-match", "if-modified-since")
+            response = respond(self.command, self.path, {k: v for k, v in self.headers.items()
+                                                         if k.lower() not in conditional}, day=self.server.day)
+        else:
+            response = respond(self.command, self.path, self.headers, day=self.server.day)
         if rule is None:
             self._send(response.status, response.headers, response.body)
         else:
@@ -642,19 +656,32 @@ class FaultyDemoRequestHandler(DemoRequestHandler):
         self._send(rule.status, {"Location": rule.location + self.path.lstrip("/")}, b"")
 
     # -- content faults -----------------------------------------------------------------------
+    def _send_content(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        """The changed page, or 304 when the client's ``If-None-Match`` names its ETag.
+
+        ``If-Modified-Since`` alone never gets a 304 here: the page changed after its
+        ``Last-Modified`` (the demo's date stays) as far as the client can know.
+        """
+        tags = self.headers.get("If-None-Match")
+        if status == 200 and tags and "ETag" in headers and etag_matches(tags, headers["ETag"]):
+            self._send_head(304, {k: headers[k] for k in ("ETag", "Last-Modified") if k in headers})
+            return
+        self._send(status, headers, body)
+
     def _fault_charset_missing(self, rule: CharsetMissing, response: DemoResponse) -> None:
         body = content_body(rule, response.body)
         headers = self._full_headers(response, body)
         headers["Content-Type"] = headers.get("Content-Type", "text/html").split(";", 1)[0]
-        self._send(response.status, headers, body)
+        self._send_content(response.status, headers, body)
 
     def _fault_charset_wrong(self, rule: CharsetWrong, response: DemoResponse) -> None:
         media_type = response.headers.get("Content-Type", "text/html").split(";", 1)[0]
-        self._send(response.status, {**response.headers, "Content-Type": f"{media_type}; charset={rule.declared}"}, response.body)
+        headers = {**response.headers, "Content-Type": f"{media_type}; charset={rule.declared}"}
+        self._send_content(response.status, headers, response.body)
 
     def _content(self, rule: _Rule, response: DemoResponse) -> None:
         body = content_body(rule, response.body)
-        self._send(response.status, self._full_headers(response, body), body)
+        self._send_content(response.status, self._full_headers(response, body), body)
 
     _fault_layout_changed = _fault_zero_products = _fault_robots_disallow = _content
 

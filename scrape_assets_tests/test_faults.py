@@ -31,6 +31,7 @@ from scrape_assets.extract import load_parsed
 from scrape_assets.faults import (
     FAULT_KINDS,
     FaultSpec,
+    content_body,
     load_fault_spec,
     parse_fault_spec,
     retry_after_waits,
@@ -387,6 +388,27 @@ def test_http_date_retry_after_is_never_earlier_than_asked():
     assert re.fullmatch(r"[A-Z][a-z]{2}, \d{2} [A-Z][a-z]{2} \d{4} \d{2}:\d{2}:\d{2} GMT", response.headers["retry-after"])
     (event,) = server.fault_log
     assert 2.0 <= event.retry_after_s < 3.0
+
+
+def test_a_content_fault_is_a_changed_page_for_conditional_gets():
+    """The original page's validators get the changed page (200, new ETag); the new ETag gets 304."""
+    url_path = page_path("travel", 1)
+    original = respond("GET", url_path, day=DAY)
+    spec = FaultSpec.model_validate({"rules": [{"match": "travel", "fault": "layout_changed"}]})
+    with fault_server(spec) as server:
+        url = server.base_url + url_path.lstrip("/")
+        changed = httpx.get(url, headers={"If-None-Match": original.headers["ETag"],
+                                          "If-Modified-Since": original.headers["Last-Modified"]})
+        assert changed.status_code == 200 and changed.content == content_body(spec.rules[0], original.body)
+        assert changed.headers["etag"] != original.headers["ETag"]
+        again = httpx.get(url, headers={"If-None-Match": changed.headers["etag"]})
+        assert again.status_code == 304 and again.content == b"" and again.headers["etag"] == changed.headers["etag"]
+        # If-Modified-Since alone cannot tell a changed page from its date: the page is sent.
+        assert httpx.get(url, headers={"If-Modified-Since": original.headers["Last-Modified"]}).status_code == 200
+    # Without a content fault the demo's own answer stands.
+    with fault_server(FaultSpec()) as server:
+        url = server.base_url + url_path.lstrip("/")
+        assert httpx.get(url, headers={"If-None-Match": original.headers["ETag"]}).status_code == 304
 
 
 def test_rules_first_n_counts_requests_per_path_and_falls_through():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 from datetime import datetime, timezone
 
 import dagster as dg
@@ -17,8 +18,8 @@ from scrape_assets.defs.sensors import (
     run_failure_alert_sensor,
     success_rate_collapse_sensor,
 )
-from scrape_assets.warehouse import Warehouse, dead_letters, products
-from scrape_assets_tests.conftest import REPO_ROOT, make_resources, materialize
+from scrape_assets.warehouse import Warehouse, products
+from scrape_assets_tests.conftest import REPO_ROOT, make_resources, materialize, run_metadata
 
 DEAD_HOST = "http://127.0.0.1:9/"  # discard port: connection refused, every page fails
 
@@ -237,66 +238,120 @@ def _failure_context(instance, result, resources, sensor_name):
     ).for_run_failure()
 
 
+def _sensor_resources(resources, webhook_url=None):
+    return {"site": resources["site"], "store": resources["store"], "alerts": AlertsResource(webhook_url=webhook_url)}
+
+
 def test_categories_a_failed_schema_check_held_back_are_loaded_by_a_follow_up_run(tmp_path, instance):
     """One category failing the schema stops the whole run's load; the sensor loads the others."""
     from scrape_assets.defs.assets.dead_letters import dead_letters as dead_letters_asset
     from scrape_assets.defs.assets.parsed_products import parsed_products
     from scrape_assets.defs.assets.products_table import products_table
     from scrape_assets.defs.assets.raw_pages import raw_pages
-    from scrape_assets_tests.test_pipeline import _broken_spec
+    from scrape_assets.faults import FaultSpec
+    from scrape_assets.warehouse import price_history
+    from scrape_assets_tests.fault_scenarios import fault_server
 
-    categories = ["travel", "mystery", "classics"]  # five-star cards: 0 of 11, 7 of 32, 1 of 19
-    assert materialize(instance, make_resources(tmp_path), categories).success
-    wh = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}")
+    categories = ["travel", "mystery", "classics"]
+    with fault_server(FaultSpec()) as server:
+        res = make_resources(tmp_path, base_url=server.base_url)
+        assert materialize(instance, res, categories).success
+        wh = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}")
+        with wh.engine.begin() as conn:  # that load was yesterday's
+            conn.execute(price_history.update().values(snapshot_date="2000-01-01"))
+        before = {c: sorted((r["product_id"], r["snapshot_id"]) for r in wh.rows(products) if r["category"] == c)
+                  for c in categories}
 
-    def table():
-        return {c: sorted((r["product_id"], r["snapshot_id"]) for r in wh.rows(products) if r["category"] == c)
-                for c in categories}
+        # Overnight mystery's price element was renamed; travel and classics did not change (304s).
+        server.spec = FaultSpec.model_validate({"rules": [{"match": "mystery_3/", "fault": "layout_changed"}]})
+        failed = materialize(instance, res, categories, raise_on_error=False)
+        assert not failed.success
+        assert {c.check_name: c.passed for c in failed.get_asset_check_evaluations()} == {
+            "parsed_products_match_schema": False}
+        today = {r["snapshot_date"] for r in wh.rows(price_history)} - {"2000-01-01"}
+        assert today == set()  # nothing loaded: the whole run's load was held back
 
-    before = table()
-    assert {c: len(rows) for c, rows in before.items()} == {"travel": 11, "mystery": 32, "classics": 19}
+        # The sensor as the daemon runs it: its first tick only sets its cursor, the next sees the failure.
+        resources = _sensor_resources(res)
+        first = held_back_load_sensor.evaluate_tick(dg.build_sensor_context(instance=instance, resources=resources))
+        assert first.run_requests == []
+        failed_again = materialize(instance, res, categories, raise_on_error=False)  # after the cursor
+        tick = held_back_load_sensor.evaluate_tick(
+            dg.build_sensor_context(instance=instance, resources=resources, cursor=first.cursor))
+        requests = tick.run_requests
+        # travel and classics are not consecutive in the spec's order: one run per range.
+        ranges = [(r.tags["dagster/asset_partition_range_start"], r.tags["dagster/asset_partition_range_end"])
+                  for r in requests]
+        assert ranges == [("travel", "travel"), ("classics", "classics")]
+        assert {r.tags[HELD_BACK_TAG] for r in requests} == {failed_again.run_id}
+        assert {r.tags["scrape/day"] for r in requests} == {"held-back"}  # queued with daily runs, not beside
+        assert [r.run_key for r in requests] == [f"held-back-{failed_again.run_id}-travel",
+                                                 f"held-back-{failed_again.run_id}-classics"]
+        later = held_back_load_sensor.evaluate_tick(
+            dg.build_sensor_context(instance=instance, resources=resources, cursor=tick.cursor))
+        assert later.run_requests == []  # each failed run is seen once
 
-    # The rating selector stops matching five-star cards: mystery rejects 7 (over 5% and over 2) and
-    # fails the blocking check; travel (0) and classics (1) pass, but the whole run's load is held back.
-    changed = make_resources(tmp_path, site=_broken_spec(tmp_path, "rating", "p.star-rating:not(.Five)"))
-    failed = materialize(instance, changed, categories, raise_on_error=False)
-    assert not failed.success
-    assert table() == before
-
-    sensor_resources = {k: changed[k] for k in ("site", "store", "warehouse")}
-    requests = held_back_load_sensor(_failure_context(instance, failed, sensor_resources, "held_back_load_sensor"))
-    # travel and classics are not consecutive in the spec's order: one run per range.
-    ranges = [(r.tags["dagster/asset_partition_range_start"], r.tags["dagster/asset_partition_range_end"]) for r in requests]
-    assert ranges == [("travel", "travel"), ("classics", "classics")]
-    assert {r.tags[HELD_BACK_TAG] for r in requests} == {failed.run_id}
-    assert len({r.run_key for r in requests}) == 2
-
-    # Launched as the daemon would: load_job with the request's tags. No request, no parse.
-    job = dg.Definitions(
-        assets=[raw_pages, parsed_products, products_table, dead_letters_asset], jobs=[load_job], resources=changed
-    ).resolve_job_def("load_job")
-    for request in requests:
-        assert job.execute_in_process(instance=instance, tags=request.tags).success
-    after = table()
-    assert after["mystery"] == before["mystery"]  # failed the schema: its earlier rows stay
-    assert after["travel"] != before["travel"] and {p for p, _ in after["travel"]} == {p for p, _ in before["travel"]}
-    assert len(after["classics"]) == 18  # the five-star card is a dead letter of stage parse now
-    [reject] = [r for r in wh.rows(dead_letters) if r["category"] == "classics"]
-    assert reject["stage"] == "parse" and "rating" in reject["reason"]
-    assert not [r for r in wh.rows(dead_letters) if r["category"] == "mystery"]
-
-    # Evaluated again for the same run: everything that passed is loaded, nothing to launch.
-    again = held_back_load_sensor(_failure_context(instance, failed, sensor_resources, "held_back_load_sensor"))
-    assert isinstance(again, dg.SkipReason) and "nothing held back" in again.skip_message
+        # Launched as the daemon would: load_job with the request's tags. No request, no parse.
+        job = dg.Definitions(
+            assets=[raw_pages, parsed_products, products_table, dead_letters_asset], jobs=[load_job], resources=res
+        ).resolve_job_def("load_job")
+        requests_before = len(server.fault_log)
+        for request in requests:
+            result = job.execute_in_process(instance=instance, tags=request.tags)
+            assert result.success
+            assert run_metadata(result)["products_table"]["partitions_reloaded"] == 0  # unchanged input
+    after = {c: sorted((r["product_id"], r["snapshot_id"]) for r in wh.rows(products) if r["category"] == c)
+             for c in categories}
+    assert after == before  # unchanged rows stay as they were; mystery keeps its earlier rows
+    history = wh.rows(price_history)
+    today = {r["snapshot_date"] for r in history} - {"2000-01-01"}
+    assert len(today) == 1  # the day's prices of the categories that passed, written by the follow-up
+    assert Counter(r["category"] for r in history if r["snapshot_date"] in today) == {"travel": 11, "classics": 19}
+    assert len(server.fault_log) == requests_before
     wh.close()
 
 
-def test_held_back_load_sensor_ignores_failures_of_other_kinds(tmp_path, instance):
+def test_held_back_load_sensor_launches_nothing_for_other_failures_and_alerts_when_it_cannot_read(
+    tmp_path, instance, webhook_server
+):
+    # A run that failed for another reason (its spec file is missing): no check failed.
     result = materialize(
         instance, make_resources(tmp_path, site=str(tmp_path / "missing.yaml")), ["travel"], raise_on_error=False
     )
     assert not result.success
-    resources = {k: v for k, v in make_resources(tmp_path).items() if k != "alerts"}
-    skip = held_back_load_sensor(_failure_context(instance, result, resources, "held_back_load_sensor"))
+    good = _sensor_resources(make_resources(tmp_path))
+    skip = held_back_load_sensor(_failure_context(instance, result, good, "held_back_load_sensor"))
     assert isinstance(skip, dg.SkipReason) and "nothing held back" in skip.skip_message
+
+    # A failed check in a run that did not plan products_table: nothing was held back.
+    from scrape_assets_tests.test_pipeline import _broken_spec
+
+    broken = make_resources(tmp_path, site=_broken_spec(tmp_path))
+    parse_only = materialize(instance, broken, ["travel"], selection=["raw_pages", "parsed_products"],
+                             raise_on_error=False)
+    assert not parse_only.success
+    skip = held_back_load_sensor(_failure_context(instance, parse_only, good, "held_back_load_sensor"))
+    assert isinstance(skip, dg.SkipReason) and "nothing held back" in skip.skip_message
+
+    # Its categories cannot be read (the spec is gone now): an alert says so instead of a silent skip.
+    blocked = materialize(instance, broken, ["travel", "mystery"], raise_on_error=False)
+    assert not blocked.success
+    skip = held_back_load_sensor(_failure_context(instance, blocked, good, "held_back_load_sensor"))
+    assert skip.skip_message == f"run {blocked.run_id[:8]}: every category it parsed failed the schema check"
+    unreadable = _sensor_resources(make_resources(tmp_path, site=str(tmp_path / "gone.yaml")), webhook_server.url)
+    skip = held_back_load_sensor(_failure_context(instance, blocked, unreadable, "held_back_load_sensor"))
+    assert isinstance(skip, dg.SkipReason)
+    [alert] = webhook_server.received
+    assert alert["kind"] == "held_back_load" and alert["run_id"] == blocked.run_id
+    assert alert["text"].startswith(f"scrape_assets: run {blocked.run_id[:8]} failed its schema check")
+    assert "gone.yaml" in alert["text"] and "load them with load_job" in alert["text"]
     assert held_back_load_sensor.default_status == dg.DefaultSensorStatus.RUNNING
+
+
+def test_consecutive_ranges_follow_the_spec_order():
+    from scrape_assets.defs.sensors import consecutive_ranges
+
+    keys = ["a", "b", "c", "d", "e", "f"]
+    assert consecutive_ranges(["e", "b", "a", "c", "f"], keys) == [("a", "c"), ("e", "f")]
+    assert consecutive_ranges(["d"], keys) == [("d", "d")]
+    assert consecutive_ranges([], keys) == []

@@ -11,8 +11,9 @@ again with the next evaluation's, up to :data:`MAX_UNSENT`).
 ``held_back_load_sensor`` loads what a failed blocking check held back: one run covers
 many categories, so one category failing ``parsed_products_match_schema`` stops the load
 of all of them. After such a run fails, it launches ``load_job`` (``products_table`` and
-``dead_letters``, no request, no parse) for the run's other categories whose rows passed
-the schema and are not in the table yet: one run per consecutive range of them.
+``dead_letters``, no request, no parse) for the run's categories whose rows passed the
+schema (unchanged ones too: their load writes the day's ``price_history``), one run per
+consecutive range of them.
 """
 
 
@@ -23,11 +24,9 @@ import dagster as dg
 from scrape_assets.alerts import send_alert
 from scrape_assets.collapse import CollapseRules, CollapseState, observe_products, observe_rate
 from scrape_assets.defs.jobs import category_partitions, load_job
-from scrape_assets.defs.resources import AlertsResource, ObjectStoreResource, SiteResource, WarehouseResource
-from scrape_assets.errors import ScrapeError
+from scrape_assets.defs.resources import AlertsResource, ObjectStoreResource, SiteResource
 from scrape_assets.extract import load_parse_state
 from scrape_assets.manifest import utc_now_iso
-from scrape_assets.warehouse import products
 
 RULES = CollapseRules()
 BATCH = 200
@@ -155,19 +154,12 @@ def run_failure_alert_sensor(context: dg.RunFailureSensorContext, alerts: Alerts
 SCHEMA_CHECK = "parsed_products_match_schema"
 #: Tag of the runs ``held_back_load_sensor`` launches: the failed run whose load they finish.
 HELD_BACK_TAG = "scrape/held_back_by"
-
-
-def run_partition_keys(run: dg.DagsterRun, keys: list[str]) -> list[str]:
-    """The partition keys a run covered (its range or single-partition tag), in ``keys`` order."""
-    tags = run.tags
-    if "dagster/asset_partition_range_start" in tags:
-        start, end = keys.index(tags["dagster/asset_partition_range_start"]), keys.index(tags["dagster/asset_partition_range_end"])
-        return keys[start:end + 1]
-    return [tags["dagster/partition"]] if tags.get("dagster/partition") in keys else []
+#: Runs carrying this tag key queue one at a time (the shipped dagster.yaml); daily runs carry it.
+QUEUE_TAG = "scrape/day"
 
 
 def consecutive_ranges(chosen: list[str], keys: list[str]) -> list[tuple[str, str]]:
-    """``chosen`` as ``(first, last)`` ranges of consecutive keys in ``keys`` order (one run each)."""
+    """``chosen`` (all in ``keys``) as ``(first, last)`` ranges of consecutive keys in ``keys`` order."""
     ranges: list[list[str]] = []
     last = None
     for index in sorted(keys.index(k) for k in chosen):
@@ -179,13 +171,12 @@ def consecutive_ranges(chosen: list[str], keys: list[str]) -> list[tuple[str, st
     return [(first, end) for first, end in ranges]
 
 
-def held_back_categories(instance, run: dg.DagsterRun, keys: list[str], site: str, store, warehouse) -> list[str]:
-    """Categories of a failed ``run`` a failed schema check kept out of ``products_table``.
+def held_back_by_schema_check(instance, run: dg.DagsterRun) -> list[str]:
+    """The categories a failed ``run`` parsed, if its failed schema check held back their load.
 
     Empty unless the run planned ``products_table`` and recorded a failed
-    ``parsed_products_match_schema`` evaluation. Of its categories, those whose parse state
-    says validated and whose input version is not the one loaded (``partition_loads``), in
-    ``keys`` order: the failing ones stay out (``products_table`` refuses them anyway).
+    ``parsed_products_match_schema`` evaluation; then its ``parsed_products``
+    materializations' partitions, in the order recorded. Reads the instance only.
     """
     if run.tags.get(HELD_BACK_TAG):
         return []  # a load this sensor launched: it ran no check
@@ -196,37 +187,66 @@ def held_back_categories(instance, run: dg.DagsterRun, keys: list[str], site: st
     if not any(e.dagster_event.event_specific_data.check_name == SCHEMA_CHECK
                and not e.dagster_event.event_specific_data.passed for e in evaluations):
         return []
-    held = []
-    for category in run_partition_keys(run, keys):
+    parsed = [e.dagster_event.partition
+              for e in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
+              if e.dagster_event.asset_key == dg.AssetKey("parsed_products") and e.dagster_event.partition]
+    return list(dict.fromkeys(parsed))
+
+
+def split_by_schema(categories: list[str], site: str, store) -> tuple[list[str], list[str]]:
+    """``(passed, failed)``: by each category's parse state (``validated``), order kept.
+
+    Categories whose input did not change count as passed too: loading them writes the
+    day's ``price_history`` (the rows themselves are not reloaded).
+    """
+    passed, failed = [], []
+    for category in categories:
         state = load_parse_state(store, site, category)
-        if state is not None and state.validated and warehouse.loaded_version(products, category) != state.input_version:
-            held.append(category)
-    return held
+        (passed if state is not None and state.validated else failed).append(category)
+    return passed, failed
 
 
 @dg.run_failure_sensor(default_status=dg.DefaultSensorStatus.RUNNING, request_job=load_job)
 def held_back_load_sensor(
-    context: dg.RunFailureSensorContext, site: SiteResource, store: ObjectStoreResource, warehouse: WarehouseResource
+    context: dg.RunFailureSensorContext, site: SiteResource, store: ObjectStoreResource, alerts: AlertsResource
 ):
-    """After a run failed its blocking schema check, load its categories that passed (``load_job``)."""
+    """After a run failed its blocking schema check, load its categories that passed (``load_job``).
+
+    One run per consecutive range of them in the spec's order (partition ranges cannot skip
+    a key), tagged ``scrape/held_back_by=<run id>`` and ``scrape/day`` (queued behind a
+    daily run, never beside it); each is launched once (its run key). When the categories
+    cannot be read (storage down, spec broken), an alert says what to load by hand: the
+    sensor sees each failed run once.
+    """
     run = context.dagster_run
-    keys = category_partitions.get_partition_keys()
-    try:
-        with warehouse.warehouse() as wh:
-            held = held_back_categories(context.instance, run, keys, site.spec().name, store.store(), wh)
-    except ScrapeError as exc:  # settings, storage or warehouse unusable: the failure alert already went out
-        context.log.warning(f"held_back_load_sensor: cannot read run {run.run_id[:8]}'s categories: {exc}")
-        return dg.SkipReason(f"cannot read run {run.run_id[:8]}'s categories: {exc}")
-    if not held:
+    parsed = held_back_by_schema_check(context.instance, run)
+    if not parsed:
         return dg.SkipReason(f"run {run.run_id[:8]}: nothing held back by a failed schema check")
-    context.log.info(f"run {run.run_id[:8]} failed its schema check; loading the categories that passed: {', '.join(held)}")
+    try:
+        passed, failed = split_by_schema(parsed, site.spec().name, store.store())
+        keys = category_partitions.get_partition_keys()
+        gone = [c for c in passed if c not in keys]  # removed from the spec since: no partition to run
+        ranges = consecutive_ranges([c for c in passed if c in keys], keys)
+    except Exception as exc:  # noqa: BLE001 - the sensor sees this run once: say it, do not lose it
+        text = (f"scrape_assets: run {run.run_id[:8]} failed its schema check, and the categories that passed "
+                f"could not be read to load them ({type(exc).__name__}: {exc}); load them with load_job")
+        send_alert(text, webhook_url=alerts.webhook_url, fields={"kind": "held_back_load", "run_id": run.run_id})
+        return dg.SkipReason(text)
+    if gone:
+        context.log.warning(f"run {run.run_id[:8]}: not loading {', '.join(gone)}: no longer categories of the spec")
+    if not ranges:
+        return dg.SkipReason(f"run {run.run_id[:8]}: every category it parsed failed the schema check")
+    context.log.info(
+        f"run {run.run_id[:8]} failed its schema check ({', '.join(failed) or '?'}); loading the categories "
+        f"that passed: {', '.join(f'{a}...{b}' if a != b else a for a, b in ranges)}"
+    )
     return [
         dg.RunRequest(
             run_key=f"held-back-{run.run_id}-{first}",
             tags={"dagster/asset_partition_range_start": first, "dagster/asset_partition_range_end": last,
-                  HELD_BACK_TAG: run.run_id},
+                  HELD_BACK_TAG: run.run_id, QUEUE_TAG: run.tags.get(QUEUE_TAG, "held-back")},
         )
-        for first, last in consecutive_ranges(held, keys)
+        for first, last in ranges
     ]
 
 

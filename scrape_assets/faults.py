@@ -54,10 +54,11 @@ Fault kinds and their options (every rule also takes ``match`` and ``first_n``):
                          honestly empty category)
     robots_disallow      prefix: an extra "Disallow: <prefix>" in robots.txt
 
-The content kinds (charset_*, layout_changed, zero_products, robots_disallow) are the page as
-the site changed it: its ETag is the changed body's, so a conditional GET with the original
-page's validators gets the changed page (200), and one with the changed page's ETag gets 304
-(RFC 9110 §13.1.2); If-Modified-Since alone always gets the page.
+The content kinds (charset_*, layout_changed, zero_products) and robots_disallow are the page
+as the site changed it, with an ETag of its own (charset_wrong: same bytes, another
+Content-Type, another tag): a conditional GET with the original page's validators gets the
+changed page (200), one with the changed page's ETag gets 304 (RFC 9110 §13.1.2);
+If-Modified-Since alone always gets the page.
 
 Attempts are counted by the server, per path (query ignored), over its lifetime: the first
 request of a path is attempt 1. ``rates`` only draw for requests no rule claimed; a draw is a
@@ -230,6 +231,8 @@ _RULE_MODELS: dict[str, type[_Rule]] = {cls.model_fields["fault"].annotation.__a
 FAULT_KINDS: tuple[str, ...] = tuple(_RULE_MODELS)
 #: Kinds that change the page's content, not the transport: the body is complete but different.
 CONTENT_KINDS = frozenset({"charset_missing", "charset_wrong", "layout_changed", "zero_products"})
+#: Kinds that serve a page other than the demo's: conditional requests are checked against it.
+_CHANGED_PAGE_KINDS = CONTENT_KINDS | {"robots_disallow"}
 
 
 class Rates(_Strict):
@@ -517,7 +520,7 @@ class FaultyDemoRequestHandler(DemoRequestHandler):
         rule = self.server.spec.choose(path, attempt)
         self._event = dict(at_s=at_s, method=self.command, path=path, attempt=attempt,
                            fault=rule.fault if rule is not None else None)
-        if rule is not None and rule.fault in CONTENT_KINDS:
+        if rule is not None and rule.fault in _CHANGED_PAGE_KINDS:
             # The page changed: the client's validators are checked against the changed page
             # (_send_content), not the original, or a conditional GET would never see the change.
             conditional = ("if-none-match", "if-modified-since")
@@ -677,6 +680,9 @@ class FaultyDemoRequestHandler(DemoRequestHandler):
     def _fault_charset_wrong(self, rule: CharsetWrong, response: DemoResponse) -> None:
         media_type = response.headers.get("Content-Type", "text/html").split(";", 1)[0]
         headers = {**response.headers, "Content-Type": f"{media_type}; charset={rule.declared}"}
+        if "ETag" in headers:  # same bytes, another representation (RFC 9110 §8.8.3): another entity tag
+            tagged = headers["Content-Type"].encode() + b"\n" + response.body
+            headers["ETag"] = '"' + hashlib.sha256(tagged).hexdigest()[:32] + '"'
         self._send_content(response.status, headers, response.body)
 
     def _content(self, rule: _Rule, response: DemoResponse) -> None:

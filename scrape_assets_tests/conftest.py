@@ -42,7 +42,8 @@ def run_metadata(result) -> dict[str, dict]:
     return metadata_by_asset(event.materialization for event in result.get_asset_materialization_events())
 
 
-def materialize(instance, resources: dict, partitions: list[str], selection=ALL_ASSETS, run_config=None, raise_on_error=True):
+def materialize(instance, resources: dict, partitions: list[str], selection=ALL_ASSETS, run_config=None, raise_on_error=True,
+                tags=None):
     """Materialize ``selection`` for ``partitions`` (consecutive keys) in ONE run, like the schedule."""
     import dagster as dg
 
@@ -61,6 +62,7 @@ def materialize(instance, resources: dict, partitions: list[str], selection=ALL_
         tags={
             "dagster/asset_partition_range_start": partitions[0],
             "dagster/asset_partition_range_end": partitions[-1],
+            **(tags or {}),
         },
         raise_on_error=raise_on_error,
     )

@@ -29,6 +29,7 @@ from scrape_assets.demo_site import respond
 from scrape_assets.errors import SpecError
 from scrape_assets.extract import load_parsed
 from scrape_assets.faults import (
+    CONTENT_KINDS,
     FAULT_KINDS,
     FaultSpec,
     content_body,
@@ -390,11 +391,15 @@ def test_http_date_retry_after_is_never_earlier_than_asked():
     assert 2.0 <= event.retry_after_s < 3.0
 
 
-def test_a_content_fault_is_a_changed_page_for_conditional_gets():
+@pytest.mark.parametrize("kind", sorted(CONTENT_KINDS | {"robots_disallow"}))
+def test_a_content_fault_is_a_changed_page_for_conditional_gets(kind):
     """The original page's validators get the changed page (200, new ETag); the new ETag gets 304."""
-    url_path = page_path("travel", 1)
+    if kind == "robots_disallow":
+        url_path, rule = "/robots.txt", {"fault": kind, "prefix": "/catalogue/"}
+    else:
+        url_path, rule = page_path("travel", 1), {"match": "travel", "fault": kind}
     original = respond("GET", url_path, day=DAY)
-    spec = FaultSpec.model_validate({"rules": [{"match": "travel", "fault": "layout_changed"}]})
+    spec = FaultSpec.model_validate({"rules": [rule]})
     with fault_server(spec) as server:
         url = server.base_url + url_path.lstrip("/")
         changed = httpx.get(url, headers={"If-None-Match": original.headers["ETag"],

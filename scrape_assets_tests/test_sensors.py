@@ -275,7 +275,8 @@ def test_categories_a_failed_schema_check_held_back_are_loaded_by_a_follow_up_ru
         resources = _sensor_resources(res)
         first = held_back_load_sensor.evaluate_tick(dg.build_sensor_context(instance=instance, resources=resources))
         assert first.run_requests == []
-        failed_again = materialize(instance, res, categories, raise_on_error=False)  # after the cursor
+        failed_again = materialize(instance, res, categories, raise_on_error=False,  # after the cursor
+                                   tags={"scrape/day": "2026-12-01"})  # as the schedule tags it
         tick = held_back_load_sensor.evaluate_tick(
             dg.build_sensor_context(instance=instance, resources=resources, cursor=first.cursor))
         requests = tick.run_requests
@@ -284,7 +285,8 @@ def test_categories_a_failed_schema_check_held_back_are_loaded_by_a_follow_up_ru
                   for r in requests]
         assert ranges == [("travel", "travel"), ("classics", "classics")]
         assert {r.tags[HELD_BACK_TAG] for r in requests} == {failed_again.run_id}
-        assert {r.tags["scrape/day"] for r in requests} == {"held-back"}  # queued with daily runs, not beside
+        # Queued like daily runs (never beside one), ended by run monitoring if its process dies.
+        assert {(r.tags["scrape/day"], r.tags["dagster/max_runtime"]) for r in requests} == {("2026-12-01", "72000")}
         assert [r.run_key for r in requests] == [f"held-back-{failed_again.run_id}-travel",
                                                  f"held-back-{failed_again.run_id}-classics"]
         later = held_back_load_sensor.evaluate_tick(
@@ -314,18 +316,20 @@ def test_categories_a_failed_schema_check_held_back_are_loaded_by_a_follow_up_ru
 def test_held_back_load_sensor_launches_nothing_for_other_failures_and_alerts_when_it_cannot_read(
     tmp_path, instance, webhook_server
 ):
-    # A run that failed for another reason (its spec file is missing): no check failed.
-    result = materialize(
-        instance, make_resources(tmp_path, site=str(tmp_path / "missing.yaml")), ["travel"], raise_on_error=False
-    )
-    assert not result.success
-    good = _sensor_resources(make_resources(tmp_path))
-    skip = held_back_load_sensor(_failure_context(instance, result, good, "held_back_load_sensor"))
-    assert isinstance(skip, dg.SkipReason) and "nothing held back" in skip.skip_message
-
-    # A failed check in a run that did not plan products_table: nothing was held back.
     from scrape_assets_tests.test_pipeline import _broken_spec
 
+    # A run that failed for another reason (its spec file is missing): no check failed, so no
+    # alert either, even though the sensor's own spec is that missing one too.
+    missing = make_resources(tmp_path, site=str(tmp_path / "missing.yaml"))
+    result = materialize(instance, missing, ["travel"], raise_on_error=False)
+    assert not result.success
+    for resources in (_sensor_resources(make_resources(tmp_path)), _sensor_resources(missing, webhook_server.url)):
+        skip = held_back_load_sensor(_failure_context(instance, result, resources, "held_back_load_sensor"))
+        assert isinstance(skip, dg.SkipReason) and "nothing held back" in skip.skip_message
+    assert webhook_server.received == []
+    good = _sensor_resources(make_resources(tmp_path), webhook_server.url)
+
+    # A failed check in a run that did not plan products_table: nothing was held back.
     broken = make_resources(tmp_path, site=_broken_spec(tmp_path))
     parse_only = materialize(instance, broken, ["travel"], selection=["raw_pages", "parsed_products"],
                              raise_on_error=False)
@@ -333,19 +337,52 @@ def test_held_back_load_sensor_launches_nothing_for_other_failures_and_alerts_wh
     skip = held_back_load_sensor(_failure_context(instance, parse_only, good, "held_back_load_sensor"))
     assert isinstance(skip, dg.SkipReason) and "nothing held back" in skip.skip_message
 
-    # Its categories cannot be read (the spec is gone now): an alert says so instead of a silent skip.
+    # Every category failed: nothing to load.
     blocked = materialize(instance, broken, ["travel", "mystery"], raise_on_error=False)
     assert not blocked.success
     skip = held_back_load_sensor(_failure_context(instance, blocked, good, "held_back_load_sensor"))
-    assert skip.skip_message == f"run {blocked.run_id[:8]}: every category it parsed failed the schema check"
+    assert skip.skip_message == f"run {blocked.run_id[:8]}: none of the categories it parsed passed the schema check"
+
+    # Its categories cannot be read (the spec is gone now): an alert names them instead of a silent skip.
     unreadable = _sensor_resources(make_resources(tmp_path, site=str(tmp_path / "gone.yaml")), webhook_server.url)
     skip = held_back_load_sensor(_failure_context(instance, blocked, unreadable, "held_back_load_sensor"))
     assert isinstance(skip, dg.SkipReason)
     [alert] = webhook_server.received
     assert alert["kind"] == "held_back_load" and alert["run_id"] == blocked.run_id
-    assert alert["text"].startswith(f"scrape_assets: run {blocked.run_id[:8]} failed its schema check")
+    assert alert["text"].startswith(f"scrape_assets: run {blocked.run_id[:8]} of __ephemeral_asset_job__: failed its "
+                                    "schema check, and its categories (mystery, travel) could not be read")
     assert "gone.yaml" in alert["text"] and "load them with load_job" in alert["text"]
     assert held_back_load_sensor.default_status == dg.DefaultSensorStatus.RUNNING
+
+
+def test_held_back_load_sensor_skips_what_it_cannot_load_and_loads_the_rest(tmp_path, instance, webhook_server, monkeypatch):
+    import scrape_assets.defs.sensors as sensors
+    from scrape_assets_tests.test_pipeline import _broken_spec
+
+    categories = ["travel", "mystery", "classics"]  # five-star cards: 0 of 11, 7 of 32, 1 of 19
+    changed = make_resources(tmp_path, site=_broken_spec(tmp_path, "rating", "p.star-rating:not(.Five)"))
+    failed = materialize(instance, changed, categories, raise_on_error=False)
+    assert not failed.success
+    resources = _sensor_resources(changed, webhook_server.url)
+
+    def ranges():
+        result = held_back_load_sensor(_failure_context(instance, failed, resources, "held_back_load_sensor"))
+        if isinstance(result, dg.SkipReason):
+            return result.skip_message
+        return [(r.tags["dagster/asset_partition_range_start"], r.tags["dagster/asset_partition_range_end"]) for r in result]
+
+    assert ranges() == [("travel", "travel"), ("classics", "classics")]
+    # travel left the spec since: no partition to run it in.
+    monkeypatch.setattr(sensors, "category_partitions", dg.StaticPartitionsDefinition(["mystery", "classics", "poetry"]))
+    assert ranges() == [("classics", "classics")]
+    monkeypatch.setattr(sensors, "category_partitions", dg.StaticPartitionsDefinition(["mystery", "poetry"]))
+    assert ranges() == f"run {failed.run_id[:8]}: the categories that passed (classics, travel) are no longer in the spec"
+    monkeypatch.undo()
+    # classics' parse state is unreadable: travel is still loaded, and an alert names classics.
+    (tmp_path / "objects" / "demo" / "classics" / "parse_state.json").write_text("{not json")
+    assert ranges() == [("travel", "travel")]
+    [alert] = webhook_server.received
+    assert "classics (JSONDecodeError" in alert["text"] and "load them with load_job if they passed" in alert["text"]
 
 
 def test_consecutive_ranges_follow_the_spec_order():

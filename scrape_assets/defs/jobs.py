@@ -4,6 +4,10 @@
 import dagster as dg
 
 from scrape_assets.defs.partitions import category_partitions
+from scrape_assets.settings import load_settings
+
+#: Runs carrying this tag key queue one at a time (the shipped dagster.yaml limits it to 1 across values).
+QUEUE_TAG = "scrape/day"
 
 SCRAPE_ASSETS = ["raw_pages", "parsed_products", "products_table", "dead_letters"]
 REPARSE_ASSETS = ["parsed_products", "products_table", "dead_letters"]
@@ -40,6 +44,19 @@ def all_categories_tags(partitions_def: dg.StaticPartitionsDefinition) -> dict[s
     return {"dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]}
 
 
+def queue_tags(day: str) -> dict[str, str]:
+    """Tags of a run that must not overlap a daily run: ``scrape/day`` and ``dagster/max_runtime``.
+
+    The shipped ``dagster.yaml`` lets one run with ``scrape/day`` (any value) go at a time;
+    ``dagster/max_runtime`` (``SCRAPE_RESUME_MAX_AGE_H`` in seconds, >= 36) lets the daemon's
+    run monitoring end one whose process died, which would otherwise hold that slot forever.
+    """
+    return {QUEUE_TAG: day, "dagster/max_runtime": str(int(load_settings().resume_max_age_h * 3600))}
+
+
 defs = dg.Definitions(jobs=[daily_scrape_job, reparse_job, load_job])
 
-__all__ = ["all_categories_tags", "category_partitions", "daily_scrape_job", "defs", "load_job", "reparse_job"]
+__all__ = [
+    "QUEUE_TAG", "all_categories_tags", "category_partitions", "daily_scrape_job", "defs", "load_job", "queue_tags",
+    "reparse_job",
+]

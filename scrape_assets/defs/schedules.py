@@ -15,7 +15,7 @@ its snapshots would not be resumed after that age anyway.
 
 import dagster as dg
 
-from scrape_assets.defs.jobs import all_categories_tags, category_partitions, daily_scrape_job
+from scrape_assets.defs.jobs import all_categories_tags, category_partitions, daily_scrape_job, queue_tags
 from scrape_assets.settings import load_settings
 
 
@@ -29,11 +29,7 @@ def daily_scrape_schedule(context: dg.ScheduleEvaluationContext):
     """One run of ``daily_scrape_job`` over all categories, keyed by the scheduled date."""
     scheduled = context.scheduled_execution_time
     day = scheduled.strftime("%Y-%m-%d") if scheduled else "manual"
-    tags = {
-        **all_categories_tags(category_partitions),
-        "scrape/day": day,
-        "dagster/max_runtime": str(int(load_settings().resume_max_age_h * 3600)),  # >= 36 s (settings)
-    }
+    tags = {**all_categories_tags(category_partitions), **queue_tags(day)}
     return dg.RunRequest(run_key=f"daily-{day}", tags=tags)
 
 

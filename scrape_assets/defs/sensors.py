@@ -23,7 +23,7 @@ import dagster as dg
 
 from scrape_assets.alerts import send_alert
 from scrape_assets.collapse import CollapseRules, CollapseState, observe_products, observe_rate
-from scrape_assets.defs.jobs import category_partitions, load_job
+from scrape_assets.defs.jobs import QUEUE_TAG, category_partitions, load_job, queue_tags
 from scrape_assets.defs.resources import AlertsResource, ObjectStoreResource, SiteResource
 from scrape_assets.extract import load_parse_state
 from scrape_assets.manifest import utc_now_iso
@@ -154,8 +154,6 @@ def run_failure_alert_sensor(context: dg.RunFailureSensorContext, alerts: Alerts
 SCHEMA_CHECK = "parsed_products_match_schema"
 #: Tag of the runs ``held_back_load_sensor`` launches: the failed run whose load they finish.
 HELD_BACK_TAG = "scrape/held_back_by"
-#: Runs carrying this tag key queue one at a time (the shipped dagster.yaml); daily runs carry it.
-QUEUE_TAG = "scrape/day"
 
 
 def consecutive_ranges(chosen: list[str], keys: list[str]) -> list[tuple[str, str]]:
@@ -176,7 +174,7 @@ def held_back_by_schema_check(instance, run: dg.DagsterRun) -> list[str]:
 
     Empty unless the run planned ``products_table`` and recorded a failed
     ``parsed_products_match_schema`` evaluation; then its ``parsed_products``
-    materializations' partitions, in the order recorded. Reads the instance only.
+    materializations' partitions, sorted. Reads the instance only.
     """
     if run.tags.get(HELD_BACK_TAG):
         return []  # a load this sensor launched: it ran no check
@@ -190,20 +188,31 @@ def held_back_by_schema_check(instance, run: dg.DagsterRun) -> list[str]:
     parsed = [e.dagster_event.partition
               for e in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
               if e.dagster_event.asset_key == dg.AssetKey("parsed_products") and e.dagster_event.partition]
-    return list(dict.fromkeys(parsed))
+    return sorted(set(parsed))
 
 
-def split_by_schema(categories: list[str], site: str, store) -> tuple[list[str], list[str]]:
-    """``(passed, failed)``: by each category's parse state (``validated``), order kept.
+def split_by_schema(categories: list[str], site: str, store) -> tuple[list[str], list[str], dict[str, str]]:
+    """``(passed, failed, unreadable)``: by each category's parse state (``validated``), order kept.
 
     Categories whose input did not change count as passed too: loading them writes the
-    day's ``price_history`` (the rows themselves are not reloaded).
+    day's ``price_history`` (the rows themselves are not reloaded). ``unreadable`` maps a
+    category whose state could not be read to the error.
     """
-    passed, failed = [], []
+    passed, failed, unreadable = [], [], {}
     for category in categories:
-        state = load_parse_state(store, site, category)
+        try:
+            state = load_parse_state(store, site, category)
+        except Exception as exc:  # noqa: BLE001 - one bad file must not cost the others their load
+            unreadable[category] = f"{type(exc).__name__}: {exc}"
+            continue
         (passed if state is not None and state.validated else failed).append(category)
-    return passed, failed
+    return passed, failed, unreadable
+
+
+def _held_back_alert(run: dg.DagsterRun, what: str, alerts: AlertsResource) -> dg.SkipReason:
+    text = f"scrape_assets: run {run.run_id[:8]} of {run.job_name}: {what}"
+    send_alert(text, webhook_url=alerts.webhook_url, fields={"kind": "held_back_load", "run_id": run.run_id})
+    return dg.SkipReason(text)
 
 
 @dg.run_failure_sensor(default_status=dg.DefaultSensorStatus.RUNNING, request_job=load_job)
@@ -213,38 +222,48 @@ def held_back_load_sensor(
     """After a run failed its blocking schema check, load its categories that passed (``load_job``).
 
     One run per consecutive range of them in the spec's order (partition ranges cannot skip
-    a key), tagged ``scrape/held_back_by=<run id>`` and ``scrape/day`` (queued behind a
-    daily run, never beside it); each is launched once (its run key). When the categories
-    cannot be read (storage down, spec broken), an alert says what to load by hand: the
-    sensor sees each failed run once.
+    a key), tagged ``scrape/held_back_by=<run id>`` and like a daily run (``scrape/day``,
+    ``dagster/max_runtime``: queued behind daily runs, never beside one); each is launched
+    once (its run key). The sensor sees each failed run once, so what it cannot read (the
+    run's events, the spec, a parse state) becomes an alert naming the categories to load
+    by hand, instead of a lost follow-up.
     """
     run = context.dagster_run
-    parsed = held_back_by_schema_check(context.instance, run)
+    try:
+        parsed = held_back_by_schema_check(context.instance, run)
+    except Exception as exc:  # noqa: BLE001 - said, not lost
+        return _held_back_alert(run, f"could not read its events to see whether a failed schema check held back "
+                                     f"its load ({type(exc).__name__}: {exc})", alerts)
     if not parsed:
         return dg.SkipReason(f"run {run.run_id[:8]}: nothing held back by a failed schema check")
     try:
-        passed, failed = split_by_schema(parsed, site.spec().name, store.store())
+        passed, failed, unreadable = split_by_schema(parsed, site.spec().name, store.store())
         keys = category_partitions.get_partition_keys()
-        gone = [c for c in passed if c not in keys]  # removed from the spec since: no partition to run
-        ranges = consecutive_ranges([c for c in passed if c in keys], keys)
-    except Exception as exc:  # noqa: BLE001 - the sensor sees this run once: say it, do not lose it
-        text = (f"scrape_assets: run {run.run_id[:8]} failed its schema check, and the categories that passed "
-                f"could not be read to load them ({type(exc).__name__}: {exc}); load them with load_job")
-        send_alert(text, webhook_url=alerts.webhook_url, fields={"kind": "held_back_load", "run_id": run.run_id})
-        return dg.SkipReason(text)
+    except Exception as exc:  # noqa: BLE001 - said, not lost
+        return _held_back_alert(run, f"failed its schema check, and its categories ({', '.join(parsed)}) could not be "
+                                     f"read to load those that passed ({type(exc).__name__}: {exc}); load them with "
+                                     "load_job", alerts)
+    gone = [c for c in passed if c not in keys]  # removed from the spec since: no partition to run
+    ranges = consecutive_ranges([c for c in passed if c in keys], keys)
     if gone:
         context.log.warning(f"run {run.run_id[:8]}: not loading {', '.join(gone)}: no longer categories of the spec")
+    if unreadable:
+        _held_back_alert(run, "failed its schema check; these categories' parse state could not be read, load them "
+                              "with load_job if they passed: " + "; ".join(f"{c} ({e})" for c, e in unreadable.items()),
+                         alerts)
     if not ranges:
-        return dg.SkipReason(f"run {run.run_id[:8]}: every category it parsed failed the schema check")
+        why = (f"the categories that passed ({', '.join(gone)}) are no longer in the spec" if gone
+               else "none of the categories it parsed passed the schema check")
+        return dg.SkipReason(f"run {run.run_id[:8]}: {why}")
     context.log.info(
-        f"run {run.run_id[:8]} failed its schema check ({', '.join(failed) or '?'}); loading the categories "
-        f"that passed: {', '.join(f'{a}...{b}' if a != b else a for a, b in ranges)}"
+        f"run {run.run_id[:8]} failed its schema check ({', '.join(failed) or 'no category readable as failed'}); "
+        f"loading the categories that passed: {', '.join(f'{a}...{b}' if a != b else a for a, b in ranges)}"
     )
     return [
         dg.RunRequest(
             run_key=f"held-back-{run.run_id}-{first}",
             tags={"dagster/asset_partition_range_start": first, "dagster/asset_partition_range_end": last,
-                  HELD_BACK_TAG: run.run_id, QUEUE_TAG: run.tags.get(QUEUE_TAG, "held-back")},
+                  HELD_BACK_TAG: run.run_id, **queue_tags(run.tags.get(QUEUE_TAG, "held-back"))},
         )
         for first, last in ranges
     ]

@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-export DAGSTER_HOME := $(CURDIR)/.dagster_home
+export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export SCRAPE_DATA_DIR ?= $(CURDIR)/data
 
 .PHONY: demo test ui serve-demo clean bench bench-quick

@@ -134,20 +134,27 @@ def print_summary(summary: dict, run: dict | None = None, out=sys.stdout) -> Non
     """Print what a run did (when given) and what is stored now."""
     lines = [""]
     if run is not None:
+        def step(figure: str, text: str, asset: str) -> str:  # a step that did not finish recorded nothing
+            return text if run[figure] is not None else f"{asset} did not finish"
+
         lines += [
             "This run" + ("" if run["success"] else " (FAILED: see the log above or `make ui`)"),
-            f"  requests        {run['requests_made']} ({run['pages_not_modified']} not modified: 304), "
-            f"{run['pages_failed']} pages failed for good",
-            f"  parsed          {run['pages_parsed']} pages re-parsed, {run['partitions_unchanged']} categories unchanged",
-            f"  loaded          {run['rows_loaded']} rows (re)loaded, {run['rows_carried_forward']} kept from pages "
-            "that failed this time",
+            "  requests        " + step("requests_made", f"{run['requests_made']} ({run['pages_not_modified']} not "
+                                        f"modified: 304), {run['pages_failed']} pages failed for good", "raw_pages"),
+            "  parsed          " + step("pages_parsed", f"{run['pages_parsed']} pages re-parsed, "
+                                        f"{run['partitions_unchanged']} categories unchanged", "parsed_products"),
+            "  loaded          " + step("rows_loaded", f"{run['rows_loaded']} rows (re)loaded, "
+                                        f"{run['rows_carried_forward']} kept from pages that failed this time",
+                                        "products_table"),
             "",
         ]
     lines += [
         f"Summary ({summary['site']}, latest complete snapshots)",
         f"  categories      {summary['categories']}/{summary['categories_configured']}",
         f"  pages           {summary['pages_done']} done, {summary['pages_failed']} failed",
-        f"  success rate    {summary['success_rate']:.1%}",
+        "  success rate    " + (f"{summary['success_rate']:.1%}" if summary["pages_done"] + summary["pages_failed"]
+                                  else f"n/a (no snapshot of {summary['site']} in {summary['object_storage']} yet: "
+                                       "is SCRAPE_DATA_DIR or SCRAPE_STORAGE_URL the one you scraped into?)"),
         f"  products loaded {summary['products_loaded']} (table `products`)",
     ]
     stale = summary.get("products_of_categories_not_in_spec") or {}
@@ -178,8 +185,8 @@ def run_demo(new_snapshot: bool = False) -> int:
     preflight(resources)
     job = defs.resolve_job_def("daily_scrape_job")
     keys = category_partitions.get_partition_keys()
-    print(f"scrape-assets: {len(keys)} categories in one run on the Dagster instance at {os.environ['DAGSTER_HOME']}")
     with _instance() as instance:  # disposed: its SQLite files are closed (WAL folded) before exit
+        print(f"scrape-assets: {len(keys)} categories in one run on the Dagster instance at {os.environ['DAGSTER_HOME']}")
         result = job.execute_in_process(
             instance=instance,
             tags={**all_categories_tags(category_partitions), "scrape/launched_by": "scrape-assets demo"},

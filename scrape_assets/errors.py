@@ -104,8 +104,9 @@ class FetchConfigChangedError(ManifestError):
         super().__init__(
             location,
             "the incomplete snapshot was fetched with a different config "
-            f"(differing keys: {', '.join(differing_keys)}); rerun with run config "
-            "`new_snapshot: true` to start a new snapshot",
+            f"(differing keys: {', '.join(differing_keys)}); restore the earlier settings to resume it, or "
+            "start a new snapshot: run config `ops: {raw_pages: {config: {new_snapshot: true}}}` "
+            "(`scrape-assets demo --new-snapshot`)",
         )
 
 

@@ -388,11 +388,10 @@ def open_snapshot(
     digest = config_hash(fetch_config)
     now = now or datetime.now(timezone.utc)
     latest = latest_manifest(store, site, category)
-    if latest is not None and not latest.is_complete and resume_max_age is not None:
-        if now - latest.created_datetime() > resume_max_age:
-            if on_abandon is not None:
-                on_abandon(latest)
-            new_snapshot = True
+    if _too_old_to_resume(latest, now, resume_max_age):
+        if on_abandon is not None:
+            on_abandon(latest)
+        new_snapshot = True
     if latest is not None and not latest.is_complete and not new_snapshot:
         if latest.fetch_config_hash != digest:
             raise FetchConfigChangedError(latest.key, differing_keys(latest.fetch_config, fetch_config))
@@ -416,6 +415,29 @@ def open_snapshot(
     )
     manifest.save(store)
     return manifest, False
+
+
+def _too_old_to_resume(latest: Manifest | None, now: datetime, resume_max_age: timedelta | None) -> bool:
+    return (latest is not None and not latest.is_complete and resume_max_age is not None
+            and now - latest.created_datetime() > resume_max_age)
+
+
+def resume_conflict(
+    store: ObjectStore, *, site: str, category: str, fetch_config: dict, now: datetime | None = None,
+    resume_max_age: timedelta | None = None,
+) -> FetchConfigChangedError | None:
+    """The error :func:`open_snapshot` would raise for this partition (without ``new_snapshot``), or None.
+
+    Reads only: a run asks it for every partition before opening any snapshot, so a
+    changed config stops the run before it starts snapshots under the new config for the
+    other partitions (which would then refuse the old config in turn).
+    """
+    latest = latest_manifest(store, site, category)
+    if latest is None or latest.is_complete or _too_old_to_resume(latest, now or datetime.now(timezone.utc), resume_max_age):
+        return None
+    if latest.fetch_config_hash == config_hash(fetch_config):
+        return None
+    return FetchConfigChangedError(latest.key, differing_keys(latest.fetch_config, fetch_config))
 
 
 def _reopen(store: ObjectStore, manifest: Manifest, run_id: str | None) -> Manifest:

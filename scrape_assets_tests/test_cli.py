@@ -15,14 +15,20 @@ from scrape_assets.warehouse import Warehouse, products
 
 
 def test_demo_command_runs_all_categories_in_one_run_and_prints_summary(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SCRAPE_")}
-    home = tmp_path / "dagster_home"
-    env.update(DAGSTER_HOME=str(home), SCRAPE_DATA_DIR=str(tmp_path / "data"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCRAPE_") and k != "DAGSTER_HOME"}
+    env.update(SCRAPE_DATA_DIR=str(tmp_path / "data"))
     cli = Path(sys.executable).with_name("scrape-assets")
+    # Nothing scraped yet: the summary says so and where it looked, not "100%".
+    empty = subprocess.run([str(cli), "summary"], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert empty.returncode == 0, empty.stderr[-3000:]
+    assert (f"  success rate    n/a (no snapshot of demo in {tmp_path / 'data' / 'objects'} yet: is SCRAPE_DATA_DIR "
+            "or SCRAPE_STORAGE_URL the one you scraped into?)") in empty.stdout
+    # Without DAGSTER_HOME (outside `make demo`) the instance is ./.dagster_home, as the Makefile's.
+    home = tmp_path / ".dagster_home"
     done = subprocess.run([str(cli), "demo"], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
-    assert "12 categories in one run" in out
+    assert f"12 categories in one run on the Dagster instance at {home}" in out
     assert "  requests        38 (0 not modified: 304), 0 pages failed for good" in out
     assert "  parsed          38 pages re-parsed, 0 categories unchanged" in out
     assert "  loaded          678 rows (re)loaded, 0 kept from pages that failed this time" in out

@@ -180,19 +180,33 @@ def test_fetch_config_change_refuses_resume_until_new_snapshot(tmp_path, instanc
     from scrape_assets.manifest import load_manifest
 
     res = make_resources(tmp_path)
-    assert materialize(instance, res, ["travel"], selection=["raw_pages"]).success
+    categories = ["travel", "mystery", "classics"]
+    assert materialize(instance, res, categories, selection=["raw_pages"]).success
     store = ObjectStore(str(tmp_path / "objects"))
     manifest = latest_manifest(store, "demo", "travel")
     manifest.completed_at = None  # as if the run had died
     manifest.pages[1].status = "pending"
     manifest.save(store)
+    before = {c: list_snapshots(store, "demo", c) for c in categories}
 
+    # The changed config stops the run before any snapshot opens: the other categories do not
+    # start snapshots under it (which would in turn refuse the earlier config).
     changed = make_resources(tmp_path, max_attempts=5)
-    refused = materialize(instance, changed, ["travel"], selection=["raw_pages"], raise_on_error=False)
+    refused = materialize(instance, changed, categories, selection=["raw_pages"], raise_on_error=False)
     assert not refused.success
     failure = [e for e in refused.all_events if e.event_type_value == "STEP_FAILURE"][0]
-    assert "differing keys: max_attempts" in failure.step_failure_data.error.message
+    message = failure.step_failure_data.error.message
+    assert "differing keys: max_attempts" in message
+    assert "restore the earlier settings to resume it" in message and "scrape-assets demo --new-snapshot" in message
     assert load_manifest(store, "demo", "travel", manifest.snapshot_id).completed_at is None
+    assert {c: list_snapshots(store, "demo", c) for c in categories} == before
+
+    # Back to the earlier config, the snapshot resumes.
+    assert materialize(instance, res, ["travel"], selection=["raw_pages"]).success
+    assert latest_manifest(store, "demo", "travel").snapshot_id == manifest.snapshot_id
+    manifest.completed_at = None  # died again
+    manifest.pages[1].status = "pending"
+    manifest.save(store)
 
     fresh = materialize(
         instance, changed, ["travel"], selection=["raw_pages"],
@@ -370,3 +384,17 @@ def test_a_malformed_proxy_url_fails_raw_pages_once_without_retries_or_echoing_i
     assert "SCRAPE_PROXY_URL='<hidden>' is invalid" in failure.event_specific_data.error.message
     assert not any(e.event_type_value in ("STEP_UP_FOR_RETRY", "STEP_RESTARTED") for e in result.all_events)
     assert not any("hunter2" in (e.message or "") for e in instance.all_logs(result.run_id))
+
+
+def test_a_partition_range_given_backwards_fails_with_the_spec_order(tmp_path, instance):
+    """Dagster runs a reversed range as an empty one: a run that does nothing must not look green."""
+    result = materialize(instance, make_resources(tmp_path), ["mystery", "travel"], raise_on_error=False)
+    assert not result.success
+    failures = {e.step_key: e.event_specific_data.error.message for e in result.get_step_failure_events()}
+    assert set(failures) == {"raw_pages"}
+    assert ("the partition range mystery...travel selects no category: a range follows the order of the spec's "
+            "categories (travel, mystery, classics,") in failures["raw_pages"]
+    assert not (tmp_path / "objects" / "demo").exists()
+    reparse = materialize(instance, make_resources(tmp_path), ["mystery", "travel"],
+                          selection=["parsed_products", "products_table", "dead_letters"], raise_on_error=False)
+    assert {e.step_key for e in reparse.get_step_failure_events()} == {"parsed_products"}

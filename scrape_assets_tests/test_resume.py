@@ -96,3 +96,40 @@ def test_killed_run_resumes_fetching_only_pages_not_done(tmp_path, demo_server):
     wh = Warehouse(f"sqlite:///{tmp_path / 'data' / 'warehouse.db'}")
     assert wh.count(products, CATEGORY) == 232
     assert wh.duplicate_product_keys() == []
+
+
+def test_a_category_failing_cancels_the_others_without_recording_failures(tmp_path):
+    """The crawl of travel is in flight (robots.txt stalls) when mystery's storage fails: travel is
+    cancelled before the client closes, its page left pending (fetched on resume), not failed."""
+    import asyncio
+    import logging
+
+    import pytest
+
+    from scrape_assets.defs.assets.raw_pages import crawl_partitions
+    from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
+    from scrape_assets.errors import StorageError
+    from scrape_assets.faults import FaultSpec
+    from scrape_assets_tests.fault_scenarios import fault_server
+
+    class _MysteryUnwritable(ObjectStore):
+        def write_bytes_atomic(self, key, data, *, sync_folder=True):
+            if key.startswith("demo/mystery/"):
+                raise StorageError(f"{self.describe()}/{key}", "write failed: [Errno 28] No space left on device")
+            return super().write_bytes_atomic(key, data, sync_folder=sync_folder)
+
+    class _Store(ObjectStoreResource):
+        def store(self):
+            return _MysteryUnwritable(self.url)
+
+    root = tmp_path / "objects"
+    stall = FaultSpec.model_validate({"rules": [{"match": r"robots\.txt$", "fault": "stall_after_headers", "first_n": 1}]})
+    with fault_server(stall) as server:
+        site = SiteResource(site="demo", base_url=server.base_url, timeout_s=5)
+        with pytest.raises(StorageError, match="No space left"):
+            asyncio.run(crawl_partitions(site, _Store(url=str(root)), ["travel", "mystery"], new_snapshot=False,
+                                         log=logging.getLogger("test")))
+    travel = latest_manifest(ObjectStore(str(root)), "demo", "travel")
+    assert travel is not None and not travel.is_complete
+    page = travel.pages[1]
+    assert (page.status, page.last_error) == ("pending", None)  # not "failed: robots_unreachable"

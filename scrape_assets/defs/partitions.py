@@ -13,3 +13,24 @@ def build_category_partitions(site: str) -> dg.StaticPartitionsDefinition:
 
 
 category_partitions = build_category_partitions(load_settings().site)
+
+
+def run_categories(context: dg.AssetExecutionContext) -> list[str]:
+    """The run's categories: its partition keys, in the spec's order.
+
+    Raises:
+        dagster.Failure: (not retried) the run's partition range selects no category, its ends
+            given in the reverse of the spec's order (Dagster runs such a range as empty).
+    """
+    keys = list(context.partition_keys)
+    if not keys:
+        bounds = context.partition_key_range
+        order = context.assets_def.partitions_def.get_partition_keys()
+        raise dg.Failure(
+            description=(
+                f"the partition range {bounds.start}...{bounds.end} selects no category: a range follows the order "
+                f"of the spec's categories ({', '.join(order)}); give the earlier one first"
+            ),
+            allow_retries=False,
+        )
+    return keys

@@ -6,7 +6,7 @@ import json
 import dagster as dg
 
 from scrape_assets.defs.assets.partition_metadata import add_per_category
-from scrape_assets.defs.partitions import category_partitions
+from scrape_assets.defs.partitions import category_partitions, run_categories
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource
 from scrape_assets.extract import load_current, load_parse_state
 from scrape_assets.manifest import Manifest, has_snapshot, latest_manifest, utc_now_iso
@@ -69,7 +69,7 @@ def dead_letters(
     object_store = store.store()
     counts = {}
     with store.locks(context, spec.name), warehouse.for_site(spec.name, owns=has_snapshot(object_store, spec.name)) as wh:
-        for category in context.partition_keys:
+        for category in run_categories(context):
             manifest = latest_manifest(object_store, spec.name, category, complete=True)
             if manifest is None:
                 counts[category] = 0

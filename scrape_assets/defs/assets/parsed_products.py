@@ -5,7 +5,7 @@ import pydantic
 
 from scrape_assets.batched_log import BatchedLog
 from scrape_assets.defs.assets.partition_metadata import add_per_category
-from scrape_assets.defs.partitions import category_partitions
+from scrape_assets.defs.partitions import category_partitions, run_categories
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
 from scrape_assets.extract import PARSER_VERSION
 from scrape_assets.validation_report import ValidationReport, merge_reports
@@ -56,7 +56,7 @@ def parsed_products(
     workers = config.parse_workers or default_workers()
     log = BatchedLog(context.log.info)
     with store.locks(context, spec.name):
-        for result in parse_partitions(object_store, spec, list(context.partition_keys), workers=workers):
+        for result in parse_partitions(object_store, spec, run_categories(context), workers=workers):
             per_category[result.category] = result.figures
             if result.report is not None:
                 reports.append(result.report)

@@ -5,7 +5,7 @@ import dagster as dg
 
 from scrape_assets.batched_log import BatchedLog
 from scrape_assets.defs.assets.partition_metadata import add_per_category
-from scrape_assets.defs.partitions import category_partitions
+from scrape_assets.defs.partitions import category_partitions, run_categories
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource
 from scrape_assets.errors import ManifestError
 from scrape_assets.extract import load_parse_state, load_parsed
@@ -28,7 +28,7 @@ def load_categories(context, site: SiteResource, store: ObjectStoreResource, wh:
     spec = site.spec()
     object_store = store.store()
     states = {}
-    for category in context.partition_keys:
+    for category in run_categories(context):
         state = load_parse_state(object_store, spec.name, category)
         if state is None:
             raise ManifestError(f"{spec.name}/{category}", "partition not parsed yet: materialize parsed_products first")

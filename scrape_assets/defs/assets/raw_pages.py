@@ -11,12 +11,12 @@ from pydantic import Field
 from scrape_assets.batched_log import BatchedLog
 from scrape_assets.crawl import CrawlProgress, CrawlReport, PartitionCrawler
 from scrape_assets.defs.assets.partition_metadata import add_per_category
-from scrape_assets.defs.partitions import category_partitions
+from scrape_assets.defs.partitions import category_partitions, run_categories
 from scrape_assets.defs.pools import configured_host_pool
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource
 from scrape_assets.errors import FetchConfigChangedError, PartitionLockedError, SettingsError, SpecError
 from scrape_assets.fetcher import PageFetcher
-from scrape_assets.manifest import Manifest
+from scrape_assets.manifest import Manifest, resume_conflict
 
 # Crashes and infrastructure errors (storage unwritable, process killed) retry the step;
 # the retry resumes the snapshot from its manifest. Page failures never reach here.
@@ -137,10 +137,29 @@ async def crawl_partitions(
     site: SiteResource, store: ObjectStoreResource, categories: list[str], *, new_snapshot: bool, log,
     run_id: str | None = None, adopt_complete: Callable[[Manifest], bool] | None = None,
 ) -> list[CrawlReport]:
-    """Crawl several categories concurrently, sharing one client and the per-host limits."""
+    """Crawl several categories concurrently, sharing one client and the per-host limits.
+
+    Before any snapshot is opened, every category's incomplete snapshot is checked against
+    this run's fetch config (unless ``new_snapshot``): a change stops the run untouched,
+    naming every category it concerns. When one category's crawl fails, the others are
+    cancelled before the client closes: their in-flight pages stay in flight in the
+    journal (fetched again on resume), never recorded as failures of the closed client.
+
+    Raises:
+        FetchConfigChangedError: the first category whose incomplete snapshot has another
+            fetch config (the log names all of them).
+    """
     spec = site.spec()
     fetch_config, fetch_base_url = site.fetch_config(), site.fetch_base_url()  # parse the spec once, not per category
     object_store = store.store()
+    if not new_snapshot:
+        conflicts = [c for c in (resume_conflict(object_store, site=spec.name, category=category, fetch_config=fetch_config,
+                                                 resume_max_age=store.resume_max_age()) for category in categories) if c]
+        if conflicts:
+            if len(conflicts) > 1:
+                log.error(f"{len(conflicts)} categories have an incomplete snapshot fetched with another config: "
+                          + "; ".join(f"{c.location} ({', '.join(c.differing_keys)})" for c in conflicts))
+            raise conflicts[0]
     object_store.ensure_writable()
     async with site.client() as client:
         fetcher = PageFetcher(client, site.fetch_policy())
@@ -161,10 +180,21 @@ async def crawl_partitions(
             )
             for category in categories
         ]
+        tasks = [asyncio.ensure_future(c.run(new_snapshot=new_snapshot)) for c in crawlers]
         try:
-            return list(await asyncio.gather(*(c.run(new_snapshot=new_snapshot) for c in crawlers)))
-        finally:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:  # a crawl failed (or this one was cancelled): the others stop before the client closes
+            pending = [task for task in tasks if not task.done()]
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
             object_store.close()  # journals of snapshots left incomplete
+    errors = [task.exception() for task in tasks if not task.cancelled() and task.exception() is not None]
+    for other in errors[1:]:
+        log.error(f"another category's crawl failed too: {type(other).__name__}: {other}")
+    if errors:
+        raise errors[0]
+    return [task.result() for task in tasks]
 
 
 @dg.asset(
@@ -185,7 +215,7 @@ def raw_pages(
     Retry-After), resumes an interrupted snapshot, never fails for a dead page. Before any
     request it checks the warehouse is not another site's (its load would be refused).
     """
-    categories = list(context.partition_keys)
+    categories = run_categories(context)
     try:
         with warehouse.warehouse() as wh:
             wh.check_site(site.spec().name)  # before any request: its load would be refused

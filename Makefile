@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+export DAGSTER_HOME := $(CURDIR)/.dagster_home
 export SCRAPE_DATA_DIR ?= $(CURDIR)/data
 
 .PHONY: demo test ui serve-demo clean bench bench-quick
@@ -15,7 +15,9 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e ".[test]"
 	touch $@
 
-$(DAGSTER_HOME)/dagster.yaml: dagster.yaml
+# The clone's own instance follows the shipped settings; one given on the command line
+# (make demo DAGSTER_HOME=...) gets them only when it has none: its own are never replaced.
+$(DAGSTER_HOME)/dagster.yaml: $(if $(filter $(CURDIR)/.dagster_home,$(DAGSTER_HOME)),dagster.yaml)
 	mkdir -p $(DAGSTER_HOME)
 	cp dagster.yaml $@
 

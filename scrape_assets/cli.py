@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -34,8 +35,13 @@ def _instance():
         home = str(Path(".dagster_home").resolve())
         os.environ["DAGSTER_HOME"] = home
     Path(home).mkdir(parents=True, exist_ok=True)
-    if not (Path(home) / "dagster.yaml").exists():
-        (Path(home) / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    config = Path(home) / "dagster.yaml"
+    if not config.exists():
+        shipped = Path(__file__).resolve().parents[1] / "dagster.yaml"  # the clone's (what `make demo` copies)
+        if shipped.is_file():
+            shutil.copyfile(shipped, config)
+        else:  # installed without the clone
+            config.write_text("telemetry:\n  enabled: false\n")
     return dg.DagsterInstance.get()
 
 
@@ -153,8 +159,8 @@ def print_summary(summary: dict, run: dict | None = None, out=sys.stdout) -> Non
         f"  categories      {summary['categories']}/{summary['categories_configured']}",
         f"  pages           {summary['pages_done']} done, {summary['pages_failed']} failed",
         "  success rate    " + (f"{summary['success_rate']:.1%}" if summary["pages_done"] + summary["pages_failed"]
-                                  else f"n/a (no snapshot of {summary['site']} in {summary['object_storage']} yet: "
-                                       "is SCRAPE_DATA_DIR or SCRAPE_STORAGE_URL the one you scraped into?)"),
+                                  else f"n/a (no complete snapshot of {summary['site']} in {summary['object_storage']}"
+                                       " yet: is SCRAPE_DATA_DIR or SCRAPE_STORAGE_URL the one you scraped into?)"),
         f"  products loaded {summary['products_loaded']} (table `products`)",
     ]
     stale = summary.get("products_of_categories_not_in_spec") or {}

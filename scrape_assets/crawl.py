@@ -314,7 +314,7 @@ class PartitionCrawler:
                 if not any(p.status == "pending" for p in manifest.pages.values()):
                     return
                 continue
-            await asyncio.gather(*(self._fetch(n) for n in pending))
+            await all_or_cancel(self._fetch(n) for n in pending)  # a page's storage error stops its siblings
             if not manifest.discovery_complete:
                 await self._follow_next_links()
 
@@ -474,6 +474,33 @@ class PartitionCrawler:
         self._fetched += 1
         manifest.record(self.store, n)
         self.progress.page_done()
+
+
+async def all_or_cancel(coros, on_other_error: Callable[[BaseException], None] | None = None) -> list:
+    """Run ``coros`` concurrently and return their results in order; if one raises, cancel
+    the others, wait until they have stopped, and raise the first error (in ``coros`` order).
+
+    ``asyncio.gather`` would leave the others running after the first error (here: fetching
+    through a client about to close, recording pages failed that the site never refused);
+    ``asyncio.TaskGroup`` needs Python 3.11. The other errors go to ``on_other_error``.
+    """
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    if not tasks:
+        return []
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:  # also when this coroutine is cancelled: nothing is left running behind it
+        pending = [task for task in tasks if not task.done()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    errors = [task.exception() for task in tasks if not task.cancelled() and task.exception() is not None]
+    if errors:
+        for other in errors[1:]:
+            if on_other_error is not None:
+                on_other_error(other)
+        raise errors[0]
+    return [task.result() for task in tasks]
 
 
 def _same_origin(url: str, base_url: str) -> bool:

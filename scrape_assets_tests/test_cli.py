@@ -12,6 +12,7 @@ import dagster as dg
 import yaml
 
 from scrape_assets.warehouse import Warehouse, products
+from scrape_assets_tests.conftest import REPO_ROOT
 
 
 def test_demo_command_runs_all_categories_in_one_run_and_prints_summary(tmp_path):
@@ -21,14 +22,15 @@ def test_demo_command_runs_all_categories_in_one_run_and_prints_summary(tmp_path
     # Nothing scraped yet: the summary says so and where it looked, not "100%".
     empty = subprocess.run([str(cli), "summary"], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert empty.returncode == 0, empty.stderr[-3000:]
-    assert (f"  success rate    n/a (no snapshot of demo in {tmp_path / 'data' / 'objects'} yet: is SCRAPE_DATA_DIR "
-            "or SCRAPE_STORAGE_URL the one you scraped into?)") in empty.stdout
+    assert (f"  success rate    n/a (no complete snapshot of demo in {tmp_path / 'data' / 'objects'} yet: is "
+            "SCRAPE_DATA_DIR or SCRAPE_STORAGE_URL the one you scraped into?)") in empty.stdout
     # Without DAGSTER_HOME (outside `make demo`) the instance is ./.dagster_home, as the Makefile's.
     home = tmp_path / ".dagster_home"
     done = subprocess.run([str(cli), "demo"], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     assert f"12 categories in one run on the Dagster instance at {home}" in out
+    assert (home / "dagster.yaml").read_text() == (REPO_ROOT / "dagster.yaml").read_text()  # the project's settings
     assert "  requests        38 (0 not modified: 304), 0 pages failed for good" in out
     assert "  parsed          38 pages re-parsed, 0 categories unchanged" in out
     assert "  loaded          678 rows (re)loaded, 0 kept from pages that failed this time" in out

@@ -398,3 +398,7 @@ def test_a_partition_range_given_backwards_fails_with_the_spec_order(tmp_path, i
     reparse = materialize(instance, make_resources(tmp_path), ["mystery", "travel"],
                           selection=["parsed_products", "products_table", "dead_letters"], raise_on_error=False)
     assert {e.step_key for e in reparse.get_step_failure_events()} == {"parsed_products"}
+    load = materialize(instance, make_resources(tmp_path), ["mystery", "travel"],
+                       selection=["products_table", "dead_letters"], raise_on_error=False)
+    assert {e.step_key for e in load.get_step_failure_events()} == {"products_table", "dead_letters"}
+    assert not (tmp_path / "warehouse.db").exists()  # not opened, so not claimed by a site either

@@ -98,9 +98,10 @@ def test_killed_run_resumes_fetching_only_pages_not_done(tmp_path, demo_server):
     assert wh.duplicate_product_keys() == []
 
 
-def test_a_category_failing_cancels_the_others_without_recording_failures(tmp_path):
-    """The crawl of travel is in flight (robots.txt stalls) when mystery's storage fails: travel is
-    cancelled before the client closes, its page left pending (fetched on resume), not failed."""
+def test_a_crawl_failing_cancels_what_is_in_flight_without_recording_failures(tmp_path):
+    """Storage fails while other requests are in flight (robots.txt for another category, pages
+    of the same category): all of them are cancelled before the client closes, their pages left
+    pending (fetched on resume), none recorded failed by the closed client."""
     import asyncio
     import logging
 
@@ -112,24 +113,41 @@ def test_a_category_failing_cancels_the_others_without_recording_failures(tmp_pa
     from scrape_assets.faults import FaultSpec
     from scrape_assets_tests.fault_scenarios import fault_server
 
-    class _MysteryUnwritable(ObjectStore):
+    class _Unwritable(ObjectStore):
         def write_bytes_atomic(self, key, data, *, sync_folder=True):
-            if key.startswith("demo/mystery/"):
+            if _UnwritableStore.refuses(key):
                 raise StorageError(f"{self.describe()}/{key}", "write failed: [Errno 28] No space left on device")
             return super().write_bytes_atomic(key, data, sync_folder=sync_folder)
 
-    class _Store(ObjectStoreResource):
-        def store(self):
-            return _MysteryUnwritable(self.url)
+    class _UnwritableStore(ObjectStoreResource):
+        refuses = staticmethod(lambda key: False)
 
-    root = tmp_path / "objects"
-    stall = FaultSpec.model_validate({"rules": [{"match": r"robots\.txt$", "fault": "stall_after_headers", "first_n": 1}]})
-    with fault_server(stall) as server:
-        site = SiteResource(site="demo", base_url=server.base_url, timeout_s=5)
-        with pytest.raises(StorageError, match="No space left"):
-            asyncio.run(crawl_partitions(site, _Store(url=str(root)), ["travel", "mystery"], new_snapshot=False,
-                                         log=logging.getLogger("test")))
-    travel = latest_manifest(ObjectStore(str(root)), "demo", "travel")
-    assert travel is not None and not travel.is_complete
-    page = travel.pages[1]
-    assert (page.status, page.last_error) == ("pending", None)  # not "failed: robots_unreachable"
+        def store(self):
+            return _Unwritable(self.url)
+
+    def crawl(name, stall_match, refuses, categories):
+        _UnwritableStore.refuses = staticmethod(refuses)
+        store = _UnwritableStore(url=str(tmp_path / name))
+        spec = FaultSpec.model_validate({"rules": [{"match": stall_match, "fault": "stall_after_headers", "first_n": 1}]})
+        async def run():
+            with pytest.raises(StorageError, match="No space left"):
+                await crawl_partitions(site, store, categories, new_snapshot=False, log=logging.getLogger("t"))
+            return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+        with fault_server(spec) as server:
+            site = SiteResource(site="demo", base_url=server.base_url, timeout_s=5, max_attempts=1)
+            assert asyncio.run(run()) == []  # nothing of the crawl is left running when it raises
+        return ObjectStore(store.url)
+
+    # travel's robots.txt is in flight (it stalls) when mystery's new manifest cannot be written.
+    root = crawl("robots", r"robots\.txt$", lambda key: key.startswith("demo/mystery/"), ["travel", "mystery"])
+    travel = latest_manifest(root, "demo", "travel")
+    assert not travel.is_complete and (travel.pages[1].status, travel.pages[1].last_error) == ("pending", None)
+
+    # default has 12 pages: page 3's body cannot be stored while pages 2 and 4-12 are in flight (stalled).
+    root = crawl("pages", r"default_15/page-(?!3\.)\d+\.html$", lambda key: key.endswith("/pages/page-0003.html"),
+                 ["default"])
+    default = latest_manifest(root, "demo", "default")
+    assert default.pages[1].status == "done" and len(default.pages) == 12
+    assert [n for n, page in default.pages.items() if page.status == "failed"] == []
+    assert {n for n, page in default.pages.items() if page.status == "pending"} == set(range(2, 13))

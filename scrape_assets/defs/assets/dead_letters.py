@@ -65,11 +65,12 @@ def dead_letters(
     Kept as the warehouse table ``dead_letters`` (replaced per partition) and as
     ``dead_letters.json`` next to the snapshot.
     """
+    categories = run_categories(context)  # a backwards range fails before the warehouse is opened (or claimed)
     spec = site.spec()
     object_store = store.store()
     counts = {}
     with store.locks(context, spec.name), warehouse.for_site(spec.name, owns=has_snapshot(object_store, spec.name)) as wh:
-        for category in run_categories(context):
+        for category in categories:
             manifest = latest_manifest(object_store, spec.name, category, complete=True)
             if manifest is None:
                 counts[category] = 0

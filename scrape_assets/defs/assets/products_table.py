@@ -111,6 +111,7 @@ def products_table(
     unchanged input is not reloaded; ``price_history`` gets the prices seen that day either way (not
     those of carried-forward rows).
     """
+    run_categories(context)  # a backwards range fails before the warehouse is opened (or claimed)
     name = site.spec().name
     with store.locks(context, name), warehouse.for_site(name, owns=has_snapshot(store.store(), name)) as wh:
         totals, loaded, in_table, problems = load_categories(context, site, store, wh)

@@ -9,7 +9,7 @@ import dagster as dg
 from pydantic import Field
 
 from scrape_assets.batched_log import BatchedLog
-from scrape_assets.crawl import CrawlProgress, CrawlReport, PartitionCrawler
+from scrape_assets.crawl import CrawlProgress, CrawlReport, PartitionCrawler, all_or_cancel
 from scrape_assets.defs.assets.partition_metadata import add_per_category
 from scrape_assets.defs.partitions import category_partitions, run_categories
 from scrape_assets.defs.pools import configured_host_pool
@@ -141,9 +141,10 @@ async def crawl_partitions(
 
     Before any snapshot is opened, every category's incomplete snapshot is checked against
     this run's fetch config (unless ``new_snapshot``): a change stops the run untouched,
-    naming every category it concerns. When one category's crawl fails, the others are
-    cancelled before the client closes: their in-flight pages stay in flight in the
-    journal (fetched again on resume), never recorded as failures of the closed client.
+    naming every category it concerns. When one category's crawl fails, its other pages
+    and the other categories are cancelled before the client closes (:func:`all_or_cancel`):
+    their pages in flight stay in flight in the journal and are fetched again on resume,
+    as after a kill, instead of being recorded as failures of the closed client.
 
     Raises:
         FetchConfigChangedError: the first category whose incomplete snapshot has another
@@ -152,6 +153,7 @@ async def crawl_partitions(
     spec = site.spec()
     fetch_config, fetch_base_url = site.fetch_config(), site.fetch_base_url()  # parse the spec once, not per category
     object_store = store.store()
+    object_store.ensure_writable()
     if not new_snapshot:
         conflicts = [c for c in (resume_conflict(object_store, site=spec.name, category=category, fetch_config=fetch_config,
                                                  resume_max_age=store.resume_max_age()) for category in categories) if c]
@@ -160,7 +162,6 @@ async def crawl_partitions(
                 log.error(f"{len(conflicts)} categories have an incomplete snapshot fetched with another config: "
                           + "; ".join(f"{c.location} ({', '.join(c.differing_keys)})" for c in conflicts))
             raise conflicts[0]
-    object_store.ensure_writable()
     async with site.client() as client:
         fetcher = PageFetcher(client, site.fetch_policy())
         progress = CrawlProgress(len(categories), log.info)
@@ -180,21 +181,13 @@ async def crawl_partitions(
             )
             for category in categories
         ]
-        tasks = [asyncio.ensure_future(c.run(new_snapshot=new_snapshot)) for c in crawlers]
-        try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        finally:  # a crawl failed (or this one was cancelled): the others stop before the client closes
-            pending = [task for task in tasks if not task.done()]
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+        try:  # a crawl failing stops the others before the client closes
+            return await all_or_cancel(
+                (c.run(new_snapshot=new_snapshot) for c in crawlers),
+                on_other_error=lambda e: log.error(f"another category's crawl failed too: {type(e).__name__}: {e}"),
+            )
+        finally:
             object_store.close()  # journals of snapshots left incomplete
-    errors = [task.exception() for task in tasks if not task.cancelled() and task.exception() is not None]
-    for other in errors[1:]:
-        log.error(f"another category's crawl failed too: {type(other).__name__}: {other}")
-    if errors:
-        raise errors[0]
-    return [task.result() for task in tasks]
 
 
 @dg.asset(

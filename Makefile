@@ -2,7 +2,9 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-export DAGSTER_HOME := $(CURDIR)/.dagster_home
+DAGSTER_HOME := $(CURDIR)/.dagster_home
+override DAGSTER_HOME := $(abspath $(DAGSTER_HOME))
+export DAGSTER_HOME
 export SCRAPE_DATA_DIR ?= $(CURDIR)/data
 
 .PHONY: demo test ui serve-demo clean bench bench-quick

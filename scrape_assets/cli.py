@@ -38,10 +38,12 @@ def _instance():
     config = Path(home) / "dagster.yaml"
     if not config.exists():
         shipped = Path(__file__).resolve().parents[1] / "dagster.yaml"  # the clone's (what `make demo` copies)
+        partial = config.with_name(f".dagster.yaml.{os.getpid()}")  # whole or absent, for a run started beside
         if shipped.is_file():
-            shutil.copyfile(shipped, config)
+            shutil.copyfile(shipped, partial)
         else:  # installed without the clone
-            config.write_text("telemetry:\n  enabled: false\n")
+            partial.write_text("telemetry:\n  enabled: false\n")
+        os.replace(partial, config)
     return dg.DagsterInstance.get()
 
 

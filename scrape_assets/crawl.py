@@ -427,6 +427,25 @@ class PartitionCrawler:
                 conditional["If-None-Match"] = old.etag
             if old.last_modified:
                 conditional["If-Modified-Since"] = old.last_modified
+        attempts_before = entry.attempts
+        try:
+            await self._fetch_and_store(n, previous, conditional, on_attempt)
+        except asyncio.CancelledError:
+            # Another page or category failed and the crawl is being stopped: the site did not refuse
+            # this page. Give back the attempt this call started (a kill cannot, and counts it).
+            if entry.status == "pending" and entry.attempts > attempts_before:
+                self._give_back_attempt(n)
+            raise
+
+    def _give_back_attempt(self, n: int) -> None:
+        """Uncount page ``n``'s last attempt: it ended for a reason of ours (storage, cancellation)."""
+        self.manifest.pages[n].attempts -= 1
+        with contextlib.suppress(StorageError):
+            self.manifest.record(self.store, n)
+
+    async def _fetch_and_store(self, n: int, previous, conditional: dict, on_attempt) -> None:
+        manifest = self.manifest
+        entry = manifest.pages[n]
         try:
             page = await self.fetcher.fetch(
                 entry.url, prior_attempts=entry.attempts, on_attempt=on_attempt, headers=conditional or None
@@ -456,9 +475,7 @@ class PartitionCrawler:
             except StorageError:
                 # Storage failed, not the site: give the attempt back, so an outage that outlasts the
                 # step's retries fails the run instead of dead-lettering the page "attempts_exhausted".
-                entry.attempts -= 1
-                with contextlib.suppress(StorageError):
-                    manifest.record(self.store, n)
+                self._give_back_attempt(n)
                 raise
             crashpoint("crawl.after_body_write")
             entry.body_key = None
@@ -478,7 +495,8 @@ class PartitionCrawler:
 
 async def all_or_cancel(coros, on_other_error: Callable[[BaseException], None] | None = None) -> list:
     """Run ``coros`` concurrently and return their results in order; if one raises, cancel
-    the others, wait until they have stopped, and raise the first error (in ``coros`` order).
+    the others, wait until they have stopped, and raise the error that set this off (the first
+    in ``coros`` order among those that had failed by then).
 
     ``asyncio.gather`` would leave the others running after the first error (here: fetching
     through a client about to close, recording pages failed that the site never refused);
@@ -487,14 +505,17 @@ async def all_or_cancel(coros, on_other_error: Callable[[BaseException], None] |
     tasks = [asyncio.ensure_future(c) for c in coros]
     if not tasks:
         return []
+    done: set = set()
     try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
     finally:  # also when this coroutine is cancelled: nothing is left running behind it
         pending = [task for task in tasks if not task.done()]
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-    errors = [task.exception() for task in tasks if not task.cancelled() and task.exception() is not None]
+    # The errors that set off the cancelling first, then those raised while being cancelled.
+    ordered = sorted(tasks, key=lambda task: task not in done)
+    errors = [task.exception() for task in ordered if not task.cancelled() and task.exception() is not None]
     if errors:
         for other in errors[1:]:
             if on_other_error is not None:

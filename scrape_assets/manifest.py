@@ -393,8 +393,9 @@ def open_snapshot(
             on_abandon(latest)
         new_snapshot = True
     if latest is not None and not latest.is_complete and not new_snapshot:
-        if latest.fetch_config_hash != digest:
-            raise FetchConfigChangedError(latest.key, differing_keys(latest.fetch_config, fetch_config))
+        refusal = _resume_refusal(latest, fetch_config, now, resume_max_age)
+        if refusal is not None:
+            raise refusal
         return _reopen(store, latest, run_id), True
     if latest is not None and not new_snapshot and adopt_complete is not None:
         if latest.fetch_config_hash == digest and adopt_complete(latest):
@@ -432,8 +433,15 @@ def resume_conflict(
     changed config stops the run before it starts snapshots under the new config for the
     other partitions (which would then refuse the old config in turn).
     """
-    latest = latest_manifest(store, site, category)
-    if latest is None or latest.is_complete or _too_old_to_resume(latest, now or datetime.now(timezone.utc), resume_max_age):
+    return _resume_refusal(latest_manifest(store, site, category), fetch_config, now or datetime.now(timezone.utc),
+                           resume_max_age)
+
+
+def _resume_refusal(
+    latest: Manifest | None, fetch_config: dict, now: datetime, resume_max_age: timedelta | None
+) -> FetchConfigChangedError | None:
+    """The one rule: an incomplete snapshot young enough to resume, fetched with another config."""
+    if latest is None or latest.is_complete or _too_old_to_resume(latest, now, resume_max_age):
         return None
     if latest.fetch_config_hash == config_hash(fetch_config):
         return None

@@ -158,3 +158,23 @@ def test_bad_inputs_each_give_one_clear_error_naming_the_input(tmp_path):
         assert len(lines) == 1 and lines[0].startswith(expected), (name, done.stderr[-2000:])
         assert "Traceback" not in done.stderr, name
         assert "secret-token" not in done.stderr + done.stdout, name  # a webhook URL is a secret
+
+
+def test_a_run_summary_names_the_steps_that_did_not_finish():
+    import io
+
+    from scrape_assets.cli import print_summary
+
+    summary = {"site": "demo", "categories": 0, "categories_configured": 12, "pages_done": 0, "pages_failed": 0,
+               "success_rate": 1.0, "products_loaded": 0, "dead_letters": 0, "object_storage": "/d/objects",
+               "warehouse": "sqlite:////d/warehouse.db", "warehouse_site": None}
+    run = {"success": False, "requests_made": 40, "pages_not_modified": 3, "pages_failed": 1, "pages_parsed": None,
+           "partitions_unchanged": None, "rows_loaded": None, "rows_carried_forward": None, "dead_letters": None}
+    out = io.StringIO()
+    print_summary(summary, run, out=out)
+    lines = out.getvalue().splitlines()
+    assert "This run (FAILED: see the log above or `make ui`)" in lines
+    assert "  requests        40 (3 not modified: 304), 1 pages failed for good" in lines
+    assert "  parsed          parsed_products did not finish" in lines
+    assert "  loaded          products_table did not finish" in lines
+    assert "None" not in out.getvalue()

@@ -71,6 +71,31 @@ def test_changed_config_refuses_resume_listing_keys_unless_new_snapshot(tmp_path
     assert list_snapshots(store, "demo", "travel") == ["2026-11-30T084512Z", "2026-11-30T084512Z-1"]
 
 
+def test_resume_conflict_answers_as_open_snapshot_would_without_writing(tmp_path):
+    from datetime import timedelta
+
+    from scrape_assets.manifest import resume_conflict
+
+    store = ObjectStore(str(tmp_path))
+    changed = {**CONFIG, "max_attempts": 5}
+
+    def conflict(config, now, max_age=timedelta(hours=20)):
+        return resume_conflict(store, site="demo", category="travel", fetch_config=config, now=now,
+                               resume_max_age=max_age)
+
+    assert conflict(changed, T0) is None  # nothing to resume
+    first, _ = _open(store, fetch_config=CONFIG, now=T0)  # incomplete
+    assert conflict(CONFIG, T0) is None
+    refused = conflict(changed, T0 + timedelta(hours=1))
+    assert refused.differing_keys == ["max_attempts"] and refused.location == first.key
+    with pytest.raises(FetchConfigChangedError):  # open_snapshot agrees
+        _open(store, fetch_config=changed, now=T0 + timedelta(hours=1), resume_max_age=timedelta(hours=20))
+    # Too old to resume: a new snapshot would start, whatever its config.
+    assert conflict(changed, T0 + timedelta(hours=21)) is None
+    assert conflict(changed, T0 + timedelta(hours=21), max_age=None) is not None
+    assert list_snapshots(store, "demo", "travel") == [first.snapshot_id]  # nothing written by asking
+
+
 def test_more_than_ten_snapshots_in_one_second_stay_unique_and_in_order(tmp_path):
     # "-10" sorts before "-2" as text: the order must be numeric, or the 12th snapshot would
     # reuse (and overwrite) "-10" after "-9" was wrongly taken for the newest.

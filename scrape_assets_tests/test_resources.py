@@ -120,6 +120,8 @@ def test_resume_max_age_from_run_config_has_the_settings_bounds(tmp_path):
         assert not result.success
         assert "resume_max_age_h" in errors(result) and expected in errors(result)
     assert run(None).success
+    assert ObjectStoreResource(url="x", resume_max_age_h=0.01).resume_max_age().total_seconds() == 36
+    assert ObjectStoreResource(url="x", resume_max_age_h=8760).resume_max_age().days == 365
 
 
 def test_the_commands_own_resources_hold_the_values_not_env_vars(monkeypatch, tmp_path):

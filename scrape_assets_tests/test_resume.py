@@ -125,10 +125,11 @@ def test_a_crawl_failing_cancels_what_is_in_flight_without_recording_failures(tm
         def store(self):
             return _Unwritable(self.url)
 
-    def crawl(name, stall_match, refuses, categories):
+    def crawl(name, stall_match, refuses, categories, then=None):
         _UnwritableStore.refuses = staticmethod(refuses)
-        store = _UnwritableStore(url=str(tmp_path / name))
+        store = _UnwritableStore(url=str(tmp_path / name))  # max_attempts=1: any attempt kept would dead-letter
         spec = FaultSpec.model_validate({"rules": [{"match": stall_match, "fault": "stall_after_headers", "first_n": 1}]})
+
         async def run():
             with pytest.raises(StorageError, match="No space left"):
                 await crawl_partitions(site, store, categories, new_snapshot=False, log=logging.getLogger("t"))
@@ -137,6 +138,10 @@ def test_a_crawl_failing_cancels_what_is_in_flight_without_recording_failures(tm
         with fault_server(spec) as server:
             site = SiteResource(site="demo", base_url=server.base_url, timeout_s=5, max_attempts=1)
             assert asyncio.run(run()) == []  # nothing of the crawl is left running when it raises
+            if then is not None:
+                server.spec = FaultSpec()  # no more stalls either
+                then(ObjectStore(store.url), lambda: asyncio.run(crawl_partitions(
+                    site, _UnwritableStore(url=store.url), categories, new_snapshot=False, log=logging.getLogger("t"))))
         return ObjectStore(store.url)
 
     # travel's robots.txt is in flight (it stalls) when mystery's new manifest cannot be written.
@@ -144,10 +149,20 @@ def test_a_crawl_failing_cancels_what_is_in_flight_without_recording_failures(tm
     travel = latest_manifest(root, "demo", "travel")
     assert not travel.is_complete and (travel.pages[1].status, travel.pages[1].last_error) == ("pending", None)
 
-    # default has 12 pages: page 3's body cannot be stored while pages 2 and 4-12 are in flight (stalled).
-    root = crawl("pages", r"default_15/page-(?!3\.)\d+\.html$", lambda key: key.endswith("/pages/page-0003.html"),
-                 ["default"])
-    default = latest_manifest(root, "demo", "default")
-    assert default.pages[1].status == "done" and len(default.pages) == 12
-    assert [n for n, page in default.pages.items() if page.status == "failed"] == []
-    assert {n for n, page in default.pages.items() if page.status == "pending"} == set(range(2, 13))
+    # default has 12 pages: page 3's body cannot be stored while page 2's request is in flight (it
+    # stalls; the demo spec's 2 connections per host keep pages 4-12 waiting for a slot).
+    def check_then_resume(root, resume):
+        default = latest_manifest(root, "demo", "default")
+        assert default.pages[1].status == "done" and len(default.pages) == 12
+        assert [n for n, page in default.pages.items() if page.status == "failed"] == []
+        assert {n for n, page in default.pages.items() if page.status == "pending"} == set(range(2, 13))
+        # The attempts started and not finished are given back (page 3's by the storage error,
+        # page 2's by the cancellation): with max_attempts=1, the resume fetches both.
+        assert {n: page.attempts for n, page in default.pages.items() if n in (2, 3)} == {2: 0, 3: 0}
+        _UnwritableStore.refuses = staticmethod(lambda key: False)  # storage works again
+        [report] = resume()
+        assert report.resumed and report.snapshot_id == default.snapshot_id
+        assert (report.pages_done, report.pages_failed) == (12, 0)
+
+    crawl("pages", r"default_15/page-(?!3\.)\d+\.html$", lambda key: key.endswith("/pages/page-0003.html"),
+          ["default"], then=check_then_resume)

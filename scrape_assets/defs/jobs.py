@@ -44,14 +44,15 @@ def all_categories_tags(partitions_def: dg.StaticPartitionsDefinition) -> dict[s
     return {"dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]}
 
 
-def queue_tags(day: str) -> dict[str, str]:
-    """Tags of a run that must not overlap a daily run: ``scrape/day`` and ``dagster/max_runtime``.
+def queue_tags(value: str) -> dict[str, str]:
+    """Tags of a run that must not overlap a daily run: ``scrape/day`` (= ``value``, the day for
+    a daily run) and ``dagster/max_runtime``.
 
     The shipped ``dagster.yaml`` lets one run with ``scrape/day`` (any value) go at a time;
     ``dagster/max_runtime`` (``SCRAPE_RESUME_MAX_AGE_H`` in seconds, >= 36) lets the daemon's
     run monitoring end one whose process died, which would otherwise hold that slot forever.
     """
-    return {QUEUE_TAG: day, "dagster/max_runtime": str(int(load_settings().resume_max_age_h * 3600))}
+    return {QUEUE_TAG: value, "dagster/max_runtime": str(int(load_settings().resume_max_age_h * 3600))}
 
 
 defs = dg.Definitions(jobs=[daily_scrape_job, reparse_job, load_job])

@@ -23,6 +23,7 @@ import dagster as dg
 
 from scrape_assets.alerts import send_alert
 from scrape_assets.collapse import CollapseRules, CollapseState, observe_products, observe_rate
+from scrape_assets.defs.assets.parsed_products import SCHEMA_CHECK
 from scrape_assets.defs.jobs import QUEUE_TAG, category_partitions, load_job, queue_tags
 from scrape_assets.defs.resources import AlertsResource, ObjectStoreResource, SiteResource
 from scrape_assets.extract import load_parse_state
@@ -151,7 +152,6 @@ def run_failure_alert_sensor(context: dg.RunFailureSensorContext, alerts: Alerts
     )
 
 
-SCHEMA_CHECK = "parsed_products_match_schema"
 #: Tag of the runs ``held_back_load_sensor`` launches: the failed run whose load they finish.
 HELD_BACK_TAG = "scrape/held_back_by"
 
@@ -178,12 +178,12 @@ def held_back_by_schema_check(instance, run: dg.DagsterRun) -> list[str]:
     """
     if run.tags.get(HELD_BACK_TAG):
         return []  # a load this sensor launched: it ran no check
-    plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
-    if "products_table" not in (plan.step_keys_to_execute or [step.key for step in plan.steps]):
-        return []
     evaluations = instance.all_logs(run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
     if not any(e.dagster_event.event_specific_data.check_name == SCHEMA_CHECK
                and not e.dagster_event.event_specific_data.passed for e in evaluations):
+        return []
+    plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id) if run.execution_plan_snapshot_id else None
+    if plan is None or "products_table" not in (plan.step_keys_to_execute or [step.key for step in plan.steps]):
         return []
     parsed = [e.dagster_event.partition
               for e in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
@@ -192,7 +192,8 @@ def held_back_by_schema_check(instance, run: dg.DagsterRun) -> list[str]:
 
 
 def split_by_schema(categories: list[str], site: str, store) -> tuple[list[str], list[str], dict[str, str]]:
-    """``(passed, failed, unreadable)``: by each category's parse state (``validated``), order kept.
+    """``(passed, failed, unreadable)``: by each category's parse state (``validated``), order kept;
+    ``failed`` also holds a category without a parse state (never parsed).
 
     Categories whose input did not change count as passed too: loading them writes the
     day's ``price_history`` (the rows themselves are not reloaded). ``unreadable`` maps a
@@ -253,6 +254,7 @@ def held_back_load_sensor(
                          alerts)
     if not ranges:
         why = (f"the categories that passed ({', '.join(gone)}) are no longer in the spec" if gone
+               else "no category it parsed could be read" if unreadable and not failed
                else "none of the categories it parsed passed the schema check")
         return dg.SkipReason(f"run {run.run_id[:8]}: {why}")
     context.log.info(

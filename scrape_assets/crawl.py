@@ -427,18 +427,11 @@ class PartitionCrawler:
                 conditional["If-None-Match"] = old.etag
             if old.last_modified:
                 conditional["If-Modified-Since"] = old.last_modified
-        attempts_before = entry.attempts
-        try:
-            await self._fetch_and_store(n, previous, conditional, on_attempt)
-        except asyncio.CancelledError:
-            # Another page or category failed and the crawl is being stopped: the site did not refuse
-            # this page. Give back the attempt this call started (a kill cannot, and counts it).
-            if entry.status == "pending" and entry.attempts > attempts_before:
-                self._give_back_attempt(n)
-            raise
+        await self._fetch_and_store(n, previous, conditional, on_attempt)
 
     def _give_back_attempt(self, n: int) -> None:
-        """Uncount page ``n``'s last attempt: it ended for a reason of ours (storage, cancellation)."""
+        """Uncount page ``n``'s last attempt: it ended for a reason of ours, not the site's (storage
+        failed, or the crawl was cancelled because another page or category failed)."""
         self.manifest.pages[n].attempts -= 1
         with contextlib.suppress(StorageError):
             self.manifest.record(self.store, n)
@@ -448,7 +441,8 @@ class PartitionCrawler:
         entry = manifest.pages[n]
         try:
             page = await self.fetcher.fetch(
-                entry.url, prior_attempts=entry.attempts, on_attempt=on_attempt, headers=conditional or None
+                entry.url, prior_attempts=entry.attempts, on_attempt=on_attempt, headers=conditional or None,
+                on_attempt_cancelled=lambda _attempt: self._give_back_attempt(n),  # in flight when cancelled
             )
             if page.http_status == 304 and previous is None:
                 raise PermanentFetchError(entry.url, "unexpected_304", "304 Not Modified without a conditional request", http_status=304)
@@ -472,9 +466,10 @@ class PartitionCrawler:
                 entry.bytes = await asyncio.to_thread(
                     self.store.write_bytes_atomic, manifest.page_key(n), page.body, sync_folder=False
                 )
-            except StorageError:
-                # Storage failed, not the site: give the attempt back, so an outage that outlasts the
-                # step's retries fails the run instead of dead-lettering the page "attempts_exhausted".
+            except (StorageError, asyncio.CancelledError):
+                # Storage failed (or the crawl was cancelled), not the site: give the attempt back, so
+                # an outage that outlasts the step's retries fails the run instead of dead-lettering
+                # the page "attempts_exhausted". A process killed outright cannot, and counts it.
                 self._give_back_attempt(n)
                 raise
             crashpoint("crawl.after_body_write")

@@ -246,6 +246,7 @@ class PageFetcher:
         prior_attempts: int = 0,
         on_attempt: Callable[[int], Awaitable[None]] | None = None,
         headers: Mapping[str, str] | None = None,
+        on_attempt_cancelled: Callable[[int], None] | None = None,
     ) -> FetchedPage:
         """Fetch ``url`` with GET, following same-origin redirects, retrying transient failures.
 
@@ -258,6 +259,11 @@ class PageFetcher:
                 persist the count in the manifest; an attempt still waiting for a slot is not
                 counted. Its exceptions propagate.
             headers: extra request headers, e.g. ``If-None-Match`` for a conditional GET.
+            on_attempt_cancelled: called (not awaited) with the attempt's number when the
+                task is cancelled while that attempt is in flight: counted by ``on_attempt``,
+                its outcome not known yet (the site answered nothing, or nothing we kept), e.g.
+                to uncount it. Not called for a cancel while waiting for a slot (nothing was
+                counted) or during the backoff after a failed attempt (that one counts).
 
         Returns:
             The :class:`FetchedPage` (status 2xx or 304).
@@ -272,7 +278,7 @@ class PageFetcher:
         if prior_attempts < 0:
             raise ValueError(f"prior_attempts must be >= 0, got {prior_attempts}")
         try:
-            return await self._fetch(url, prior_attempts, on_attempt, dict(headers or {}))
+            return await self._fetch(url, prior_attempts, on_attempt, dict(headers or {}), on_attempt_cancelled)
         except FetchError as exc:
             logger.warning(
                 "giving up on %s after %d attempt(s): %s%s",
@@ -289,6 +295,7 @@ class PageFetcher:
         prior_attempts: int,
         on_attempt: Callable[[int], Awaitable[None]] | None,
         extra_headers: dict[str, str],
+        on_attempt_cancelled: Callable[[int], None] | None = None,
     ) -> FetchedPage:
         try:
             parsed = httpx.URL(url)
@@ -307,7 +314,9 @@ class PageFetcher:
         while True:
             attempt += 1
             try:
-                return await self._attempt(url, parsed, attempt, attempt - prior_attempts, extra_headers, on_attempt)
+                return await self._attempt(
+                    url, parsed, attempt, attempt - prior_attempts, extra_headers, on_attempt, on_attempt_cancelled
+                )
             except TransientFetchError as exc:
                 if attempt >= max_attempts:
                     raise
@@ -333,11 +342,31 @@ class PageFetcher:
     async def _attempt(
         self, url: str, parsed: httpx.URL, attempt: int, attempts_in_call: int, extra_headers: dict[str, str],
         on_attempt: Callable[[int], Awaitable[None]] | None = None,
+        on_attempt_cancelled: Callable[[int], None] | None = None,
     ) -> FetchedPage:
         """One attempt (``parsed`` is ``url`` parsed): the request and its same-origin redirects.
 
         Raises FetchError subclasses.
         """
+        counted = False
+
+        async def count(n: int) -> None:
+            nonlocal counted
+            if on_attempt is not None:
+                await on_attempt(n)
+            counted = True
+
+        try:
+            return await self._attempt_hops(url, parsed, attempt, attempts_in_call, extra_headers, count)
+        except asyncio.CancelledError:
+            if counted and on_attempt_cancelled is not None:
+                on_attempt_cancelled(attempt)  # in flight when cancelled: its outcome is not the site's
+            raise
+
+    async def _attempt_hops(
+        self, url: str, parsed: httpx.URL, attempt: int, attempts_in_call: int, extra_headers: dict[str, str],
+        on_attempt: Callable[[int], Awaitable[None]] | None,
+    ) -> FetchedPage:
         # httpx gives fragment == "" for both "a" and "a#": look at the string for the "#".
         current = parsed.copy_with(fragment=None) if "#" in url else parsed
         origin = _origin(current)

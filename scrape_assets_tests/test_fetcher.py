@@ -203,6 +203,42 @@ def test_on_attempt_errors_propagate():
         asyncio.run(main())
 
 
+def test_a_cancel_gives_back_only_the_attempt_in_flight():
+    """A task cancelled while its request is out reports that attempt; one cancelled in the backoff
+    after a 503 does not (the site refused that attempt: it counts)."""
+    cancelled: list[int] = []
+
+    def run(handler, sleep) -> list[int]:
+        async def main() -> list[int]:
+            attempts: list[int] = []
+
+            async def on_attempt(n: int) -> None:
+                attempts.append(n)
+
+            async with build_client(POLICY, mounts={"all://": httpx.MockTransport(handler)}) as client:
+                fetcher = PageFetcher(client, POLICY, sleep=sleep, rng=random.Random(1))
+                task = asyncio.ensure_future(
+                    fetcher.fetch(URL, on_attempt=on_attempt, on_attempt_cancelled=cancelled.append))
+                await asyncio.sleep(0.1)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            return attempts
+
+        return asyncio.run(main())
+
+    async def never_answers(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(60)
+        return httpx.Response(200)
+
+    async def long_backoff(seconds: float) -> None:
+        await asyncio.sleep(60)
+
+    assert run(never_answers, asyncio.sleep) == [1] and cancelled == [1]
+    cancelled.clear()
+    assert run(lambda request: httpx.Response(503), long_backoff) == [1] and cancelled == []
+
+
 @pytest.mark.parametrize("url", ["ftp://shop.test/x", "/relative/path", "http://"])
 def test_invalid_url_is_permanent(url):
     harness = Harness(sequence(httpx.Response(200)))

@@ -143,8 +143,8 @@ async def crawl_partitions(
     this run's fetch config (unless ``new_snapshot``): a change stops the run untouched,
     naming every category it concerns. When one category's crawl fails, its other pages
     and the other categories are cancelled before the client closes (:func:`all_or_cancel`):
-    their pages stay pending, the attempt in flight given back, and are fetched again on
-    resume instead of being recorded as failures of the closed client.
+    their pages stay pending, an attempt whose request was out given back, and are fetched
+    again on resume instead of being recorded as failures of the closed client.
 
     Raises:
         FetchConfigChangedError: the first category whose incomplete snapshot has another

@@ -259,11 +259,14 @@ class PageFetcher:
                 persist the count in the manifest; an attempt still waiting for a slot is not
                 counted. Its exceptions propagate.
             headers: extra request headers, e.g. ``If-None-Match`` for a conditional GET.
-            on_attempt_cancelled: called (not awaited) with the attempt's number when the
-                task is cancelled while that attempt is in flight: counted by ``on_attempt``,
-                its outcome not known yet (the site answered nothing, or nothing we kept), e.g.
-                to uncount it. Not called for a cancel while waiting for a slot (nothing was
-                counted) or during the backoff after a failed attempt (that one counts).
+            on_attempt_cancelled: called (not awaited; it should not raise) with the attempt's
+                number when the task is cancelled while that attempt is in flight: after
+                ``on_attempt`` returned for it and before its outcome (the site answered
+                nothing, or nothing we kept; a later redirect hop waiting for its slot
+                included), e.g. to uncount it. Not called for a cancel while the first hop waits
+                for a slot (nothing counted yet) or during the backoff after a failed attempt
+                (that one counts). On Python < 3.12, ``asyncio.wait_for`` may swallow a cancel
+                that arrives as the request ends: the attempt then finishes normally.
 
         Returns:
             The :class:`FetchedPage` (status 2xx or 304).

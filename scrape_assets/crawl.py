@@ -406,6 +406,13 @@ class PartitionCrawler:
         self.manifest.record(self.store, n)
         self.progress.page_failed(f"{self.category}: page {n} failed for good ({reason}) {entry.url}")
 
+    def _give_back_attempt(self, n: int) -> None:
+        """Uncount page ``n``'s last attempt: it ended for a reason of ours, not the site's (storage
+        failed, or the crawl was cancelled because another page or category failed)."""
+        self.manifest.pages[n].attempts -= 1
+        with contextlib.suppress(StorageError):
+            self.manifest.record(self.store, n)
+
     async def _fetch(self, n: int) -> None:
         manifest = self.manifest
         entry = manifest.pages[n]
@@ -427,18 +434,6 @@ class PartitionCrawler:
                 conditional["If-None-Match"] = old.etag
             if old.last_modified:
                 conditional["If-Modified-Since"] = old.last_modified
-        await self._fetch_and_store(n, previous, conditional, on_attempt)
-
-    def _give_back_attempt(self, n: int) -> None:
-        """Uncount page ``n``'s last attempt: it ended for a reason of ours, not the site's (storage
-        failed, or the crawl was cancelled because another page or category failed)."""
-        self.manifest.pages[n].attempts -= 1
-        with contextlib.suppress(StorageError):
-            self.manifest.record(self.store, n)
-
-    async def _fetch_and_store(self, n: int, previous, conditional: dict, on_attempt) -> None:
-        manifest = self.manifest
-        entry = manifest.pages[n]
         try:
             page = await self.fetcher.fetch(
                 entry.url, prior_attempts=entry.attempts, on_attempt=on_attempt, headers=conditional or None,

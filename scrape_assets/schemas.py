@@ -50,13 +50,12 @@ LAYOUT_GUARD_MESSAGE = "page parsed to zero products while the site says it has 
 #: A partition fails when more than this share of its product cards were rejected (a field
 #: unreadable) and more than :data:`REJECTS_ALWAYS_ALLOWED` of them: a selector that stopped
 #: matching some cards (a redesign, an A/B test) must not silently drop those products.
-#: The default of the spec's ``validation.max_rejected_share`` (passed to :func:`pages_frame`).
-MAX_REJECTED_SHARE = DEFAULT_MAX_REJECTED_SHARE
+#: The share is the spec's ``validation.max_rejected_share`` (passed to :func:`pages_frame`).
 REJECTS_ALWAYS_ALLOWED = 2
 REJECTED_SHARE_CHECK = "rejected_share"
 REJECTED_SHARE_MESSAGE = (
     "more of the partition's product cards were rejected than the spec's validation.max_rejected_share "
-    f"allows (default {MAX_REJECTED_SHARE:.0%}; a field's selector may no longer match some cards): each case "
+    f"allows (default {DEFAULT_MAX_REJECTED_SHARE:.0%}; a field's selector may no longer match some cards): each case "
     "is a page with rejected cards, `reject_reasons` the category's most common reasons"
 )
 
@@ -122,7 +121,7 @@ class PagesSchema(pa.DataFrameModel):
         """Partition-wide; the pages with rejected cards are the failure cases."""
         rejected_by_page = pages["cards_found"] - pages["products_parsed"]
         rejected, cards = int(rejected_by_page.sum()), int(pages["cards_found"].sum())
-        share = pages.attrs.get("max_rejected_share", MAX_REJECTED_SHARE)
+        share = pages.attrs.get("max_rejected_share", DEFAULT_MAX_REJECTED_SHARE)
         too_many = rejected > max(REJECTS_ALWAYS_ALLOWED, share * cards)
         return ~(rejected_by_page > 0) if too_many else pd.Series(True, index=pages.index)
 
@@ -170,7 +169,7 @@ def products_frame(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(columns, columns=list(PRODUCT_COLUMNS))
 
 
-def pages_frame(rows: list[dict], *, max_rejected_share: float = MAX_REJECTED_SHARE) -> pd.DataFrame:
+def pages_frame(rows: list[dict], *, max_rejected_share: float = DEFAULT_MAX_REJECTED_SHARE) -> pd.DataFrame:
     """Build the per-page summary frame.
 
     Args:

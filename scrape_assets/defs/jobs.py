@@ -38,10 +38,15 @@ load_job = dg.define_asset_job(
 )
 
 
+def partition_range_tags(first: str, last: str) -> dict[str, str]:
+    """Run tags selecting the partitions ``first`` to ``last`` (in the spec's order) as one range."""
+    return {"dagster/asset_partition_range_start": first, "dagster/asset_partition_range_end": last}
+
+
 def all_categories_tags(partitions_def: dg.StaticPartitionsDefinition) -> dict[str, str]:
     """Run tags selecting every partition as one range (one run, one process start)."""
     keys = partitions_def.get_partition_keys()
-    return {"dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]}
+    return partition_range_tags(keys[0], keys[-1])
 
 
 def queue_tags(value: str) -> dict[str, str]:
@@ -58,6 +63,6 @@ def queue_tags(value: str) -> dict[str, str]:
 defs = dg.Definitions(jobs=[daily_scrape_job, reparse_job, load_job])
 
 __all__ = [
-    "QUEUE_TAG", "all_categories_tags", "category_partitions", "daily_scrape_job", "defs", "load_job", "queue_tags",
-    "reparse_job",
+    "QUEUE_TAG", "all_categories_tags", "category_partitions", "daily_scrape_job", "defs", "load_job",
+    "partition_range_tags", "queue_tags", "reparse_job",
 ]

@@ -24,7 +24,7 @@ import dagster as dg
 from scrape_assets.alerts import send_alert
 from scrape_assets.collapse import CollapseRules, CollapseState, observe_products, observe_rate
 from scrape_assets.defs.assets.parsed_products import SCHEMA_CHECK
-from scrape_assets.defs.jobs import QUEUE_TAG, category_partitions, load_job, queue_tags
+from scrape_assets.defs.jobs import QUEUE_TAG, category_partitions, load_job, partition_range_tags, queue_tags
 from scrape_assets.defs.resources import AlertsResource, ObjectStoreResource, SiteResource
 from scrape_assets.extract import load_parse_state
 from scrape_assets.manifest import utc_now_iso
@@ -264,8 +264,8 @@ def held_back_load_sensor(
     return [
         dg.RunRequest(
             run_key=f"held-back-{run.run_id}-{first}",
-            tags={"dagster/asset_partition_range_start": first, "dagster/asset_partition_range_end": last,
-                  HELD_BACK_TAG: run.run_id, **queue_tags(run.tags.get(QUEUE_TAG, "held-back"))},
+            tags={**partition_range_tags(first, last), HELD_BACK_TAG: run.run_id,
+                  **queue_tags(run.tags.get(QUEUE_TAG, "held-back"))},
         )
         for first, last in ranges
     ]

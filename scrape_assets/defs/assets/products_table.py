@@ -19,8 +19,8 @@ class SchemaValidationFailed(dg.Failure):
     """Parsed rows failed the schema: the table is left untouched."""
 
 
-def load_categories(context, site: SiteResource, store: ObjectStoreResource, wh: Warehouse):
-    """Check every partition of the run passed the schema, then load them one by one.
+def load_categories(context, categories: list[str], site: SiteResource, store: ObjectStoreResource, wh: Warehouse):
+    """Check every partition of the run (``categories``) passed the schema, then load them one by one.
 
     An input already loaded (same input version in ``partition_loads``) is not reloaded;
     only its day in ``price_history`` is written.
@@ -28,7 +28,7 @@ def load_categories(context, site: SiteResource, store: ObjectStoreResource, wh:
     spec = site.spec()
     object_store = store.store()
     states = {}
-    for category in run_categories(context):
+    for category in categories:
         state = load_parse_state(object_store, spec.name, category)
         if state is None:
             raise ManifestError(f"{spec.name}/{category}", "partition not parsed yet: materialize parsed_products first")
@@ -111,10 +111,10 @@ def products_table(
     unchanged input is not reloaded; ``price_history`` gets the prices seen that day either way (not
     those of carried-forward rows).
     """
-    run_categories(context)  # a backwards range fails before the warehouse is opened (or claimed)
+    categories = run_categories(context)  # a backwards range fails before the warehouse is opened (or claimed)
     name = site.spec().name
     with store.locks(context, name), warehouse.for_site(name, owns=has_snapshot(store.store(), name)) as wh:
-        totals, loaded, in_table, problems = load_categories(context, site, store, wh)
+        totals, loaded, in_table, problems = load_categories(context, categories, site, store, wh)
         total_rows = wh.count(products)
     add_per_category(context, {"rows_by_category": in_table, "rows_loaded_by_category": loaded})
     return dg.MaterializeResult(

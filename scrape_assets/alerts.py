@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import logging
 
-import httpx
-
 from scrape_assets.storage import redact_url
 
 logger = logging.getLogger(__name__)
@@ -30,6 +28,8 @@ def send_alert(text: str, *, webhook_url: str | None, fields: dict | None = None
     logger.warning("ALERT: %s", text)
     if not webhook_url:
         return False
+    import httpx  # here: sensors that send no alert never import the HTTP stack
+
     try:
         response = httpx.post(webhook_url, json={"text": text, **(fields or {})}, timeout=timeout_s)
     except httpx.HTTPError as exc:

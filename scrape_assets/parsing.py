@@ -21,8 +21,6 @@ from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from urllib.parse import urljoin, urlsplit, uses_relative
 
-import ftfy
-import ftfy.bad_codecs  # noqa: F401  registers the lossless "sloppy-windows-1252" codec
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
 from scrape_assets.spec import Field_, SiteSpec
@@ -46,7 +44,12 @@ def _codec_for(label: str) -> str | None:
         name = codecs.lookup(label.strip().strip("\"'")).name
     except LookupError:
         return None
-    return "sloppy-windows-1252" if name in _AS_WINDOWS_1252 else name
+    if name not in _AS_WINDOWS_1252:
+        return name
+    # ftfy (~40 ms to import) only when a page needs its codec or a repair, not in every process
+    import ftfy.bad_codecs  # noqa: F401  registers the lossless "sloppy-windows-1252" codec
+
+    return "sloppy-windows-1252"
 
 
 def sniff_charset(body: bytes, content_type: str | None = None) -> str:
@@ -104,6 +107,8 @@ def repair_text(text: str) -> str:
     """
     if text.isascii() or _MOJIBAKE.search(text) is None:
         return text  # no UTF-8 lead character followed by a continuation one: nothing to undo
+    import ftfy  # imported on first use (see _codec_for)
+
     return ftfy.fix_encoding(text)
 
 

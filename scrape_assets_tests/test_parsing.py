@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import random
+import subprocess
+import sys
 from collections import Counter
 from urllib.parse import urljoin
 from decimal import Decimal
@@ -116,6 +119,22 @@ def test_decode_html_repairs_utf8_mislabelled_as_latin1():
     body = "<p>£51.77 “quoted”</p>".encode()
     assert sniff_charset(body, "text/html; charset=ISO-8859-1") == "sloppy-windows-1252"
     assert decode_html(body, "text/html; charset=ISO-8859-1") == "<p>£51.77 “quoted”</p>"
+
+
+def test_ftfy_is_imported_on_first_need_and_its_codec_then_works():
+    # A fresh interpreter: importing the parser does not import ftfy (~40 ms in every process
+    # loading the definitions); the first latin-1 page or mojibake repair imports it.
+    code = (
+        "import sys\n"
+        "from scrape_assets.parsing import decode_html, parse_listing, repair_text\n"
+        "assert 'ftfy' not in sys.modules, 'imported with the parser'\n"
+        "assert repair_text('plain £12.99') == 'plain £12.99' and 'ftfy' not in sys.modules\n"
+        "print(decode_html('<p>£51.77 “q”</p>'.encode(), 'text/html; charset=ISO-8859-1'))\n"
+        "print(repair_text('CafÃ©'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, encoding="utf-8",
+                         env={**os.environ, "PYTHONIOENCODING": "utf-8"}, check=True).stdout
+    assert out.splitlines() == ["<p>£51.77 “q”</p>", "Café"]
 
 
 @pytest.mark.parametrize(

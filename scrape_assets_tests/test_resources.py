@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
+
 import dagster as dg
 import pytest
 
@@ -137,3 +141,23 @@ def test_the_commands_own_resources_hold_the_values_not_env_vars(monkeypatch, tm
     with plain["warehouse"].warehouse() as wh:
         assert wh.count(products) == 0  # opens the named database, not one called "SCRAPE_WAREHOUSE_URL"
     assert (tmp_path / "w.db").exists()
+
+
+def test_loading_the_definitions_imports_neither_the_http_stack_nor_pandas():
+    # Sensors, the UI's code server and re-parse backfills load the definitions and never
+    # fetch: httpx and aiohttp (~0.1-0.2 s) are imported by raw_pages's step, pandas and
+    # pandera by the parse, ftfy by the first page that needs it. A fresh interpreter shows it.
+    code = (
+        "import sys\n"
+        "from scrape_assets.definitions import defs\n"
+        "assert defs.resolve_asset_graph().get_all_asset_keys()\n"
+        "print(' '.join(m for m in ('httpx', 'aiohttp', 'ftfy', 'pandas', 'pandera') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == ""
+    # and the step still gets its client and policy (imported on first use)
+    site = SiteResource(max_concurrency=3)
+    assert site.fetch_policy().max_concurrency == 3
+    client = site.client()
+    assert type(client).__name__ == "AsyncClient"
+    asyncio.run(client.aclose())

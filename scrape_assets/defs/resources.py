@@ -9,15 +9,13 @@ never displays them.
 import os
 from collections.abc import Callable
 from datetime import timedelta
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import dagster as dg
-import httpx
 from pydantic import Field
 
 from scrape_assets import __version__
-from scrape_assets.demo_site import DEMO_BASE_URL, DemoTransport
-from scrape_assets.fetcher import FetchPolicy, build_client
 from scrape_assets.errors import SettingsError
 from scrape_assets.locks import host_lock, partition_locks
 from scrape_assets.manifest import utc_now_iso
@@ -26,6 +24,11 @@ from scrape_assets.settings import DEFAULT_RESUME_MAX_AGE_H, MAX_RESUME_MAX_AGE_
 from scrape_assets.spec import SiteSpec, load_spec
 from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import Warehouse
+
+if TYPE_CHECKING:  # the HTTP stack is imported where a fetch needs it (see raw_pages), not with the definitions
+    import httpx
+
+    from scrape_assets.fetcher import FetchPolicy
 
 USER_AGENT = f"scrape_assets/{__version__} (polite catalogue crawler; httpx+aiohttp)"
 
@@ -53,8 +56,10 @@ class SiteResource(dg.ConfigurableResource):
         url = self.base_url or self.spec().base_url
         return url if url.endswith("/") else url + "/"
 
-    def fetch_policy(self) -> FetchPolicy:
+    def fetch_policy(self) -> "FetchPolicy":
         """Politeness and retry settings: the spec's, overridden by this resource's fields."""
+        from scrape_assets.fetcher import FetchPolicy
+
         politeness = self.spec().politeness
         return FetchPolicy(
             user_agent=self.user_agent,
@@ -77,12 +82,15 @@ class SiteResource(dg.ConfigurableResource):
         """
         return ProxyURL.from_setting(self.proxy_url) if self.proxy_url else None
 
-    def client(self) -> httpx.AsyncClient:
+    def client(self) -> "httpx.AsyncClient":
         """An httpx client (through the proxy when set); the demo host is served in-process (no socket, no proxy).
 
         Raises:
             SettingsError: ``proxy_url`` is malformed.
         """
+        from scrape_assets.demo_site import DEMO_BASE_URL, DemoTransport
+        from scrape_assets.fetcher import build_client
+
         proxy = self.proxy()
         return build_client(
             self.fetch_policy(), mounts={DEMO_BASE_URL.rstrip("/"): DemoTransport()},
@@ -95,6 +103,8 @@ class SiteResource(dg.ConfigurableResource):
         Raises:
             SettingsError: ``proxy_url`` is malformed.
         """
+        from scrape_assets.demo_site import DEMO_BASE_URL
+
         base, proxy = self.fetch_base_url(), self.proxy()
         return base + (f" through proxy {proxy.address}" if proxy and not base.startswith(DEMO_BASE_URL) else "")
 

@@ -4,19 +4,21 @@
 import asyncio
 import hashlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import dagster as dg
 from pydantic import Field
 
 from scrape_assets.batched_log import BatchedLog
-from scrape_assets.crawl import CrawlProgress, CrawlReport, PartitionCrawler, all_or_cancel
 from scrape_assets.defs.assets.partition_metadata import add_per_category
 from scrape_assets.defs.partitions import category_partitions, run_categories
 from scrape_assets.defs.pools import configured_host_pool
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource
 from scrape_assets.errors import FetchConfigChangedError, PartitionLockedError, SettingsError, SpecError
-from scrape_assets.fetcher import PageFetcher
 from scrape_assets.manifest import Manifest, resume_conflict
+
+if TYPE_CHECKING:  # the HTTP stack (httpx, aiohttp) is imported by the step, not with the definitions
+    from scrape_assets.crawl import CrawlReport
 
 # Crashes and infrastructure errors (storage unwritable, process killed) retry the step;
 # the retry resumes the snapshot from its manifest. Page failures never reach here.
@@ -34,7 +36,7 @@ class RawPagesConfig(dg.Config):
     )
 
 
-def crawl_metadata(reports: list[CrawlReport]) -> tuple[dict, dict[str, dict]]:
+def crawl_metadata(reports: list["CrawlReport"]) -> tuple[dict, dict[str, dict]]:
     """Materialization metadata: ``(run totals, {category: its figures})``.
 
     The totals go on every partition's materialization, each category's figures only on its
@@ -77,7 +79,7 @@ def crawl_metadata(reports: list[CrawlReport]) -> tuple[dict, dict[str, dict]]:
     }, by_category
 
 
-def run_data_version(reports: list[CrawlReport]) -> dg.DataVersion:
+def run_data_version(reports: list["CrawlReport"]) -> dg.DataVersion:
     """The Dagster data version: derived from the pages' content hashes, so an unchanged
     crawl keeps the version and downstream assets stay up to date in the UI.
 
@@ -136,7 +138,7 @@ class InterruptedRunSnapshots:
 async def crawl_partitions(
     site: SiteResource, store: ObjectStoreResource, categories: list[str], *, new_snapshot: bool, log,
     run_id: str | None = None, adopt_complete: Callable[[Manifest], bool] | None = None,
-) -> list[CrawlReport]:
+) -> list["CrawlReport"]:
     """Crawl several categories concurrently, sharing one client and the per-host limits.
 
     Before any snapshot is opened, every category's incomplete snapshot is checked against
@@ -150,6 +152,11 @@ async def crawl_partitions(
         FetchConfigChangedError: the first category whose incomplete snapshot has another
             fetch config (the log names all of them).
     """
+    # Here, not at module level: processes that load the definitions but never fetch (sensors,
+    # the UI's code server, re-parse backfills) do not import httpx and aiohttp (~0.1-0.2 s).
+    from scrape_assets.crawl import CrawlProgress, PartitionCrawler, all_or_cancel
+    from scrape_assets.fetcher import PageFetcher
+
     spec = site.spec()
     fetch_config, fetch_base_url = site.fetch_config(), site.fetch_base_url()  # parse the spec once, not per category
     object_store = store.store()

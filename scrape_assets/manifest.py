@@ -40,6 +40,8 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, timezone
 from typing import Literal
 
+import orjson
+
 from scrape_assets.errors import FetchConfigChangedError, ManifestError, StorageError
 from scrape_assets.storage import ObjectStore, check_key
 
@@ -264,7 +266,7 @@ class Manifest:
             return
         self.journal_seq += 1
         line = {"seq": self.journal_seq, "page": page_number, "entry": _entry_dict(self.pages[page_number])}
-        store.append_bytes(self.journal_key, (json.dumps(line, separators=(",", ":")) + "\n").encode("utf-8"))
+        store.append_bytes(self.journal_key, _journal_line(line))
         self._journal_lines = getattr(self, "_journal_lines", 0) + 1
         if self._journal_lines >= COMPACT_EVERY:
             self.save(store)
@@ -289,6 +291,18 @@ class Manifest:
             if seq > self.journal_seq:
                 self.pages[n] = entry
                 self.journal_seq = seq
+
+
+def _journal_line(line: dict) -> bytes:
+    """One compact JSON line (RFC 8259, UTF-8) ending in ``\\n``.
+
+    orjson (~1 us a line; ``json.dumps`` ~10 us, twice per page); text orjson refuses (a lone
+    surrogate in an error message) goes through ``json.dumps``, which escapes it.
+    """
+    try:
+        return orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
+    except orjson.JSONEncodeError:
+        return (json.dumps(line, separators=(",", ":")) + "\n").encode("utf-8")
 
 
 def snapshot_prefix(site: str, category: str, snapshot_id: str) -> str:

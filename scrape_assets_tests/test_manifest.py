@@ -223,6 +223,21 @@ def test_journal_records_replay_on_load_and_a_torn_tail_is_ignored(tmp_path):
         load_manifest(store, "demo", "travel", manifest.snapshot_id)
 
 
+def test_journal_lines_keep_any_text_exactly(tmp_path):
+    # Non-ASCII goes out as UTF-8 and a lone surrogate (which orjson refuses) escaped: both replay as written.
+    store = ObjectStore(str(tmp_path))
+    manifest, _ = _open(store, fetch_config=CONFIG, now=T0)
+    errors = {1: "HTTP 503: Café “fermé” £", 2: "bad header \udcff byte"}
+    for n, text in errors.items():
+        manifest.pages.setdefault(n, PageEntry(url=f"http://x/t/page-{n}.html"))
+        manifest.pages[n].status, manifest.pages[n].last_error = "failed", text
+        manifest.record(store, n)
+    lines = store.read_bytes(manifest.journal_key).splitlines()
+    assert len(lines) == 2 and "Café “fermé” £".encode() in lines[0] and b"\\udcff" in lines[1]
+    loaded = load_manifest(store, "demo", "travel", manifest.snapshot_id)
+    assert {n: loaded.pages[n].last_error for n in errors} == errors and loaded.journal_seq == 2
+
+
 def test_compaction_folds_the_journal_and_stale_lines_are_not_replayed(tmp_path):
     store = ObjectStore(str(tmp_path))
     manifest, _ = _open(store, fetch_config=CONFIG, now=T0)

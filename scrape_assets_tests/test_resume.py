@@ -166,3 +166,55 @@ def test_a_crawl_failing_cancels_what_is_in_flight_without_recording_failures(tm
 
     crawl("pages", r"default_15/page-(?!3\.)\d+\.html$", lambda key: key.endswith("/pages/page-0003.html"),
           ["default"], then=check_then_resume)
+
+
+def test_a_crawl_cancelled_while_a_body_is_being_stored_gives_that_attempt_back(tmp_path):
+    """The crawl is cancelled (its step stopping) while page 2's body is in a storage thread:
+    page 2 stays pending with its attempt given back, the other pages keep what they did,
+    and with max_attempts=1 the resume fetches page 2 instead of dead-lettering it."""
+    import asyncio
+    import logging
+    import threading
+
+    from scrape_assets.defs.assets.raw_pages import crawl_partitions
+    from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
+
+    writing, release = threading.Event(), threading.Event()
+
+    class _SlowPage2(ObjectStore):
+        def write_bytes_atomic(self, key, data, *, sync_folder=True):
+            if key.endswith("/pages/page-0002.html") and not release.is_set():
+                writing.set()
+                release.wait(10)  # the storage thread outlives the cancelled coroutine
+            return super().write_bytes_atomic(key, data, sync_folder=sync_folder)
+
+    class _Store(ObjectStoreResource):
+        def store(self):
+            return _SlowPage2(self.url)
+
+    site = SiteResource(site="demo", max_concurrency=1, max_attempts=1)  # in-process demo: one page at a time
+    store = _Store(url=str(tmp_path / "objects"))
+
+    async def crawl_until_page2_is_being_stored():
+        task = asyncio.ensure_future(
+            crawl_partitions(site, store, [CATEGORY], new_snapshot=False, log=logging.getLogger("t")))
+        while not writing.is_set():
+            await asyncio.sleep(0.01)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return "cancelled"
+        finally:
+            release.set()  # the thread then stores the body: no matter, the manifest says pending
+        return "finished"
+
+    assert asyncio.run(crawl_until_page2_is_being_stored()) == "cancelled"
+    manifest = latest_manifest(ObjectStore(store.url), "demo", CATEGORY)
+    assert not manifest.is_complete
+    assert (manifest.pages[1].status, manifest.pages[1].attempts) == ("done", 1)
+    assert (manifest.pages[2].status, manifest.pages[2].attempts, manifest.pages[2].last_error) == ("pending", 0, None)
+
+    [report] = asyncio.run(crawl_partitions(site, store, [CATEGORY], new_snapshot=False, log=logging.getLogger("t")))
+    assert report.resumed and report.snapshot_id == manifest.snapshot_id
+    assert (report.pages_done, report.pages_failed) == (12, 0)

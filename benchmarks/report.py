@@ -196,7 +196,9 @@ def render(results: dict, analysis: Path | None = None) -> str:
               "Saved pages → validated rows → table: `--select parsed_products,products_table,dead_letters` over every "
               "category after a parse-rule change (the spec's `max_pages` changed, which changes every partition's input "
               "version as a `PARSER_VERSION` bump would), against `benchmarks/bare_parse.py` (a selectolax loop extracting "
-              "the same fields from the same saved pages, nothing validated or written; only its loop is timed).", ""]
+              "the same fields from the same saved pages, nothing validated or written; only its loop is timed). With "
+              "`--repeats` above 1, the two alternate that many rounds (each round changes the rules again, so each "
+              "re-parses everything) and each row shows the medians, every round's figures in the last columns.", ""]
     rows = []
     for size, res in results["sizes"].items():
         rp = res.get("reparse")
@@ -207,9 +209,11 @@ def render(results: dict, analysis: Path | None = None) -> str:
         rows.append([f"{pages:,}", _f(o["wall_s"]), _f(pages / o["wall_s"], 0), _f(step, 2), _f(_rate(pages, step), 0),
                      _f(o["steps"].get("products_table"), 2), _f(o["cpu_s"]), _f(o["rss_max_process_mb"], 0),
                      o["http_requests"], _f(o.get("foreign_cpu_s")), _f(b["pages_per_s"], 0),
-                     f"**{pages / o['wall_s'] / b['pages_per_s']:.0%}**", f"{_rate(pages, step) / b['pages_per_s']:.0%}" if step else "—"])
+                     f"**{pages / o['wall_s'] / b['pages_per_s']:.0%}**", f"{_rate(pages, step) / b['pages_per_s']:.0%}" if step else "—",
+                     _runs(o), ", ".join(f"{pages / t:,.0f}" for t in b.get("runs_seconds") or []) if len(b.get("runs_seconds") or []) > 1 else ""])
     lines += _table(["pages", "ours wall s", "ours pages/s", "parsed_products s", "step pages/s", "products_table s",
-                     "CPU s", "RSS max MB", "HTTP requests", "others' CPU s", "bare pages/s", "ours/bare", "step/bare"], rows)
+                     "CPU s", "RSS max MB", "HTTP requests", "others' CPU s", "bare pages/s", "ours/bare", "step/bare",
+                     "ours wall s of each round", "bare pages/s of each round"], rows)
     lines += ["## Incremental refresh", "",
               "The pipeline at c=16 on the same data directory: the first run (fresh), then a second run on the unchanged "
               "catalogue, a third on it with the spec's opt-in `incremental: {revalidate: first_page}` (page 1 unchanged: "

@@ -239,13 +239,17 @@ def test_a_cancel_gives_back_only_the_attempt_in_flight():
     assert run(lambda request: httpx.Response(503), long_backoff) == [1] and cancelled == []
     cancelled.clear()
 
+    requested: list[str] = []
+
     async def redirect_then_never_answers(request: httpx.Request) -> httpx.Response:
+        requested.append(request.url.path)
         if request.url.path.endswith("page-1.html"):  # same origin: followed within the same attempt
             return httpx.Response(301, headers={"Location": "/catalogue/moved.html"})
         return await never_answers(request)
 
     # Cancelled during the redirect's second request: still attempt 1, in flight, given back.
     assert run(redirect_then_never_answers, asyncio.sleep) == [1] and cancelled == [1]
+    assert requested == ["/catalogue/page-1.html", "/catalogue/moved.html"]
 
 
 @pytest.mark.parametrize("url", ["ftp://shop.test/x", "/relative/path", "http://"])

@@ -198,8 +198,9 @@ def test_a_crawl_cancelled_while_a_body_is_being_stored_gives_that_attempt_back(
     async def crawl_until_page2_is_being_stored():
         task = asyncio.ensure_future(
             crawl_partitions(site, store, [CATEGORY], new_snapshot=False, log=logging.getLogger("t")))
-        while not writing.is_set():
+        while not writing.is_set() and not task.done():
             await asyncio.sleep(0.01)
+        assert writing.is_set(), f"the crawl ended before page 2's body was stored: {task.exception()!r}"
         task.cancel()
         try:
             await task

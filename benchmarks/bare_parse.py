@@ -41,11 +41,18 @@ def page_files(objects: Path, site: str) -> list[tuple[Path, str]]:
             journal = snapshot / "manifest.journal"
             pages = manifest["pages"]
             if journal.exists():  # fold the journal in, as the pipeline's loader does
-                for line in journal.read_text().splitlines():
-                    if line.strip():
+                lines = journal.read_bytes().split(b"\n")  # UTF-8 JSON lines; only \n ends one
+                for i, line in enumerate(lines):
+                    if not line.strip():
+                        continue
+                    try:
                         record = json.loads(line)
-                        if record["seq"] > manifest["journal_seq"]:
-                            pages[str(record["page"])] = record["entry"]
+                    except ValueError:
+                        if i == len(lines) - 1:
+                            break  # torn by a crash mid-append, as the pipeline's loader ignores it
+                        raise
+                    if record["seq"] > manifest["journal_seq"]:
+                        pages[str(record["page"])] = record["entry"]
             if manifest.get("completed_at") is None:
                 continue
             for n, entry in sorted(pages.items(), key=lambda item: int(item[0])):

@@ -198,7 +198,8 @@ def render(results: dict, analysis: Path | None = None) -> str:
               "version as a `PARSER_VERSION` bump would), against `benchmarks/bare_parse.py` (a selectolax loop extracting "
               "the same fields from the same saved pages, nothing validated or written; only its loop is timed). With "
               "`--repeats` above 1, the two alternate that many rounds (each round changes the rules again, so each "
-              "re-parses everything) and each row shows the medians, every round's figures in the last columns.", ""]
+              "re-parses everything): each row is the round of ours with the median wall time against the bare loop's "
+              "median round, every round's figures in the last two columns.", ""]
     rows = []
     for size, res in results["sizes"].items():
         rp = res.get("reparse")
@@ -210,7 +211,7 @@ def render(results: dict, analysis: Path | None = None) -> str:
                      _f(o["steps"].get("products_table"), 2), _f(o["cpu_s"]), _f(o["rss_max_process_mb"], 0),
                      o["http_requests"], _f(o.get("foreign_cpu_s")), _f(b["pages_per_s"], 0),
                      f"**{pages / o['wall_s'] / b['pages_per_s']:.0%}**", f"{_rate(pages, step) / b['pages_per_s']:.0%}" if step else "—",
-                     _runs(o), ", ".join(f"{pages / t:,.0f}" for t in b.get("runs_seconds") or []) if len(b.get("runs_seconds") or []) > 1 else ""])
+                     _runs(o), ", ".join(f"{r:,.0f}" for r in b.get("runs_pages_per_s") or []) if len(b.get("runs_pages_per_s") or []) > 1 else ""])
     lines += _table(["pages", "ours wall s", "ours pages/s", "parsed_products s", "step pages/s", "products_table s",
                      "CPU s", "RSS max MB", "HTTP requests", "others' CPU s", "bare pages/s", "ours/bare", "step/bare",
                      "ours wall s of each round", "bare pages/s of each round"], rows)

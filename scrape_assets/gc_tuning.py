@@ -15,6 +15,10 @@ once when :mod:`scrape_assets.definitions` is imported, does two things:
   ``dagster asset materialize`` on the 2-core benchmark host (``benchmarks/analysis.md``),
   after the run had already ended: the command returned that much later.
 
+A step that imports a large library only when it runs (``raw_pages``: httpx and aiohttp,
+kept out of the definitions so processes that never fetch do not import them) calls
+:func:`freeze_again` after the import, so those modules are out of the way too.
+
 What it costs: cycles among frozen objects are never freed (memory of the process, given
 back when it exits), and at exit the ``__del__`` of objects that are only reachable
 through a reference cycle is not called. Everything this project writes is closed and
@@ -58,6 +62,17 @@ def gc_freeze_enabled(env: Mapping[str, str] | None = None) -> bool:
 def _skip_final_collections() -> None:
     gc.disable()
     gc.freeze()
+
+
+def freeze_again() -> None:
+    """``gc.freeze()`` once more when the policy is in place (a no-op otherwise).
+
+    For a step that imports a large library lazily (``raw_pages``: httpx, aiohttp): its
+    modules arrived after the definitions' freeze, so without this the collector's full
+    passes during the step would walk them. ``gc.freeze()`` itself is O(1).
+    """
+    if _applied:
+        gc.freeze()
 
 
 def apply_gc_policy(env: Mapping[str, str] | None = None) -> bool:

@@ -15,6 +15,7 @@ from scrape_assets.defs.partitions import category_partitions, run_categories
 from scrape_assets.defs.pools import configured_host_pool
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource
 from scrape_assets.errors import FetchConfigChangedError, PartitionLockedError, SettingsError, SpecError
+from scrape_assets.gc_tuning import freeze_again
 from scrape_assets.manifest import Manifest, resume_conflict
 
 if TYPE_CHECKING:  # the HTTP stack (httpx, aiohttp) is imported by the step, not with the definitions
@@ -157,6 +158,7 @@ async def crawl_partitions(
     from scrape_assets.crawl import CrawlProgress, PartitionCrawler, all_or_cancel
     from scrape_assets.fetcher import PageFetcher
 
+    freeze_again()  # what these imports brought, out of the collector's way like the rest of the code
     spec = site.spec()
     fetch_config, fetch_base_url = site.fetch_config(), site.fetch_base_url()  # parse the spec once, not per category
     object_store = store.store()

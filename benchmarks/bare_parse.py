@@ -23,7 +23,8 @@ from urllib.parse import urljoin
 
 from selectolax.lexbor import LexborHTMLParser
 
-from scrape_assets.manifest import snapshot_sort_key
+from scrape_assets.manifest import latest_manifest
+from scrape_assets.storage import ObjectStore
 
 _ID = re.compile(r"_(\d+)/index\.html$")
 _AMOUNT = re.compile(r"\d+(?:\.\d+)?")
@@ -31,35 +32,20 @@ _RATINGS = {"One": 1, "Two": 2, "Three": 3, "Four": 4, "Five": 5}
 
 
 def page_files(objects: Path, site: str) -> list[tuple[Path, str]]:
-    """``(file, page URL)`` of every done page of each category's latest complete snapshot."""
+    """``(file, page URL)`` of every done page of each category's latest complete snapshot.
+
+    The pipeline's own manifest loader finds them (journal folded in, torn tail ignored);
+    it is outside the timed loop.
+    """
+    store = ObjectStore(str(objects))
     out = []
-    for category in sorted(p for p in (objects / site).iterdir() if p.is_dir()):
-        snapshots = sorted((p for p in category.iterdir() if (p / "manifest.json").exists()),
-                           key=lambda p: snapshot_sort_key(p.name))
-        for snapshot in reversed(snapshots):
-            manifest = json.loads((snapshot / "manifest.json").read_text())
-            journal = snapshot / "manifest.journal"
-            pages = manifest["pages"]
-            if journal.exists():  # fold the journal in, as the pipeline's loader does
-                lines = journal.read_bytes().split(b"\n")  # UTF-8 JSON lines; only \n ends one
-                for i, line in enumerate(lines):
-                    if not line.strip():
-                        continue
-                    try:
-                        record = json.loads(line)
-                    except ValueError:
-                        if i == len(lines) - 1:
-                            break  # torn by a crash mid-append, as the pipeline's loader ignores it
-                        raise
-                    if record["seq"] > manifest["journal_seq"]:
-                        pages[str(record["page"])] = record["entry"]
-            if manifest.get("completed_at") is None:
-                continue
-            for n, entry in sorted(pages.items(), key=lambda item: int(item[0])):
-                if entry["status"] == "done":
-                    key = entry.get("body_key") or f"{site}/{category.name}/{snapshot.name}/pages/page-{int(n):04d}.html"
-                    out.append((objects / key, entry["url"]))
-            break
+    for category in sorted(p.name for p in (objects / site).iterdir() if p.is_dir()):
+        manifest = latest_manifest(store, site, category, complete=True)
+        if manifest is None:
+            continue
+        for n, entry in sorted(manifest.pages.items()):
+            if entry.status == "done":
+                out.append((objects / manifest.body_key(n), entry.url))
     return out
 
 

@@ -23,10 +23,10 @@ def _table(header: list[str], rows: list[list]) -> list[str]:
     return out + [""]
 
 
-def _runs(r: dict) -> str:
-    """Every run's wall time when the row is the median of several (``runs_wall_s``), else empty."""
-    walls = r.get("runs_wall_s") or []
-    return ", ".join(f"{w:.1f}" for w in walls) if len(walls) > 1 else ""
+def _runs(r: dict, key: str = "wall_s", fmt: str = "{:.1f}") -> str:
+    """Every run's ``key`` when the row is the median of several (``runs_<key>``), else empty."""
+    values = r.get(f"runs_{key}") or []
+    return ", ".join(fmt.format(v) for v in values) if len(values) > 1 else ""
 
 
 THROUGHPUT_HEADER = ["pages", "c", "tool", "wall s", "pages/s", "in-run s", "in-run pages/s", "CPU s", "CPU ms/page",
@@ -211,7 +211,7 @@ def render(results: dict, analysis: Path | None = None) -> str:
                      _f(o["steps"].get("products_table"), 2), _f(o["cpu_s"]), _f(o["rss_max_process_mb"], 0),
                      o["http_requests"], _f(o.get("foreign_cpu_s")), _f(b["pages_per_s"], 0),
                      f"**{pages / o['wall_s'] / b['pages_per_s']:.0%}**", f"{_rate(pages, step) / b['pages_per_s']:.0%}" if step else "—",
-                     _runs(o), ", ".join(f"{r:,.0f}" for r in b.get("runs_pages_per_s") or []) if len(b.get("runs_pages_per_s") or []) > 1 else ""])
+                     _runs(o), _runs(b, "pages_per_s", "{:,.0f}")])
     lines += _table(["pages", "ours wall s", "ours pages/s", "parsed_products s", "step pages/s", "products_table s",
                      "CPU s", "RSS max MB", "HTTP requests", "others' CPU s", "bare pages/s", "ours/bare", "step/bare",
                      "ours wall s of each round", "bare pages/s of each round"], rows)

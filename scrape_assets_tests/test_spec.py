@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -64,11 +66,23 @@ def test_bad_spec_names_file_key_and_expectation(tmp_path, mutate, key, expected
 def test_malformed_yaml_and_unknown_site(tmp_path):
     bad = tmp_path / "broken.yaml"
     bad.write_text("name: [unclosed\n")
-    with pytest.raises(SpecError, match="broken.yaml: not valid YAML"):
+    with pytest.raises(SpecError, match="broken.yaml: not valid YAML") as info:
         load_spec(str(bad))
+    assert "line 2, column 1" in str(info.value)  # where the parser gave up, whichever loader
     with pytest.raises(SpecError, match="unknown site: expected a shipped spec name \\(books_toscrape, demo\\)"):
         load_spec("no_such_site")
     with pytest.raises(SpecError, match="expected a mapping at the top level"):
         parse_spec("- a\n- b\n", "list.yaml")
     with pytest.raises(SpecError, match="missing.yaml: cannot read spec file"):
         load_spec(str(tmp_path / "missing.yaml"))
+
+
+def test_specs_parse_with_libyaml_when_available_and_read_the_same():
+    """libyaml's loader (PyYAML's wheels have it) gives the same document as the pure-Python one."""
+    from scrape_assets import yaml_models
+
+    if yaml.__with_libyaml__:
+        assert yaml_models._SafeLoader is yaml.CSafeLoader
+    text = (Path(__file__).parents[1] / "scrape_assets" / "sites" / "demo.yaml").read_text("utf-8")
+    text += "extra_anchor: &a {x: 1}\nuse: *a\ndate_like: 2026-12-01\nodd: 'it''s'\n"
+    assert yaml.load(text, Loader=yaml_models._SafeLoader) == yaml.safe_load(text)

@@ -32,7 +32,6 @@ the next, and a new run resumes from it:
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 from collections.abc import Callable
@@ -221,13 +220,12 @@ class Manifest:
         page entry per line (keyed by page number as a string, in page order; an entry's
         fields in declaration order).
         """
-        # Built line by line: json.dumps(indent=...) runs the pure-Python encoder, ~5x slower
-        # than the C one used here for each line (and dataclasses.asdict deep-copies).
-        dump = functools.partial(json.dumps, sort_keys=True)
-        lines = [f" {dump(f.name)}: {dump(getattr(self, f.name))}" for f in fields(self) if f.name != "pages"]
-        pages = ",\n".join(f"  {dump(str(n))}: {json.dumps(_entry_dict(p))}" for n, p in sorted(self.pages.items()))
-        lines.append(f' "pages": {{\n{pages}\n }}' if pages else ' "pages": {}')
-        return ("{\n" + ",\n".join(lines) + "\n}").encode("utf-8")
+        # Built line by line with orjson (a 10,000-page snapshot is saved several times a run;
+        # json.dumps per line was ~5x slower, json.dumps(indent=...) ~25x).
+        lines = [b' "%s": %s' % (name.encode(), _dumps(getattr(self, name), sort_keys=True)) for name in _HEAD_FIELDS]
+        pages = b",\n".join(b'  "%d": %s' % (n, _dumps(_entry_dict(p))) for n, p in sorted(self.pages.items()))
+        lines.append(b' "pages": {\n%s\n }' % pages if pages else b' "pages": {}')
+        return b"{\n" + b",\n".join(lines) + b"\n}"
 
     @classmethod
     def from_json(cls, raw: bytes, location: str) -> Manifest:
@@ -237,7 +235,7 @@ class Manifest:
             ManifestError: not JSON, a different format version, or missing fields.
         """
         try:
-            data = json.loads(raw)
+            data = _loads(raw)
             if data.get("format") != FORMAT_VERSION:
                 raise ManifestError(location, f"format {data.get('format')!r}, expected {FORMAT_VERSION}")
             pages = {int(n): PageEntry(**p) for n, p in data.pop("pages").items()}
@@ -282,7 +280,7 @@ class Manifest:
             if not line:
                 continue
             try:
-                record = json.loads(line)
+                record = _loads(line)
                 seq, n, entry = int(record["seq"]), int(record["page"]), PageEntry(**record["entry"])
             except (ValueError, TypeError, KeyError) as exc:
                 if i == len(lines) - 1:
@@ -291,6 +289,27 @@ class Manifest:
             if seq > self.journal_seq:
                 self.pages[n] = entry
                 self.journal_seq = seq
+
+
+_HEAD_FIELDS = tuple(f.name for f in fields(Manifest) if f.name != "pages")
+
+
+def _dumps(value: object, *, sort_keys: bool = False) -> bytes:
+    """Compact JSON (RFC 8259, UTF-8) of ``value``: orjson, or ``json.dumps`` for what orjson
+    refuses (a lone surrogate in an error message, which json escapes as ``\\udXXX``)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS if sort_keys else 0)
+    except orjson.JSONEncodeError:
+        return json.dumps(value, sort_keys=sort_keys, separators=(",", ":")).encode("utf-8")
+
+
+def _loads(raw: bytes) -> object:
+    """Parse JSON: orjson, or ``json.loads`` for what orjson refuses (an escaped lone surrogate,
+    as :func:`_dumps` may write). Raises ValueError when neither can parse it."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)
 
 
 def _journal_line(line: dict) -> bytes:

@@ -236,6 +236,12 @@ def test_journal_lines_keep_any_text_exactly(tmp_path):
     assert len(lines) == 2 and "Café “fermé” £".encode() in lines[0] and b"\\udcff" in lines[1]
     loaded = load_manifest(store, "demo", "travel", manifest.snapshot_id)
     assert {n: loaded.pages[n].last_error for n in errors} == errors and loaded.journal_seq == 2
+    # The same through a full save (manifest.json): the entry with the surrogate escaped, the rest as UTF-8.
+    manifest.save(store)
+    raw = store.read_bytes(manifest.key)
+    assert "Café “fermé” £".encode() in raw and b"\\udcff" in raw and not store.exists(manifest.journal_key)
+    loaded = load_manifest(store, "demo", "travel", manifest.snapshot_id)
+    assert {n: loaded.pages[n].last_error for n in errors} == errors and loaded.to_json() == raw
 
 
 def test_compaction_folds_the_journal_and_stale_lines_are_not_replayed(tmp_path):

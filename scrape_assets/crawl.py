@@ -22,14 +22,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urlsplit
 
 from scrape_assets.batched_log import LOG_EVERY_S
 from scrape_assets.crashpoints import crashpoint
 from scrape_assets.errors import FetchError, PermanentFetchError, StorageError
 from scrape_assets.fetcher import PageFetcher
 from scrape_assets.manifest import Manifest, PageEntry, latest_manifest, open_snapshot, utc_now_iso
-from scrape_assets.parsing import parse_pager
+from scrape_assets.parsing import UrlJoiner, parse_pager
 from scrape_assets.spec import SiteSpec
 from scrape_assets.storage import ObjectStore
 
@@ -192,6 +192,7 @@ class PartitionCrawler:
             progress = CrawlProgress(1, progress or (lambda line: logger.info(line)))
         self.progress = progress
         self._lock = asyncio.Lock()
+        self._page_urls: UrlJoiner | None = None  # resolves page_url against the snapshot's start URL
         self._requests = 0
         self._fetched = 0
         self._not_modified = 0
@@ -383,8 +384,12 @@ class PartitionCrawler:
             manifest.save(self.store)
 
     def _page_url(self, n: int) -> str:
+        """URL of listing page ``n``: the spec's ``page_url`` resolved against the start URL
+        (as ``urljoin``; the common prefix once per snapshot, see UrlJoiner)."""
         start = self.manifest.start_url
-        return urljoin(start, self.spec.pagination.page_url.format(n=n))
+        if self._page_urls is None or self._page_urls.base != start:
+            self._page_urls = UrlJoiner(start)
+        return self._page_urls(self.spec.pagination.page_url.format(n=n))
 
     def _previous_pages(self, manifest: Manifest) -> dict[str, tuple[Manifest, int]]:
         """Done pages of the latest earlier complete snapshot, by URL (validators and hashes)."""

@@ -117,9 +117,21 @@ def test_decimal_string_prices_load_the_same_table_as_decimals(tmp_path):
     assert sorted(r["price"] for r in tables[1][1]) == sorted(Decimal(p) for p in prices)
 
 
-def test_price_history_gets_only_the_prices_seen_that_day(tmp_path):
-    """Carried-forward rows (their pages failed) are not stamped with the new day's date."""
+@pytest.mark.parametrize("upsert", [True, False], ids=["upsert (SQLite)", "delete+insert (other databases)"])
+def test_price_history_gets_only_the_prices_seen_that_day(tmp_path, monkeypatch, upsert):
+    """Carried-forward rows (their pages failed) are not stamped with the new day's date.
+
+    Both ways of writing a day's rows give the same table (SQLite's upsert is the default there).
+    """
+    import functools
+
+    from scrape_assets import warehouse
+
+    if not upsert:
+        monkeypatch.setattr(warehouse, "write_price_history", functools.partial(warehouse.write_price_history, upsert=False))
     wh = Warehouse(f"sqlite:///{tmp_path / 'w.db'}")
+    statements = []
+    sa.event.listen(wh.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
 
     def page_rows(snapshot, prices):  # {product_id: (page_number, price)}
         return [{**_row("a", pid, price), "page_number": page, "snapshot_id": snapshot}
@@ -151,6 +163,9 @@ def test_price_history_gets_only_the_prices_seen_that_day(tmp_path):
                             history_date="2026-12-03", history_snapshot_id="s5") == (0, 0)
     assert history("2026-12-03") == {("1", "1.40", "s5"), ("2", "2.40", "s5")}
     assert len(wh.rows(price_history)) == 3 + 3 + 2
+    history_writes = [s for s in statements if "price_history" in s and not s.lstrip().upper().startswith("SELECT")]
+    assert any("ON CONFLICT" in s for s in history_writes) == upsert
+    assert any(s.lstrip().upper().startswith("DELETE") for s in history_writes) == (not upsert)
 
 
 def test_the_first_site_to_load_claims_the_tables_and_another_is_refused(tmp_path, monkeypatch):

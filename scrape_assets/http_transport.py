@@ -127,8 +127,9 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         max_connections: most open connections in all (aiohttp ``TCPConnector(limit=...)``).
         keepalive_expiry_s: seconds an idle keep-alive connection is kept (default 15, as
             aiohttp's).
-        verify: ``True`` to verify TLS certificates with the system's CAs, ``False`` not to,
-            or an :class:`ssl.SSLContext`.
+        verify: ``True`` to verify TLS certificates with certifi's CAs, as httpx does (the
+            context is built on the first https request), ``False`` not to, or an
+            :class:`ssl.SSLContext`.
         proxy: ``http://[user:pass@]host:port`` of a forward proxy every request goes
             through (None: direct).
 
@@ -155,15 +156,15 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         self._max_connections = max_connections
         self._keepalive_expiry_s = keepalive_expiry_s
         self._verify = verify
+        self._certifi_context: ssl.SSLContext | None = None
         self._session: aiohttp.ClientSession | None = None
 
     def _session_for_request(self) -> aiohttp.ClientSession:
         if self._session is None:
-            ssl_option: bool | ssl.SSLContext = self._verify
-            if self._verify is True:
-                ssl_option = httpx.create_ssl_context()  # certifi's CAs, as httpx's own transport
+            # verify=True: certifi's CAs, as httpx's own transport, given per https request
+            # (_tls_for): building that context costs ~50 ms, which a plain-http crawl skips.
             connector = aiohttp.TCPConnector(
-                limit=self._max_connections, keepalive_timeout=self._keepalive_expiry_s, ssl=ssl_option
+                limit=self._max_connections, keepalive_timeout=self._keepalive_expiry_s, ssl=self._verify
             )
             self._session = aiohttp.ClientSession(
                 connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False
@@ -174,6 +175,14 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             # (A private attribute: aiohttp is pinned, and a test counts the requests.)
             self._session._retry_connection = False
         return self._session
+
+    def _tls_for(self, request: httpx.Request) -> dict:
+        """``ssl=`` of an https request when verifying with certifi's CAs (built on first use)."""
+        if self._verify is not True or request.url.scheme != "https":
+            return {}
+        if self._certifi_context is None:
+            self._certifi_context = httpx.create_ssl_context()
+        return {"ssl": self._certifi_context}
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request``; return once the status line and headers have arrived.
@@ -202,6 +211,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 headers=headers,
                 data=body or None,
                 **via,
+                **self._tls_for(request),
                 allow_redirects=False,
                 timeout=aiohttp.ClientTimeout(
                     total=None,

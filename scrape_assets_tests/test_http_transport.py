@@ -202,20 +202,27 @@ def test_a_proxy_refusing_the_connect_tunnel_is_a_proxy_error_without_credential
     assert classify_exception(exc, headers_received=False) == ("retry", "proxy_error")
 
 
+def _answers_over_tls(heads: list[str]):
+    """A connection handler answering every request "over TLS" (its request heads go to ``heads``)."""
+
+    async def handle(reader, writer):
+        try:
+            while True:
+                heads.append((await reader.readuntil(b"\r\n\r\n")).decode())
+                writer.write(_ok(b"over TLS"))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    return handle
+
+
 def test_https_pages_go_through_a_connect_tunnel_that_the_origin_never_sees_the_credentials_of():
     import trustme  # a test dependency (pyproject's [test] extra)
 
     ca = trustme.CA()
     origin_heads: list[str] = []
-
-    async def origin(reader, writer):
-        try:
-            while True:
-                origin_heads.append((await reader.readuntil(b"\r\n\r\n")).decode())
-                writer.write(_ok(b"over TLS"))
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            writer.close()
+    origin = _answers_over_tls(origin_heads)
 
     async def main():
         server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -289,3 +296,45 @@ def test_proxy_variables_of_the_environment_are_ignored(monkeypatch):
                 return (await client.get(server.base + "/")).text
 
     assert asyncio.run(main()) == "direct"
+
+
+def test_https_is_verified_with_httpx_certifi_context_built_once_on_the_first_https_request(monkeypatch):
+    """verify=True: https requests get httpx's context (certifi's CAs); plain http never builds one (~50 ms)."""
+    import trustme
+
+    ca = trustme.CA()
+    built: list[ssl.SSLContext] = []
+
+    def trusting_test_ca() -> ssl.SSLContext:  # stands in for certifi's CAs, which do not know this CA
+        context = ssl.create_default_context()
+        ca.configure_trust(context)
+        built.append(context)
+        return context
+
+    tls = _answers_over_tls([])
+
+    async def main():
+        server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
+        server = await asyncio.start_server(tls, "127.0.0.1", 0, ssl=server_ctx)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            async with HeadServer(lambda n: _ok(b"plain")) as plain:
+                transport = AiohttpTransport(max_connections=2)
+                async with httpx.AsyncClient(transport=transport, timeout=3.0) as client:
+                    texts = [(await client.get(plain.base + "/")).text]
+                    contexts_after_http = len(built)
+                    monkeypatch.setattr(httpx, "create_ssl_context", trusting_test_ca)
+                    texts += [(await client.get(f"https://127.0.0.1:{port}/{p}")).text for p in ("a", "b")]
+                untrusted = AiohttpTransport(max_connections=2)  # certifi's real CAs: this CA is unknown
+                monkeypatch.undo()
+                async with httpx.AsyncClient(transport=untrusted, timeout=3.0) as client:
+                    with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+                        await client.get(f"https://127.0.0.1:{port}/c")
+                return texts, contexts_after_http
+        finally:
+            server.close()
+
+    texts, contexts_after_http = asyncio.run(main())
+    assert texts == ["plain", "over TLS", "over TLS"]
+    assert contexts_after_http == 0 and len(built) == 1  # none for http; one for both https requests

@@ -220,9 +220,14 @@ class Manifest:
         page entry per line (keyed by page number as a string, in page order; an entry's
         fields in declaration order).
         """
-        # Built line by line with orjson (a 10,000-page snapshot is saved several times a run;
-        # json.dumps per line was ~5x slower, json.dumps(indent=...) ~25x).
-        lines = [b' "%s": %s' % (name.encode(), _dumps(getattr(self, name), sort_keys=True)) for name in _HEAD_FIELDS]
+        # Built line by line. The page entries (str, int, bool, None only) through orjson: a
+        # 10,000-page snapshot is saved several times a run, and json.dumps per entry was ~3x
+        # slower. The few head fields through json, which keeps what orjson would change
+        # silently (a non-finite float in fetch_config, e.g. timeout_s=inf, as Infinity).
+        lines = [
+            b' "%s": %s' % (name.encode(), json.dumps(getattr(self, name), sort_keys=True, separators=(",", ":")).encode())
+            for name in _HEAD_FIELDS
+        ]
         pages = b",\n".join(b'  "%d": %s' % (n, _dumps(_entry_dict(p))) for n, p in sorted(self.pages.items()))
         lines.append(b' "pages": {\n%s\n }' % pages if pages else b' "pages": {}')
         return b"{\n" + b",\n".join(lines) + b"\n}"
@@ -294,13 +299,14 @@ class Manifest:
 _HEAD_FIELDS = tuple(f.name for f in fields(Manifest) if f.name != "pages")
 
 
-def _dumps(value: object, *, sort_keys: bool = False) -> bytes:
-    """Compact JSON (RFC 8259, UTF-8) of ``value``: orjson, or ``json.dumps`` for what orjson
-    refuses (a lone surrogate in an error message, which json escapes as ``\\udXXX``)."""
+def _dumps(value: dict) -> bytes:
+    """Compact JSON (RFC 8259, UTF-8) of a page entry (str, int, bool and None values): orjson,
+    or ``json.dumps`` for what orjson refuses (a lone surrogate in an error message, which
+    json escapes as ``\\udXXX``)."""
     try:
-        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS if sort_keys else 0)
+        return orjson.dumps(value)
     except orjson.JSONEncodeError:
-        return json.dumps(value, sort_keys=sort_keys, separators=(",", ":")).encode("utf-8")
+        return json.dumps(value, separators=(",", ":")).encode("utf-8")
 
 
 def _loads(raw: bytes) -> object:

@@ -143,6 +143,10 @@ def test_manifest_round_trip_and_corruption_is_reported(tmp_path):
     manifest, _ = _open(store, fetch_config=CONFIG, now=T0)
     raw = store.read_bytes(manifest.key)
     assert Manifest.from_json(raw, "m").to_json() == raw
+    # Non-finite floats in the fetch config (a timeout of inf) come back as written, not as null.
+    odd = Manifest.from_json(raw, "m")
+    odd.fetch_config = {**odd.fetch_config, "timeout_s": float("inf"), "big": 2**70}
+    assert Manifest.from_json(odd.to_json(), "m").fetch_config == odd.fetch_config
     # One field per line, one page entry per line: readable and diffable by hand.
     manifest.pages[1].last_error = "timeout: read \u2026"
     manifest.pages[2] = PageEntry(url="http://x/t/page-2.html", status="done", attempts=1, content_hash="sha256:ab")

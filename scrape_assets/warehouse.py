@@ -365,17 +365,19 @@ def write_price_history(
     """Give every product of ``category`` matching ``seen`` its ``price_history`` row of ``history_date``.
 
     The day's earlier row of the same product (a re-run of the day) is replaced; other
-    rows are left alone. On SQLite one ``INSERT ... SELECT ... ON CONFLICT DO UPDATE`` (an
-    upsert, SQLite >= 3.24) does it in one pass: re-running a day of 100 categories of 2,000
-    products rewrites the 200,000 rows ~2.5x faster than deleting and inserting them.
-    Elsewhere (``upsert=False``, the default for other databases) the day's rows of those
-    products are deleted and inserted again, in the caller's transaction either way.
+    rows are left alone. On SQLite >= 3.24 one ``INSERT ... SELECT ... ON CONFLICT DO UPDATE``
+    (an upsert) does it in one pass: re-running a day of 100 categories of 2,000 products
+    rewrites the 200,000 rows ~2.5x faster than deleting and inserting them. Elsewhere
+    (``upsert=False``, the default for other databases and older SQLite) the day's rows of
+    those products are deleted and inserted again; in the caller's transaction either way.
     """
     select = sa.select(
         sa.literal(history_date), products.c.category, products.c.product_id, products.c.price,
         products.c.currency, sa.literal(history_snapshot_id),
     ).where(seen)  # a WHERE clause, which SQLite needs to tell an upsert's ON from a join's
-    if upsert if upsert is not None else conn.dialect.name == "sqlite":
+    if upsert is None:  # the upsert needs SQLite >= 3.24 (2018); an older library gets delete + insert
+        upsert = conn.dialect.name == "sqlite" and conn.dialect.dbapi.sqlite_version_info >= (3, 24, 0)
+    if upsert:
         from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
         statement = sqlite_insert(price_history).from_select(_HISTORY_COLUMNS, select)

@@ -69,6 +69,8 @@ def test_malformed_yaml_and_unknown_site(tmp_path):
     with pytest.raises(SpecError, match="broken.yaml: not valid YAML") as info:
         load_spec(str(bad))
     assert "line 2, column 1" in str(info.value)  # where the parser gave up, whichever loader
+    with pytest.raises(SpecError, match="text.yaml: not valid YAML"):
+        parse_spec("name: \udcff\n", "text.yaml")  # a lone surrogate (text given, not read from a file)
     with pytest.raises(SpecError, match="unknown site: expected a shipped spec name \\(books_toscrape, demo\\)"):
         load_spec("no_such_site")
     with pytest.raises(SpecError, match="expected a mapping at the top level"):

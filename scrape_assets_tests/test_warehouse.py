@@ -117,18 +117,24 @@ def test_decimal_string_prices_load_the_same_table_as_decimals(tmp_path):
     assert sorted(r["price"] for r in tables[1][1]) == sorted(Decimal(p) for p in prices)
 
 
-@pytest.mark.parametrize("upsert", [True, False], ids=["upsert (SQLite)", "delete+insert (other databases)"])
-def test_price_history_gets_only_the_prices_seen_that_day(tmp_path, monkeypatch, upsert):
+@pytest.mark.parametrize("way", ["upsert", "delete+insert", "old SQLite"],
+                         ids=["upsert (SQLite)", "delete+insert (other databases)", "SQLite < 3.24"])
+def test_price_history_gets_only_the_prices_seen_that_day(tmp_path, monkeypatch, way):
     """Carried-forward rows (their pages failed) are not stamped with the new day's date.
 
-    Both ways of writing a day's rows give the same table (SQLite's upsert is the default there).
+    Both ways of writing a day's rows give the same table (SQLite's upsert is the default
+    there, unless the library predates upserts).
     """
     import functools
+    import sqlite3.dbapi2  # SQLAlchemy's sqlite dialect: dialect.dbapi
 
     from scrape_assets import warehouse
 
-    if not upsert:
+    upsert = way == "upsert"
+    if way == "delete+insert":
         monkeypatch.setattr(warehouse, "write_price_history", functools.partial(warehouse.write_price_history, upsert=False))
+    elif way == "old SQLite":
+        monkeypatch.setattr(sqlite3.dbapi2, "sqlite_version_info", (3, 22, 0))
     wh = Warehouse(f"sqlite:///{tmp_path / 'w.db'}")
     statements = []
     sa.event.listen(wh.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))

@@ -80,7 +80,11 @@ def preflight(resources: dict) -> None:
 
 
 def summarize(resources: dict) -> dict:
-    """Figures of the latest complete snapshot of every category, and the table sizes."""
+    """Figures of the latest complete snapshot of every category, and the table sizes.
+
+    ``categories`` counts the categories whose latest complete snapshot has a page done;
+    ``categories_without_pages`` names those whose every page failed for good.
+    """
     from scrape_assets.manifest import latest_manifest
     from scrape_assets.warehouse import dead_letters, products
 
@@ -94,18 +98,22 @@ def summarize(resources: dict) -> dict:
     not_in_spec = {} if owner not in (None, spec.name) else {c: n for c, n in by_category.items()
                                                              if c not in spec.categories}
     done = failed = 0
-    categories = 0
+    categories, without_pages = 0, []
     for category in spec.categories:
         manifest = latest_manifest(store, spec.name, category, complete=True)
         if manifest is None:
             continue
-        categories += 1
         counts = manifest.counts()
         done += counts["done"]
         failed += counts["failed"]
+        if counts["done"]:
+            categories += 1
+        else:  # complete, but every page failed for good: nothing of it was fetched
+            without_pages.append(category)
     return {
         "site": spec.name,
         "categories": categories,
+        "categories_without_pages": without_pages,
         "categories_configured": len(spec.categories),
         "pages_done": done,
         "pages_failed": failed,
@@ -158,7 +166,9 @@ def print_summary(summary: dict, run: dict | None = None, out=sys.stdout) -> Non
         ]
     lines += [
         f"Summary ({summary['site']}, latest complete snapshots)",
-        f"  categories      {summary['categories']}/{summary['categories_configured']}",
+        f"  categories      {summary['categories']}/{summary['categories_configured']}" + (
+            f" ({len(empty)} whose latest snapshot has no page done: {', '.join(empty)})"
+            if (empty := summary.get("categories_without_pages")) else ""),
         f"  pages           {summary['pages_done']} done, {summary['pages_failed']} failed",
         "  success rate    " + (f"{summary['success_rate']:.1%}" if summary["pages_done"] + summary["pages_failed"]
                                   else f"n/a (no complete snapshot of {summary['site']} in {summary['object_storage']}"

@@ -178,3 +178,26 @@ def test_a_run_summary_names_the_steps_that_did_not_finish():
     assert "  parsed          parsed_products did not finish" in lines
     assert "  loaded          products_table did not finish" in lines
     assert "None" not in out.getvalue()
+
+
+def test_the_summary_does_not_count_a_category_whose_every_page_failed(tmp_path):
+    import io
+
+    from scrape_assets.cli import print_summary, summarize
+    from scrape_assets.defs.resources import build_resources
+    from scrape_assets.manifest import Manifest, PageEntry
+
+    resources = build_resources({"SCRAPE_SITE": "demo", "SCRAPE_DATA_DIR": str(tmp_path / "data")},
+                                secrets_as_env_vars=False)
+    store = resources["store"].store()
+    for category, status in (("travel", "failed"), ("mystery", "done")):
+        url = f"http://demo.scrape-assets.invalid/catalogue/category/books/{category}/index.html"
+        Manifest(site="demo", category=category, snapshot_id="2026-12-01T080000Z", fetch_config={},
+                 fetch_config_hash="", start_url=url, completed_at="2026-12-01T08:01:00Z", discovery_complete=True,
+                 total_pages=1, pages={1: PageEntry(url=url, status=status, attempts=3)}).save(store)
+    summary = summarize(resources)
+    assert (summary["categories"], summary["categories_without_pages"]) == (1, ["travel"])
+    assert (summary["pages_done"], summary["pages_failed"]) == (1, 1)
+    out = io.StringIO()
+    print_summary(summary, out=out)
+    assert "  categories      1/12 (1 whose latest snapshot has no page done: travel)" in out.getvalue().splitlines()

@@ -28,7 +28,7 @@ from scrape_assets.batched_log import LOG_EVERY_S
 from scrape_assets.crashpoints import crashpoint
 from scrape_assets.errors import FetchError, PermanentFetchError, StorageError
 from scrape_assets.fetcher import PageFetcher
-from scrape_assets.manifest import Manifest, PageEntry, latest_manifest, open_snapshot, utc_now_iso
+from scrape_assets.manifest import UNREAD, Manifest, PageEntry, latest_manifest, open_snapshot, utc_now_iso
 from scrape_assets.parsing import UrlJoiner, parse_pager
 from scrape_assets.spec import SiteSpec
 from scrape_assets.storage import ObjectStore
@@ -161,6 +161,9 @@ class PartitionCrawler:
             one starts (see :func:`~scrape_assets.manifest.open_snapshot`); None: any age.
         progress: the run's :class:`CrawlProgress` (shared by its crawlers), or a callback
             for log lines (a progress of its own is made for this one category).
+        latest: the partition's latest snapshot as the caller read it under the partition's
+            lock (None: there is none); by default the crawler reads it. A complete one is
+            also the snapshot whose pages are revalidated, so it is not read a second time.
     """
 
     def __init__(
@@ -177,8 +180,10 @@ class PartitionCrawler:
         adopt_complete: Callable[[Manifest], bool] | None = None,
         resume_max_age: timedelta | None = None,
         progress: CrawlProgress | ProgressCallback | None = None,
+        latest: Manifest | None | object = UNREAD,
     ):
         self.run_id = run_id
+        self._latest = latest
         self.adopt_complete = adopt_complete
         self.resume_max_age = resume_max_age
         self.spec = spec
@@ -220,6 +225,7 @@ class PartitionCrawler:
             adopt_complete=self.adopt_complete,
             resume_max_age=self.resume_max_age,
             on_abandon=self._report_abandoned,
+            latest=self._latest,
         )
         swept = self._sweep_abandoned(manifest)
         if not manifest.is_complete:  # a complete one is read (and written into) by later stages
@@ -393,7 +399,11 @@ class PartitionCrawler:
 
     def _previous_pages(self, manifest: Manifest) -> dict[str, tuple[Manifest, int]]:
         """Done pages of the latest earlier complete snapshot, by URL (validators and hashes)."""
-        previous = latest_manifest(self.store, manifest.site, manifest.category, complete=True)
+        known = self._latest
+        if isinstance(known, Manifest) and known.is_complete:  # the latest snapshot is the latest complete one
+            previous = known
+        else:
+            previous = latest_manifest(self.store, manifest.site, manifest.category, complete=True)
         if previous is None or previous.snapshot_id == manifest.snapshot_id:
             return {}
         return {e.url: (previous, n) for n, e in previous.pages.items() if e.status == "done"}

@@ -297,6 +297,9 @@ class Manifest:
 
 
 _HEAD_FIELDS = tuple(f.name for f in fields(Manifest) if f.name != "pages")
+#: ``latest=`` of :func:`open_snapshot` and :func:`resume_conflict` when the caller has not
+#: read the partition's latest snapshot: they read it themselves.
+UNREAD = object()
 
 
 def _dumps(value: dict) -> bytes:
@@ -399,6 +402,7 @@ def open_snapshot(
     adopt_complete: Callable[[Manifest], bool] | None = None,
     resume_max_age: timedelta | None = None,
     on_abandon: Callable[[Manifest], None] | None = None,
+    latest: Manifest | None | object = UNREAD,
 ) -> tuple[Manifest, bool]:
     """Resume the partition's incomplete snapshot, or start a new one.
 
@@ -415,6 +419,9 @@ def open_snapshot(
             run's fetch config; True resumes it as it is (nothing left to fetch) instead of
             starting a new one. ``raw_pages`` says True for a snapshot completed by a run
             that died before recording it, so a restart does not fetch it all again.
+        latest: the partition's latest snapshot (:func:`latest_manifest`, None for none) when
+            the caller has just read it under the partition's lock (saves reading it again:
+            a GET on remote storage); by default it is read here.
 
     Returns:
         ``(manifest, resumed)``; a new manifest is saved before it is returned, a resumed
@@ -426,7 +433,8 @@ def open_snapshot(
     """
     digest = config_hash(fetch_config)
     now = now or datetime.now(timezone.utc)
-    latest = latest_manifest(store, site, category)
+    if latest is UNREAD:
+        latest = latest_manifest(store, site, category)
     if _too_old_to_resume(latest, now, resume_max_age):
         if on_abandon is not None:
             on_abandon(latest)
@@ -464,16 +472,18 @@ def _too_old_to_resume(latest: Manifest | None, now: datetime, resume_max_age: t
 
 def resume_conflict(
     store: ObjectStore, *, site: str, category: str, fetch_config: dict, now: datetime | None = None,
-    resume_max_age: timedelta | None = None,
+    resume_max_age: timedelta | None = None, latest: Manifest | None | object = UNREAD,
 ) -> FetchConfigChangedError | None:
     """The error :func:`open_snapshot` would raise for this partition (without ``new_snapshot``), or None.
 
     Reads only: a run asks it for every partition before opening any snapshot, so a
     changed config stops the run before it starts snapshots under the new config for the
-    other partitions (which would then refuse the old config in turn).
+    other partitions (which would then refuse the old config in turn). ``latest``: as in
+    :func:`open_snapshot` (the caller's read of the latest snapshot, else read here).
     """
-    return _resume_refusal(latest_manifest(store, site, category), fetch_config, now or datetime.now(timezone.utc),
-                           resume_max_age)
+    if latest is UNREAD:
+        latest = latest_manifest(store, site, category)
+    return _resume_refusal(latest, fetch_config, now or datetime.now(timezone.utc), resume_max_age)
 
 
 def _resume_refusal(

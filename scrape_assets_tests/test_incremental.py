@@ -307,3 +307,35 @@ def test_a_snapshot_left_incomplete_days_ago_is_not_resumed_by_todays_run(tmp_pa
     assert materialize(instance, res, ["travel"], selection=["raw_pages"]).success
     assert list_snapshots(store, "demo", "travel") == [stale.snapshot_id]
     assert latest_manifest(store, "demo", "travel", complete=True).snapshot_id == stale.snapshot_id
+
+
+def test_a_crawl_reads_each_partitions_latest_manifest_once(tmp_path, monkeypatch):
+    """The preflight's read serves opening the snapshot and revalidating its pages (one GET each on S3)."""
+    import asyncio
+    import collections
+    import logging
+
+    from scrape_assets.defs.assets.raw_pages import crawl_partitions
+    from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
+
+    site, objects = SiteResource(site="demo"), ObjectStoreResource(url=str(tmp_path / "objects"))
+    categories = ["travel", "mystery", "classics"]
+
+    def crawl():
+        return asyncio.run(crawl_partitions(site, objects, categories, new_snapshot=False, log=logging.getLogger("test")))
+
+    pages = {r.category: r.pages_done for r in crawl()}
+    assert pages == {"travel": 1, "mystery": 2, "classics": 1}
+    reads = collections.Counter()
+    original = ObjectStore.read_bytes
+
+    def counting(self, key):
+        if key.endswith("/manifest.json"):
+            reads[key.split("/")[1]] += 1
+        return original(self, key)
+
+    monkeypatch.setattr(ObjectStore, "read_bytes", counting)
+    second = {r.category: r for r in crawl()}  # an unchanged day: every page revalidated
+    assert reads == {category: 1 for category in categories}
+    # The validators came from that one read: every page asked conditionally, every answer a 304.
+    assert {c: (r.requests_made, r.pages_not_modified) for c, r in second.items()} == {c: (n, n) for c, n in pages.items()}

@@ -16,7 +16,7 @@ from scrape_assets.defs.pools import configured_host_pool
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource
 from scrape_assets.errors import FetchConfigChangedError, PartitionLockedError, SettingsError, SpecError
 from scrape_assets.gc_tuning import freeze_again
-from scrape_assets.manifest import Manifest, resume_conflict
+from scrape_assets.manifest import Manifest, latest_manifest, resume_conflict
 
 if TYPE_CHECKING:  # the HTTP stack (httpx, aiohttp) is imported by the step, not with the definitions
     from scrape_assets.crawl import CrawlReport
@@ -163,9 +163,13 @@ async def crawl_partitions(
     fetch_config, fetch_base_url = site.fetch_config(), site.fetch_base_url()  # parse the spec once, not per category
     object_store = store.store()
     object_store.ensure_writable()
+    # Read once here, under the partition locks the step holds: the preflight, opening the
+    # snapshot and revalidating its pages all use it (one manifest GET per category on S3).
+    latest = {category: latest_manifest(object_store, spec.name, category) for category in categories}
     if not new_snapshot:
         conflicts = [c for c in (resume_conflict(object_store, site=spec.name, category=category, fetch_config=fetch_config,
-                                                 resume_max_age=store.resume_max_age()) for category in categories) if c]
+                                                 resume_max_age=store.resume_max_age(), latest=latest[category])
+                                 for category in categories) if c]
         if conflicts:
             if len(conflicts) > 1:
                 log.error(f"{len(conflicts)} categories have an incomplete snapshot fetched with another config: "
@@ -187,6 +191,7 @@ async def crawl_partitions(
                 adopt_complete=adopt_complete,
                 resume_max_age=store.resume_max_age(),
                 progress=progress,
+                latest=latest[category],
             )
             for category in categories
         ]

@@ -161,9 +161,10 @@ class PartitionCrawler:
             one starts (see :func:`~scrape_assets.manifest.open_snapshot`); None: any age.
         progress: the run's :class:`CrawlProgress` (shared by its crawlers), or a callback
             for log lines (a progress of its own is made for this one category).
-        latest: the partition's latest snapshot as the caller read it under the partition's
-            lock (None: there is none); by default the crawler reads it. A complete one is
-            also the snapshot whose pages are revalidated, so it is not read a second time.
+        latest: the partition's latest snapshot as the caller read it just before (None:
+            there is none; ``raw_pages`` holds the partition locks meanwhile); by default the
+            crawler reads it. A complete one is also the snapshot whose pages are
+            revalidated, so it is not read a second time.
     """
 
     def __init__(
@@ -231,6 +232,7 @@ class PartitionCrawler:
         if not manifest.is_complete:  # a complete one is read (and written into) by later stages
             swept += self.store.sweep_temp_files(manifest.prefix)
         self._previous = self._previous_pages(manifest)
+        self._latest = UNREAD  # used: a later run() reads again
         lost = self._requeue_lost_bodies(manifest) if resumed and not manifest.is_complete else 0
         c = manifest.counts()
         if resumed:

@@ -420,8 +420,9 @@ def open_snapshot(
             starting a new one. ``raw_pages`` says True for a snapshot completed by a run
             that died before recording it, so a restart does not fetch it all again.
         latest: the partition's latest snapshot (:func:`latest_manifest`, None for none) when
-            the caller has just read it under the partition's lock (saves reading it again:
-            a GET on remote storage); by default it is read here.
+            the caller has just read it and nothing can have written the partition since
+            (``raw_pages`` holds its lock): saves reading it again, a GET on remote storage.
+            By default it is read here.
 
     Returns:
         ``(manifest, resumed)``; a new manifest is saved before it is returned, a resumed

@@ -339,3 +339,25 @@ def test_a_crawl_reads_each_partitions_latest_manifest_once(tmp_path, monkeypatc
     assert reads == {category: 1 for category in categories}
     # The validators came from that one read: every page asked conditionally, every answer a 304.
     assert {c: (r.requests_made, r.pages_not_modified) for c, r in second.items()} == {c: (n, n) for c, n in pages.items()}
+
+
+def test_a_corrupt_manifest_stops_a_new_snapshot_run_before_any_snapshot_opens(tmp_path):
+    """new_snapshot=True: the up-front read fails first, so no other category gets a stray new snapshot."""
+    import asyncio
+    import logging
+
+    import pytest
+
+    from scrape_assets.defs.assets.raw_pages import crawl_partitions
+    from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
+    from scrape_assets.errors import ManifestError
+
+    site, objects = SiteResource(site="demo"), ObjectStoreResource(url=str(tmp_path / "objects"))
+    categories = ["travel", "mystery"]
+    asyncio.run(crawl_partitions(site, objects, categories, new_snapshot=False, log=logging.getLogger("test")))
+    store = ObjectStore(str(tmp_path / "objects"))
+    broken = latest_manifest(store, "demo", "mystery")
+    store.write_bytes_atomic(broken.key, b'{"format": 1, "pages": ')
+    with pytest.raises(ManifestError, match="mystery/.*manifest.json: unreadable manifest"):
+        asyncio.run(crawl_partitions(site, objects, categories, new_snapshot=True, log=logging.getLogger("test")))
+    assert [len(list_snapshots(store, "demo", c)) for c in categories] == [1, 1]

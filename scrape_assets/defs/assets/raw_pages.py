@@ -163,8 +163,10 @@ async def crawl_partitions(
     fetch_config, fetch_base_url = site.fetch_config(), site.fetch_base_url()  # parse the spec once, not per category
     object_store = store.store()
     object_store.ensure_writable()
-    # Read once here, under the partition locks the step holds: the preflight, opening the
-    # snapshot and revalidating its pages all use it (one manifest GET per category on S3).
+    # Read once here, before any snapshot is opened (raw_pages holds the partition locks; on
+    # S3 the host pool keeps runs apart): the preflight, opening the snapshot and, when it
+    # is complete, revalidating its pages all use this read (one manifest GET, not three).
+    # A corrupt manifest stops the run here, before any category's snapshot is opened.
     latest = {category: latest_manifest(object_store, spec.name, category) for category in categories}
     if not new_snapshot:
         conflicts = [c for c in (resume_conflict(object_store, site=spec.name, category=category, fetch_config=fetch_config,
@@ -191,7 +193,7 @@ async def crawl_partitions(
                 adopt_complete=adopt_complete,
                 resume_max_age=store.resume_max_age(),
                 progress=progress,
-                latest=latest[category],
+                latest=latest.pop(category),  # the crawler drops it once its snapshot is open
             )
             for category in categories
         ]

@@ -35,6 +35,18 @@ def make_resources(tmp_path: Path, **site_overrides) -> dict:
     }
 
 
+def crawl_demo(objects: Path, categories: list[str], *, new_snapshot: bool = False) -> list:
+    """raw_pages's crawl (no Dagster run) of the in-process demo catalogue into ``objects``; its CrawlReports."""
+    import asyncio
+    import logging
+
+    from scrape_assets.defs.assets.raw_pages import crawl_partitions
+    from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
+
+    return asyncio.run(crawl_partitions(SiteResource(site="demo"), ObjectStoreResource(url=str(objects)), categories,
+                                        new_snapshot=new_snapshot, log=logging.getLogger("test")))
+
+
 def run_metadata(result) -> dict[str, dict]:
     """Each asset's metadata in a run (plain values), its partitions' per-category tables merged."""
     from scrape_assets.defs.assets.partition_metadata import metadata_by_asset

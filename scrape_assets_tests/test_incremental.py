@@ -10,7 +10,7 @@ import dagster as dg
 from scrape_assets.manifest import latest_manifest, list_snapshots, load_manifest
 from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import Warehouse, price_history, products
-from scrape_assets_tests.conftest import make_resources, materialize, run_metadata
+from scrape_assets_tests.conftest import crawl_demo, make_resources, materialize, run_metadata
 
 PAGES = {"travel": 1, "mystery": 2}
 
@@ -311,20 +311,10 @@ def test_a_snapshot_left_incomplete_days_ago_is_not_resumed_by_todays_run(tmp_pa
 
 def test_a_crawl_reads_each_partitions_latest_manifest_once(tmp_path, monkeypatch):
     """The preflight's read serves opening the snapshot and revalidating its pages (one GET each on S3)."""
-    import asyncio
     import collections
-    import logging
 
-    from scrape_assets.defs.assets.raw_pages import crawl_partitions
-    from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
-
-    site, objects = SiteResource(site="demo"), ObjectStoreResource(url=str(tmp_path / "objects"))
     categories = ["travel", "mystery", "classics"]
-
-    def crawl():
-        return asyncio.run(crawl_partitions(site, objects, categories, new_snapshot=False, log=logging.getLogger("test")))
-
-    pages = {r.category: r.pages_done for r in crawl()}
+    pages = {r.category: r.pages_done for r in crawl_demo(tmp_path / "objects", categories)}
     assert pages == {"travel": 1, "mystery": 2, "classics": 1}
     reads = collections.Counter()
     original = ObjectStore.read_bytes
@@ -335,7 +325,7 @@ def test_a_crawl_reads_each_partitions_latest_manifest_once(tmp_path, monkeypatc
         return original(self, key)
 
     monkeypatch.setattr(ObjectStore, "read_bytes", counting)
-    second = {r.category: r for r in crawl()}  # an unchanged day: every page revalidated
+    second = {r.category: r for r in crawl_demo(tmp_path / "objects", categories)}  # unchanged: every page revalidated
     assert reads == {category: 1 for category in categories}
     # The validators came from that one read: every page asked conditionally, every answer a 304.
     assert {c: (r.requests_made, r.pages_not_modified) for c, r in second.items()} == {c: (n, n) for c, n in pages.items()}
@@ -343,21 +333,15 @@ def test_a_crawl_reads_each_partitions_latest_manifest_once(tmp_path, monkeypatc
 
 def test_a_corrupt_manifest_stops_a_new_snapshot_run_before_any_snapshot_opens(tmp_path):
     """new_snapshot=True: the up-front read fails first, so no other category gets a stray new snapshot."""
-    import asyncio
-    import logging
-
     import pytest
 
-    from scrape_assets.defs.assets.raw_pages import crawl_partitions
-    from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
     from scrape_assets.errors import ManifestError
 
-    site, objects = SiteResource(site="demo"), ObjectStoreResource(url=str(tmp_path / "objects"))
     categories = ["travel", "mystery"]
-    asyncio.run(crawl_partitions(site, objects, categories, new_snapshot=False, log=logging.getLogger("test")))
+    crawl_demo(tmp_path / "objects", categories)
     store = ObjectStore(str(tmp_path / "objects"))
     broken = latest_manifest(store, "demo", "mystery")
     store.write_bytes_atomic(broken.key, b'{"format": 1, "pages": ')
     with pytest.raises(ManifestError, match="mystery/.*manifest.json: unreadable manifest"):
-        asyncio.run(crawl_partitions(site, objects, categories, new_snapshot=True, log=logging.getLogger("test")))
+        crawl_demo(tmp_path / "objects", categories, new_snapshot=True)
     assert [len(list_snapshots(store, "demo", c)) for c in categories] == [1, 1]

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 import os
 import pickle
 import shutil
@@ -13,13 +11,12 @@ from pathlib import Path
 import pytest
 
 from scrape_assets import parse_run
-from scrape_assets.defs.assets.raw_pages import crawl_partitions
-from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
 from scrape_assets.errors import FetchConfigChangedError, ManifestError, PermanentFetchError, SpecError
 from scrape_assets.extract import load_parse_state
 from scrape_assets.manifest import latest_manifest
 from scrape_assets.spec import load_spec
 from scrape_assets.storage import ObjectStore
+from scrape_assets_tests.conftest import crawl_demo
 
 CATEGORIES = ["travel", "mystery", "classics", "default", "poetry"]  # 1 to 12 pages each
 SPEC = load_spec("demo")
@@ -30,8 +27,7 @@ EXPECTED_PRODUCTS = {"travel": 11, "mystery": 32, "classics": 19, "default": 232
 def crawled(tmp_path_factory) -> Path:
     """The five categories crawled once from the in-process demo catalogue."""
     root = tmp_path_factory.mktemp("crawled") / "objects"
-    asyncio.run(crawl_partitions(SiteResource(site="demo"), ObjectStoreResource(url=str(root)), CATEGORIES,
-                                 new_snapshot=False, log=logging.getLogger("test")))
+    crawl_demo(root, CATEGORIES)
     return root
 
 

@@ -17,7 +17,10 @@ pytestmark = pytest.mark.timeout(30)
 
 
 class HeadServer:
-    """Reads request heads (kept in ``heads``), answers each with ``reply(n)`` bytes (None: hang up)."""
+    """Reads request heads (kept in ``heads``), answers each with ``reply(n)`` bytes (None: hang up).
+
+    ``reply(n)`` may also return ``(bytes, "close")``: write them, then hang up.
+    """
 
     def __init__(self, reply):
         self.reply = reply
@@ -40,8 +43,11 @@ class HeadServer:
                 data = self.reply(len(self.heads))
                 if data is None:
                     break
-                writer.write(data)
+                close = isinstance(data, tuple)
+                writer.write(data[0] if close else data)
                 await writer.drain()
+                if close:
+                    break
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         writer.close()
@@ -90,6 +96,84 @@ def test_gzip_body_is_decoded_by_httpx():
     responses, _ = _run(lambda n: _ok(body, "Content-Encoding: gzip", "Content-Type: text/html; charset=utf-8"),
                         lambda client, base: client.get(base + "/"))
     assert responses.text == "<html>caf\u00e9</html>"
+
+
+
+class _Direct:
+    """What ``AiohttpTransport.get`` returned: status, headers and the body read to the end."""
+
+    def __init__(self, status: int, headers: httpx.Headers, body: bytes):
+        self.status, self.headers, self.body = status, headers, body
+
+
+async def _direct_get(client: httpx.AsyncClient, url: str, **headers: str) -> _Direct:
+    """GET ``url`` past the client, as ``PageFetcher`` sends pages: its headers merged with ``headers``."""
+    merged = client.headers.copy()
+    merged.update(headers)
+    response = await client._transport.get(httpx.URL(url), merged, client.timeout.as_dict())
+    try:
+        return _Direct(response.status, response.headers, b"".join([c async for c in response.aiter_bytes()]))
+    finally:
+        response.release()
+
+
+def test_direct_get_sends_what_the_client_sends_and_reads_what_it_reads():
+    async def both(client, base):
+        path = "/a%2Fb/caf%C3%A9?q=%20x&r=1"
+        via_client = await client.get(base + path, headers={"If-None-Match": '"v1"'})
+        direct = await _direct_get(client, base + path, **{"If-None-Match": '"v1"'})
+        return via_client, direct
+
+    (via_client, direct), server = _run(
+        lambda n: _ok(b"page", 'ETag: "v2"', "X-Twice: 1", "X-Twice: 2", "Content-Type: text/html; charset=utf-8"), both)
+    assert server.heads[0] == server.heads[1]  # byte for byte: request line, header names, values and order
+    assert server.heads[1].decode().startswith("GET /a%2Fb/caf%C3%A9?q=%20x&r=1 HTTP/1.1\r\n")
+    assert (direct.status, direct.body) == (200, b"page")
+    assert list(direct.headers.items()) == list(via_client.headers.items())  # X-Twice merged to "1, 2", as httpx does
+    assert direct.headers["x-twice"] == "1, 2"
+    assert server.connections == 1  # one pool: the two paths share keep-alive connections
+
+
+def test_direct_get_decodes_gzip_with_httpx_decoders_and_a_corrupt_stream_is_their_error():
+    body = gzip.compress(b"<html>caf\xc3\xa9</html>")
+    direct, _ = _run(lambda n: _ok(body, "Content-Encoding: gzip"), lambda client, base: _direct_get(client, base + "/"))
+    assert direct.body == b"<html>caf\xc3\xa9</html>"
+    exc, _ = _run(lambda n: _ok(b"not gzip at all", "Content-Encoding: gzip"),
+                  lambda client, base: _direct_get(client, base + "/"))
+    assert type(exc) is httpx.DecodingError
+    assert classify_exception(exc, headers_received=True) == ("retry", "decoding_error")
+
+
+def test_direct_get_maps_a_body_cut_short_and_a_hang_up_like_the_client_path():
+    cut = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this"
+    exc, _ = _run(lambda n: (cut, "close"), lambda client, base: _direct_get(client, base + "/"))
+    assert type(exc) is httpx.RemoteProtocolError and str(exc.request.url).endswith("/")
+    assert classify_exception(exc, headers_received=True) == ("retry", "incomplete_body")
+    exc, server = _run(lambda n: None, lambda client, base: _direct_get(client, base + "/"))
+    assert type(exc) is httpx.RemoteProtocolError and len(server.heads) == 1
+    assert str(exc.request.url).endswith("/") and classify_exception(exc, headers_received=False) == (
+        "retry", "connection_error")
+
+
+
+def test_direct_get_releases_a_response_whose_body_is_not_read():
+    """Error pages are dropped unread: each release frees its connection (a pool of 2, 6 requests)."""
+
+    async def six(client, base):
+        statuses = []
+        for _ in range(6):
+            response = await client._transport.get(httpx.URL(base + "/"), client.headers, client.timeout.as_dict())
+            statuses.append(response.status)
+            response.release()  # body not read, as PageFetcher does with an error page
+        return statuses
+
+    def reply(n):
+        body = b"x" * 50_000
+        return b"HTTP/1.1 500 Oops\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+
+    statuses, server = _run(reply, six)
+    assert statuses == [500] * 6
+    assert len(server.heads) == 6
 
 
 @pytest.mark.parametrize(

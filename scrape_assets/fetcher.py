@@ -35,18 +35,15 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 
 from scrape_assets.errors import FetchError, PermanentFetchError, TransientFetchError
 from scrape_assets.http_transport import AiohttpTransport
-from scrape_assets.politeness import HostLimiter, RobotsCache
+from scrape_assets.politeness import HostLimiter, RobotsCache, within_deadline
 from scrape_assets.retry import backoff_delay_s, classify_exception, classify_status, parse_retry_after
 from scrape_assets.spec import Politeness
-
-_T = TypeVar("_T")
-_HAS_TIMEOUT = hasattr(asyncio, "timeout")  # Python 3.11+
 
 logger = logging.getLogger(__name__)
 
@@ -200,19 +197,6 @@ def build_client(
     )
 
 
-async def _within(deadline_s: float, work: Awaitable[_T]) -> _T:
-    """``await work``, or ``TimeoutError`` after ``deadline_s`` seconds (``work`` cancelled).
-
-    ``asyncio.timeout`` where it exists (Python 3.11+): the request runs in the caller's task,
-    where ``asyncio.wait_for`` (before 3.12) wraps it in a new task per request, costs more
-    and may swallow a cancel arriving as the request ends.
-    """
-    if _HAS_TIMEOUT:
-        async with asyncio.timeout(deadline_s):
-            return await work
-    return await asyncio.wait_for(work, deadline_s)  # pragma: no cover - Python 3.10
-
-
 def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
     return url.scheme, url.host, url.port or _DEFAULT_PORTS.get(url.scheme)
 
@@ -286,8 +270,9 @@ class PageFetcher:
                 nothing, or nothing we kept; a later redirect hop waiting for its slot
                 included), e.g. to uncount it. Not called for a cancel while the first hop waits
                 for a slot (nothing counted yet) or during the backoff after a failed attempt
-                (that one counts). On Python 3.10, ``asyncio.wait_for`` (the deadline there) may
-                swallow a cancel that arrives as the request ends: the attempt then finishes normally.
+                (that one counts). On Python 3.10, ``asyncio.wait_for`` (the deadline there, see
+                :func:`~scrape_assets.politeness.within_deadline`) may swallow a cancel that arrives
+                as a request (or the robots.txt download) ends: the attempt then finishes normally.
 
         Returns:
             The :class:`FetchedPage` (status 2xx or 304).
@@ -469,7 +454,7 @@ class PageFetcher:
                 await on_attempt(attempt)  # the slot is ours: this attempt is about to be sent
             started = self._clock()
             try:
-                status, headers, body = await _within(deadline_s, self._download(url, target, attempt, extra_headers,
+                status, headers, body = await within_deadline(deadline_s, self._download(url, target, attempt, extra_headers,
                                                                                   progress))
             except (httpx.RequestError, TimeoutError, asyncio.TimeoutError) as exc:
                 decision, reason = classify_exception(exc, headers_received=progress.headers_received)

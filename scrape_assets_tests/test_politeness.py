@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from scrape_assets.politeness import HostLimiter, RobotsCache, RobotsDecision, robots_url_for
+from scrape_assets.politeness import HostLimiter, RobotsCache, RobotsDecision, robots_url_for, within_deadline
 
 UA = "scrape-assets/0.1 (+https://example.invalid/bot)"
 
@@ -267,3 +267,30 @@ async def _enter(limiter: HostLimiter, host: str) -> None:
 def test_host_limiter_rejects_bad_limits(rps, concurrency, message):
     with pytest.raises(ValueError, match=message):
         HostLimiter(requests_per_second=rps, max_concurrency=concurrency)
+
+
+def test_within_deadline_returns_the_result_or_times_out():
+    async def main():
+        assert await within_deadline(1, asyncio.sleep(0, result="page")) == "page"
+        with pytest.raises(TimeoutError):
+            await within_deadline(0.01, asyncio.sleep(5))
+
+    asyncio.run(main())
+
+
+def test_within_deadline_does_not_swallow_a_cancel_that_arrives_as_the_work_ends():
+    """The race of ``asyncio.wait_for`` before 3.12: the work is done, the caller cancelled: cancelled wins."""
+
+    async def main():
+        answer = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(within_deadline(10, answer))
+        await asyncio.sleep(0)  # the task now waits for the answer
+        answer.set_result("page")
+        task.cancel()  # in the same loop iteration: both are pending for the task
+        try:
+            await task
+        except asyncio.CancelledError:
+            return "cancelled"
+        return "swallowed"
+
+    assert asyncio.run(main()) == "cancelled"

@@ -160,20 +160,20 @@ def test_direct_get_releases_a_response_whose_body_is_not_read():
     """Error pages are dropped unread: each release frees its connection (a pool of 2, 6 requests)."""
 
     async def six(client, base):
-        statuses = []
+        responses = []  # all kept alive: only release() can give a connection back (not aiohttp's __del__)
         for _ in range(6):
             response = await client._transport.get(httpx.URL(base + "/"), client.headers, client.timeout.as_dict())
-            statuses.append(response.status)
+            responses.append(response)
             response.release()  # body not read, as PageFetcher does with an error page
-        return statuses
+        return [r.status for r in responses]
 
-    def reply(n):
-        body = b"x" * 50_000
-        return b"HTTP/1.1 500 Oops\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    def reply(n):  # a body still arriving: aiohttp cannot hand the connection back by itself
+        return b"HTTP/1.1 500 Oops\r\nContent-Length: 1000000\r\n\r\n" + b"x" * 1000
 
     statuses, server = _run(reply, six)
     assert statuses == [500] * 6
     assert len(server.heads) == 6
+    assert server.connections == 6  # each released connection was closed (its body unread), none reused
 
 
 @pytest.mark.parametrize(

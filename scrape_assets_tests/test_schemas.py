@@ -250,3 +250,23 @@ def test_report_keeps_at_most_100_cases_but_counts_all():
     assert report.failure_count == 150
     assert len(report.failure_cases) == 100
     assert report.by_check == {"products.rating: in_range(1, 5)": 150}
+
+
+def test_text_columns_pass_the_dtype_check_with_one_bool_and_fail_it_value_by_value():
+    """``Text``: no per-value answer (and no failure-case frame) for a column that passes."""
+    from pandera.engines import pandas_engine
+
+    from scrape_assets.schemas import Text
+
+    text = Text()
+    passing = products_frame(_rows())["title"]
+    assert text.check(pandas_engine.Engine.dtype(passing.dtype), passing) is True
+    assert text.check(pandas_engine.Engine.dtype(passing.dtype)) is True
+    numbers = pd.Series([1, 2], dtype="int64")
+    assert text.check(pandas_engine.Engine.dtype(numbers.dtype), numbers) is False
+    # through a whole validation: a text column of another dtype is reported as before
+    products = products_frame(_rows())
+    products["title"] = pd.Series([1, 2, 3], dtype="int64")
+    report = validate_parsed(products, _pages())
+    assert report.by_check["products.title: dtype('string[python]')"] == 1
+    assert validate_parsed(products_frame(_rows()), _pages()).passed is True

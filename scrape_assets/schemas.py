@@ -1,7 +1,7 @@
 """pandera schemas for parsed products and per-page summaries, and lazy validation of both.
 
-Frames and dtypes (pandas 3 names; ``str`` is ``pd.StringDtype(na_value=nan)`` there and plain
-``object`` on pandas 2, and the schemas accept either):
+Frames and dtypes (pandas 3, the line the project pins: ``str`` is
+``pd.StringDtype(na_value=nan)``):
 
 * products, built by :func:`products_frame`: one row per product seen on a listing page,
   columns :data:`PRODUCT_COLUMNS` in that order. Text columns ``str``; ``price`` ``object``
@@ -63,7 +63,7 @@ REJECTED_SHARE_MESSAGE = (
 
 @pandas_engine.Engine.register_dtype
 class Text(pandas_engine.STRING):
-    """pandera's string dtype (what ``Series[str]`` means on pandas 3), answering its dtype check with one bool.
+    """pandera's string dtype (what ``Series[str]`` means), answering its dtype check with one bool.
 
     pandera 0.35's ``STRING.check`` answers a column that already has pandas' string dtype
     with an all-True array, and its dtype check then formats a message holding the (empty)
@@ -71,8 +71,9 @@ class Text(pandas_engine.STRING):
     a quarter of validating a 2,000-row partition. When every value passes, this answers
     ``True`` instead; otherwise pandera's own answer, so failure cases and their names are
     those of ``Series[str]`` (``dtype('string[python]')``, or ``string[pyarrow]`` where
-    pyarrow is installed). Used on pandas 3 only (:data:`TEXT`). A schema written with
-    ``to_yaml`` names it as pandera's string dtype: read back, it compares unequal.
+    pyarrow is installed). A schema written with ``to_yaml`` names it as pandera's string
+    dtype: read back, it compares unequal. (On pandas 2, whose ``str`` columns are
+    ``object``, pandas' string dtype would refuse an empty column: the project pins pandas 3.)
     """
 
     def check(self, pandera_dtype, data_container=None):  # noqa: ANN001, ANN201 - pandera's signature
@@ -82,12 +83,6 @@ class Text(pandas_engine.STRING):
         return result
 
 
-#: The text columns' dtype: :class:`Text` where ``str`` columns are pandas' string dtype
-#: (pandas 3); plain ``str`` on pandas 2, where they are ``object`` and pandera checks each
-#: value (an empty object column passes ``str`` but would fail pandas' string dtype).
-TEXT = str if pd.Series([], dtype="str").dtype == object else Text
-
-
 def _is_positive_decimal(value: object) -> bool:
     return isinstance(value, Decimal) and value.is_finite() and value > 0
 
@@ -95,19 +90,19 @@ def _is_positive_decimal(value: object) -> bool:
 class ProductsSchema(pa.DataFrameModel):
     """One row per product seen on one listing page of one category in one snapshot."""
 
-    category: Series[TEXT] = pa.Field(
+    category: Series[Text] = pa.Field(
         str_matches=PARTITION_KEY_PATTERN, description="partition key of the category (spec `categories` key)"
     )
-    product_id: Series[TEXT] = pa.Field(str_length={"min_value": 1}, description="site's id, from the product URL")
-    title: Series[TEXT] = pa.Field(str_length={"min_value": 1}, description="full title, mojibake repaired")
+    product_id: Series[Text] = pa.Field(str_length={"min_value": 1}, description="site's id, from the product URL")
+    title: Series[Text] = pa.Field(str_length={"min_value": 1}, description="full title, mojibake repaired")
     price: Series[object] = pa.Field(description="decimal.Decimal > 0, in units of `currency` (e.g. pounds)")
-    currency: Series[TEXT] = pa.Field(str_matches=r"^[A-Z]{3}$", description="ISO 4217 code of `price`")
+    currency: Series[Text] = pa.Field(str_matches=r"^[A-Z]{3}$", description="ISO 4217 code of `price`")
     rating: Series[int] = pa.Field(in_range={"min_value": 1, "max_value": 5}, description="stars, 1..5")
-    availability: Series[TEXT] = pa.Field(str_length={"min_value": 1}, description='as shown, e.g. "In stock"')
-    url: Series[TEXT] = pa.Field(str_matches=r"^https?://", description="absolute product URL on the canonical site")
+    availability: Series[Text] = pa.Field(str_length={"min_value": 1}, description='as shown, e.g. "In stock"')
+    url: Series[Text] = pa.Field(str_matches=r"^https?://", description="absolute product URL on the canonical site")
     page_number: Series[int] = pa.Field(ge=1, description="1-based listing page the product was seen on")
-    snapshot_id: Series[TEXT] = pa.Field(str_length={"min_value": 1}, description="snapshot the page belongs to")
-    fetched_at: Series[TEXT] = pa.Field(
+    snapshot_id: Series[Text] = pa.Field(str_length={"min_value": 1}, description="snapshot the page belongs to")
+    fetched_at: Series[Text] = pa.Field(
         str_matches=FETCHED_AT_PATTERN, description="when the page was fetched, UTC ISO 8601 string"
     )
 
@@ -124,7 +119,7 @@ class ProductsSchema(pa.DataFrameModel):
 class PagesSchema(pa.DataFrameModel):
     """One row per fetched listing page: how many product cards it had and how many parsed."""
 
-    category: Series[TEXT] = pa.Field(str_matches=PARTITION_KEY_PATTERN, description="partition key of the category")
+    category: Series[Text] = pa.Field(str_matches=PARTITION_KEY_PATTERN, description="partition key of the category")
     page_number: Series[int] = pa.Field(ge=1, description="1-based listing page number")
     products_parsed: Series[int] = pa.Field(ge=0, description="product rows parsed from the page")
     cards_found: Series[int] = pa.Field(ge=0, description="elements matching the spec's product selector")

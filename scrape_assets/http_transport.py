@@ -92,6 +92,11 @@ def _mapped(exc: BaseException, request: httpx.Request) -> httpx.TransportError:
 _AIOHTTP_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
+def _wire_headers(headers: httpx.Headers) -> list[tuple[str, str]]:
+    """httpx's request headers as aiohttp takes them: ``(name, value)`` strings, bytes kept (latin-1)."""
+    return [(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers.raw]
+
+
 async def _body_chunks(response: aiohttp.ClientResponse, request: Callable[[], httpx.Request],
                        chain: bool) -> AsyncIterator[bytes]:
     """``response``'s body bytes as they arrive (undecoded), aiohttp's errors mapped (module table)."""
@@ -133,8 +138,8 @@ class DirectResponse:
     and its merging of repeated names). The body is aiohttp's bytes as they arrive when the
     response has no ``Content-Encoding``; an encoded one goes through httpx's own decoders
     (those its ``Accept-Encoding`` offers: gzip, deflate, and br when ``brotli`` is
-    installed), so a corrupt stream is the same ``httpx.DecodingError``. Errors while reading are mapped as in the
-    module table.
+    installed), so a corrupt stream is the same ``httpx.DecodingError``. Errors while
+    reading are mapped as in the module table.
     """
 
     __slots__ = ("status", "headers", "_response", "_request", "_chain")
@@ -234,8 +239,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             httpx.TransportError: a subclass per the module table.
         """
         body = await request.aread()
-        headers = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in request.headers.raw]
-        response = await self._send(request.method, request.url, headers, body,
+        response = await self._send(request.method, request.url, _wire_headers(request.headers), body,
                                     request.extensions.get("timeout", {}), lambda: request)
         extensions = {"http_version": b"HTTP/1.1", "reason_phrase": (response.reason or "").encode("latin-1", "replace")}
         return httpx.Response(
@@ -262,7 +266,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         """
         # Host first, from the URL as httpx writes it (aiohttp would drop a trailing dot).
         raw = [("Host", url.netloc.decode("ascii"))]
-        raw += [(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers.raw if name.lower() != b"host"]
+        raw += [header for header in _wire_headers(headers) if header[0].lower() != "host"]
 
         def request() -> httpx.Request:  # only for an error's ``request`` (built on failure)
             return httpx.Request("GET", url, headers=headers)

@@ -176,6 +176,11 @@ class Manifest:
         """Where page ``page_number``'s body is: its own key, or an earlier snapshot's (unchanged page)."""
         return self.pages[page_number].body_key or self.page_key(page_number)
 
+    @property
+    def sees_every_page(self) -> bool:
+        """True when every page entry is ``done``: then :meth:`missing_page` is False for any page."""
+        return all(p.status == "done" for p in self.pages.values())
+
     def missing_page(self, page_number: int) -> bool:
         """Whether this snapshot could not see page ``page_number``'s products.
 

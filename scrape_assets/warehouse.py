@@ -12,7 +12,7 @@ in parallel without "database is locked".
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -235,6 +235,18 @@ class Warehouse:
         with self.engine.connect() as conn:
             return conn.execute(query).scalar_one_or_none()
 
+    def loaded_versions(self, table: sa.Table, categories: Collection[str]) -> dict[str, str]:
+        """``{category: input version}`` last loaded into ``table``, for those of ``categories`` ever loaded."""
+        self.create_tables()
+        query = sa.select(partition_loads.c.category, partition_loads.c.input_version).where(
+            partition_loads.c.table_name == table.name
+        )
+        with self.engine.connect() as conn:
+            return {
+                category: version for where in _each_chunk(partition_loads.c.category, categories)
+                for category, version in conn.execute(query.where(where))
+            }
+
     def load_products(
         self,
         category: str,
@@ -325,25 +337,34 @@ class Warehouse:
         with self.engine.connect() as conn:
             return int(conn.execute(query).scalar_one())
 
-    def rows_by_category(self, table: sa.Table) -> dict[str, int]:
-        """``{category: rows}`` of ``table``, sorted by category."""
+    def rows_by_category(self, table: sa.Table, categories: Collection[str] | None = None) -> dict[str, int]:
+        """``{category: rows}`` of ``table`` (only ``categories`` when given); a category without rows is left out.
+
+        Ordered by category as the database sorts them (its collation), within each
+        :data:`_IN_CHUNK` of ``categories``.
+        """
         self.create_tables()
         query = sa.select(table.c.category, sa.func.count()).group_by(table.c.category).order_by(table.c.category)
         with self.engine.connect() as conn:
-            return {category: int(n) for category, n in conn.execute(query)}
+            return {
+                category: int(n) for where in _each_chunk(table.c.category, categories)
+                for category, n in conn.execute(query.where(where))
+            }
 
-    def duplicate_product_keys(self, category: str | None = None) -> list[tuple[str, str, int]]:
-        """``(category, product_id, count)`` for keys that appear more than once (should be none)."""
+    def duplicate_product_keys(self, categories: Collection[str] | None = None) -> list[tuple[str, str, int]]:
+        """``(category, product_id, count)`` for keys that appear more than once (should be none).
+
+        Args:
+            categories: look only at these categories (all when None).
+        """
         self.create_tables()
         query = (
             sa.select(products.c.category, products.c.product_id, sa.func.count().label("n"))
             .group_by(products.c.category, products.c.product_id)
             .having(sa.func.count() > 1)
         )
-        if category is not None:
-            query = query.where(products.c.category == category)
         with self.engine.connect() as conn:
-            return [tuple(r) for r in conn.execute(query)]
+            return [tuple(r) for where in _each_chunk(products.c.category, categories) for r in conn.execute(query.where(where))]
 
     def rows(self, table: sa.Table, category: str | None = None) -> list[dict]:
         """All rows of ``table`` as dicts, ordered by its columns (for tests and summaries)."""
@@ -353,6 +374,22 @@ class Warehouse:
             query = query.where(table.c.category == category)
         with self.engine.connect() as conn:
             return [dict(r._mapping) for r in conn.execute(query)]
+
+
+#: Values per ``IN (...)`` list: SQLite before 3.32 allows 999 bound variables per statement.
+_IN_CHUNK = 500
+
+
+def _each_chunk(column: sa.ColumnElement, values: Collection[str] | None) -> Iterator[sa.ColumnElement[bool]]:
+    """WHERE clauses that together select ``column IN values`` (everything when ``values`` is None)."""
+    if isinstance(values, str):
+        raise TypeError(f"expected a collection of categories, got the string {values!r}")
+    if values is None:
+        yield sa.true()
+        return
+    values = sorted(set(values))
+    for start in range(0, len(values), _IN_CHUNK):
+        yield column.in_(values[start : start + _IN_CHUNK])
 
 
 _HISTORY_COLUMNS = ["snapshot_date", "category", "product_id", "price", "currency", "snapshot_id"]
@@ -426,15 +463,12 @@ def insert_many(conn: sa.Connection, table: sa.Table, rows: list[Mapping]) -> No
         return
     binds = [(i, column.type.dialect_impl(dialect).bind_processor(dialect)) for i, column in enumerate(table.columns)]
     binds = [(i, bind) for i, bind in binds if bind is not None]
-    params = []
-    for row in rows:
-        row_values = values(row)
-        if binds:
-            row_values = list(row_values)
-            for i, bind in binds:
-                row_values[i] = bind(row_values[i])
-            row_values = tuple(row_values)
-        params.append(row_values)
+    params = list(map(values, rows))
+    if binds:  # column by column (map and zip loop in C): ~3x less Python per row than row by row
+        columns = list(zip(*params))
+        for i, bind in binds:
+            columns[i] = map(bind, columns[i])
+        params = list(zip(*columns))
     conn.exec_driver_sql(str(table.insert().compile(dialect=dialect)), params)
 
 

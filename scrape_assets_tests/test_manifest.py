@@ -349,3 +349,15 @@ def test_batched_log_sends_lines_every_interval_and_the_rest_under_the_summary()
         "3 more:\n  a: parsed 10\n  b: parsed 20\n  c: parsed 30",
         "4 categories: 100 products\n  d: parsed 40",
     ]
+
+
+def test_sees_every_page_exactly_when_no_page_is_missing(tmp_path):
+    manifest, _ = _open(ObjectStore(str(tmp_path)), fetch_config=CONFIG, now=T0)
+    manifest.total_pages = 3
+    manifest.pages = {n: PageEntry(url=f"http://x/t/page-{n}.html", status="done") for n in (1, 2, 3)}
+    assert manifest.sees_every_page
+    assert not any(manifest.missing_page(n) for n in range(1, 6))  # a page the site no longer has is not missing
+    for status in ("failed", "pending"):
+        manifest.pages[2] = dataclasses.replace(manifest.pages[2], status=status)
+        assert not manifest.sees_every_page
+        assert [n for n in range(1, 6) if manifest.missing_page(n)] == [2]

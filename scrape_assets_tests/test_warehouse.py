@@ -225,3 +225,41 @@ def test_a_warehouse_loaded_before_claims_is_claimed_only_by_a_site_whose_snapsh
     seen = []
     Warehouse(url).claim_site("demo", now="t", owns=lambda category, snapshot: seen.append((category, snapshot)) or True)
     assert seen == [("travel", "2026-11-30T000000Z")] and Warehouse(url).site() == "demo"
+
+
+def test_run_wide_queries_answer_for_the_given_categories_only(tmp_path, monkeypatch):
+    from scrape_assets import warehouse
+
+    wh = Warehouse(f"sqlite:///{tmp_path / 'w.db'}")
+    for category, ids in (("a", "12"), ("b", "1"), ("c", "123")):
+        wh.load_products(category, [_row(category, pid) for pid in ids], input_version=f"v-{category}",
+                         snapshot_id="s1", loaded_at="t", history_date="2026-12-01", history_snapshot_id="s1")
+    for chunk in (500, 1):  # one IN list, or one per category (as past SQLite's bound-variable limit)
+        monkeypatch.setattr(warehouse, "_IN_CHUNK", chunk)
+        assert list(wh.rows_by_category(products, ["c", "a", "zz"]).items()) == [("a", 2), ("c", 3)]  # no rows, no entry
+        assert list(wh.rows_by_category(products).items()) == [("a", 2), ("b", 1), ("c", 3)]
+        assert wh.rows_by_category(products, []) == {}
+        assert wh.loaded_versions(products, {"a", "c", "zz"}) == {"a": "v-a", "c": "v-c"}
+        assert wh.duplicate_product_keys(["a", "b"]) == []
+    with pytest.raises(TypeError, match="the string 'a'"):
+        wh.duplicate_product_keys("a")  # a category name is not a list of them
+
+
+def test_insert_many_stores_decimal_strings_as_sqlalchemys_insert_does(tmp_path):
+    """Prices as exact strings (products_table's SQLite path) store what Core's insert stores."""
+    rows = [{**_row("a", str(n)), "price": price} for n, price in enumerate(["12.34", "0.50", "51.00", "1e1"])]
+    read_back = []
+    for way in ("core", "insert_many"):
+        wh = Warehouse(f"sqlite:///{tmp_path / f'{way}.db'}")
+        wh.create_tables()
+        with wh.engine.begin() as conn:
+            if way == "core":
+                conn.execute(products.insert(), rows)
+            else:
+                insert_many(conn, products, rows)
+        with wh.engine.connect() as conn:
+            raw = conn.exec_driver_sql("SELECT product_id, price, typeof(price) FROM products ORDER BY product_id")
+            read_back.append(raw.all())
+    assert read_back[0] == read_back[1]
+    assert [tuple(r) for r in read_back[1]] == [("0", 12.34, "real"), ("1", 0.5, "real"), ("2", 51, "integer"),
+                                               ("3", 10, "integer")]

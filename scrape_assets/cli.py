@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -92,7 +93,11 @@ def summarize(resources: dict) -> dict:
     spec = site.spec()
     store = resources["store"].store()
     with resources["warehouse"].warehouse() as wh:
-        by_category, dead_letter_count, owner = wh.rows_by_category(products), wh.count(dead_letters), wh.site()
+        # Read only: a summary asked for where nothing was loaded yet creates no warehouse.
+        if warehouse_exists := wh.has_tables():
+            by_category, dead_letter_count, owner = wh.rows_by_category(products), wh.count(dead_letters), wh.site()
+        else:
+            by_category, dead_letter_count, owner = {}, 0, None
     products_loaded = sum(by_category.values())
     # Another site's tables hold nothing of this spec: no category of theirs is "no longer in it".
     not_in_spec = {} if owner not in (None, spec.name) else {c: n for c, n in by_category.items()
@@ -123,7 +128,9 @@ def summarize(resources: dict) -> dict:
         "dead_letters": dead_letter_count,
         "object_storage": store.describe(),
         "warehouse": wh.describe(),
+        "warehouse_exists": warehouse_exists,
         "warehouse_site": owner,
+        "dagster_home": os.environ.get("DAGSTER_HOME"),
     }
 
 
@@ -173,7 +180,8 @@ def print_summary(summary: dict, run: dict | None = None, out=sys.stdout) -> Non
         "  success rate    " + (f"{summary['success_rate']:.1%}" if summary["pages_done"] + summary["pages_failed"]
                                   else f"n/a (no complete snapshot of {summary['site']} in {summary['object_storage']}"
                                        " yet: is SCRAPE_DATA_DIR or SCRAPE_STORAGE_URL the one you scraped into?)"),
-        f"  products loaded {summary['products_loaded']} (table `products`)",
+        f"  products loaded {summary['products_loaded']} (table `products`)"
+        + ("" if summary.get("warehouse_exists", True) else f"; no warehouse yet at {summary['warehouse']}"),
     ]
     stale = summary.get("products_of_categories_not_in_spec") or {}
     if stale:
@@ -188,9 +196,16 @@ def print_summary(summary: dict, run: dict | None = None, out=sys.stdout) -> Non
             f" (tables of site {summary['warehouse_site']!r}, not {summary['site']!r}: the products and dead "
             "letters counted above are theirs)"
             if summary.get("warehouse_site") not in (None, summary["site"]) else ""),
-        "  Dagster UI      make ui  (then open http://127.0.0.1:3000)",
+        f"  Dagster UI      {ui_command(summary.get('dagster_home'))}  (then open http://127.0.0.1:3000)",
     ]
     print("\n".join(lines), file=out)
+
+
+def ui_command(dagster_home: str | None) -> str:
+    """``make ui`` on the instance the runs went to: the Makefile's own (``./.dagster_home``) or ``dagster_home``."""
+    if not dagster_home or Path(dagster_home).resolve() == Path(".dagster_home").resolve():
+        return "make ui"
+    return f"make ui DAGSTER_HOME={shlex.quote(str(Path(dagster_home).resolve()))}"
 
 
 def run_demo(new_snapshot: bool = False) -> int:

@@ -137,6 +137,13 @@ class Warehouse:
         """The URL without password, for logs and metadata."""
         return self.engine.url.render_as_string(hide_password=True)
 
+    def has_tables(self) -> bool:
+        """Whether the ``products`` table exists, found without creating anything (not even a SQLite file)."""
+        database = self.engine.url.database
+        if self.engine.dialect.name == "sqlite" and database and database != ":memory:" and not Path(database).exists():
+            return False  # connecting would create the file
+        return sa.inspect(self.engine).has_table(products.name)
+
     def create_tables(self) -> None:
         """Create the tables if missing (idempotent, and safe when several processes race to do it)."""
         if not self._created:

@@ -24,12 +24,16 @@ def test_demo_command_runs_all_categories_in_one_run_and_prints_summary(tmp_path
     assert empty.returncode == 0, empty.stderr[-3000:]
     assert (f"  success rate    n/a (no complete snapshot of demo in {tmp_path / 'data' / 'objects'} yet: is "
             "SCRAPE_DATA_DIR or SCRAPE_STORAGE_URL the one you scraped into?)") in empty.stdout
+    warehouse_file = tmp_path / "data" / "warehouse.db"
+    assert f"products loaded 0 (table `products`); no warehouse yet at sqlite:///{warehouse_file}" in empty.stdout
+    assert not warehouse_file.exists()  # asking for a summary creates no warehouse
     # Without DAGSTER_HOME (outside `make demo`) the instance is ./.dagster_home, as the Makefile's.
     home = tmp_path / ".dagster_home"
     done = subprocess.run([str(cli), "demo"], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     assert f"12 categories in one run on the Dagster instance at {home}" in out
+    assert "  Dagster UI      make ui  (then open http://127.0.0.1:3000)" in out  # that instance is make ui's
     assert (home / "dagster.yaml").read_text() == (REPO_ROOT / "dagster.yaml").read_text()  # the project's settings
     assert "  requests        38 (0 not modified: 304), 0 pages failed for good" in out
     assert "  parsed          38 pages re-parsed, 0 categories unchanged" in out
@@ -201,3 +205,14 @@ def test_the_summary_does_not_count_a_category_whose_every_page_failed(tmp_path)
     out = io.StringIO()
     print_summary(summary, out=out)
     assert "  categories      1/12 (1 whose latest snapshot has no page done: travel)" in out.getvalue().splitlines()
+
+
+def test_the_ui_hint_names_the_instance_the_runs_went_to(tmp_path, monkeypatch):
+    from scrape_assets.cli import ui_command
+
+    monkeypatch.chdir(tmp_path)
+    assert ui_command(None) == "make ui"
+    assert ui_command(str(tmp_path / ".dagster_home")) == "make ui"  # the Makefile's own instance
+    assert ui_command(".dagster_home") == "make ui"
+    books = tmp_path / "my homes" / ".dagster_home_books"
+    assert ui_command(str(books)) == f"make ui DAGSTER_HOME='{books}'"  # quoted for the shell

@@ -263,3 +263,17 @@ def test_insert_many_stores_decimal_strings_as_sqlalchemys_insert_does(tmp_path)
     assert read_back[0] == read_back[1]
     assert [tuple(r) for r in read_back[1]] == [("0", 12.34, "real"), ("1", 0.5, "real"), ("2", 51, "integer"),
                                                ("3", 10, "integer")]
+
+
+def test_has_tables_creates_nothing(tmp_path):
+    path = tmp_path / "none" / "w.db"
+    wh = Warehouse(f"sqlite:///{path}")
+    assert wh.has_tables() is False
+    assert not path.parent.exists()  # neither the folder nor the SQLite file
+    path.parent.mkdir()
+    empty = Warehouse(f"sqlite:///{path}")
+    with empty.engine.connect():  # an empty database file: no tables yet
+        pass
+    assert path.exists() and empty.has_tables() is False
+    empty.create_tables()
+    assert empty.has_tables() is True

@@ -161,7 +161,8 @@ def print_summary(summary: dict, run: dict | None = None, out=sys.stdout) -> Non
             return text if run[figure] is not None else f"{asset} did not finish"
 
         lines += [
-            "This run" + ("" if run["success"] else " (FAILED: see the log above or `make ui`)"),
+            "This run" + ("" if run["success"] else
+                          f" (FAILED: see the log above or `{ui_command(summary.get('dagster_home'))}`)"),
             "  requests        " + step("requests_made", f"{run['requests_made']} ({run['pages_not_modified']} not "
                                         f"modified: 304), {run['pages_failed']} pages failed for good", "raw_pages"),
             "  parsed          " + step("pages_parsed", f"{run['pages_parsed']} pages re-parsed, "
@@ -231,7 +232,8 @@ def run_demo(new_snapshot: bool = False) -> int:
         )
     print_summary(summarize(resources), run_figures(result))
     if not result.success:
-        print(f"\nrun {result.run_id} did not succeed; see `make ui` for the failed step", file=sys.stderr)
+        print(f"\nrun {result.run_id} did not succeed; see `{ui_command(os.environ.get('DAGSTER_HOME'))}` for the "
+              "failed step", file=sys.stderr)
         return 1
     return 0
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import sqlalchemy as sa
 
@@ -140,8 +141,11 @@ class Warehouse:
     def has_tables(self) -> bool:
         """Whether the ``products`` table exists, found without creating anything (not even a SQLite file)."""
         database = self.engine.url.database
-        if self.engine.dialect.name == "sqlite" and database and database != ":memory:" and not Path(database).exists():
-            return False  # connecting would create the file
+        if self.engine.dialect.name == "sqlite" and database and database != ":memory:":
+            # A URI filename (``sqlite:///file:w.db?mode=ro&uri=true``) names its file in the path part.
+            path = urlsplit(database).path if database.startswith("file:") else database
+            if not Path(path).exists():
+                return False  # connecting would create the file
         return sa.inspect(self.engine).has_table(products.name)
 
     def create_tables(self) -> None:

@@ -184,7 +184,7 @@ def test_a_run_summary_names_the_steps_that_did_not_finish():
     assert "None" not in out.getvalue()
 
 
-def test_the_summary_does_not_count_a_category_whose_every_page_failed(tmp_path):
+def test_the_summary_does_not_count_a_category_whose_every_page_failed(tmp_path, monkeypatch):
     import io
 
     from scrape_assets.cli import print_summary, summarize
@@ -199,12 +199,15 @@ def test_the_summary_does_not_count_a_category_whose_every_page_failed(tmp_path)
         Manifest(site="demo", category=category, snapshot_id="2026-12-01T080000Z", fetch_config={},
                  fetch_config_hash="", start_url=url, completed_at="2026-12-01T08:01:00Z", discovery_complete=True,
                  total_pages=1, pages={1: PageEntry(url=url, status=status, attempts=3)}).save(store)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "books_home"))  # the runs went to another instance
     summary = summarize(resources)
     assert (summary["categories"], summary["categories_without_pages"]) == (1, ["travel"])
     assert (summary["pages_done"], summary["pages_failed"]) == (1, 1)
     out = io.StringIO()
     print_summary(summary, out=out)
     assert "  categories      1/12 (1 whose latest snapshot has no page done: travel)" in out.getvalue().splitlines()
+    assert out.getvalue().splitlines()[-1] == (
+        f"  Dagster UI      make ui DAGSTER_HOME={tmp_path / 'books_home'}  (then open http://127.0.0.1:3000)")
 
 
 def test_the_ui_hint_names_the_instance_the_runs_went_to(tmp_path, monkeypatch):

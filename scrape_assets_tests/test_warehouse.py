@@ -277,3 +277,9 @@ def test_has_tables_creates_nothing(tmp_path):
     assert path.exists() and empty.has_tables() is False
     empty.create_tables()
     assert empty.has_tables() is True
+
+
+def test_has_tables_finds_a_warehouse_named_by_a_read_only_uri(tmp_path):
+    Warehouse(f"sqlite:///{tmp_path / 'w.db'}").create_tables()
+    assert Warehouse(f"sqlite:///file:{tmp_path / 'w.db'}?mode=ro&uri=true").has_tables() is True
+    assert Warehouse(f"sqlite:///file:{tmp_path / 'none.db'}?mode=ro&uri=true").has_tables() is False

@@ -23,6 +23,7 @@ import os
 import shlex
 import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from scrape_assets.errors import ScrapeError, SettingsError, StorageError
@@ -130,7 +131,7 @@ def summarize(resources: dict) -> dict:
         "warehouse": wh.describe(),
         "warehouse_exists": warehouse_exists,
         "warehouse_site": owner,
-        "dagster_home": os.environ.get("DAGSTER_HOME"),
+        "ui_command": ui_command(os.environ),
     }
 
 
@@ -162,7 +163,7 @@ def print_summary(summary: dict, run: dict | None = None, out=sys.stdout) -> Non
 
         lines += [
             "This run" + ("" if run["success"] else
-                          f" (FAILED: see the log above or `{ui_command(summary.get('dagster_home'))}`)"),
+                          f" (FAILED: see the log above or `{summary.get('ui_command', 'make ui')}`)"),
             "  requests        " + step("requests_made", f"{run['requests_made']} ({run['pages_not_modified']} not "
                                         f"modified: 304), {run['pages_failed']} pages failed for good", "raw_pages"),
             "  parsed          " + step("pages_parsed", f"{run['pages_parsed']} pages re-parsed, "
@@ -197,16 +198,33 @@ def print_summary(summary: dict, run: dict | None = None, out=sys.stdout) -> Non
             f" (tables of site {summary['warehouse_site']!r}, not {summary['site']!r}: the products and dead "
             "letters counted above are theirs)"
             if summary.get("warehouse_site") not in (None, summary["site"]) else ""),
-        f"  Dagster UI      {ui_command(summary.get('dagster_home'))}  (then open http://127.0.0.1:3000)",
+        f"  Dagster UI      {summary.get('ui_command', 'make ui')}  (then open http://127.0.0.1:3000)",
     ]
     print("\n".join(lines), file=out)
 
 
-def ui_command(dagster_home: str | None) -> str:
-    """``make ui`` on the instance the runs went to: the Makefile's own (``./.dagster_home``) or ``dagster_home``."""
-    if not dagster_home or Path(dagster_home).resolve() == Path(".dagster_home").resolve():
-        return "make ui"
-    return f"make ui DAGSTER_HOME={shlex.quote(str(Path(dagster_home).resolve()))}"
+def ui_command(env: Mapping[str, str]) -> str:
+    """The ``make ui`` command (run in the clone) that shows this process's site, data and instance.
+
+    ``env`` is the process environment. The UI's code location reads the same variables,
+    so the command carries those that differ from what ``make ui`` uses by default:
+    ``SCRAPE_SITE`` (other than ``demo``), ``SCRAPE_DATA_DIR`` (other than ``./data``),
+    ``SCRAPE_BASE_URL``, and ``DAGSTER_HOME`` (other than ``./.dagster_home``), each
+    shell-quoted. ``SCRAPE_STORAGE_URL`` and ``SCRAPE_WAREHOUSE_URL`` are left out (they
+    may hold credentials): set them as for the run.
+    """
+    parts = []
+    if env.get("SCRAPE_SITE") not in (None, "", "demo"):
+        parts.append(f"SCRAPE_SITE={shlex.quote(env['SCRAPE_SITE'])}")
+    if env.get("SCRAPE_DATA_DIR") and Path(env["SCRAPE_DATA_DIR"]).resolve() != Path("data").resolve():
+        parts.append(f"SCRAPE_DATA_DIR={shlex.quote(str(Path(env['SCRAPE_DATA_DIR']).resolve()))}")
+    if env.get("SCRAPE_BASE_URL"):
+        parts.append(f"SCRAPE_BASE_URL={shlex.quote(env['SCRAPE_BASE_URL'])}")
+    parts.append("make ui")
+    home = env.get("DAGSTER_HOME")
+    if home and Path(home).resolve() != Path(".dagster_home").resolve():
+        parts.append(f"DAGSTER_HOME={shlex.quote(str(Path(home).resolve()))}")
+    return " ".join(parts)
 
 
 def run_demo(new_snapshot: bool = False) -> int:
@@ -232,7 +250,7 @@ def run_demo(new_snapshot: bool = False) -> int:
         )
     print_summary(summarize(resources), run_figures(result))
     if not result.success:
-        print(f"\nrun {result.run_id} did not succeed; see `{ui_command(os.environ.get('DAGSTER_HOME'))}` for the "
+        print(f"\nrun {result.run_id} did not succeed; see `{ui_command(os.environ)}` for the "
               "failed step", file=sys.stderr)
         return 1
     return 0

@@ -199,7 +199,10 @@ def test_the_summary_does_not_count_a_category_whose_every_page_failed(tmp_path,
         Manifest(site="demo", category=category, snapshot_id="2026-12-01T080000Z", fetch_config={},
                  fetch_config_hash="", start_url=url, completed_at="2026-12-01T08:01:00Z", discovery_complete=True,
                  total_pages=1, pages={1: PageEntry(url=url, status=status, attempts=3)}).save(store)
-    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "books_home"))  # the runs went to another instance
+    for name in ("SCRAPE_SITE", "SCRAPE_DATA_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SCRAPE_BASE_URL", "http://127.0.0.1:8001/")  # the runs went to a mirror...
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "books_home"))  # ...and another instance
     summary = summarize(resources)
     assert (summary["categories"], summary["categories_without_pages"]) == (1, ["travel"])
     assert (summary["pages_done"], summary["pages_failed"]) == (1, 1)
@@ -207,15 +210,24 @@ def test_the_summary_does_not_count_a_category_whose_every_page_failed(tmp_path,
     print_summary(summary, out=out)
     assert "  categories      1/12 (1 whose latest snapshot has no page done: travel)" in out.getvalue().splitlines()
     assert out.getvalue().splitlines()[-1] == (
-        f"  Dagster UI      make ui DAGSTER_HOME={tmp_path / 'books_home'}  (then open http://127.0.0.1:3000)")
+        f"  Dagster UI      SCRAPE_BASE_URL=http://127.0.0.1:8001/ make ui DAGSTER_HOME={tmp_path / 'books_home'}  "
+        "(then open http://127.0.0.1:3000)")
 
 
 def test_the_ui_hint_names_the_instance_the_runs_went_to(tmp_path, monkeypatch):
     from scrape_assets.cli import ui_command
 
     monkeypatch.chdir(tmp_path)
-    assert ui_command(None) == "make ui"
-    assert ui_command(str(tmp_path / ".dagster_home")) == "make ui"  # the Makefile's own instance
-    assert ui_command(".dagster_home") == "make ui"
+    assert ui_command({}) == "make ui"
+    # What `make demo` sets: the Makefile's own instance and data folder, the demo site.
+    assert ui_command({"DAGSTER_HOME": str(tmp_path / ".dagster_home"), "SCRAPE_DATA_DIR": str(tmp_path / "data"),
+                       "SCRAPE_SITE": "demo"}) == "make ui"
+    assert ui_command({"DAGSTER_HOME": ".dagster_home", "SCRAPE_DATA_DIR": "data"}) == "make ui"
+    # The README's offline books.toscrape.com recipe: the UI needs the same site, data and mirror.
     books = tmp_path / "my homes" / ".dagster_home_books"
-    assert ui_command(str(books)) == f"make ui DAGSTER_HOME='{books}'"  # quoted for the shell
+    assert ui_command({"DAGSTER_HOME": str(books), "SCRAPE_SITE": "books_toscrape", "SCRAPE_DATA_DIR": "data-books",
+                       "SCRAPE_BASE_URL": "http://127.0.0.1:8001/", "SCRAPE_WAREHOUSE_URL": "postgresql://u:pw@db/w",
+                       "SCRAPE_REQUESTS_PER_SECOND": "20"}) == (
+        f"SCRAPE_SITE=books_toscrape SCRAPE_DATA_DIR={tmp_path / 'data-books'} SCRAPE_BASE_URL=http://127.0.0.1:8001/ "
+        f"make ui DAGSTER_HOME='{books}'"  # shell-quoted; no warehouse URL (it may hold a password)
+    )

@@ -210,16 +210,20 @@ def ui_command(env: Mapping[str, str]) -> str:
     so the command carries those that differ from what ``make ui`` uses by default:
     ``SCRAPE_SITE`` (other than ``demo``), ``SCRAPE_DATA_DIR`` (other than ``./data``),
     ``SCRAPE_BASE_URL``, and ``DAGSTER_HOME`` (other than ``./.dagster_home``), each
-    shell-quoted. ``SCRAPE_STORAGE_URL`` and ``SCRAPE_WAREHOUSE_URL`` are left out (they
-    may hold credentials): set them as for the run.
+    shell-quoted; a spec file's path made absolute, a base URL without user info or query.
+    ``SCRAPE_STORAGE_URL`` and ``SCRAPE_WAREHOUSE_URL`` are left out (they may hold
+    credentials): set them as for the run.
     """
+    from scrape_assets.storage import redact_url
+
     parts = []
-    if env.get("SCRAPE_SITE") not in (None, "", "demo"):
-        parts.append(f"SCRAPE_SITE={shlex.quote(env['SCRAPE_SITE'])}")
+    if (site := env.get("SCRAPE_SITE")) not in (None, "", "demo"):
+        site = str(Path(site).resolve()) if Path(site).is_file() else site  # a spec file, from any folder
+        parts.append(f"SCRAPE_SITE={shlex.quote(site)}")
     if env.get("SCRAPE_DATA_DIR") and Path(env["SCRAPE_DATA_DIR"]).resolve() != Path("data").resolve():
         parts.append(f"SCRAPE_DATA_DIR={shlex.quote(str(Path(env['SCRAPE_DATA_DIR']).resolve()))}")
     if env.get("SCRAPE_BASE_URL"):
-        parts.append(f"SCRAPE_BASE_URL={shlex.quote(env['SCRAPE_BASE_URL'])}")
+        parts.append(f"SCRAPE_BASE_URL={shlex.quote(redact_url(env['SCRAPE_BASE_URL']))}")  # never credentials
     parts.append("make ui")
     home = env.get("DAGSTER_HOME")
     if home and Path(home).resolve() != Path(".dagster_home").resolve():

@@ -231,3 +231,7 @@ def test_the_ui_hint_names_the_instance_the_runs_went_to(tmp_path, monkeypatch):
         f"SCRAPE_SITE=books_toscrape SCRAPE_DATA_DIR={tmp_path / 'data-books'} SCRAPE_BASE_URL=http://127.0.0.1:8001/ "
         f"make ui DAGSTER_HOME='{books}'"  # shell-quoted; no warehouse URL (it may hold a password)
     )
+    spec = tmp_path / "shop.yaml"
+    spec.write_text("name: shop\n")
+    assert ui_command({"SCRAPE_SITE": "shop.yaml", "SCRAPE_BASE_URL": "http://u:secret@127.0.0.1:8001/?token=x"}) == (
+        f"SCRAPE_SITE={spec} SCRAPE_BASE_URL=http://127.0.0.1:8001/ make ui")  # absolute; no credentials

@@ -3,7 +3,8 @@
 ``scrape-assets demo``
     Materialize every asset for every category of the configured site (the built-in
     demo catalogue by default) in one run on the Dagster instance at ``$DAGSTER_HOME``
-    (the one ``make ui`` opens), print progress, and end with a summary.
+    (``./.dagster_home`` when unset), print progress, and end with a summary whose last
+    line is the ``make ui`` command showing that instance, site and data.
 ``scrape-assets serve-demo --port N [--faults FILE]``
     Serve the demo catalogue on 127.0.0.1:N over real sockets, optionally breaking the
     responses a fault spec names (:mod:`scrape_assets.faults`).
@@ -207,10 +208,12 @@ def ui_command(env: Mapping[str, str]) -> str:
     """The ``make ui`` command (run in the clone) that shows this process's site, data and instance.
 
     ``env`` is the process environment. The UI's code location reads the same variables,
-    so the command carries those that differ from what ``make ui`` uses by default:
-    ``SCRAPE_SITE`` (other than ``demo``), ``SCRAPE_DATA_DIR`` (other than ``./data``),
-    ``SCRAPE_BASE_URL``, and ``DAGSTER_HOME`` (other than ``./.dagster_home``), each
-    shell-quoted; a spec file's path made absolute, a base URL without user info or query.
+    so the command carries those that differ from what ``make ui`` uses in the clone:
+    ``SCRAPE_SITE`` (other than ``demo``), the data folder (``SCRAPE_DATA_DIR``, else
+    ``./data`` of the current folder) other than the clone's ``data``,
+    ``SCRAPE_BASE_URL``, and ``DAGSTER_HOME`` other than the clone's ``.dagster_home``
+    (unset: the clone's is assumed), each shell-quoted; paths absolute, a base URL
+    without user info or query.
     ``SCRAPE_STORAGE_URL`` and ``SCRAPE_WAREHOUSE_URL`` are left out (they may hold
     credentials): set them as for the run.
     """
@@ -220,14 +223,16 @@ def ui_command(env: Mapping[str, str]) -> str:
     if (site := env.get("SCRAPE_SITE")) not in (None, "", "demo"):
         site = str(Path(site).resolve()) if Path(site).is_file() else site  # a spec file, from any folder
         parts.append(f"SCRAPE_SITE={shlex.quote(site)}")
-    if env.get("SCRAPE_DATA_DIR") and Path(env["SCRAPE_DATA_DIR"]).resolve() != Path("data").resolve():
-        parts.append(f"SCRAPE_DATA_DIR={shlex.quote(str(Path(env['SCRAPE_DATA_DIR']).resolve()))}")
+    clone = Path(__file__).resolve().parents[1]  # where `make ui` runs (what _instance copies dagster.yaml from)
+    data = Path(env.get("SCRAPE_DATA_DIR") or "data").expanduser().resolve()  # settings' default: ./data
+    if data != clone / "data":
+        parts.append(f"SCRAPE_DATA_DIR={shlex.quote(str(data))}")
     if env.get("SCRAPE_BASE_URL"):
         parts.append(f"SCRAPE_BASE_URL={shlex.quote(redact_url(env['SCRAPE_BASE_URL']))}")  # never credentials
     parts.append("make ui")
     home = env.get("DAGSTER_HOME")
-    if home and Path(home).resolve() != Path(".dagster_home").resolve():
-        parts.append(f"DAGSTER_HOME={shlex.quote(str(Path(home).resolve()))}")
+    if home and (home := Path(home).expanduser().resolve()) != clone / ".dagster_home":
+        parts.append(f"DAGSTER_HOME={shlex.quote(str(home))}")
     return " ".join(parts)
 
 

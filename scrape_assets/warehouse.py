@@ -14,7 +14,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import sqlalchemy as sa
 
@@ -138,21 +138,29 @@ class Warehouse:
         """The URL without password, for logs and metadata."""
         return self.engine.url.render_as_string(hide_password=True)
 
+    def _sqlite_file(self) -> Path | None:
+        """The SQLite database file (None: not SQLite, or in memory).
+
+        A URI filename (``sqlite:///file:/abs/w.db?mode=ro&uri=true``) names its file in
+        the URI's path, percent-decoded.
+        """
+        database = self.engine.url.database
+        if self.engine.dialect.name != "sqlite" or not database or database == ":memory:":
+            return None
+        return Path(unquote(urlsplit(database).path)) if database.startswith("file:") else Path(database)
+
     def has_tables(self) -> bool:
         """Whether the ``products`` table exists, found without creating anything (not even a SQLite file)."""
-        database = self.engine.url.database
-        if self.engine.dialect.name == "sqlite" and database and database != ":memory:":
-            # A URI filename (``sqlite:///file:w.db?mode=ro&uri=true``) names its file in the path part.
-            path = urlsplit(database).path if database.startswith("file:") else database
-            if not Path(path).exists():
-                return False  # connecting would create the file
+        file = self._sqlite_file()
+        if file is not None and not file.exists():
+            return False  # connecting would create the file
         return sa.inspect(self.engine).has_table(products.name)
 
     def create_tables(self) -> None:
         """Create the tables if missing (idempotent, and safe when several processes race to do it)."""
         if not self._created:
-            if self.engine.dialect.name == "sqlite" and self.engine.url.database:
-                Path(self.engine.url.database).parent.mkdir(parents=True, exist_ok=True)
+            if (file := self._sqlite_file()) is not None:
+                file.parent.mkdir(parents=True, exist_ok=True)
             for attempt in range(3):
                 try:
                     metadata.create_all(self.engine)

@@ -33,7 +33,9 @@ def test_demo_command_runs_all_categories_in_one_run_and_prints_summary(tmp_path
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     assert f"12 categories in one run on the Dagster instance at {home}" in out
-    assert "  Dagster UI      make ui  (then open http://127.0.0.1:3000)" in out  # that instance is make ui's
+    # Outside the clone: the hint names this data folder and instance, not the clone's own.
+    assert (f"  Dagster UI      SCRAPE_DATA_DIR={tmp_path / 'data'} make ui DAGSTER_HOME={home}  "
+            "(then open http://127.0.0.1:3000)") in out
     assert (home / "dagster.yaml").read_text() == (REPO_ROOT / "dagster.yaml").read_text()  # the project's settings
     assert "  requests        38 (0 not modified: 304), 0 pages failed for good" in out
     assert "  parsed          38 pages re-parsed, 0 categories unchanged" in out
@@ -199,28 +201,33 @@ def test_the_summary_does_not_count_a_category_whose_every_page_failed(tmp_path,
         Manifest(site="demo", category=category, snapshot_id="2026-12-01T080000Z", fetch_config={},
                  fetch_config_hash="", start_url=url, completed_at="2026-12-01T08:01:00Z", discovery_complete=True,
                  total_pages=1, pages={1: PageEntry(url=url, status=status, attempts=3)}).save(store)
-    for name in ("SCRAPE_SITE", "SCRAPE_DATA_DIR"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("SCRAPE_BASE_URL", "http://127.0.0.1:8001/")  # the runs went to a mirror...
-    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "books_home"))  # ...and another instance
+    monkeypatch.delenv("SCRAPE_SITE", raising=False)
+    monkeypatch.setenv("SCRAPE_DATA_DIR", str(tmp_path / "data"))  # the data of the summary above...
+    monkeypatch.setenv("SCRAPE_BASE_URL", "http://127.0.0.1:8001/")  # ...fetched from a mirror...
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "books_home"))  # ...by runs on another instance
     summary = summarize(resources)
     assert (summary["categories"], summary["categories_without_pages"]) == (1, ["travel"])
     assert (summary["pages_done"], summary["pages_failed"]) == (1, 1)
     out = io.StringIO()
     print_summary(summary, out=out)
     assert "  categories      1/12 (1 whose latest snapshot has no page done: travel)" in out.getvalue().splitlines()
-    assert out.getvalue().splitlines()[-1] == (
-        f"  Dagster UI      SCRAPE_BASE_URL=http://127.0.0.1:8001/ make ui DAGSTER_HOME={tmp_path / 'books_home'}  "
-        "(then open http://127.0.0.1:3000)")
+    hint = (f"SCRAPE_DATA_DIR={tmp_path / 'data'} SCRAPE_BASE_URL=http://127.0.0.1:8001/ make ui "
+            f"DAGSTER_HOME={tmp_path / 'books_home'}")
+    assert out.getvalue().splitlines()[-1] == f"  Dagster UI      {hint}  (then open http://127.0.0.1:3000)"
+    failed = io.StringIO()  # a failed run points at the same command
+    print_summary(summary, {"success": False, "requests_made": 1, "pages_not_modified": 0, "pages_failed": 1,
+                            "pages_parsed": None, "partitions_unchanged": None, "rows_loaded": None,
+                            "rows_carried_forward": None}, out=failed)
+    assert f"This run (FAILED: see the log above or `{hint}`)" in failed.getvalue().splitlines()
 
 
 def test_the_ui_hint_names_the_instance_the_runs_went_to(tmp_path, monkeypatch):
     from scrape_assets.cli import ui_command
 
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.chdir(REPO_ROOT)
     assert ui_command({}) == "make ui"
-    # What `make demo` sets: the Makefile's own instance and data folder, the demo site.
-    assert ui_command({"DAGSTER_HOME": str(tmp_path / ".dagster_home"), "SCRAPE_DATA_DIR": str(tmp_path / "data"),
+    # What `make demo` sets in the clone: its own instance and data folder, the demo site.
+    assert ui_command({"DAGSTER_HOME": str(REPO_ROOT / ".dagster_home"), "SCRAPE_DATA_DIR": str(REPO_ROOT / "data"),
                        "SCRAPE_SITE": "demo"}) == "make ui"
     assert ui_command({"DAGSTER_HOME": ".dagster_home", "SCRAPE_DATA_DIR": "data"}) == "make ui"
     # The README's offline books.toscrape.com recipe: the UI needs the same site, data and mirror.
@@ -228,10 +235,13 @@ def test_the_ui_hint_names_the_instance_the_runs_went_to(tmp_path, monkeypatch):
     assert ui_command({"DAGSTER_HOME": str(books), "SCRAPE_SITE": "books_toscrape", "SCRAPE_DATA_DIR": "data-books",
                        "SCRAPE_BASE_URL": "http://127.0.0.1:8001/", "SCRAPE_WAREHOUSE_URL": "postgresql://u:pw@db/w",
                        "SCRAPE_REQUESTS_PER_SECOND": "20"}) == (
-        f"SCRAPE_SITE=books_toscrape SCRAPE_DATA_DIR={tmp_path / 'data-books'} SCRAPE_BASE_URL=http://127.0.0.1:8001/ "
-        f"make ui DAGSTER_HOME='{books}'"  # shell-quoted; no warehouse URL (it may hold a password)
+        f"SCRAPE_SITE=books_toscrape SCRAPE_DATA_DIR={REPO_ROOT / 'data-books'} "
+        f"SCRAPE_BASE_URL=http://127.0.0.1:8001/ make ui DAGSTER_HOME='{books}'"  # quoted; no warehouse URL
     )
+    # Elsewhere: the data folder of that folder (./data by default) is not the clone's.
+    monkeypatch.chdir(tmp_path)
     spec = tmp_path / "shop.yaml"
     spec.write_text("name: shop\n")
     assert ui_command({"SCRAPE_SITE": "shop.yaml", "SCRAPE_BASE_URL": "http://u:secret@127.0.0.1:8001/?token=x"}) == (
-        f"SCRAPE_SITE={spec} SCRAPE_BASE_URL=http://127.0.0.1:8001/ make ui")  # absolute; no credentials
+        f"SCRAPE_SITE={spec} SCRAPE_DATA_DIR={tmp_path / 'data'} SCRAPE_BASE_URL=http://127.0.0.1:8001/ make ui")
+    assert ui_command({"SCRAPE_DATA_DIR": str(REPO_ROOT / "data")}) == "make ui"

@@ -279,7 +279,28 @@ def test_has_tables_creates_nothing(tmp_path):
     assert empty.has_tables() is True
 
 
-def test_has_tables_finds_a_warehouse_named_by_a_read_only_uri(tmp_path):
-    Warehouse(f"sqlite:///{tmp_path / 'w.db'}").create_tables()
-    assert Warehouse(f"sqlite:///file:{tmp_path / 'w.db'}?mode=ro&uri=true").has_tables() is True
-    assert Warehouse(f"sqlite:///file:{tmp_path / 'none.db'}?mode=ro&uri=true").has_tables() is False
+def test_a_read_only_uri_warehouse_is_found_and_read_without_writing(tmp_path, monkeypatch):
+    folder = tmp_path / "a b"
+    folder.mkdir()
+    Warehouse(f"sqlite:///{folder / 'w.db'}").load_products(
+        "a", [_row("a", "1")], input_version="v", snapshot_id="s1", loaded_at="t", history_date="2026-12-01",
+        history_snapshot_id="s1")
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///file:{tmp_path}/a%20b/w.db?mode=ro&uri=true"
+    read_only = Warehouse(uri)
+    assert read_only.has_tables() is True
+    assert read_only.rows_by_category(products) == {"a": 1} and read_only.site() is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a b"]  # no stray "file:..." folder
+    assert Warehouse(f"sqlite:///file:{tmp_path}/none.db?mode=ro&uri=true").has_tables() is False
+
+
+def test_duplicate_product_keys_looks_only_at_the_given_categories(tmp_path):
+    wh = Warehouse(f"sqlite:///{tmp_path / 'w.db'}")
+    with wh.engine.begin() as conn:  # a products table without its key (a warehouse made by hand)
+        conn.exec_driver_sql(
+            "CREATE TABLE products (category TEXT, product_id TEXT, title TEXT, price NUMERIC, currency TEXT, "
+            "rating INTEGER, availability TEXT, url TEXT, page_number INTEGER, snapshot_id TEXT, fetched_at TEXT)")
+        insert_many(conn, products, [_row("a", "1"), _row("a", "1"), _row("b", "2"), _row("b", "2"), _row("c", "3")])
+    assert wh.duplicate_product_keys(["a", "c"]) == [("a", "1", 2)]
+    assert sorted(wh.duplicate_product_keys()) == [("a", "1", 2), ("b", "2", 2)]
+    assert wh.duplicate_product_keys([]) == []

@@ -327,11 +327,11 @@ def _categories_to_load(series: Series) -> int:
         from scrape_assets.extract import load_parse_state
     except ImportError:  # no incremental loads: every category is reloaded
         return len(series.categories)
-    wh = Warehouse(f"sqlite:///{series.data / 'warehouse.db'}")
+    versions = Warehouse(f"sqlite:///{series.data / 'warehouse.db'}").loaded_versions(products, series.categories)
     to_load = 0
     for category in series.categories:
         state = load_parse_state(series.store, SITE, category)
-        to_load += state is None or wh.loaded_version(products, category) != state.input_version
+        to_load += state is None or versions.get(category) != state.input_version
     return to_load
 
 

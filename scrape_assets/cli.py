@@ -29,6 +29,10 @@ from pathlib import Path
 
 from scrape_assets.errors import ScrapeError, SettingsError, StorageError
 
+#: The clone (the checkout this package runs from): where ``make`` runs, its ``dagster.yaml``,
+#: ``data/`` and ``.dagster_home/``.
+_CLONE = Path(__file__).resolve().parents[1]
+
 
 def _instance():
     import dagster as dg
@@ -40,7 +44,7 @@ def _instance():
     Path(home).mkdir(parents=True, exist_ok=True)
     config = Path(home) / "dagster.yaml"
     if not config.exists():
-        shipped = Path(__file__).resolve().parents[1] / "dagster.yaml"  # the clone's (what `make demo` copies)
+        shipped = _CLONE / "dagster.yaml"  # the clone's (what `make demo` copies)
         partial = config.with_name(f".dagster.yaml.{os.getpid()}")  # whole or absent, for a run started beside
         if shipped.is_file():
             shutil.copyfile(shipped, partial)
@@ -223,15 +227,14 @@ def ui_command(env: Mapping[str, str]) -> str:
     if (site := env.get("SCRAPE_SITE")) not in (None, "", "demo"):
         site = str(Path(site).resolve()) if Path(site).is_file() else site  # a spec file, from any folder
         parts.append(f"SCRAPE_SITE={shlex.quote(site)}")
-    clone = Path(__file__).resolve().parents[1]  # where `make ui` runs (what _instance copies dagster.yaml from)
     data = Path(env.get("SCRAPE_DATA_DIR") or "data").expanduser().resolve()  # settings' default: ./data
-    if data != clone / "data":
+    if data != _CLONE / "data":
         parts.append(f"SCRAPE_DATA_DIR={shlex.quote(str(data))}")
     if env.get("SCRAPE_BASE_URL"):
         parts.append(f"SCRAPE_BASE_URL={shlex.quote(redact_url(env['SCRAPE_BASE_URL']))}")  # never credentials
     parts.append("make ui")
     home = env.get("DAGSTER_HOME")
-    if home and (home := Path(home).expanduser().resolve()) != clone / ".dagster_home":
+    if home and (home := Path(home).expanduser().resolve()) != _CLONE / ".dagster_home":
         parts.append(f"DAGSTER_HOME={shlex.quote(str(home))}")
     return " ".join(parts)
 
@@ -257,10 +260,10 @@ def run_demo(new_snapshot: bool = False) -> int:
             },
             raise_on_error=False,
         )
-    print_summary(summarize(resources), run_figures(result))
+    summary = summarize(resources)
+    print_summary(summary, run_figures(result))
     if not result.success:
-        print(f"\nrun {result.run_id} did not succeed; see `{ui_command(os.environ)}` for the "
-              "failed step", file=sys.stderr)
+        print(f"\nrun {result.run_id} did not succeed; see `{summary['ui_command']}` for the failed step", file=sys.stderr)
         return 1
     return 0
 

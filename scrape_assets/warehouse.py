@@ -245,15 +245,6 @@ class Warehouse:
             "give each site its own warehouse, with SCRAPE_DATA_DIR or SCRAPE_WAREHOUSE_URL)",
         )
 
-    def loaded_version(self, table: sa.Table, category: str) -> str | None:
-        """The input version last loaded into ``table`` for ``category`` (None: never loaded)."""
-        self.create_tables()
-        query = sa.select(partition_loads.c.input_version).where(
-            partition_loads.c.table_name == table.name, partition_loads.c.category == category
-        )
-        with self.engine.connect() as conn:
-            return conn.execute(query).scalar_one_or_none()
-
     def loaded_versions(self, table: sa.Table, categories: Collection[str]) -> dict[str, str]:
         """``{category: input version}`` last loaded into ``table``, for those of ``categories`` ever loaded."""
         self.create_tables()

@@ -1,5 +1,7 @@
 """``products_table``: the warehouse table ``products``, loaded idempotently per partition."""
 
+from collections import Counter
+
 import dagster as dg
 
 from scrape_assets.batched_log import BatchedLog
@@ -73,16 +75,14 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
         )
     # The check, for all the run's partitions at once (two queries, not two per partition).
     counts = wh.rows_by_category(products, states)
-    duplicates: dict[str, int] = {}
-    for category, _product_id, _n in wh.duplicate_product_keys(states):
-        duplicates[category] = duplicates.get(category, 0) + 1
+    duplicates = Counter(category for category, _product_id, _n in wh.duplicate_product_keys(states))
     for category, state in states.items():
         count = in_table[category] = counts.get(category, 0)
         reloaded_wrong = category in to_load and count != state.products + carried[category]
-        if reloaded_wrong or duplicates.get(category):
+        if reloaded_wrong or duplicates[category]:
             problems.append(
                 {"category": category, "rows_parsed": state.products, "rows_carried_forward": carried[category],
-                 "rows_in_table": count, "duplicates": duplicates.get(category, 0)}
+                 "rows_in_table": count, "duplicates": duplicates[category]}
             )
     totals = {"rows_loaded": sum(loaded.values()), "partitions_reloaded": sum(1 for c in loaded if loaded[c]),
               "rows_carried_forward": sum(carried.values())}

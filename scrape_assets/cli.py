@@ -24,9 +24,10 @@ import os
 import shlex
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from scrape_assets.counts import counted
 from scrape_assets.errors import ScrapeError, SettingsError, StorageError
 
 #: The clone (the checkout this package runs from): where ``make`` runs, its ``dagster.yaml``,
@@ -163,19 +164,21 @@ def print_summary(summary: dict, run: dict | None = None, out=sys.stdout) -> Non
     """Print what a run did (when given) and what is stored now."""
     lines = [""]
     if run is not None:
-        def step(figure: str, text: str, asset: str) -> str:  # a step that did not finish recorded nothing
-            return text if run[figure] is not None else f"{asset} did not finish"
+        def step(figure: str, text: Callable[[], str], asset: str) -> str:  # a step that did not finish recorded nothing
+            return text() if run[figure] is not None else f"{asset} did not finish"
 
         lines += [
             "This run" + ("" if run["success"] else
                           f" (FAILED: see the log above or `{summary.get('ui_command', 'make ui')}`)"),
-            "  requests        " + step("requests_made", f"{run['requests_made']} ({run['pages_not_modified']} not "
-                                        f"modified: 304), {run['pages_failed']} pages failed for good", "raw_pages"),
-            "  parsed          " + step("pages_parsed", f"{run['pages_parsed']} pages re-parsed, "
-                                        f"{run['partitions_unchanged']} categories unchanged", "parsed_products"),
-            "  loaded          " + step("rows_loaded", f"{run['rows_loaded']} rows (re)loaded, "
-                                        f"{run['rows_carried_forward']} kept from pages that failed this time",
-                                        "products_table"),
+            "  requests        " + step("requests_made", lambda: (
+                f"{run['requests_made']:,} ({run['pages_not_modified']:,} not modified: 304), "
+                f"{counted(run['pages_failed'], 'page')} failed for good"), "raw_pages"),
+            "  parsed          " + step("pages_parsed", lambda: (
+                f"{counted(run['pages_parsed'], 'page')} re-parsed, "
+                f"{counted(run['partitions_unchanged'], 'category')} unchanged"), "parsed_products"),
+            "  loaded          " + step("rows_loaded", lambda: (
+                f"{counted(run['rows_loaded'], 'row')} (re)loaded, "
+                f"{run['rows_carried_forward']:,} kept from pages that failed this time"), "products_table"),
             "",
         ]
     lines += [
@@ -250,7 +253,7 @@ def run_demo(new_snapshot: bool = False) -> int:
     job = defs.resolve_job_def("daily_scrape_job")
     keys = category_partitions.get_partition_keys()
     with _instance() as instance:  # disposed: its SQLite files are closed (WAL folded) before exit
-        print(f"scrape-assets: {len(keys)} categories in one run on the Dagster instance at {os.environ['DAGSTER_HOME']}")
+        print(f"scrape-assets: {counted(len(keys), 'category')} in one run on the Dagster instance at {os.environ['DAGSTER_HOME']}")
         result = job.execute_in_process(
             instance=instance,
             tags={**all_categories_tags(category_partitions), "scrape/launched_by": "scrape-assets demo"},
@@ -284,8 +287,8 @@ def run_prune(keep: int, dry_run: bool, out=None) -> int:
     skipped = [p.category for p in plans if p.skipped]
     done = [p for p in plans if not p.skipped]  # a skipped line says what, if anything, went
     freed = sum(p.bytes_freed for p in done)
-    print(f"{'dry run: would delete' if dry_run else 'deleted'} {sum(len(p.deleted) for p in done)} snapshots "
-          f"({freed / 1e6:.1f} MB) across {len(plans)} categories of {spec.name} at {store.describe()}"
+    print(f"{'dry run: would delete' if dry_run else 'deleted'} {counted(sum(len(p.deleted) for p in done), 'snapshot')} "
+          f"({freed / 1e6:.1f} MB) across {counted(len(plans), 'category')} of {spec.name} at {store.describe()}"
           + (f"; skipped {len(skipped)}: {', '.join(skipped)}" if skipped else ""), file=out)
     if not store.is_local:
         print("warning: remote storage has no partition locks: prune only while no run of this site is active",

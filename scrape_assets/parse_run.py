@@ -33,6 +33,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from scrape_assets.counts import counted
 from scrape_assets.errors import ManifestError
 from scrape_assets.extract import (
     ParsedSnapshot,
@@ -236,6 +237,6 @@ def _save(store: ObjectStore, spec: SiteSpec, category: str, manifest: Manifest,
 
 def _line(category: str, products: int, pages: int, snapshot_id: str, rejects: int, report: ValidationReport) -> str:
     return (
-        f"{category}: parsed {products} products from {pages} pages of snapshot {snapshot_id} "
-        f"({rejects} rejected cards; schema {'passed' if report.passed else 'FAILED'})"
+        f"{category}: parsed {counted(products, 'product')} from {counted(pages, 'page')} of snapshot {snapshot_id} "
+        f"({counted(rejects, 'rejected card')}; schema {'passed' if report.passed else 'FAILED'})"
     )

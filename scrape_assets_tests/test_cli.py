@@ -180,7 +180,7 @@ def test_a_run_summary_names_the_steps_that_did_not_finish():
     print_summary(summary, run, out=out)
     lines = out.getvalue().splitlines()
     assert "This run (FAILED: see the log above or `make ui`)" in lines
-    assert "  requests        40 (3 not modified: 304), 1 pages failed for good" in lines
+    assert "  requests        40 (3 not modified: 304), 1 page failed for good" in lines
     assert "  parsed          parsed_products did not finish" in lines
     assert "  loaded          products_table did not finish" in lines
     assert "None" not in out.getvalue()

@@ -291,6 +291,13 @@ def test_a_snapshot_left_incomplete_days_ago_is_not_resumed_by_todays_run(tmp_pa
     today = latest_manifest(store, "demo", "travel", complete=True)
     assert today.snapshot_id == snapshots[1] and today.counts()["done"] == len(today.pages)
     logs = [e.message for e in instance.all_logs(result.run_id)]
+    # One category, one page: the summary lines count in the singular.
+    assert any(m.startswith("1 category: 1 page done (0 not modified: 304), 0 failed, 1 request\n") for m in logs)
+    assert any(m.startswith("1 category: 1 page parsed (") and ", 0 categories unchanged, 11 products, " in m
+               for m in logs)
+    assert any(f"travel: parsed 11 products from 1 page of snapshot {today.snapshot_id}" in m for m in logs)
+    assert any(m.startswith("1 category: 11 rows loaded into products (1 category reloaded), 0 earlier rows kept")
+               for m in logs)
     assert any(f"travel: not resuming snapshot {stale.snapshot_id}: started {stale.created_at}, more than 20 h ago" in m
                for m in logs)
     history = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(price_history)

@@ -4,6 +4,7 @@ import dagster as dg
 import pydantic
 
 from scrape_assets.batched_log import BatchedLog
+from scrape_assets.counts import counted
 from scrape_assets.defs.assets.partition_metadata import add_per_category
 from scrape_assets.defs.partitions import category_partitions, run_categories
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
@@ -63,9 +64,9 @@ def parsed_products(
             log.add(result.line)
     totals = {key: sum(c[key] for c in per_category.values()) for key in ("products", "pages_parsed", "unchanged", "rejects")}
     log.close(
-        f"{len(per_category)} categories: {totals['pages_parsed']:,} pages parsed "
-        f"({workers} worker process{'es' if workers > 1 else ''}), {totals['unchanged']} categories unchanged, "
-        f"{totals['products']:,} products, {totals['rejects']} rejected cards"
+        f"{counted(len(per_category), 'category')}: {counted(totals['pages_parsed'], 'page')} parsed "
+        f"({counted(workers, 'worker process')}), {counted(totals['unchanged'], 'category')} unchanged, "
+        f"{counted(totals['products'], 'product')}, {counted(totals['rejects'], 'rejected card')}"
     )
 
     report = merge_reports(reports) if reports else ValidationReport(passed=True, failure_count=0)

@@ -5,6 +5,7 @@ from collections import Counter
 import dagster as dg
 
 from scrape_assets.batched_log import BatchedLog
+from scrape_assets.counts import counted
 from scrape_assets.defs.assets.partition_metadata import add_per_category
 from scrape_assets.defs.partitions import category_partitions, run_categories
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource
@@ -69,8 +70,8 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
             + (
                 "unchanged input: products not reloaded"
                 if rows is None
-                else f"loaded {loaded[category]} rows into products (parsed from snapshot {state.snapshot_id})"
-                + (f"; kept {carried[category]} earlier rows of pages that failed this time" if carried[category] else "")
+                else f"loaded {counted(loaded[category], 'row')} into products (parsed from snapshot {state.snapshot_id})"
+                + (f"; kept {counted(carried[category], 'earlier row')} of pages that failed this time" if carried[category] else "")
             )
         )
     # The check, for all the run's partitions at once (two queries, not two per partition).
@@ -87,8 +88,9 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
     totals = {"rows_loaded": sum(loaded.values()), "partitions_reloaded": sum(1 for c in loaded if loaded[c]),
               "rows_carried_forward": sum(carried.values())}
     log.close(
-        f"{len(states)} categories: {totals['rows_loaded']:,} rows loaded into products "
-        f"({totals['partitions_reloaded']} categories reloaded), {totals['rows_carried_forward']} earlier rows kept"
+        f"{counted(len(states), 'category')}: {counted(totals['rows_loaded'], 'row')} loaded into products "
+        f"({counted(totals['partitions_reloaded'], 'category')} reloaded), "
+        f"{counted(totals['rows_carried_forward'], 'earlier row')} kept"
     )
     return totals, loaded, in_table, problems
 

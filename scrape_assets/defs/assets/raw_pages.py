@@ -10,6 +10,7 @@ import dagster as dg
 from pydantic import Field
 
 from scrape_assets.batched_log import BatchedLog
+from scrape_assets.counts import counted
 from scrape_assets.defs.assets.partition_metadata import add_per_category
 from scrape_assets.defs.partitions import category_partitions, run_categories
 from scrape_assets.defs.pools import configured_host_pool
@@ -246,13 +247,13 @@ def raw_pages(
         log.add(
             f"{r.category}: snapshot {r.snapshot_id}{' (resumed)' if r.resumed else ''}: "
             f"{r.pages_done} done ({r.pages_not_modified} not modified: 304), {r.pages_failed} failed, "
-            f"{r.requests_made} requests, {r.duration_s:.1f}s"
+            f"{counted(r.requests_made, 'request')}, {r.duration_s:.1f}s"
         )
     metadata, by_category = crawl_metadata(reports)
     add_per_category(context, {"by_category": by_category})
     log.close(
-        f"{len(reports)} categories: {metadata['pages_done']:,} pages done "
+        f"{counted(len(reports), 'category')}: {counted(metadata['pages_done'], 'page')} done "
         f"({metadata['pages_not_modified']:,} not modified: 304), "
-        f"{metadata['pages_failed']} failed, {metadata['requests_made']:,} requests"
+        f"{metadata['pages_failed']:,} failed, {counted(metadata['requests_made'], 'request')}"
     )
     return dg.MaterializeResult(metadata=metadata, data_version=run_data_version(reports))

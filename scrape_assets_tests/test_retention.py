@@ -261,7 +261,7 @@ def test_cli_prune_reports_and_exits_nonzero_when_a_category_was_skipped(tmp_pat
     assert main(["prune", "--keep", "1", "--dry-run"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("travel: kept 1 snapshot (newest 2026-11-29T000000Z), would delete 1 (2 objects")
-    assert out[-1].startswith("dry run: would delete 1 snapshots (0.0 MB) across 12 categories of demo at ")
+    assert out[-1].startswith("dry run: would delete 1 snapshot (0.0 MB) across 12 categories of demo at ")
     assert len(list_snapshots(store, "demo", "travel")) == 2
 
     with partition_lock(store, "demo", "travel", owner="run-9", scope="raw_pages"):
@@ -271,4 +271,4 @@ def test_cli_prune_reports_and_exits_nonzero_when_a_category_was_skipped(tmp_pat
 
     assert main(["prune", "--keep", "1"]) == 0
     assert list_snapshots(store, "demo", "travel") == ["2026-11-29T000000Z"]
-    assert capsys.readouterr().out.splitlines()[-1].startswith("deleted 1 snapshots")
+    assert capsys.readouterr().out.splitlines()[-1].startswith("deleted 1 snapshot ")

@@ -82,9 +82,14 @@ def preflight(resources: dict) -> None:
             warehouse.create_tables()
             warehouse.check_site(resources["site"].spec().name)  # before a crawl whose load would be refused
     except sa.exc.SQLAlchemyError as exc:
-        raise SettingsError(
-            "SCRAPE_WAREHOUSE_URL", warehouse.describe(), f"a reachable, writable database ({exc.__class__.__name__}: {exc.orig if hasattr(exc, 'orig') else exc})"
-        ) from exc
+        raise SettingsError("SCRAPE_WAREHOUSE_URL", warehouse.describe(), f"a reachable, writable database ({database_error(exc)})") from exc
+
+
+def database_error(exc: Exception) -> str:
+    """The driver's own first line of a SQLAlchemy error (``OperationalError: connection refused ...``), without the SQL."""
+    cause = getattr(exc, "orig", None) or exc
+    lines = str(cause).strip().splitlines() or [""]
+    return f"{exc.__class__.__name__}: {lines[0]}"
 
 
 def summarize(resources: dict) -> dict:
@@ -93,18 +98,26 @@ def summarize(resources: dict) -> dict:
     ``categories`` counts the categories whose latest complete snapshot has a page done;
     ``categories_without_pages`` names those whose every page failed for good.
     """
+    import sqlalchemy as sa
+
     from scrape_assets.manifest import latest_manifest
     from scrape_assets.warehouse import dead_letters, products
 
     site = resources["site"]
     spec = site.spec()
     store = resources["store"].store()
-    with resources["warehouse"].warehouse() as wh:
-        # Read only: a summary asked for where nothing was loaded yet creates no warehouse.
-        if warehouse_exists := wh.has_tables():
-            by_category, dead_letter_count, owner = wh.rows_by_category(products), wh.count(dead_letters), wh.site()
-        else:
-            by_category, dead_letter_count, owner = {}, 0, None
+    wh = resources["warehouse"].warehouse()
+    try:
+        with wh:
+            # Read only: a summary asked for where nothing was loaded yet creates no warehouse.
+            if warehouse_exists := wh.has_tables():
+                by_category, dead_letter_count, owner = wh.rows_by_category(products), wh.count(dead_letters), wh.site()
+            else:
+                by_category, dead_letter_count, owner = {}, 0, None
+    except sa.exc.SQLAlchemyError as exc:  # unreachable, not a database, or tables of another shape
+        raise SettingsError(
+            "SCRAPE_WAREHOUSE_URL", wh.describe(), f"a reachable database with this project's tables ({database_error(exc)})"
+        ) from exc
     products_loaded = sum(by_category.values())
     # Another site's tables hold nothing of this spec: no category of theirs is "no longer in it".
     not_in_spec = {} if owner not in (None, spec.name) else {c: n for c, n in by_category.items()
@@ -306,6 +319,38 @@ def _at_least_one(text: str) -> int:
     return value
 
 
+def run_serve_demo(host: str, port: int, faults: str | None) -> int:
+    """``scrape-assets serve-demo``: serve until Ctrl-C; 2 with one line when the date or address is unusable."""
+    from scrape_assets.demo_site import DATE_ENV_VAR, resolve_day, serve_forever
+
+    try:
+        resolve_day()
+    except ValueError:
+        raise SettingsError(DATE_ENV_VAR, os.environ.get(DATE_ENV_VAR, ""), "a date as YYYY-MM-DD, e.g. 2026-12-01") from None
+    try:
+        if faults:
+            from scrape_assets.faults import serve_faulty_forever
+
+            serve_faulty_forever(faults, host, port)
+        else:
+            serve_forever(host, port)
+    except OSError as exc:  # only binding can fail this way before the first request
+        print(f"scrape-assets: error: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _port(text: str) -> int:
+    """argparse type: a TCP port 0..65535 (0: any free port)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``scrape-assets``; returns the exit code (0 ok, 1 run failed or a category
     not pruned, 2 bad input)."""
@@ -314,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="materialize every asset for every category, then print a summary")
     demo.add_argument("--new-snapshot", action="store_true", help="start new snapshots even if one is incomplete")
     serve = sub.add_parser("serve-demo", help="serve the demo catalogue on 127.0.0.1 over real sockets")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=_port, default=8000, help="0..65535; 0 picks a free port (default 8000)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--faults", metavar="FILE", help="inject the faults of this spec (see scrape_assets/faults.py)")
     sub.add_parser("summary", help="print what is stored now")
@@ -328,15 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "demo":
             return run_demo(new_snapshot=args.new_snapshot)
         if args.command == "serve-demo":
-            if args.faults:
-                from scrape_assets.faults import serve_faulty_forever
-
-                serve_faulty_forever(args.faults, args.host, args.port)
-                return 0
-            from scrape_assets.demo_site import serve_forever
-
-            serve_forever(args.host, args.port)
-            return 0
+            return run_serve_demo(args.host, args.port, args.faults)
         if args.command == "prune":
             return run_prune(args.keep, args.dry_run)
         if args.command == "summary":

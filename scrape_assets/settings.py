@@ -33,6 +33,7 @@ import re
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from scrape_assets.errors import SettingsError, UnknownSiteError
 from scrape_assets.proxies import ProxyURL
@@ -68,6 +69,15 @@ class Settings:
 DEFAULT_RESUME_MAX_AGE_H = 20.0
 MIN_RESUME_MAX_AGE_H = 0.01  # 36 s: below that even a step retry would start a new snapshot
 MAX_RESUME_MAX_AGE_H = 8760.0  # a year
+
+
+def _host(url: str) -> str | None:
+    """The URL's host name (None when it has none, or its port is not a number)."""
+    try:
+        urlsplit(url).port
+    except ValueError:
+        return None
+    return urlsplit(url).hostname
 
 
 def _number(env, name: str, kind: type, minimum: float, maximum: float | None = None):
@@ -117,8 +127,9 @@ def load_settings(env: dict | None = None) -> Settings:
     if proxy:
         ProxyURL.from_setting(proxy)  # fail early, without echoing a password
     base_url = env.get("SCRAPE_BASE_URL") or None
-    if base_url and not base_url.startswith(("http://", "https://")):
-        raise SettingsError("SCRAPE_BASE_URL", base_url, "an absolute http(s) URL")
+    if base_url and (urlsplit(base_url).scheme not in ("http", "https") or not _host(base_url)):
+        shown = "<hidden>" if "@" in base_url else base_url  # user info may hold a password
+        raise SettingsError("SCRAPE_BASE_URL", shown, "an absolute http(s) URL with a host, e.g. http://127.0.0.1:8000/")
     max_attempts = _number(env, "SCRAPE_MAX_ATTEMPTS", int, 1)
     resume_max_age_h = _number(env, "SCRAPE_RESUME_MAX_AGE_H", float, MIN_RESUME_MAX_AGE_H, maximum=MAX_RESUME_MAX_AGE_H)
     return Settings(

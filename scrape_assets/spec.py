@@ -12,6 +12,7 @@ naming the file, the key and what was expected.
 from __future__ import annotations
 
 import re
+import string
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Literal
@@ -35,6 +36,19 @@ def _regex(value: str) -> re.Pattern[str]:
         raise ValueError(f"not a valid regular expression: {exc}") from exc
 
 
+def _css(value: str | None) -> str | None:
+    """Check a CSS selector the way the parser will use it (selectolax's lexbor engine), or raise ValueError."""
+    if value is None:
+        return None
+    from selectolax.lexbor import LexborHTMLParser, SelectolaxError
+
+    try:
+        LexborHTMLParser("<p></p>").css_first(value)
+    except SelectolaxError as exc:
+        raise ValueError(f"not a CSS selector selectolax (lexbor) can parse: {exc}") from None
+    return value
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -44,6 +58,8 @@ class Field_(_Strict):
 
     css: str = Field(min_length=1)
     attr: str | None = None
+
+    _valid_css = field_validator("css")(_css)
 
 
 class Selectors(_Strict):
@@ -55,6 +71,8 @@ class Selectors(_Strict):
     price: Field_
     rating: Field_ = Field(description="element whose class holds a word One..Five")
     availability: Field_
+
+    _valid_css = field_validator("product")(_css)
 
 
 class Pagination(_Strict):
@@ -79,11 +97,21 @@ class Pagination(_Strict):
             raise ValueError("expected a regular expression with 2 groups (current page, total pages)")
         return value
 
+    _valid_css = field_validator("pager", "next_link", "results_count")(_css)
+
     @field_validator("page_url")
     @classmethod
     def _pattern_has_n(cls, value: str | None) -> str | None:
-        if value is not None and "{n}" not in value:
-            raise ValueError("expected a pattern containing {n}, e.g. 'page-{n}.html'")
+        if value is None:
+            return value
+        try:
+            fields = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
+            value.format(n=2)
+        except (ValueError, KeyError, IndexError):  # an unmatched brace, a format spec int cannot take
+            fields = None
+        if fields != {"n"}:
+            raise ValueError("expected a pattern whose only placeholder is {n} (write '{{' for a literal '{'), "
+                             "e.g. 'page-{n}.html'")
         return value
 
 
@@ -236,6 +264,9 @@ def load_spec(name_or_path: str) -> SiteSpec:
             text = path.read_text("utf-8")
         except OSError as exc:
             raise SpecError(str(path), None, f"cannot read spec file: {exc.strerror or exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise SpecError(str(path), None, f"expected UTF-8 text (YAML), found byte {exc.object[exc.start]:#04x} "
+                                             f"at offset {exc.start}") from exc
         return parse_spec(text, str(path))
     raise UnknownSiteError(
         name_or_path, f"a shipped spec name ({', '.join(shipped_spec_names())}) or a path to a .yaml file"

@@ -155,7 +155,7 @@ class ObjectStore:
         except StorageError:
             raise
         except ImportError as exc:
-            raise StorageError(self.describe(), f"no filesystem driver for this URL: {exc} (for S3: pip install -e '.[s3]')") from exc
+            raise self._no_driver(exc) from exc
         except (OSError, ValueError) as exc:
             raise StorageError(self.describe(), f"object storage is not writable: {exc}") from exc
 
@@ -266,14 +266,24 @@ class ObjectStore:
         return self.path(key).exists()
 
     def list_names(self, prefix: str) -> list[str]:
-        """Sorted names directly under ``prefix`` (empty when the prefix does not exist)."""
-        folder = self.path(prefix)
+        """Sorted names directly under ``prefix`` (empty when the prefix does not exist).
+
+        Raises:
+            StorageError: the URL's filesystem driver is not installed (s3fs for ``s3://``).
+        """
         try:
+            folder = self.path(prefix)
             return sorted(p.name for p in folder.iterdir())
         except FileNotFoundError:
             return []
         except NotADirectoryError:
             return []
+        except ImportError as exc:
+            raise self._no_driver(exc) from exc
+
+    def _no_driver(self, exc: ImportError) -> StorageError:
+        """The URL's filesystem driver (s3fs for ``s3://``) is not installed."""
+        return StorageError(self.describe(), f"no filesystem driver for this URL: {exc} (for S3: pip install -e '.[s3]')")
 
     def delete(self, key: str) -> None:
         """Delete the object at ``key`` if it exists (closing it first if kept open for appends)."""

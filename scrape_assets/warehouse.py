@@ -106,6 +106,9 @@ class Warehouse:
                                 f"a SQLAlchemy URL whose driver is installed in this environment ({exc})") from exc
         except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
             raise SettingsError("SCRAPE_WAREHOUSE_URL", redact_url(url), f"a SQLAlchemy URL ({exc})") from exc
+        except ValueError:  # e.g. a port that is not a number; its text may be part of a password: not echoed
+            raise SettingsError("SCRAPE_WAREHOUSE_URL", redact_url(url),
+                                "a SQLAlchemy URL whose port, if any, is a number") from None
         if self.engine.dialect.name == "sqlite":
             sa.event.listen(self.engine, "connect", _sqlite_pragmas)
         self._created = False

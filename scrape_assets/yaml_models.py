@@ -56,7 +56,8 @@ def parse_yaml_model(
     if data is None and empty_is_mapping:
         data = {}
     if not isinstance(data, dict):
-        raise SpecError(source, None, f"expected {expected_top}, got {type(data).__name__}")
+        got = "an empty document" if data is None else type(data).__name__
+        raise SpecError(source, None, f"expected {expected_top}, got {got}")
     try:
         return model.model_validate(data)
     except ValidationError as exc:

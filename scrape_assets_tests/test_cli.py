@@ -115,6 +115,8 @@ def test_bad_inputs_each_give_one_clear_error_naming_the_input(tmp_path):
     blocker.write_text("a regular file where a folder should be")
     malformed = tmp_path / "malformed.yaml"
     malformed.write_text("name: demo\nbase_url: [oops\n")
+    utf16 = tmp_path / "utf16.yaml"
+    utf16.write_bytes("name: demo\n".encode("utf-16"))
     cases = {
         "unwritable data dir": (
             {"SCRAPE_DATA_DIR": str(blocker / "data")},
@@ -137,6 +139,24 @@ def test_bad_inputs_each_give_one_clear_error_naming_the_input(tmp_path):
         "bad cron": (
             {"SCRAPE_SCHEDULE_CRON": "bogus"},
             "scrape-assets: error: SCRAPE_SCHEDULE_CRON='bogus' is invalid: expected a cron expression with 5 fields",
+        ),
+        "cron out of range": (
+            {"SCRAPE_SCHEDULE_CRON": "99 99 * * *"},
+            "scrape-assets: error: SCRAPE_SCHEDULE_CRON='99 99 * * *' is invalid: expected a cron expression whose 5 "
+            "fields are in range",
+        ),
+        "base URL without a host": (
+            {"SCRAPE_BASE_URL": "http://"},
+            "scrape-assets: error: SCRAPE_BASE_URL='http://' is invalid: expected an absolute http(s) URL with a host",
+        ),
+        "spec not UTF-8": (
+            {"SCRAPE_SITE": str(utf16)},
+            f"scrape-assets: error: {utf16}: expected UTF-8 text (YAML), found byte 0xff at offset 0",
+        ),
+        "warehouse port not a number": (  # the "port" may be the rest of a password with an unencoded '@'
+            {"SCRAPE_WAREHOUSE_URL": "postgresql://u:secret-token@db.internal:abc/shop"},
+            "scrape-assets: error: SCRAPE_WAREHOUSE_URL='postgresql://<hidden>' is invalid: expected a SQLAlchemy URL "
+            "whose port, if any, is a number",
         ),
         "webhook not http": (
             {"SCRAPE_ALERT_WEBHOOK_URL": "ftp://secret-token@x"},
@@ -219,6 +239,65 @@ def test_the_summary_does_not_count_a_category_whose_every_page_failed(tmp_path,
                             "pages_parsed": None, "partitions_unchanged": None, "rows_loaded": None,
                             "rows_carried_forward": None}, out=failed)
     assert f"This run (FAILED: see the log above or `{hint}`)" in failed.getvalue().splitlines()
+
+
+def test_summary_of_an_unusable_warehouse_or_storage_is_one_line_naming_the_setting(tmp_path, monkeypatch, capsys):
+    from scrape_assets.cli import main
+
+    monkeypatch.setenv("SCRAPE_SITE", "demo")
+    monkeypatch.setenv("SCRAPE_DATA_DIR", str(tmp_path / "data"))
+    not_a_db, folder, foreign = tmp_path / "notes.db", tmp_path / "folder.db", tmp_path / "foreign.db"
+    not_a_db.write_text("not a database")
+    folder.mkdir()
+    with Warehouse(f"sqlite:///{foreign}").engine.begin() as conn:  # someone else's `products`
+        conn.exec_driver_sql("CREATE TABLE products (sku TEXT PRIMARY KEY, name TEXT)")
+    cases = {
+        not_a_db: "(DatabaseError: file is not a database)",
+        folder: "(OperationalError: unable to open database file)",
+        foreign: "(OperationalError: no such column: products.category)",
+    }
+    for path, reason in cases.items():
+        monkeypatch.setenv("SCRAPE_WAREHOUSE_URL", f"sqlite:///{path}")
+        assert main(["summary"]) == 2
+        captured = capsys.readouterr()
+        assert captured.err == (f"scrape-assets: error: SCRAPE_WAREHOUSE_URL='sqlite:///{path}' is invalid: expected "
+                                f"a reachable database with this project's tables {reason}\n"), path
+        assert captured.out == ""
+    assert not_a_db.read_text() == "not a database"  # nothing written over it
+    # Object storage whose filesystem driver is not installed (s3fs for s3://: the [s3] extra).
+    monkeypatch.delenv("SCRAPE_WAREHOUSE_URL")
+    monkeypatch.setenv("SCRAPE_STORAGE_URL", "s3://bucket/prefix")
+    monkeypatch.setitem(sys.modules, "s3fs", None)  # import s3fs -> ImportError, installed or not
+    assert main(["summary"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("scrape-assets: error: SCRAPE_STORAGE_URL='s3://bucket/prefix' is invalid: expected object "
+                          "storage this process can write (no filesystem driver for this URL: "), err
+    assert err.endswith("(for S3: pip install -e '.[s3]'))\n") and err.count("\n") == 1, err
+
+
+def test_serve_demo_refuses_a_bad_port_date_or_busy_address_in_one_line(monkeypatch, capsys):
+    import socket
+
+    import pytest
+
+    from scrape_assets.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:  # argparse: usage and one error line
+        main(["serve-demo", "--port", "99999"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "scrape-assets serve-demo: error: argument --port: expected a port number 0-65535, got 99999")
+    monkeypatch.setenv("SCRAPE_DEMO_DATE", "2026-99-01")
+    assert main(["serve-demo", "--port", "0"]) == 2
+    assert capsys.readouterr().err == ("scrape-assets: error: SCRAPE_DEMO_DATE='2026-99-01' is invalid: expected a "
+                                       "date as YYYY-MM-DD, e.g. 2026-12-01\n")
+    monkeypatch.delenv("SCRAPE_DEMO_DATE")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["serve-demo", "--port", str(port)]) == 2
+    assert capsys.readouterr().err == f"scrape-assets: error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
 
 
 def test_the_ui_hint_names_the_instance_the_runs_went_to(tmp_path, monkeypatch):

@@ -43,6 +43,13 @@ def _demo_dict() -> dict:
         (lambda d: d["categories"].update({"Bad Key!": "x.html"}), "categories.Bad Key!", "category keys must match"),
         (lambda d: d["categories"].update(escape="../../etc/passwd"), "categories", "without '..'"),
         (lambda d: d["pagination"].update(page_url="page.html"), "pagination.page_url", "{n}"),
+        (lambda d: d["pagination"].update(page_url="page-{n}-{x}.html"), "pagination.page_url",
+         "only placeholder is {n}"),
+        (lambda d: d["pagination"].update(page_url="page-{n}}.html"), "pagination.page_url", "only placeholder is {n}"),
+        (lambda d: d["selectors"].update(product="article[[["), "selectors.product",
+         "not a CSS selector selectolax (lexbor) can parse"),
+        (lambda d: d["selectors"]["price"].update(css="p..price"), "selectors.price.css", "not a CSS selector"),
+        (lambda d: d["pagination"].update(next_link="li.next >"), "pagination.next_link", "not a CSS selector"),
         (lambda d: d["product_id"].update(regex="("), "product_id.regex", "not a valid regular expression"),
         (lambda d: d["politeness"].update(requests_per_second=0), "politeness.requests_per_second", "greater than 0"),
         (lambda d: d.update(incremental={"revalidate": "sometimes"}), "incremental.revalidate",
@@ -77,6 +84,23 @@ def test_malformed_yaml_and_unknown_site(tmp_path):
         parse_spec("- a\n- b\n", "list.yaml")
     with pytest.raises(SpecError, match="missing.yaml: cannot read spec file"):
         load_spec(str(tmp_path / "missing.yaml"))
+    utf16 = tmp_path / "utf16.yaml"
+    utf16.write_bytes("name: demo\n".encode("utf-16"))  # a byte-order mark 0xff 0xfe first
+    with pytest.raises(SpecError) as info:
+        load_spec(str(utf16))
+    assert str(info.value) == f"{utf16}: expected UTF-8 text (YAML), found byte 0xff at offset 0"
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    with pytest.raises(SpecError) as info:
+        load_spec(str(empty))
+    assert str(info.value) == f"{empty}: expected a mapping at the top level, got an empty document"
+
+
+def test_a_page_url_pattern_may_format_n_and_escape_braces():
+    from scrape_assets.spec import Pagination
+
+    assert Pagination(page_url="p-{n:03d}.html").page_url.format(n=2) == "p-002.html"
+    assert Pagination(page_url="p{{x}}-{n}.html").page_url.format(n=2) == "p{x}-2.html"
 
 
 def test_specs_parse_with_libyaml_when_available_and_read_the_same():

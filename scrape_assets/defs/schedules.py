@@ -16,11 +16,29 @@ its snapshots would not be resumed after that age anyway.
 import dagster as dg
 
 from scrape_assets.defs.jobs import all_categories_tags, category_partitions, daily_scrape_job, queue_tags
+from scrape_assets.errors import SettingsError
 from scrape_assets.settings import load_settings
 
 
+def checked_cron(cron: str) -> str:
+    """``cron`` if Dagster's scheduler accepts it (5 fields in range, a day that exists).
+
+    Raises:
+        SettingsError: naming ``SCRAPE_SCHEDULE_CRON`` (e.g. ``99 99 * * *``, ``0 0 30 2 *``).
+    """
+    try:
+        dg.ScheduleDefinition(name="cron_check", cron_schedule=cron, job_name="cron_check")
+    except dg.DagsterInvalidDefinitionError:
+        raise SettingsError(
+            "SCRAPE_SCHEDULE_CRON", cron,
+            "a cron expression whose 5 fields are in range (minute 0-59, hour 0-23, day 1-31, month 1-12, "
+            "weekday 0-6) and that can fire, e.g. '0 2 * * *'",
+        ) from None
+    return cron
+
+
 @dg.schedule(
-    cron_schedule=load_settings().schedule_cron,
+    cron_schedule=checked_cron(load_settings().schedule_cron),
     job=daily_scrape_job,
     execution_timezone="UTC",
     default_status=dg.DefaultScheduleStatus.RUNNING,

@@ -131,6 +131,14 @@ def _entry_dict(entry: PageEntry) -> dict:
     return {name: getattr(entry, name) for name in _ENTRY_FIELDS}
 
 
+def _json_kind(value: object) -> str:
+    """How JSON calls ``value``'s type (for messages about a file's shape)."""
+    if isinstance(value, dict):
+        return "an object" + (" holding a non-object entry" if any(not isinstance(v, dict) for v in value.values()) else "")
+    return {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number"}.get(
+        type(value), "null" if value is None else type(value).__name__)
+
+
 @dataclass
 class Manifest:
     """The state of one snapshot of one partition (see module docstring)."""
@@ -246,9 +254,15 @@ class Manifest:
         """
         try:
             data = _loads(raw)
+            if not isinstance(data, dict):
+                raise ManifestError(location, f"unreadable manifest: expected a JSON object, got {_json_kind(data)}")
             if data.get("format") != FORMAT_VERSION:
                 raise ManifestError(location, f"format {data.get('format')!r}, expected {FORMAT_VERSION}")
-            pages = {int(n): PageEntry(**p) for n, p in data.pop("pages").items()}
+            pages = data.pop("pages", None)
+            if not isinstance(pages, dict) or not all(isinstance(p, dict) for p in pages.values()):
+                raise ManifestError(location, "unreadable manifest: expected `pages` to be an object of page number -> "
+                                              f"entry object, got {_json_kind(pages)}")
+            pages = {int(n): PageEntry(**p) for n, p in pages.items()}
             return cls(pages=pages, **data)
         except ManifestError:
             raise

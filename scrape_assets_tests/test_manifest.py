@@ -159,6 +159,17 @@ def test_manifest_round_trip_and_corruption_is_reported(tmp_path):
     store.write_bytes_atomic(manifest.key, raw[: len(raw) // 2])
     with pytest.raises(ManifestError, match="unreadable manifest"):
         load_manifest(store, "demo", "travel", manifest.snapshot_id)
+    # Valid JSON of the wrong shape: what was expected, not a Python attribute error.
+    whole = json.loads(text)
+    for shape, got in (([], "expected a JSON object, got an array"),
+                       ({**whole, "pages": "x"}, "expected `pages` to be an object of page number -> entry object, "
+                                                "got a string"),
+                       ({**whole, "pages": {"1": 5}}, "expected `pages` to be an object of page number -> entry "
+                                                     "object, got an object holding a non-object entry")):
+        store.write_bytes_atomic(manifest.key, json.dumps(shape).encode())
+        with pytest.raises(ManifestError) as info:
+            load_manifest(store, "demo", "travel", manifest.snapshot_id)
+        assert str(info.value) == f"{manifest.key}: unreadable manifest: {got}"
 
 
 def test_concurrent_saves_never_leave_a_torn_manifest(tmp_path):

@@ -101,19 +101,19 @@ def summarize(resources: dict) -> dict:
     import sqlalchemy as sa
 
     from scrape_assets.manifest import latest_manifest
-    from scrape_assets.warehouse import dead_letters, products
+    from scrape_assets.warehouse import Warehouse, dead_letters, products, warehouse_site
 
     site = resources["site"]
     spec = site.spec()
     store = resources["store"].store()
-    wh = resources["warehouse"].warehouse()
+    # Read only: a summary creates no warehouse, and no table missing from one (an older warehouse).
+    wh = Warehouse(resources["warehouse"].url, create=False)
     try:
         with wh:
-            # Read only: a summary asked for where nothing was loaded yet creates no warehouse.
-            if warehouse_exists := wh.has_tables():
-                by_category, dead_letter_count, owner = wh.rows_by_category(products), wh.count(dead_letters), wh.site()
-            else:
-                by_category, dead_letter_count, owner = {}, 0, None
+            tables = wh.existing_tables()
+            by_category = wh.rows_by_category(products) if products.name in tables else {}
+            dead_letter_count = wh.count(dead_letters) if dead_letters.name in tables else 0
+            owner = wh.site() if warehouse_site.name in tables else None
     except sa.exc.SQLAlchemyError as exc:  # unreachable, not a database, or tables of another shape
         raise SettingsError(
             "SCRAPE_WAREHOUSE_URL", wh.describe(), f"a reachable database with this project's tables ({database_error(exc)})"
@@ -148,7 +148,7 @@ def summarize(resources: dict) -> dict:
         "dead_letters": dead_letter_count,
         "object_storage": store.describe(),
         "warehouse": wh.describe(),
-        "warehouse_exists": warehouse_exists,
+        "warehouse_exists": products.name in tables,
         "warehouse_site": owner,
         "ui_command": ui_command(os.environ),
     }

@@ -92,12 +92,15 @@ class Warehouse:
 
     Args:
         url: SQLAlchemy URL. Credentials in it never reach logs (see :meth:`describe`).
+        create: False for a reader that must not write (``scrape-assets summary``): missing
+            tables are never created, so reading one raises ``sqlalchemy.exc.OperationalError``
+            (check :meth:`existing_tables` first).
 
     Raises:
         SettingsError: the URL cannot be parsed or its driver is not installed.
     """
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, *, create: bool = True):
         self.url = url
         try:
             self.engine = sa.create_engine(url)
@@ -111,7 +114,7 @@ class Warehouse:
                                 "a SQLAlchemy URL whose port, if any, is a number") from None
         if self.engine.dialect.name == "sqlite":
             sa.event.listen(self.engine, "connect", _sqlite_pragmas)
-        self._created = False
+        self._created = not create
 
     def close(self) -> None:
         """Close the engine's pooled connections (SQLite: the last one folds the WAL into the file).
@@ -152,15 +155,22 @@ class Warehouse:
             return None
         return Path(unquote(urlsplit(database).path)) if database.startswith("file:") else Path(database)
 
-    def has_tables(self) -> bool:
-        """Whether the ``products`` table exists, found without creating anything (not even a SQLite file)."""
+    def existing_tables(self) -> set[str]:
+        """Names of this project's tables that exist, found without creating anything (not even a SQLite file)."""
         file = self._sqlite_file()
         if file is not None and not file.exists():
-            return False  # connecting would create the file
-        return sa.inspect(self.engine).has_table(products.name)
+            return set()  # connecting would create the file
+        return set(sa.inspect(self.engine).get_table_names()) & set(metadata.tables)
+
+    def has_tables(self) -> bool:
+        """Whether the ``products`` table exists, found without creating anything (not even a SQLite file)."""
+        return products.name in self.existing_tables()
 
     def create_tables(self) -> None:
-        """Create the tables if missing (idempotent, and safe when several processes race to do it)."""
+        """Create the tables if missing (idempotent, and safe when several processes race to do it).
+
+        A warehouse made with ``create=False`` creates nothing: reading a missing table raises.
+        """
         if not self._created:
             if (file := self._sqlite_file()) is not None:
                 file.parent.mkdir(parents=True, exist_ok=True)

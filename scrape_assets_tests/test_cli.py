@@ -275,6 +275,32 @@ def test_summary_of_an_unusable_warehouse_or_storage_is_one_line_naming_the_sett
     assert err.endswith("(for S3: pip install -e '.[s3]'))\n") and err.count("\n") == 1, err
 
 
+def test_the_summary_creates_no_table_missing_from_an_older_warehouse(tmp_path):
+    import sqlalchemy as sa
+
+    from scrape_assets.cli import summarize
+    from scrape_assets.defs.resources import build_resources
+    from scrape_assets.warehouse import dead_letters, warehouse_site
+
+    url = f"sqlite:///{tmp_path / 'warehouse.db'}"
+    wh = Warehouse(url)
+    wh.load_products("travel", [{"category": "travel", "product_id": "1", "title": "T", "price": "9.99",
+                                 "currency": "GBP", "rating": 3, "availability": "In stock", "url": "http://x/1",
+                                 "page_number": 1, "snapshot_id": "s1", "fetched_at": "2026-12-01T08:00:00Z"}],
+                     input_version="v", snapshot_id="s1", loaded_at="t", history_date="2026-12-01",
+                     history_snapshot_id="s1")
+    with wh.engine.begin() as conn:  # as a warehouse made before these tables existed
+        conn.execute(sa.text(f"DROP TABLE {dead_letters.name}"))
+        conn.execute(sa.text(f"DROP TABLE {warehouse_site.name}"))
+    wh.close()
+    before = wh.existing_tables()
+    resources = build_resources({"SCRAPE_SITE": "demo", "SCRAPE_DATA_DIR": str(tmp_path / "data"),
+                                 "SCRAPE_WAREHOUSE_URL": url}, secrets_as_env_vars=False)
+    summary = summarize(resources)
+    assert (summary["products_loaded"], summary["dead_letters"], summary["warehouse_exists"]) == (1, 0, True)
+    assert Warehouse(url).existing_tables() == before and dead_letters.name not in before
+
+
 def test_serve_demo_refuses_a_bad_port_date_or_busy_address_in_one_line(monkeypatch, capsys):
     import socket
 

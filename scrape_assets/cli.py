@@ -55,11 +55,14 @@ def _instance():
     return dg.DagsterInstance.get()
 
 
-def storage_setting_error(exc: StorageError) -> SettingsError:
-    """``exc`` (object storage unusable) as the setting that chose it: ``SCRAPE_STORAGE_URL``, or ``SCRAPE_DATA_DIR``."""
+def storage_setting_error(exc: StorageError, usable: str = "can write") -> SettingsError:
+    """``exc`` (object storage unusable) as the setting that chose it: ``SCRAPE_STORAGE_URL``, or ``SCRAPE_DATA_DIR``.
+
+    ``usable``: what the command needed of the storage (``"can write"``, ``"can read"``).
+    """
     variable = "SCRAPE_STORAGE_URL" if os.environ.get("SCRAPE_STORAGE_URL") else "SCRAPE_DATA_DIR"
     detail = str(exc).removeprefix(f"{exc.location}: ")
-    return SettingsError(variable, exc.location, f"object storage this process can write ({detail})")
+    return SettingsError(variable, exc.location, f"object storage this process {usable} ({detail})")
 
 
 def preflight(resources: dict) -> None:
@@ -106,6 +109,7 @@ def summarize(resources: dict) -> dict:
     site = resources["site"]
     spec = site.spec()
     store = resources["store"].store()
+    store.check_root()
     # Read only: a summary creates no warehouse, and no table missing from one (an older warehouse).
     wh = Warehouse(resources["warehouse"].url, create=False)
     try:
@@ -293,6 +297,7 @@ def run_prune(keep: int, dry_run: bool, out=None) -> int:
     resources = build_resources(secrets_as_env_vars=False)
     spec = resources["site"].spec()
     store = resources["store"].store()
+    store.check_root()
     plans = prune(store, spec.name, list(spec.categories), keep, owner=f"scrape-assets prune (pid {os.getpid()})",
                   dry_run=dry_run)
     for plan in plans:
@@ -382,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
             print_summary(summarize(build_resources(secrets_as_env_vars=False)))
             return 0
     except StorageError as exc:  # e.g. an unknown protocol, found when the definitions load
-        print(f"scrape-assets: error: {storage_setting_error(exc)}", file=sys.stderr)
+        usable = "can read" if args.command == "summary" else "can write"
+        print(f"scrape-assets: error: {storage_setting_error(exc, usable)}", file=sys.stderr)
         return 2
     except ScrapeError as exc:
         print(f"scrape-assets: error: {exc}", file=sys.stderr)

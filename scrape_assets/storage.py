@@ -137,6 +137,23 @@ class ObjectStore:
         """The local file path of ``key`` (local stores only; validated by :func:`check_key`)."""
         return os.path.join(self._local_root, *check_key(key))
 
+    def check_root(self) -> None:
+        """Fail early when a local root, or the nearest existing folder above it, is a file.
+
+        Readers (``summary``, ``prune``) would otherwise find nothing under it and report an
+        empty store. Remote roots are not checked (their listing says what is there).
+
+        Raises:
+            StorageError: naming the root and the file in the way.
+        """
+        if not self.is_local:
+            return
+        for folder in (Path(self._local_root), *Path(self._local_root).parents):
+            if folder.exists():
+                if not folder.is_dir():
+                    raise StorageError(self.describe(), f"{folder} is a file, not a folder")
+                return
+
     def ensure_writable(self) -> None:
         """Create the root if needed and prove it is writable with a probe object.
 

@@ -271,8 +271,19 @@ def test_summary_of_an_unusable_warehouse_or_storage_is_one_line_naming_the_sett
     assert main(["summary"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("scrape-assets: error: SCRAPE_STORAGE_URL='s3://bucket/prefix' is invalid: expected object "
-                          "storage this process can write (no filesystem driver for this URL: "), err
+                          "storage this process can read (no filesystem driver for this URL: "), err
     assert err.endswith("(for S3: pip install -e '.[s3]'))\n") and err.count("\n") == 1, err
+    # A data folder that is a file: said so, rather than an empty store (summary) or one error per category (prune).
+    monkeypatch.delenv("SCRAPE_STORAGE_URL")
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("SCRAPE_DATA_DIR", str(blocker))
+    for command, usable in ((["summary"], "can read"), (["prune", "--keep", "1"], "can write")):
+        assert main(command) == 2
+        captured = capsys.readouterr()
+        assert captured.err == (f"scrape-assets: error: SCRAPE_DATA_DIR='{blocker / 'objects'}' is invalid: expected "
+                                f"object storage this process {usable} ({blocker} is a file, not a folder)\n"), command
+        assert captured.out == ""
 
 
 def test_the_summary_creates_no_table_missing_from_an_older_warehouse(tmp_path):

@@ -19,10 +19,12 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import shlex
 import shutil
+import socket
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -118,10 +120,8 @@ def summarize(resources: dict) -> dict:
             by_category = wh.rows_by_category(products) if products.name in tables else {}
             dead_letter_count = wh.count(dead_letters) if dead_letters.name in tables else 0
             owner = wh.site() if warehouse_site.name in tables else None
-    except sa.exc.SQLAlchemyError as exc:  # unreachable, not a database, or tables of another shape
-        raise SettingsError(
-            "SCRAPE_WAREHOUSE_URL", wh.describe(), f"a reachable database with this project's tables ({database_error(exc)})"
-        ) from exc
+    except sa.exc.SQLAlchemyError as exc:  # unreachable, locked, not a database, or tables of another shape
+        raise ScrapeError(f"cannot read the warehouse at {wh.describe()} (SCRAPE_WAREHOUSE_URL): {database_error(exc)}") from exc
     products_loaded = sum(by_category.values())
     # Another site's tables hold nothing of this spec: no category of theirs is "no longer in it".
     not_in_spec = {} if owner not in (None, spec.name) else {c: n for c, n in by_category.items()
@@ -339,7 +339,10 @@ def run_serve_demo(host: str, port: int, faults: str | None) -> int:
             serve_faulty_forever(faults, host, port)
         else:
             serve_forever(host, port)
-    except OSError as exc:  # only binding can fail this way before the first request
+    except OSError as exc:
+        # Binding's errors: the address is taken, not this machine's, not allowed, or the host unknown.
+        if not isinstance(exc, socket.gaierror) and exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+            raise
         print(f"scrape-assets: error: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     return 0

@@ -97,7 +97,7 @@ from scrape_assets.demo_site import (
     DemoRequestHandler, DemoResponse, DemoServer, LoggedRequest, etag_matches, respond, serve_forever,
 )
 from scrape_assets.errors import SpecError
-from scrape_assets.yaml_models import parse_yaml_model
+from scrape_assets.yaml_models import parse_yaml_model, read_text_file
 
 ROBOTS_PATH = "/robots.txt"
 OFFSITE_BASE_URL = "http://offsite.scrape-assets.invalid/"
@@ -343,11 +343,7 @@ def load_fault_spec(path: str | Path) -> FaultSpec:
     Raises:
         SpecError: the file cannot be read, or its content is invalid (see :func:`parse_fault_spec`).
     """
-    try:
-        text = Path(path).read_text("utf-8")
-    except OSError as exc:
-        raise SpecError(str(path), None, f"cannot read fault spec: {exc.strerror or exc}") from exc
-    return parse_fault_spec(text, str(path))
+    return parse_fault_spec(read_text_file(Path(path), "fault spec"), str(path))
 
 
 # --- page content faults (pure functions of the page bytes) -------------------------------------

@@ -258,7 +258,9 @@ class Manifest:
                 raise ManifestError(location, f"unreadable manifest: expected a JSON object, got {_json_kind(data)}")
             if data.get("format") != FORMAT_VERSION:
                 raise ManifestError(location, f"format {data.get('format')!r}, expected {FORMAT_VERSION}")
-            pages = data.pop("pages", None)
+            if "pages" not in data:
+                raise ManifestError(location, "unreadable manifest: the `pages` key is missing")
+            pages = data.pop("pages")
             if not isinstance(pages, dict) or not all(isinstance(p, dict) for p in pages.values()):
                 raise ManifestError(location, "unreadable manifest: expected `pages` to be an object of page number -> "
                                               f"entry object, got {_json_kind(pages)}")

@@ -72,12 +72,13 @@ MAX_RESUME_MAX_AGE_H = 8760.0  # a year
 
 
 def _host(url: str) -> str | None:
-    """The URL's host name (None when it has none, or its port is not a number)."""
+    """The host name of an absolute http(s) URL (None: another scheme, no host, a port that is not a number, or unparsable)."""
     try:
-        urlsplit(url).port
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
     except ValueError:
         return None
-    return urlsplit(url).hostname
+    return parts.hostname if parts.scheme in ("http", "https") else None
 
 
 def _number(env, name: str, kind: type, minimum: float, maximum: float | None = None):
@@ -127,8 +128,9 @@ def load_settings(env: dict | None = None) -> Settings:
     if proxy:
         ProxyURL.from_setting(proxy)  # fail early, without echoing a password
     base_url = env.get("SCRAPE_BASE_URL") or None
-    if base_url and (urlsplit(base_url).scheme not in ("http", "https") or not _host(base_url)):
-        shown = "<hidden>" if "@" in base_url else base_url  # user info may hold a password
+    if base_url and not _host(base_url):
+        # User info or a query may hold a secret: such a value is not echoed.
+        shown = "<hidden>" if any(c in base_url for c in "@?#") else base_url
         raise SettingsError("SCRAPE_BASE_URL", shown, "an absolute http(s) URL with a host, e.g. http://127.0.0.1:8000/")
     max_attempts = _number(env, "SCRAPE_MAX_ATTEMPTS", int, 1)
     resume_max_age_h = _number(env, "SCRAPE_RESUME_MAX_AGE_H", float, MIN_RESUME_MAX_AGE_H, maximum=MAX_RESUME_MAX_AGE_H)

@@ -21,7 +21,7 @@ from urllib.parse import urljoin, urlsplit
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from scrape_assets.errors import SpecError, UnknownSiteError
-from scrape_assets.yaml_models import parse_yaml_model
+from scrape_assets.yaml_models import parse_yaml_model, read_text_file
 
 #: Partition keys double as storage path segments: keep them boring.
 PARTITION_KEY_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
@@ -260,14 +260,7 @@ def load_spec(name_or_path: str) -> SiteSpec:
         return parse_spec(text, f"{name_or_path} (scrape_assets/sites/{name_or_path}.yaml)")
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():
-        try:
-            text = path.read_text("utf-8")
-        except OSError as exc:
-            raise SpecError(str(path), None, f"cannot read spec file: {exc.strerror or exc}") from exc
-        except UnicodeDecodeError as exc:
-            raise SpecError(str(path), None, f"expected UTF-8 text (YAML), found byte {exc.object[exc.start]:#04x} "
-                                             f"at offset {exc.start}") from exc
-        return parse_spec(text, str(path))
+        return parse_spec(read_text_file(path, "spec file"), str(path))
     raise UnknownSiteError(
         name_or_path, f"a shipped spec name ({', '.join(shipped_spec_names())}) or a path to a .yaml file"
     )

@@ -55,7 +55,11 @@ def redact_url(url: str, *, keep_path: bool = True) -> str:
 
     Pass ``keep_path=False`` for URLs whose path is itself a secret (webhooks).
     """
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # e.g. an unbalanced '[' (as in an unencoded password): show none of it
+        scheme, sep, _ = url.partition("://")
+        return f"{scheme}://<hidden>" if sep else "<hidden>"
     if not parts.scheme or len(parts.scheme) == 1:  # a plain path (or a Windows drive letter)
         return url
     try:

@@ -93,8 +93,9 @@ class Warehouse:
     Args:
         url: SQLAlchemy URL. Credentials in it never reach logs (see :meth:`describe`).
         create: False for a reader that must not write (``scrape-assets summary``): missing
-            tables are never created, so reading one raises ``sqlalchemy.exc.OperationalError``
-            (check :meth:`existing_tables` first).
+            tables are never created, so reading one raises ``sqlalchemy.exc.SQLAlchemyError``
+            (``OperationalError`` on SQLite; check :meth:`existing_tables` first), and a
+            SQLite file keeps its journal mode (only the busy timeout is set).
 
     Raises:
         SettingsError: the URL cannot be parsed or its driver is not installed.
@@ -109,11 +110,16 @@ class Warehouse:
                                 f"a SQLAlchemy URL whose driver is installed in this environment ({exc})") from exc
         except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
             raise SettingsError("SCRAPE_WAREHOUSE_URL", redact_url(url), f"a SQLAlchemy URL ({exc})") from exc
-        except ValueError:  # e.g. a port that is not a number; its text may be part of a password: not echoed
-            raise SettingsError("SCRAPE_WAREHOUSE_URL", redact_url(url),
-                                "a SQLAlchemy URL whose port, if any, is a number") from None
+        except ValueError as exc:  # a port that is not a number, or a query value the driver refuses
+            try:
+                shown = sa.engine.make_url(url).render_as_string(hide_password=True)
+            except ValueError:  # the port: its text may be the rest of a password, so nothing of it is shown
+                raise SettingsError("SCRAPE_WAREHOUSE_URL", redact_url(url),
+                                    "a SQLAlchemy URL whose port, if any, is a number") from None
+            raise SettingsError("SCRAPE_WAREHOUSE_URL", shown,
+                                f"a SQLAlchemy URL whose query values its driver accepts ({exc})") from None
         if self.engine.dialect.name == "sqlite":
-            sa.event.listen(self.engine, "connect", _sqlite_pragmas)
+            sa.event.listen(self.engine, "connect", _sqlite_pragmas if create else _sqlite_reader_pragmas)
         self._created = not create
 
     def close(self) -> None:
@@ -493,6 +499,13 @@ def insert_many(conn: sa.Connection, table: sa.Table, rows: list[Mapping]) -> No
             columns[i] = map(bind, columns[i])
         params = list(zip(*columns))
     conn.exec_driver_sql(str(table.insert().compile(dialect=dialect)), params)
+
+
+def _sqlite_reader_pragmas(dbapi_connection, _record) -> None:
+    """A reader's connection: wait for writers, change nothing in the file (not even its journal mode)."""
+    cursor = dbapi_connection.cursor()
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.close()
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:

@@ -7,6 +7,7 @@ the error names the source file, the dotted key and what was expected.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import yaml
@@ -56,7 +57,7 @@ def parse_yaml_model(
     if data is None and empty_is_mapping:
         data = {}
     if not isinstance(data, dict):
-        got = "an empty document" if data is None else type(data).__name__
+        got = "an empty document (or null)" if data is None else type(data).__name__
         raise SpecError(source, None, f"expected {expected_top}, got {got}")
     try:
         return model.model_validate(data)
@@ -78,3 +79,22 @@ def parse_yaml_model(
                 detail += f" (got {first['input']!r})"
         more = f" (and {exc.error_count() - 1} more problem(s))" if exc.error_count() > 1 else ""
         raise SpecError(source, key, detail + more) from exc
+
+
+def read_text_file(path: Path, what: str) -> str:
+    """The text of a YAML/JSON file a user wrote (UTF-8).
+
+    Args:
+        what: the file's role for the message, e.g. ``"spec file"``.
+
+    Raises:
+        SpecError: naming ``path``: it cannot be read (``cannot read <what>: <reason>``), or
+            it is not UTF-8 (the first bad byte and its offset).
+    """
+    try:
+        return path.read_text("utf-8")
+    except OSError as exc:
+        raise SpecError(str(path), None, f"cannot read {what}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise SpecError(str(path), None, f"expected UTF-8 text, found byte {exc.object[exc.start]:#04x} at offset "
+                                         f"{exc.start}") from exc

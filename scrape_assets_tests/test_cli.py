@@ -142,8 +142,8 @@ def test_bad_inputs_each_give_one_clear_error_naming_the_input(tmp_path):
         ),
         "cron out of range": (
             {"SCRAPE_SCHEDULE_CRON": "99 99 * * *"},
-            "scrape-assets: error: SCRAPE_SCHEDULE_CRON='99 99 * * *' is invalid: expected a cron expression whose 5 "
-            "fields are in range",
+            "scrape-assets: error: SCRAPE_SCHEDULE_CRON='99 99 * * *' is invalid: expected a cron expression Dagster's "
+            "scheduler accepts: 5 fields, each in range",
         ),
         "base URL without a host": (
             {"SCRAPE_BASE_URL": "http://"},
@@ -151,7 +151,21 @@ def test_bad_inputs_each_give_one_clear_error_naming_the_input(tmp_path):
         ),
         "spec not UTF-8": (
             {"SCRAPE_SITE": str(utf16)},
-            f"scrape-assets: error: {utf16}: expected UTF-8 text (YAML), found byte 0xff at offset 0",
+            f"scrape-assets: error: {utf16}: expected UTF-8 text, found byte 0xff at offset 0",
+        ),
+        "base URL unparsable, a token in it": (
+            {"SCRAPE_BASE_URL": "http://[::1?token=secret-token"},
+            "scrape-assets: error: SCRAPE_BASE_URL='<hidden>' is invalid: expected an absolute http(s) URL with a host",
+        ),
+        "warehouse query value refused": (
+            {"SCRAPE_WAREHOUSE_URL": f"sqlite:///{tmp_path / 'w.db'}?timeout=soon"},
+            f"scrape-assets: error: SCRAPE_WAREHOUSE_URL='sqlite:///{tmp_path / 'w.db'}?timeout=soon' is invalid: "
+            "expected a SQLAlchemy URL whose query values its driver accepts (",
+        ),
+        "warehouse password with a '['": (  # urlsplit itself refuses it: nothing of the URL is shown
+            {"SCRAPE_WAREHOUSE_URL": "postgresql+pg8000://u:secret-token[@db.internal/shop"},
+            "scrape-assets: error: SCRAPE_WAREHOUSE_URL='postgresql+pg8000://<hidden>' is invalid: expected a "
+            "SQLAlchemy URL whose driver is installed",
         ),
         "warehouse port not a number": (  # the "port" may be the rest of a password with an unencoded '@'
             {"SCRAPE_WAREHOUSE_URL": "postgresql://u:secret-token@db.internal:abc/shop"},
@@ -252,16 +266,16 @@ def test_summary_of_an_unusable_warehouse_or_storage_is_one_line_naming_the_sett
     with Warehouse(f"sqlite:///{foreign}").engine.begin() as conn:  # someone else's `products`
         conn.exec_driver_sql("CREATE TABLE products (sku TEXT PRIMARY KEY, name TEXT)")
     cases = {
-        not_a_db: "(DatabaseError: file is not a database)",
-        folder: "(OperationalError: unable to open database file)",
-        foreign: "(OperationalError: no such column: products.category)",
+        not_a_db: "DatabaseError: file is not a database",
+        folder: "OperationalError: unable to open database file",
+        foreign: "OperationalError: no such column: products.category",
     }
     for path, reason in cases.items():
         monkeypatch.setenv("SCRAPE_WAREHOUSE_URL", f"sqlite:///{path}")
         assert main(["summary"]) == 2
         captured = capsys.readouterr()
-        assert captured.err == (f"scrape-assets: error: SCRAPE_WAREHOUSE_URL='sqlite:///{path}' is invalid: expected "
-                                f"a reachable database with this project's tables {reason}\n"), path
+        assert captured.err == (f"scrape-assets: error: cannot read the warehouse at sqlite:///{path} "
+                                f"(SCRAPE_WAREHOUSE_URL): {reason}\n"), path
         assert captured.out == ""
     assert not_a_db.read_text() == "not a database"  # nothing written over it
     # Object storage whose filesystem driver is not installed (s3fs for s3://: the [s3] extra).

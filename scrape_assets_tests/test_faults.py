@@ -478,9 +478,14 @@ def test_bad_specs_name_the_file_the_key_and_what_was_expected(tmp_path, text, m
     assert message in str(raised.value)
 
 
-def test_missing_spec_file_is_a_spec_error(tmp_path):
+def test_missing_or_non_utf8_spec_file_is_a_spec_error(tmp_path):
     with pytest.raises(SpecError, match="cannot read fault spec"):
         load_fault_spec(tmp_path / "nope.yaml")
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("rules: []  # d\u00e9j\u00e0\n".encode("latin-1"))
+    with pytest.raises(SpecError) as raised:
+        load_fault_spec(latin1)
+    assert str(raised.value) == f"{latin1}: expected UTF-8 text, found byte 0xe9 at offset 14"
 
 
 def test_empty_spec_breaks_nothing():

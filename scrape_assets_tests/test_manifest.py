@@ -162,6 +162,7 @@ def test_manifest_round_trip_and_corruption_is_reported(tmp_path):
     # Valid JSON of the wrong shape: what was expected, not a Python attribute error.
     whole = json.loads(text)
     for shape, got in (([], "expected a JSON object, got an array"),
+                       ({k: v for k, v in whole.items() if k != "pages"}, "the `pages` key is missing"),
                        ({**whole, "pages": "x"}, "expected `pages` to be an object of page number -> entry object, "
                                                 "got a string"),
                        ({**whole, "pages": {"1": 5}}, "expected `pages` to be an object of page number -> entry "

@@ -7,7 +7,7 @@ from decimal import Decimal
 import pytest
 import sqlalchemy as sa
 
-from scrape_assets.warehouse import Warehouse, insert_many, price_history, products
+from scrape_assets.warehouse import Warehouse, dead_letters, insert_many, price_history, products
 
 
 def _row(category, pid, price="9.99"):
@@ -292,6 +292,32 @@ def test_a_read_only_uri_warehouse_is_found_and_read_without_writing(tmp_path, m
     assert read_only.rows_by_category(products) == {"a": 1} and read_only.site() is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a b"]  # no stray "file:..." folder
     assert Warehouse(f"sqlite:///file:{tmp_path}/none.db?mode=ro&uri=true").has_tables() is False
+
+
+def test_a_reader_warehouse_changes_nothing_in_the_file(tmp_path):
+    """create=False (the summary): no table created, and the journal mode of the file left as it was."""
+    import sqlite3
+
+    path = tmp_path / "w.db"
+    with Warehouse(f"sqlite:///{path}") as writer:
+        writer.load_products("a", [_row("a", "1")], input_version="v", snapshot_id="s1", loaded_at="t",
+                             history_date="2026-12-01", history_snapshot_id="s1")
+    with sqlite3.connect(path) as conn:  # as an older warehouse, or one copied elsewhere, may be
+        conn.execute("PRAGMA journal_mode=DELETE")
+        conn.execute("DROP TABLE dead_letters")
+    before = path.read_bytes()
+    reader = Warehouse(f"sqlite:///{path}", create=False)
+    assert "dead_letters" not in reader.existing_tables() and reader.rows_by_category(products) == {"a": 1}
+    with pytest.raises(sa.exc.OperationalError, match="no such table: dead_letters"):
+        reader.count(dead_letters)
+    reader.close()
+    assert path.read_bytes() == before and not (tmp_path / "w.db-wal").exists()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    assert Warehouse(f"sqlite:///{empty}", create=False).existing_tables() == set()
+    assert empty.stat().st_size == 0
 
 
 def test_duplicate_product_keys_looks_only_at_the_given_categories(tmp_path):

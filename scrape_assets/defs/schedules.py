@@ -21,7 +21,10 @@ from scrape_assets.settings import load_settings
 
 
 def checked_cron(cron: str) -> str:
-    """``cron`` if Dagster's scheduler accepts it (5 fields in range, a day that exists).
+    """``cron`` if Dagster's ``ScheduleDefinition`` accepts it (5 fields, each in range; not 30 or 31 February).
+
+    What Dagster accepts is checked, no more: an expression whose days never occur in its
+    months otherwise (``0 0 31 4 *``) passes here and fails at the schedule's first tick.
 
     Raises:
         SettingsError: naming ``SCRAPE_SCHEDULE_CRON`` (e.g. ``99 99 * * *``, ``0 0 30 2 *``).
@@ -31,8 +34,8 @@ def checked_cron(cron: str) -> str:
     except dg.DagsterInvalidDefinitionError:
         raise SettingsError(
             "SCRAPE_SCHEDULE_CRON", cron,
-            "a cron expression whose 5 fields are in range (minute 0-59, hour 0-23, day 1-31, month 1-12, "
-            "weekday 0-6) and that can fire, e.g. '0 2 * * *'",
+            "a cron expression Dagster's scheduler accepts: 5 fields, each in range (minute 0-59, hour 0-23, "
+            "day of month 1-31, month 1-12, day of week 0-7 or a name), e.g. '0 2 * * *'",
         ) from None
     return cron
 

@@ -77,6 +77,8 @@ def preflight(resources: dict) -> None:
     """
     import sqlalchemy as sa
 
+    from scrape_assets.warehouse import database_error
+
     try:
         resources["store"].store().ensure_writable()
     except StorageError as exc:
@@ -88,13 +90,6 @@ def preflight(resources: dict) -> None:
             warehouse.check_site(resources["site"].spec().name)  # before a crawl whose load would be refused
     except sa.exc.SQLAlchemyError as exc:
         raise SettingsError("SCRAPE_WAREHOUSE_URL", warehouse.describe(), f"a reachable, writable database ({database_error(exc)})") from exc
-
-
-def database_error(exc: Exception) -> str:
-    """The driver's own first line of a SQLAlchemy error (``OperationalError: connection refused ...``), without the SQL."""
-    cause = getattr(exc, "orig", None) or exc
-    lines = str(cause).strip().splitlines() or [""]
-    return f"{exc.__class__.__name__}: {lines[0]}"
 
 
 def summarize(resources: dict) -> dict:
@@ -121,7 +116,7 @@ def summarize(resources: dict) -> dict:
             dead_letter_count = wh.count(dead_letters) if dead_letters.name in tables else 0
             owner = wh.site() if warehouse_site.name in tables else None
     except sa.exc.SQLAlchemyError as exc:  # unreachable, locked, not a database, or tables of another shape
-        raise ScrapeError(f"cannot read the warehouse at {wh.describe()} (SCRAPE_WAREHOUSE_URL): {database_error(exc)}") from exc
+        raise ScrapeError(wh.unreadable(exc)) from exc
     products_loaded = sum(by_category.values())
     # Another site's tables hold nothing of this spec: no category of theirs is "no longer in it".
     not_in_spec = {} if owner not in (None, spec.name) else {c: n for c, n in by_category.items()

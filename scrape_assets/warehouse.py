@@ -150,6 +150,14 @@ class Warehouse:
         """The URL without password, for logs and metadata."""
         return self.engine.url.render_as_string(hide_password=True)
 
+    def unreadable(self, exc: Exception) -> str:
+        """One line for a database error met using this warehouse (down, locked, not a database, other tables).
+
+        ``cannot read the warehouse at <url> (SCRAPE_WAREHOUSE_URL): <error class>: <the
+        driver's first line>``; the SQL statement SQLAlchemy appends is left out.
+        """
+        return f"cannot read the warehouse at {self.describe()} (SCRAPE_WAREHOUSE_URL): {database_error(exc)}"
+
     def _sqlite_file(self) -> Path | None:
         """The SQLite database file (None: not SQLite, or in memory).
 
@@ -403,6 +411,13 @@ class Warehouse:
             query = query.where(table.c.category == category)
         with self.engine.connect() as conn:
             return [dict(r._mapping) for r in conn.execute(query)]
+
+
+def database_error(exc: Exception) -> str:
+    """The driver's own first line of a SQLAlchemy error (``OperationalError: connection refused ...``), without the SQL."""
+    cause = getattr(exc, "orig", None) or exc
+    lines = str(cause).strip().splitlines() or [""]
+    return f"{exc.__class__.__name__}: {lines[0]}"
 
 
 #: Values per ``IN (...)`` list: SQLite before 3.32 allows 999 bound variables per statement.

@@ -13,6 +13,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import dagster as dg
+import pytest
 import yaml
 
 from scrape_assets.demo_site import catalogue
@@ -423,3 +424,21 @@ def test_a_partition_range_given_backwards_fails_with_the_spec_order(tmp_path, i
                        selection=["products_table", "dead_letters"], raise_on_error=False)
     assert {e.step_key for e in load.get_step_failure_events()} == {"products_table", "dead_letters"}
     assert not (tmp_path / "warehouse.db").exists()  # not opened, so not claimed by a site either
+
+
+@pytest.mark.timeout(120)
+def test_an_unreadable_warehouse_stops_raw_pages_before_any_request_and_the_retry_policy_tries_again(tmp_path, instance):
+    """A warehouse that cannot be opened (down, locked, not a database) is met before the crawl, in one line."""
+    from scrape_assets.defs.resources import WarehouseResource
+
+    folder = tmp_path / "folder.db"
+    folder.mkdir()  # SQLite cannot open a folder: like a server that is down, the error comes on connecting
+    res = {**make_resources(tmp_path), "warehouse": WarehouseResource(url=f"sqlite:///{folder}")}
+    result = materialize(instance, res, ["travel"], selection=["raw_pages"], raise_on_error=False)
+    assert not result.success
+    assert len([e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]) == 3
+    (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert failure.step_failure_data.user_failure_data.description == (
+        f"cannot read the warehouse at sqlite:///{folder} (SCRAPE_WAREHOUSE_URL): OperationalError: unable to open "
+        "database file; nothing fetched")
+    assert not (tmp_path / "objects" / "demo").exists()  # no snapshot opened, no page stored

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import dagster as dg
+import sqlalchemy as sa
 from pydantic import Field
 
 from scrape_assets.batched_log import BatchedLog
@@ -227,8 +228,12 @@ def raw_pages(
     """
     categories = run_categories(context)
     try:
-        with warehouse.warehouse() as wh:
-            wh.check_site(site.spec().name)  # before any request: its load would be refused
+        wh = warehouse.warehouse()
+        try:
+            with wh:
+                wh.check_site(site.spec().name)  # before any request: its load would be refused
+        except sa.exc.SQLAlchemyError as exc:  # down, locked, not a database: the RetryPolicy tries again
+            raise dg.Failure(description=f"{wh.unreadable(exc)}; nothing fetched", allow_retries=True) from exc
         context.log.info(
             f"fetching {len(categories)} categor{'y' if len(categories) == 1 else 'ies'} from {site.describe_route()}"
         )

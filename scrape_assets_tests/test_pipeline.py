@@ -428,7 +428,7 @@ def test_a_partition_range_given_backwards_fails_with_the_spec_order(tmp_path, i
 
 @pytest.mark.timeout(120)
 def test_an_unreadable_warehouse_stops_raw_pages_before_any_request_and_the_retry_policy_tries_again(tmp_path, instance):
-    """A warehouse that cannot be opened (down, locked, not a database) is met before the crawl, in one line."""
+    """A warehouse that cannot be used is met before the crawl, in one line; retried only when it may come back."""
     from scrape_assets.defs.resources import WarehouseResource
 
     folder = tmp_path / "folder.db"
@@ -442,3 +442,15 @@ def test_an_unreadable_warehouse_stops_raw_pages_before_any_request_and_the_retr
         f"cannot read the warehouse at sqlite:///{folder} (SCRAPE_WAREHOUSE_URL): OperationalError: unable to open "
         "database file; nothing fetched")
     assert not (tmp_path / "objects" / "demo").exists()  # no snapshot opened, no page stored
+    # A file that is not a database: no retry can help, the step fails at once.
+    not_a_db = tmp_path / "notes.db"
+    not_a_db.write_text("not a database")
+    res["warehouse"] = WarehouseResource(url=f"sqlite:///{not_a_db}")
+    result = materialize(instance, res, ["travel"], selection=["raw_pages"], raise_on_error=False)
+    assert [e.event_type_value for e in result.all_events if e.event_type_value.startswith("STEP_")][-1] == "STEP_FAILURE"
+    assert not any(e.event_type_value == "STEP_UP_FOR_RETRY" for e in result.all_events)
+    (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert failure.step_failure_data.user_failure_data.description == (
+        f"cannot read the warehouse at sqlite:///{not_a_db} (SCRAPE_WAREHOUSE_URL): DatabaseError: file is not a "
+        "database; nothing fetched")
+    assert not_a_db.read_text() == "not a database" and not (tmp_path / "objects" / "demo").exists()

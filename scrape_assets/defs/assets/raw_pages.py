@@ -232,8 +232,12 @@ def raw_pages(
         try:
             with wh:
                 wh.check_site(site.spec().name)  # before any request: its load would be refused
-        except sa.exc.SQLAlchemyError as exc:  # down, locked, not a database: the RetryPolicy tries again
-            raise dg.Failure(description=f"{wh.unreadable(exc)}; nothing fetched", allow_retries=True) from exc
+        except sa.exc.SQLAlchemyError as exc:
+            # Down, locked, unreachable (OperationalError, a lost connection): the RetryPolicy
+            # tries again. A file that is not a database, or SQL the tables refuse: no retry helps.
+            retry = isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError)) or getattr(
+                exc, "connection_invalidated", False)
+            raise dg.Failure(description=f"{wh.unreadable(exc)}; nothing fetched", allow_retries=retry) from exc
         context.log.info(
             f"fetching {len(categories)} categor{'y' if len(categories) == 1 else 'ies'} from {site.describe_route()}"
         )

@@ -176,10 +176,6 @@ class Warehouse:
             return set()  # connecting would create the file
         return set(sa.inspect(self.engine).get_table_names()) & set(metadata.tables)
 
-    def has_tables(self) -> bool:
-        """Whether the ``products`` table exists, found without creating anything (not even a SQLite file)."""
-        return products.name in self.existing_tables()
-
     def create_tables(self) -> None:
         """Create the tables if missing (idempotent, and safe when several processes race to do it).
 

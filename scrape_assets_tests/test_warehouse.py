@@ -7,7 +7,7 @@ from decimal import Decimal
 import pytest
 import sqlalchemy as sa
 
-from scrape_assets.warehouse import Warehouse, dead_letters, insert_many, price_history, products
+from scrape_assets.warehouse import Warehouse, dead_letters, insert_many, metadata, price_history, products
 
 
 def _row(category, pid, price="9.99"):
@@ -265,18 +265,18 @@ def test_insert_many_stores_decimal_strings_as_sqlalchemys_insert_does(tmp_path)
                                                ("3", 10, "integer")]
 
 
-def test_has_tables_creates_nothing(tmp_path):
+def test_existing_tables_creates_nothing(tmp_path):
     path = tmp_path / "none" / "w.db"
     wh = Warehouse(f"sqlite:///{path}")
-    assert wh.has_tables() is False
+    assert wh.existing_tables() == set()
     assert not path.parent.exists()  # neither the folder nor the SQLite file
     path.parent.mkdir()
     empty = Warehouse(f"sqlite:///{path}")
     with empty.engine.connect():  # an empty database file: no tables yet
         pass
-    assert path.exists() and empty.has_tables() is False
+    assert path.exists() and empty.existing_tables() == set()
     empty.create_tables()
-    assert empty.has_tables() is True
+    assert empty.existing_tables() == set(metadata.tables)
 
 
 def test_a_read_only_uri_warehouse_is_found_and_read_without_writing(tmp_path, monkeypatch):
@@ -288,10 +288,10 @@ def test_a_read_only_uri_warehouse_is_found_and_read_without_writing(tmp_path, m
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///file:{tmp_path}/a%20b/w.db?mode=ro&uri=true"
     read_only = Warehouse(uri)
-    assert read_only.has_tables() is True
+    assert read_only.existing_tables() == set(metadata.tables)
     assert read_only.rows_by_category(products) == {"a": 1} and read_only.site() is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a b"]  # no stray "file:..." folder
-    assert Warehouse(f"sqlite:///file:{tmp_path}/none.db?mode=ro&uri=true").has_tables() is False
+    assert Warehouse(f"sqlite:///file:{tmp_path}/none.db?mode=ro&uri=true").existing_tables() == set()
 
 
 def test_a_reader_warehouse_changes_nothing_in_the_file(tmp_path):

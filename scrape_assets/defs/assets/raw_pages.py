@@ -239,7 +239,7 @@ def raw_pages(
                 exc, "connection_invalidated", False)
             raise dg.Failure(description=f"{wh.unreadable(exc)}; nothing fetched", allow_retries=retry) from exc
         context.log.info(
-            f"fetching {len(categories)} categor{'y' if len(categories) == 1 else 'ies'} from {site.describe_route()}"
+            f"fetching {counted(len(categories), 'category')} from {site.describe_route()}"
         )
         with store.locks(context, site.spec().name), store.host_lock(context, site.fetch_base_url()):
             reports = asyncio.run(

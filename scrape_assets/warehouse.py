@@ -416,6 +416,39 @@ def database_error(exc: Exception) -> str:
     return f"{exc.__class__.__name__}: {lines[0]}"
 
 
+#: SQLite result codes (https://sqlite.org/rescode.html) of a database that may be usable again
+#: soon: BUSY, LOCKED, IOERR, FULL, CANTOPEN (a folder, a mount not there yet), PROTOCOL.
+_SQLITE_TRANSIENT = {5, 6, 10, 13, 14, 15}
+#: SQLSTATE classes (PostgreSQL Appendix A) of a server that may accept the same statement
+#: later: 08 connection exception, 40 transaction rollback (serialization, deadlock), 53
+#: insufficient resources, 57 operator intervention (shutting down, starting up), 58 system error.
+_SQLSTATE_TRANSIENT = {"08", "40", "53", "57", "58"}
+
+
+def may_recover(exc: Exception) -> bool:
+    """Whether a SQLAlchemy error may go away if the same work is tried again later.
+
+    True for a lost connection, a database that is locked, busy, unreachable or out of
+    space (SQLite's result code, PostgreSQL's SQLSTATE class: see :data:`_SQLITE_TRANSIENT`
+    and :data:`_SQLSTATE_TRANSIENT`), and for an ``OperationalError`` or ``InterfaceError``
+    whose driver gives no code (psycopg's "connection refused"). False for what the same
+    database will answer again: tables of another shape ("no such column"), a file that is
+    not a database, a login or a database name the server refuses (SQLSTATE 28, 3D).
+    """
+    if getattr(exc, "connection_invalidated", False):
+        return True
+    cause = getattr(exc, "orig", None)
+    sqlite_code = getattr(cause, "sqlite_errorcode", None)  # Python >= 3.11
+    if sqlite_code is not None:
+        return sqlite_code & 0xFF in _SQLITE_TRANSIENT  # the primary code of an extended one
+    sqlstate = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)  # psycopg 3, psycopg2
+    if sqlstate is None and cause is not None and cause.args and isinstance(cause.args[0], dict):
+        sqlstate = cause.args[0].get("C")  # pg8000: the server's error fields
+    if isinstance(sqlstate, str) and len(sqlstate) == 5:
+        return sqlstate[:2] in _SQLSTATE_TRANSIENT
+    return isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError))
+
+
 #: Values per ``IN (...)`` list: SQLite before 3.32 allows 999 bound variables per statement.
 _IN_CHUNK = 500
 

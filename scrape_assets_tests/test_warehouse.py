@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import sqlite3
+import sys
 from decimal import Decimal
 
 import pytest
 import sqlalchemy as sa
 
-from scrape_assets.warehouse import Warehouse, dead_letters, insert_many, metadata, price_history, products
+from scrape_assets.warehouse import (
+    Warehouse,
+    dead_letters,
+    insert_many,
+    may_recover,
+    metadata,
+    price_history,
+    products,
+)
 
 
 def _row(category, pid, price="9.99"):
@@ -330,3 +340,70 @@ def test_duplicate_product_keys_looks_only_at_the_given_categories(tmp_path):
     assert wh.duplicate_product_keys(["a", "c"]) == [("a", "1", 2)]
     assert sorted(wh.duplicate_product_keys()) == [("a", "1", 2), ("b", "2", 2)]
     assert wh.duplicate_product_keys([]) == []
+
+
+def _sqlite_error(url: str, sql: str, *, holder: str | None = None) -> sa.exc.SQLAlchemyError:
+    """The error SQLAlchemy raises running ``sql`` on a real SQLite database (``holder``: SQL run first, kept open)."""
+    engine = sa.create_engine(url, connect_args={"timeout": 0})
+    other = sa.create_engine(url).connect() if holder else None
+    try:
+        if other is not None:
+            other.exec_driver_sql(holder)  # an open write transaction: the database is locked for others
+        with engine.begin() as conn:
+            conn.exec_driver_sql(sql)
+    except sa.exc.SQLAlchemyError as exc:
+        return exc
+    finally:
+        if other is not None:
+            other.close()
+        engine.dispose()
+    raise AssertionError(f"{sql!r} did not fail")
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="sqlite3 gives result codes from Python 3.11")
+def test_may_recover_tells_a_locked_or_missing_sqlite_database_from_one_no_retry_helps(tmp_path):
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    with sqlite3.connect(tmp_path / "w.db") as conn:
+        conn.execute("CREATE TABLE t (a INTEGER)")
+    conn.close()
+    (tmp_path / "notes.db").write_text("not a database")
+    (tmp_path / "folder.db").mkdir()
+    locked = _sqlite_error(url, "INSERT INTO t VALUES (1)", holder="BEGIN EXCLUSIVE")
+    assert "database is locked" in str(locked) and may_recover(locked)
+    cannot_open = _sqlite_error(f"sqlite:///{tmp_path / 'folder.db'}", "SELECT 1")
+    assert "unable to open database file" in str(cannot_open) and may_recover(cannot_open)
+    no_column = _sqlite_error(url, "SELECT price FROM t")
+    assert "no such column" in str(no_column) and not may_recover(no_column)
+    not_a_db = _sqlite_error(f"sqlite:///{tmp_path / 'notes.db'}", "SELECT * FROM t")
+    assert "file is not a database" in str(not_a_db) and not may_recover(not_a_db)
+
+
+class _DriverError(Exception):
+    """A stand-in for a PostgreSQL driver's exception (pure classification logic)."""
+
+    def __init__(self, *args, sqlstate=None, pgcode=None):
+        super().__init__(*args)
+        self.sqlstate, self.pgcode = sqlstate, pgcode
+
+
+@pytest.mark.parametrize(
+    ("error", "recoverable"),
+    [
+        (sa.exc.OperationalError("SELECT 1", {}, _DriverError("server closed the connection", sqlstate="08006")), True),
+        (sa.exc.OperationalError("SELECT 1", {}, _DriverError("the database system is starting up",
+                                                               sqlstate="57P03")), True),
+        (sa.exc.OperationalError("SELECT 1", {}, _DriverError("deadlock detected", pgcode="40P01")), True),  # psycopg2
+        (sa.exc.OperationalError("SELECT 1", {}, _DriverError("too many connections", sqlstate="53300")), True),
+        (sa.exc.OperationalError("SELECT 1", {}, _DriverError("password authentication failed",
+                                                               sqlstate="28P01")), False),
+        (sa.exc.OperationalError("SELECT 1", {}, _DriverError('database "shop" does not exist',
+                                                               sqlstate="3D000")), False),
+        (sa.exc.ProgrammingError("SELECT 1", {}, _DriverError({"C": "42703", "M": "column does not exist"})), False),
+        (sa.exc.InterfaceError("SELECT 1", {}, _DriverError({"C": "08001", "M": "cannot connect"})), True),  # pg8000
+        (sa.exc.OperationalError("SELECT 1", {}, _DriverError("connection refused")), True),  # no code at all
+        (sa.exc.ProgrammingError("SELECT 1", {}, _DriverError("syntax error")), False),
+        (sa.exc.DBAPIError("SELECT 1", {}, _DriverError("gone"), connection_invalidated=True), True),
+    ],
+)
+def test_may_recover_reads_the_sqlstate_class_of_a_postgresql_error(error, recoverable):
+    assert may_recover(error) is recoverable

@@ -19,6 +19,7 @@ from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, Ware
 from scrape_assets.errors import FetchConfigChangedError, PartitionLockedError, SettingsError, SpecError
 from scrape_assets.gc_tuning import freeze_again
 from scrape_assets.manifest import Manifest, latest_manifest, resume_conflict
+from scrape_assets.warehouse import may_recover
 
 if TYPE_CHECKING:  # the HTTP stack (httpx, aiohttp) is imported by the step, not with the definitions
     from scrape_assets.crawl import CrawlReport
@@ -233,11 +234,10 @@ def raw_pages(
             with wh:
                 wh.check_site(site.spec().name)  # before any request: its load would be refused
         except sa.exc.SQLAlchemyError as exc:
-            # Down, locked, unreachable (OperationalError, a lost connection): the RetryPolicy
-            # tries again. A file that is not a database, or SQL the tables refuse: no retry helps.
-            retry = isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError)) or getattr(
-                exc, "connection_invalidated", False)
-            raise dg.Failure(description=f"{wh.unreadable(exc)}; nothing fetched", allow_retries=retry) from exc
+            # Down, locked, unreachable: the RetryPolicy tries again. A file that is not a
+            # database, tables of another shape, a refused login: no retry helps (may_recover).
+            raise dg.Failure(description=f"{wh.unreadable(exc)}; nothing fetched",
+                             allow_retries=may_recover(exc)) from exc
         context.log.info(
             f"fetching {counted(len(categories), 'category')} from {site.describe_route()}"
         )

@@ -145,6 +145,11 @@ def test_bad_inputs_each_give_one_clear_error_naming_the_input(tmp_path):
             "scrape-assets: error: SCRAPE_SCHEDULE_CRON='99 99 * * *' is invalid: expected a cron expression Dagster's "
             "scheduler accepts: 5 fields, each in range",
         ),
+        "cron that never fires": (
+            {"SCRAPE_SCHEDULE_CRON": "0 0 31 4 *"},
+            "scrape-assets: error: SCRAPE_SCHEDULE_CRON='0 0 31 4 *' is invalid: expected a cron expression that "
+            "fires: its day of month must occur in its months",
+        ),
         "base URL without a host": (
             {"SCRAPE_BASE_URL": "http://"},
             "scrape-assets: error: SCRAPE_BASE_URL='http://' is invalid: expected an absolute http(s) URL with a host",

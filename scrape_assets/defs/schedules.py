@@ -12,8 +12,10 @@ monitoring cancels a run still going after that, and marks failed one whose proc
 its snapshots would not be resumed after that age anyway.
 """
 
+import time
 
 import dagster as dg
+from dagster._utils.schedules import cron_string_iterator  # the daemon's own iterator (pinned Dagster)
 
 from scrape_assets.defs.jobs import all_categories_tags, category_partitions, daily_scrape_job, queue_tags
 from scrape_assets.errors import SettingsError
@@ -21,13 +23,16 @@ from scrape_assets.settings import load_settings
 
 
 def checked_cron(cron: str) -> str:
-    """``cron`` if Dagster's ``ScheduleDefinition`` accepts it (5 fields, each in range; not 30 or 31 February).
+    """``cron`` if Dagster's ``ScheduleDefinition`` accepts it and its scheduler finds a next tick.
 
-    What Dagster accepts is checked, no more: an expression whose days never occur in its
-    months otherwise (``0 0 31 4 *``) passes here and fails at the schedule's first tick.
+    Dagster's definition checks the 5 fields and their ranges (and refuses 30 or 31
+    February); an expression whose days never occur in its months otherwise (``0 0 31 4 *``:
+    April has 30 days) passes that check and would fail at every tick of the daemon, so
+    the next tick after now is computed too, with Dagster's own cron iterator (UTC).
 
     Raises:
-        SettingsError: naming ``SCRAPE_SCHEDULE_CRON`` (e.g. ``99 99 * * *``, ``0 0 30 2 *``).
+        SettingsError: naming ``SCRAPE_SCHEDULE_CRON`` (e.g. ``99 99 * * *``, ``0 0 30 2 *``,
+            ``0 0 31 4 *``).
     """
     try:
         dg.ScheduleDefinition(name="cron_check", cron_schedule=cron, job_name="cron_check")
@@ -36,6 +41,14 @@ def checked_cron(cron: str) -> str:
             "SCRAPE_SCHEDULE_CRON", cron,
             "a cron expression Dagster's scheduler accepts: 5 fields, each in range (minute 0-59, hour 0-23, "
             "day of month 1-31, month 1-12, day of week 0-7 or a name), e.g. '0 2 * * *'",
+        ) from None
+    try:
+        next(cron_string_iterator(time.time(), cron, "UTC"))
+    except Exception:  # croniter's CroniterBadDateError: no date matches
+        raise SettingsError(
+            "SCRAPE_SCHEDULE_CRON", cron,
+            "a cron expression that fires: its day of month must occur in its months (April, June, "
+            "September and November have 30 days), e.g. '0 2 * * *'",
         ) from None
     return cron
 

@@ -99,16 +99,27 @@ def check_key(key: str) -> list[str]:
 class ObjectStore:
     """Atomic, root-confined object storage over an fsspec URL or a local path.
 
+    Listings are never cached on object stores: fsspec's filesystems (s3fs among them)
+    otherwise keep a folder's listing for the life of the process (``use_listings_cache``),
+    so a long-lived process (a sensor's code server, a resumed crawl in the same process as
+    an earlier listing) would not see, or even read, objects another process wrote after
+    it first listed their folder. Each listing and existence check is a request instead.
+
     Args:
         url: root location: a local path or an fsspec URL (``file://``, ``s3://``, ``memory://``).
         storage_options: passed to fsspec (credentials belong here or in the environment,
-            never in the URL, which appears redacted in logs).
+            never in the URL, which appears redacted in logs); ``use_listings_cache``
+            defaults to False on object stores.
     """
 
     def __init__(self, url: str, storage_options: dict | None = None):
         self.url = url
+        options = dict(storage_options or {})
+        scheme = url.partition("://")[0] if "://" in url else ""
+        if scheme not in ("", "file", "local"):
+            options.setdefault("use_listings_cache", False)
         try:
-            self.root = UPath(url, **(storage_options or {}))
+            self.root = UPath(url, **options)
         except (ValueError, ImportError) as exc:
             raise StorageError(redact_url(url), f"cannot open object storage: {exc}") from exc
         self.is_local = self.root.protocol in ("", "file", "local")

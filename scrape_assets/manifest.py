@@ -368,9 +368,12 @@ def has_snapshot(store: ObjectStore, site: str) -> Callable[[str, str], bool]:
 
 
 def list_snapshots(store: ObjectStore, site: str, category: str) -> list[str]:
-    """Snapshot ids of a partition that have a manifest, oldest first (:func:`snapshot_sort_key`)."""
+    """Snapshot ids of a partition that have a manifest, oldest first (:func:`snapshot_sort_key`).
+
+    One listing of the partition's folder, then one existence check per snapshot folder.
+    """
     check_key(f"{site}/{category}")
-    names = sorted(store.list_names(f"{site}/{category}"), key=snapshot_sort_key)
+    names = sorted(store.list_folders(f"{site}/{category}"), key=snapshot_sort_key)
     return [n for n in names if store.exists(f"{site}/{category}/{n}/manifest.json")]
 
 
@@ -380,11 +383,20 @@ def load_manifest(store: ObjectStore, site: str, category: str, snapshot_id: str
     Raises:
         ManifestError: missing, unreadable, or recorded for another site/category.
     """
+    manifest = _read_manifest(store, site, category, snapshot_id)
+    if manifest is None:
+        key = f"{snapshot_prefix(site, category, snapshot_id)}/manifest.json"
+        raise ManifestError(key, "no manifest: this snapshot does not exist")
+    return manifest
+
+
+def _read_manifest(store: ObjectStore, site: str, category: str, snapshot_id: str) -> Manifest | None:
+    """:func:`load_manifest`, with None for a snapshot folder that has no manifest."""
     key = f"{snapshot_prefix(site, category, snapshot_id)}/manifest.json"
     try:
         manifest = Manifest.from_json(store.read_bytes(key), key)
     except FileNotFoundError:
-        raise ManifestError(key, "no manifest: this snapshot does not exist") from None
+        return None
     if store.is_local:
         try:
             manifest.replay_journal(store.read_bytes(manifest.journal_key), manifest.journal_key)
@@ -396,10 +408,15 @@ def load_manifest(store: ObjectStore, site: str, category: str, snapshot_id: str
 
 
 def latest_manifest(store: ObjectStore, site: str, category: str, *, complete: bool = False) -> Manifest | None:
-    """The newest snapshot's manifest of a partition (the newest *complete* one if asked), or None."""
-    for snapshot_id in reversed(list_snapshots(store, site, category)):
-        manifest = load_manifest(store, site, category, snapshot_id)
-        if manifest.is_complete or not complete:
+    """The newest snapshot's manifest of a partition (the newest *complete* one if asked), or None.
+
+    Reads manifests newest first, so usually one listing and one read (on S3: two requests,
+    however many snapshots are kept); a folder without a manifest is passed over.
+    """
+    check_key(f"{site}/{category}")
+    for snapshot_id in sorted(store.list_folders(f"{site}/{category}"), key=snapshot_sort_key, reverse=True):
+        manifest = _read_manifest(store, site, category, snapshot_id)
+        if manifest is not None and (manifest.is_complete or not complete):
             return manifest
     return None
 

@@ -104,12 +104,13 @@ class ObjectStore:
     so a long-lived process (a sensor's code server, a resumed crawl in the same process as
     an earlier listing) would not see, or even read, objects another process wrote after
     it first listed their folder. Each listing and existence check is a request instead.
+    A read is one GET, a write one PUT (on S3, ``max_concurrency`` defaults to 1 for that).
 
     Args:
         url: root location: a local path or an fsspec URL (``file://``, ``s3://``, ``memory://``).
         storage_options: passed to fsspec (credentials belong here or in the environment,
             never in the URL, which appears redacted in logs); ``use_listings_cache``
-            defaults to False on object stores.
+            defaults to False on object stores, ``max_concurrency`` to 1 on S3.
     """
 
     def __init__(self, url: str, storage_options: dict | None = None):
@@ -118,6 +119,10 @@ class ObjectStore:
         scheme = url.partition("://")[0] if "://" in url else ""
         if scheme not in ("", "file", "local"):
             options.setdefault("use_listings_cache", False)
+        if scheme in ("s3", "s3a"):
+            # One GET per read: with max_concurrency > 1 (s3fs's default is 10) s3fs first asks
+            # each object's size (a HEAD) to split large reads; ours are pages and manifests.
+            options.setdefault("max_concurrency", 1)
         try:
             self.root = UPath(url, **options)
         except (ValueError, ImportError) as exc:
@@ -214,10 +219,8 @@ class ObjectStore:
         try:
             if self.is_local:
                 _write_local_atomic(Path(self._local(key)), data, sync_folder=sync_folder)
-            else:
-                target = self.path(key)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(data)  # one PUT: atomic on object stores
+            else:  # one PUT, atomic on object stores (which have no folders to create first)
+                self.root.fs.pipe_file(self.path(key).path, data)
         except OSError as exc:
             raise StorageError(f"{self.describe()}/{key}", f"write failed: {exc}") from exc
         return len(data)
@@ -285,7 +288,7 @@ class ObjectStore:
             if self.is_local:
                 with open(self._local(key), "rb") as handle:
                     return handle.read()
-            return self.path(key).read_bytes()
+            return self.root.fs.cat_file(self.path(key).path)  # one GET (opening a file first asks its size)
         except FileNotFoundError:
             raise
         except OSError as exc:
@@ -309,6 +312,26 @@ class ObjectStore:
         except FileNotFoundError:
             return []
         except NotADirectoryError:
+            return []
+        except ImportError as exc:
+            raise self._no_driver(exc) from exc
+
+    def list_folders(self, prefix: str) -> list[str]:
+        """Sorted names of the folders directly under ``prefix`` (files left out; empty when it does not exist).
+
+        On object stores a folder is a common key prefix: one listing request.
+
+        Raises:
+            StorageError: the key is invalid, or the URL's filesystem driver is not installed.
+        """
+        try:
+            if self.is_local:
+                with os.scandir(self._local(prefix)) as entries:
+                    return sorted(e.name for e in entries if e.is_dir())
+            listing = self.root.fs.ls(self.path(prefix).path, detail=True)
+            return sorted(item["name"].rstrip("/").rsplit("/", 1)[-1] for item in listing
+                          if item.get("type") == "directory")
+        except (FileNotFoundError, NotADirectoryError):
             return []
         except ImportError as exc:
             raise self._no_driver(exc) from exc

@@ -13,12 +13,13 @@ import os
 import subprocess
 import sys
 import uuid
+from contextlib import contextmanager
 
 import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-from scrape_assets.manifest import latest_manifest, list_snapshots
+from scrape_assets.manifest import Manifest, PageEntry, latest_manifest, list_snapshots
 from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import Warehouse, products
 from scrape_assets_tests.conftest import make_resources, materialize, run_metadata
@@ -151,3 +152,59 @@ def _crawl_in_child(url: str, *, new_snapshot: bool) -> None:
         f" new_snapshot={new_snapshot}, log=logging.getLogger('child')))\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def _snapshot(store: ObjectStore, snapshot_id: str, *, complete: bool) -> Manifest:
+    """A one-page snapshot of demo/travel with its body stored."""
+    manifest = Manifest(site="demo", category="travel", snapshot_id=snapshot_id, fetch_config={},
+                        fetch_config_hash="h", start_url="http://x/", pages={1: PageEntry(url="http://x/")})
+    store.write_bytes_atomic(manifest.page_key(1), b"<html></html>")
+    manifest.pages[1].status = "done" if complete else "pending"
+    manifest.completed_at = "2026-11-30T00:00:00Z" if complete else None
+    manifest.save(store)
+    return manifest
+
+
+@contextmanager
+def _s3_calls(store: ObjectStore):
+    """The S3 API operations ``store`` sends in the block, in order (botocore's ``before-call`` event)."""
+    fs = store.root.fs
+    fs.connect()
+    calls: list[str] = []
+
+    def record(model, **_):
+        calls.append(model.name)
+
+    fs.s3.meta.events.register("before-call.s3", record)
+    try:
+        yield calls
+    finally:
+        fs.s3.meta.events.unregister("before-call.s3", record)
+
+
+def test_a_read_is_one_get_a_write_one_put_and_the_latest_manifest_one_listing_and_one_read(bucket):
+    """Requests are what S3 bills and what each step waits for: none beyond what the operation needs."""
+    name, _ = bucket
+    store = ObjectStore(f"s3://{name}/objects")
+    for snapshot_id, complete in [("2026-11-28T000000Z", True), ("2026-11-29T000000Z", True),
+                                  ("2026-11-30T000000Z", False)]:
+        _snapshot(store, snapshot_id, complete=complete)
+    store.write_bytes_atomic("demo/travel/parse_state.json", b"{}")  # a file beside the snapshot folders
+
+    with _s3_calls(store) as calls:
+        store.write_bytes_atomic("demo/travel/notes.json", b"new")
+    assert calls == ["PutObject"]  # no folder to create, no existence check first
+    with _s3_calls(store) as calls:
+        assert store.read_bytes("demo/travel/notes.json") == b"new"
+    assert calls == ["GetObject"]  # not a HEAD for the size first
+    with _s3_calls(store) as calls, pytest.raises(FileNotFoundError):
+        store.read_bytes("demo/travel/missing.json")
+    assert calls == ["GetObject"]
+    with _s3_calls(store) as calls:
+        assert latest_manifest(store, "demo", "travel").snapshot_id == "2026-11-30T000000Z"
+    assert calls == ["ListObjectsV2", "GetObject"]  # however many snapshots are kept
+    with _s3_calls(store) as calls:
+        assert latest_manifest(store, "demo", "travel", complete=True).snapshot_id == "2026-11-29T000000Z"
+    assert calls == ["ListObjectsV2", "GetObject", "GetObject"]
+    assert list_snapshots(store, "demo", "travel") == ["2026-11-28T000000Z", "2026-11-29T000000Z",
+                                                        "2026-11-30T000000Z"]  # parse_state.json is no snapshot

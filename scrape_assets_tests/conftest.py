@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
+import uuid
 from contextlib import contextmanager
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -160,3 +161,40 @@ def webhook_server():
     server.url = f"http://127.0.0.1:{server.server_address[1]}/hooks/SECRET-TOKEN"
     with serving(server):
         yield server
+
+
+AWS_ENV = {"AWS_ACCESS_KEY_ID": "test-key", "AWS_SECRET_ACCESS_KEY": "test-secret", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """An S3 server on 127.0.0.1 (moto's); the AWS_* variables point s3fs (and child processes) at it."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    saved = {k: os.environ.get(k) for k in (*AWS_ENV, "AWS_ENDPOINT_URL")}
+    os.environ.update(AWS_ENV, AWS_ENDPOINT_URL=endpoint)
+    try:
+        yield endpoint
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        server.stop()
+
+
+@pytest.fixture
+def bucket(s3_endpoint):
+    """A new, empty bucket on :func:`s3_endpoint`: ``(name, boto3 client)``."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_endpoint, **{k.lower(): v for k, v in AWS_ENV.items()
+                                                            if k != "AWS_DEFAULT_REGION"}, region_name="us-east-1")
+    name = f"scrape-{uuid.uuid4().hex[:12]}"
+    client.create_bucket(Bucket=name)
+    return name, client

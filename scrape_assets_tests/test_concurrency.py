@@ -143,3 +143,50 @@ def test_parallel_processes_load_sqlite_without_database_is_locked(tmp_path):
     for c in categories:
         (snapshot,) = list_snapshots(store, "demo", c)
         assert load_manifest(store, "demo", c, snapshot).is_complete
+
+
+def test_the_daemon_frees_the_pool_slot_a_killed_run_kept_once_the_run_is_failed(tmp_path, monkeypatch):
+    """With S3 storage, raw_pages runs in the host's pool: a killed run must not keep its one slot forever.
+
+    The shipped dagster.yaml sets ``free_slots_after_run_end_seconds``: the daemon's run
+    monitoring frees the slots of a run that ended (marked failed after its worker died,
+    or terminated from the UI) that long after. Driven here through the daemon's own
+    iteration, with its clock moved past the delay.
+    """
+    import datetime
+    import logging
+    from types import SimpleNamespace
+
+    import dagster as dg
+    from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
+    from dagster._daemon.monitoring import concurrency
+
+    from scrape_assets.defs.pools import host_pool
+
+    shutil.copy(REPO_ROOT / "dagster.yaml", tmp_path / "dagster.yaml")
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    pool = host_pool("https://shop.example/")
+    with dg.DagsterInstance.get() as instance:
+        assert instance.run_monitoring_settings["free_slots_after_run_end_seconds"] == 60
+        storage = instance.event_log_storage
+        run = instance.add_run(DagsterRun(job_name="daily_scrape_job", run_id="killed-run",
+                                          status=DagsterRunStatus.STARTED))
+        storage.initialize_concurrency_limit_to_default(pool)
+        assert storage.claim_concurrency_slot(pool, run.run_id, "raw_pages").is_claimed
+        second = storage.claim_concurrency_slot(pool, "next-run", "raw_pages")
+        assert not second.is_claimed  # the pool's one slot is taken: the next run's raw_pages waits
+
+        def sweep(after_s: float) -> None:  # one pass of the daemon, its clock after_s seconds ahead
+            now = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=after_s)
+            monkeypatch.setattr(concurrency, "get_current_datetime", lambda: now)
+            list(concurrency.execute_concurrency_slots_iteration(SimpleNamespace(instance=instance),
+                                                                 logging.getLogger("test")))
+
+        sweep(120)
+        assert [s.run_id for s in storage.get_concurrency_info(pool).claimed_slots] == ["killed-run"]  # still started
+        instance.report_run_failed(run, message="run worker died")  # what run monitoring records
+        sweep(30)
+        assert [s.run_id for s in storage.get_concurrency_info(pool).claimed_slots] == ["killed-run"]  # not yet
+        sweep(120)
+        assert storage.get_concurrency_info(pool).claimed_slots == []
+        assert storage.claim_concurrency_slot(pool, "next-run", "raw_pages").is_claimed

@@ -11,6 +11,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from scrape_assets.manifest import latest_manifest, list_snapshots
 from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import Warehouse, products
@@ -45,9 +47,14 @@ def _materialize(env, select: str) -> subprocess.Popen:
     )
 
 
-def test_killed_run_resumes_fetching_only_pages_not_done(tmp_path, demo_server):
+@pytest.mark.parametrize("storage", ["local", "s3"])
+def test_killed_run_resumes_fetching_only_pages_not_done(tmp_path, demo_server, storage, request):
+    # On S3 (moto's server on 127.0.0.1) every change is a PUT of the whole manifest: nothing can be appended.
+    bucket = request.getfixturevalue("bucket")[0] if storage == "s3" else None  # sets AWS_* before _env copies them
     env = _env(tmp_path, demo_server.base_url)
-    store = ObjectStore(str(tmp_path / "data" / "objects"))
+    if bucket is not None:
+        env["SCRAPE_STORAGE_URL"] = f"s3://{bucket}/objects"
+    store = ObjectStore(env.get("SCRAPE_STORAGE_URL", str(tmp_path / "data" / "objects")))
 
     first = _materialize(env, "raw_pages")
     deadline = time.monotonic() + 120
@@ -63,6 +70,9 @@ def test_killed_run_resumes_fetching_only_pages_not_done(tmp_path, demo_server):
     os.killpg(first.pid, signal.SIGKILL)
     first.wait(timeout=30)
     assert first.returncode == -signal.SIGKILL
+
+    if bucket is not None:
+        _free_the_killed_runs_pool_slot(env, demo_server.base_url)
 
     killed = latest_manifest(store, "demo", CATEGORY)
     assert not killed.is_complete
@@ -96,6 +106,26 @@ def test_killed_run_resumes_fetching_only_pages_not_done(tmp_path, demo_server):
     wh = Warehouse(f"sqlite:///{tmp_path / 'data' / 'warehouse.db'}")
     assert wh.count(products, CATEGORY) == 232
     assert wh.duplicate_product_keys() == []
+
+
+def _free_the_killed_runs_pool_slot(env: dict, base_url: str) -> None:
+    """What the README says to do after a SIGKILL on S3: free the run's slot of the host's pool.
+
+    On S3 (no flock) ``raw_pages`` runs in the Dagster pool ``scrape-host-<host>``; a run
+    killed with SIGKILL keeps its slot, so the next run's ``raw_pages`` would wait for it
+    forever. This is the operation behind the run page's "Free concurrency slots" button.
+    """
+    import dagster as dg
+    from dagster._core.instance.ref import InstanceRef
+
+    from scrape_assets.defs.pools import host_pool
+
+    with dg.DagsterInstance.from_ref(InstanceRef.from_dir(env["DAGSTER_HOME"])) as instance:
+        (killed_run,) = instance.get_runs()
+        pool = instance.event_log_storage.get_concurrency_info(host_pool(base_url))
+        assert [slot.run_id for slot in pool.claimed_slots] == [killed_run.run_id]  # held by the dead run
+        instance.event_log_storage.free_concurrency_slots_for_run(killed_run.run_id)
+        assert instance.event_log_storage.get_concurrency_info(host_pool(base_url)).claimed_slots == []
 
 
 def test_a_crawl_failing_cancels_what_is_in_flight_without_recording_failures(tmp_path):

@@ -9,53 +9,18 @@ would to AWS (or MinIO, R2): the credentials and the endpoint come from the envi
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 import sys
-import uuid
 from contextlib import contextmanager
 
-import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from scrape_assets.manifest import Manifest, PageEntry, latest_manifest, list_snapshots
 from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import Warehouse, products
 from scrape_assets_tests.conftest import make_resources, materialize, run_metadata
 
-AWS_ENV = {"AWS_ACCESS_KEY_ID": "test-key", "AWS_SECRET_ACCESS_KEY": "test-secret", "AWS_DEFAULT_REGION": "us-east-1"}
 PAGES = {"travel": 1, "mystery": 2}  # listing pages per category in the demo catalogue
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint():
-    """An S3 server on 127.0.0.1 for this module; the AWS_* variables point s3fs (and children) at it."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    saved = {k: os.environ.get(k) for k in (*AWS_ENV, "AWS_ENDPOINT_URL")}
-    os.environ.update(AWS_ENV, AWS_ENDPOINT_URL=endpoint)
-    try:
-        yield endpoint
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        server.stop()
-
-
-@pytest.fixture
-def bucket(s3_endpoint):
-    """A new, empty bucket: ``(name, boto3 client)``."""
-    client = boto3.client("s3", endpoint_url=s3_endpoint, **{k.lower(): v for k, v in AWS_ENV.items()
-                                                            if k != "AWS_DEFAULT_REGION"}, region_name="us-east-1")
-    name = f"scrape-{uuid.uuid4().hex[:12]}"
-    client.create_bucket(Bucket=name)
-    return name, client
 
 
 def _keys(client, bucket: str, prefix: str = "") -> dict[str, bytes]:

@@ -6,8 +6,10 @@ With remote storage (S3) there is no flock, so ``raw_pages`` runs in the Dagster
 ``scrape-host-<host>`` instead: with ``dagster.yaml``'s ``concurrency.pools.default_limit:
 1`` (op granularity), at most one ``raw_pages`` step fetches from a host at any time
 across all runs of the instance ("blocked by concurrency limit" in the UI). Limit: a run
-killed with SIGKILL keeps its slot until it is freed (run page in the UI: "Free
-concurrency slots"), which the flock does not need.
+killed with SIGKILL keeps its slot while it is "started"; once it is marked failed or
+terminated, the daemon frees the slot a minute later (``run_monitoring:
+free_slots_after_run_end_seconds`` in ``dagster.yaml``), or free it from the run's page
+in the UI ("Free concurrency slots"). The flock needs none of this.
 """
 
 from urllib.parse import urlsplit

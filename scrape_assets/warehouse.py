@@ -184,13 +184,16 @@ class Warehouse:
         if not self._created:
             if (file := self._sqlite_file()) is not None:
                 file.parent.mkdir(parents=True, exist_ok=True)
-            for attempt in range(3):
+            # create_all checks, then creates: another process may create a table (or the index)
+            # in between. Each such collision means one more object exists, so one attempt per
+            # object, plus one, always ends (six processes racing needed more than three).
+            attempts = len(metadata.tables) + sum(len(t.indexes) for t in metadata.tables.values()) + 1
+            for attempt in range(attempts):
                 try:
                     metadata.create_all(self.engine)
                     break
                 except (sa.exc.OperationalError, sa.exc.ProgrammingError) as exc:
-                    # create_all checks, then creates: another process may create a table in between.
-                    if "already exists" not in str(exc) or attempt == 2:
+                    if "already exists" not in str(exc) or attempt == attempts - 1:
                         raise
             self._created = True
 
@@ -434,6 +437,10 @@ def may_recover(exc: Exception) -> bool:
     whose driver gives no code (psycopg's "connection refused"). False for what the same
     database will answer again: tables of another shape ("no such column"), a file that is
     not a database, a login or a database name the server refuses (SQLSTATE 28, 3D).
+
+    Where the driver gives no code, the message decides (:data:`_PERMANENT_MESSAGES`):
+    psycopg and psycopg2 raise a failed connection (a refused password, an unknown
+    database) with no SQLSTATE, and ``sqlite3`` before Python 3.11 has no result codes.
     """
     if getattr(exc, "connection_invalidated", False):
         return True
@@ -446,7 +453,20 @@ def may_recover(exc: Exception) -> bool:
         sqlstate = cause.args[0].get("C")  # pg8000: the server's error fields
     if isinstance(sqlstate, str) and len(sqlstate) == 5:
         return sqlstate[:2] in _SQLSTATE_TRANSIENT
+    message = str(cause if cause is not None else exc).lower()
+    if any(text in message for text in _PERMANENT_MESSAGES):
+        return False
     return isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError))
+
+
+#: Messages of errors no retry fixes, for drivers that give no code: libpq's for a refused
+#: login or an unknown database or role (psycopg, psycopg2 at connect time) and SQLite's
+#: (``sqlite3`` before Python 3.11).
+_PERMANENT_MESSAGES = (
+    "password authentication failed", "no password supplied", "no pg_hba.conf entry",
+    "does not exist",  # database "shop" / role "scraper" does not exist
+    "no such table", "no such column", "file is not a database", "has no column named",
+)
 
 
 #: Values per ``IN (...)`` list: SQLite before 3.32 allows 999 bound variables per statement.

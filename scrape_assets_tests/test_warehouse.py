@@ -401,6 +401,18 @@ class _DriverError(Exception):
         (sa.exc.ProgrammingError("SELECT 1", {}, _DriverError({"C": "42703", "M": "column does not exist"})), False),
         (sa.exc.InterfaceError("SELECT 1", {}, _DriverError({"C": "08001", "M": "cannot connect"})), True),  # pg8000
         (sa.exc.OperationalError("SELECT 1", {}, _DriverError("connection refused")), True),  # no code at all
+        # psycopg and psycopg2 give no SQLSTATE when the connection itself fails: the message decides.
+        (sa.exc.OperationalError("SELECT 1", {}, _DriverError(
+            'connection failed: FATAL:  password authentication failed for user "scraper"')), False),
+        (sa.exc.OperationalError("SELECT 1", {}, _DriverError(
+            'connection failed: FATAL:  database "shop" does not exist')), False),
+        (sa.exc.OperationalError("SELECT 1", {}, _DriverError(
+            "connection failed: FATAL:  the database system is starting up")), True),
+        (sa.exc.OperationalError("SELECT 1", {}, _DriverError(
+            'could not connect to server: Connection refused\n\tIs the server running on host "db"?')), True),
+        # sqlite3 before Python 3.11: no result code either.
+        (sa.exc.OperationalError("SELECT x FROM t", {}, _DriverError("no such column: x")), False),
+        (sa.exc.OperationalError("INSERT INTO t VALUES (1)", {}, _DriverError("database is locked")), True),
         (sa.exc.ProgrammingError("SELECT 1", {}, _DriverError("syntax error")), False),
         (sa.exc.DBAPIError("SELECT 1", {}, _DriverError("gone"), connection_invalidated=True), True),
     ],

@@ -38,6 +38,11 @@ TEMP_SUFFIX = ".tmp"
 #: Most journal files one ObjectStore keeps open for appends (least recently used closed first).
 MAX_OPEN_APPENDS = 64
 _PROBE = re.compile(r"^\.?write-probe-(\d+)-")
+#: fsspec protocols of object stores: flat keys (no folder to create before a PUT), listings
+#: that fsspec would cache. Other remote filesystems (sftp, smb, ...) keep fsspec's defaults.
+OBJECT_STORE_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "memory"})
+#: What a listing of a prefix that is not a folder raises: an empty listing, not a failure.
+_NOT_THERE = (FileNotFoundError, NotADirectoryError)
 
 
 def _process_alive(pid: int) -> bool:
@@ -99,12 +104,15 @@ def check_key(key: str) -> list[str]:
 class ObjectStore:
     """Atomic, root-confined object storage over an fsspec URL or a local path.
 
-    Listings are never cached on object stores: fsspec's filesystems (s3fs among them)
+    Listings are never cached on object stores (:data:`OBJECT_STORE_PROTOCOLS`): fsspec's filesystems (s3fs among them)
     otherwise keep a folder's listing for the life of the process (``use_listings_cache``),
     so a long-lived process (a sensor's code server, a resumed crawl in the same process as
     an earlier listing) would not see, or even read, objects another process wrote after
     it first listed their folder. Each listing and existence check is a request instead.
     A read is one GET, a write one PUT (on S3, ``max_concurrency`` defaults to 1 for that).
+    Errors of a remote store's client that are not ``OSError`` (botocore's
+    ``NoCredentialsError``, ``EndpointConnectionError``) are raised as :class:`StorageError`
+    like the others, so a crawl gives the attempt back instead of counting it.
 
     Args:
         url: root location: a local path or an fsspec URL (``file://``, ``s3://``, ``memory://``).
@@ -116,8 +124,8 @@ class ObjectStore:
     def __init__(self, url: str, storage_options: dict | None = None):
         self.url = url
         options = dict(storage_options or {})
-        scheme = url.partition("://")[0] if "://" in url else ""
-        if scheme not in ("", "file", "local"):
+        scheme = url.partition("://")[0].lower() if "://" in url else ""
+        if scheme in OBJECT_STORE_PROTOCOLS:
             options.setdefault("use_listings_cache", False)
         if scheme in ("s3", "s3a"):
             # One GET per read: with max_concurrency > 1 (s3fs's default is 10) s3fs first asks
@@ -128,6 +136,7 @@ class ObjectStore:
         except (ValueError, ImportError) as exc:
             raise StorageError(redact_url(url), f"cannot open object storage: {exc}") from exc
         self.is_local = self.root.protocol in ("", "file", "local")
+        self._flat = scheme in OBJECT_STORE_PROTOCOLS  # one PUT per write, no folders to create
         # Local disks: plain os.path joins under the validated root (UPath.joinpath costs
         # more than the write on a page-sized object), and journals kept open for appends.
         self._local_root = self.root.path if self.is_local else None
@@ -184,7 +193,8 @@ class ObjectStore:
             StorageError: naming the root and the underlying error.
         """
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            if not self._flat:  # an object store has no folders (and s3fs would create a missing bucket)
+                self.root.mkdir(parents=True, exist_ok=True)
             self._sweep_dead_probes()
             probe = f"write-probe-{os.getpid()}-{uuid.uuid4().hex}"
             self.write_bytes_atomic(probe, b"ok")
@@ -193,8 +203,11 @@ class ObjectStore:
             raise
         except ImportError as exc:
             raise self._no_driver(exc) from exc
-        except (OSError, ValueError) as exc:
-            raise StorageError(self.describe(), f"object storage is not writable: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - a remote client's own errors (botocore's), OSError, ValueError
+            if self.is_local and not isinstance(exc, (OSError, ValueError)):
+                raise
+            detail = str(exc) if isinstance(exc, (OSError, ValueError)) else f"{type(exc).__name__}: {exc}"
+            raise StorageError(self.describe(), f"object storage is not writable: {detail}") from exc
 
     def _sweep_dead_probes(self) -> None:
         if not self.is_local:
@@ -216,13 +229,17 @@ class ObjectStore:
         Raises:
             StorageError: the key is invalid or the write failed (the old object, if any, is intact).
         """
-        try:
-            if self.is_local:
-                _write_local_atomic(Path(self._local(key)), data, sync_folder=sync_folder)
-            else:  # one PUT, atomic on object stores (which have no folders to create first)
-                self.root.fs.pipe_file(self.path(key).path, data)
-        except OSError as exc:
-            raise StorageError(f"{self.describe()}/{key}", f"write failed: {exc}") from exc
+        with self._errors(key, "write"):
+            try:
+                if self.is_local:
+                    _write_local_atomic(Path(self._local(key)), data, sync_folder=sync_folder)
+                else:  # one PUT, atomic on object stores (which have no folders to create first)
+                    target = self.path(key)
+                    if not self._flat:
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                    self.root.fs.pipe_file(target.path, data)
+            except FileNotFoundError as exc:  # a folder or bucket that is not there: a failed write
+                raise StorageError(f"{self.describe()}/{key}", f"write failed: {exc}") from exc
         return len(data)
 
     def sync_folder(self, key: str) -> None:
@@ -284,21 +301,18 @@ class ObjectStore:
             FileNotFoundError: no such object.
             StorageError: the key is invalid or the read failed for another reason.
         """
-        try:
+        with self._errors(key, "read"):
             if self.is_local:
                 with open(self._local(key), "rb") as handle:
                     return handle.read()
             return self.root.fs.cat_file(self.path(key).path)  # one GET (opening a file first asks its size)
-        except FileNotFoundError:
-            raise
-        except OSError as exc:
-            raise StorageError(f"{self.describe()}/{key}", f"read failed: {exc}") from exc
 
     def exists(self, key: str) -> bool:
         """Whether an object (or folder) exists at ``key``."""
         if self.is_local:
             return os.path.exists(self._local(key))
-        return self.path(key).exists()
+        with self._errors(key, "existence check"):
+            return self.path(key).exists()
 
     def list_names(self, prefix: str) -> list[str]:
         """Sorted names directly under ``prefix`` (empty when the prefix does not exist).
@@ -307,34 +321,55 @@ class ObjectStore:
             StorageError: the URL's filesystem driver is not installed (s3fs for ``s3://``).
         """
         try:
-            folder = self.path(prefix)
-            return sorted(p.name for p in folder.iterdir())
-        except FileNotFoundError:
+            with self._errors(prefix, "listing", _NOT_THERE):
+                return sorted(p.name for p in self.path(prefix).iterdir())
+        except (FileNotFoundError, NotADirectoryError):
             return []
-        except NotADirectoryError:
-            return []
-        except ImportError as exc:
-            raise self._no_driver(exc) from exc
 
     def list_folders(self, prefix: str) -> list[str]:
         """Sorted names of the folders directly under ``prefix`` (files left out; empty when it does not exist).
 
-        On object stores a folder is a common key prefix: one listing request.
+        On object stores a folder is a common key prefix: one listing request (s3fs adds one
+        for the parent when the prefix holds nothing).
 
         Raises:
-            StorageError: the key is invalid, or the URL's filesystem driver is not installed.
+            StorageError: the key is invalid, the listing failed, or the URL's filesystem
+                driver is not installed.
         """
         try:
-            if self.is_local:
-                with os.scandir(self._local(prefix)) as entries:
-                    return sorted(e.name for e in entries if e.is_dir())
-            listing = self.root.fs.ls(self.path(prefix).path, detail=True)
-            return sorted(item["name"].rstrip("/").rsplit("/", 1)[-1] for item in listing
-                          if item.get("type") == "directory")
+            with self._errors(prefix, "listing", _NOT_THERE):
+                if self.is_local:
+                    with os.scandir(self._local(prefix)) as entries:
+                        return sorted(e.name for e in entries if e.is_dir())
+                listing = self.root.fs.ls(self.path(prefix).path, detail=True)
+                return sorted(item["name"].rstrip("/").rsplit("/", 1)[-1] for item in listing
+                              if item.get("type") == "directory")
         except (FileNotFoundError, NotADirectoryError):
             return []
+
+    @contextlib.contextmanager
+    def _errors(self, key: str, action: str, missing: tuple[type[OSError], ...] = (FileNotFoundError,)):
+        """Raise what a store's client raises as :class:`StorageError` ("<location>: <action> failed: ...").
+
+        ``missing`` (``FileNotFoundError``; for listings also ``NotADirectoryError``) passes
+        through, so callers tell "not there" from "failed", as does a :class:`StorageError`;
+        a missing driver becomes :meth:`_no_driver`'s error. On local disks only ``OSError``
+        is translated; remote clients raise their own types too.
+        """
+        try:
+            yield
+        except (*missing, StorageError):
+            raise
         except ImportError as exc:
             raise self._no_driver(exc) from exc
+        except Exception as exc:
+            if isinstance(exc, OSError):
+                detail = str(exc)
+            elif self.is_local:
+                raise
+            else:
+                detail = f"{type(exc).__name__}: {exc}"
+            raise StorageError(f"{self.describe()}/{key}" if key else self.describe(), f"{action} failed: {detail}") from exc
 
     def _no_driver(self, exc: ImportError) -> StorageError:
         """The URL's filesystem driver (s3fs for ``s3://``) is not installed."""
@@ -347,7 +382,8 @@ class ObjectStore:
         if handle is not None:
             handle.close()
         try:
-            self.path(key).unlink()
+            with self._errors(key, "delete"):
+                self.path(key).unlink()
         except FileNotFoundError:
             pass
 
@@ -377,7 +413,9 @@ class ObjectStore:
             return sorted(found)
         base = self.path(prefix).path.rstrip("/")
         found = []
-        for name, info in self.root.fs.find(base, detail=True).items():
+        with self._errors(prefix, "listing"):
+            listing = self.root.fs.find(base, detail=True)
+        for name, info in listing.items():
             if info.get("type") == "directory":
                 continue
             if not name.startswith(base + "/"):  # never turn a listing we do not understand into deletes
@@ -402,7 +440,7 @@ class ObjectStore:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self._local(folder), name))
             return
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError), self._errors(key, "delete"):
             self.root.fs.rm_file(f"{self.path(folder).path.rstrip('/')}/{name}")
 
     def sweep_temp_files(self, prefix: str, *, names: Iterable[str] | None = None, prune: bool = False) -> int:

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 
 import pytest
 
+from scrape_assets.errors import StorageError
 from scrape_assets.manifest import Manifest, PageEntry, latest_manifest, list_snapshots
 from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import Warehouse, products
@@ -173,3 +174,73 @@ def test_a_read_is_one_get_a_write_one_put_and_the_latest_manifest_one_listing_a
     assert calls == ["ListObjectsV2", "GetObject", "GetObject"]
     assert list_snapshots(store, "demo", "travel") == ["2026-11-28T000000Z", "2026-11-29T000000Z",
                                                         "2026-11-30T000000Z"]  # parse_state.json is no snapshot
+
+
+def test_prune_on_s3_deletes_the_old_snapshot_but_the_bodies_the_newest_reads(bucket, monkeypatch, capsys):
+    """``scrape-assets prune`` on S3: one listing, deletes through s3fs, and the newest snapshot still re-parses."""
+    import asyncio
+    import logging
+
+    from scrape_assets.cli import main
+    from scrape_assets.defs.assets.raw_pages import crawl_partitions
+    from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
+    from scrape_assets.extract import extract_snapshot
+    from scrape_assets.spec import load_spec
+
+    name, client = bucket
+    url = f"s3://{name}/objects"
+    monkeypatch.setenv("SCRAPE_STORAGE_URL", url)
+    for new_snapshot in (False, True):  # the second day's pages are 304s: it reads the first day's bodies
+        asyncio.run(crawl_partitions(SiteResource(site="demo"), ObjectStoreResource(url=url), ["travel", "mystery"],
+                                     new_snapshot=new_snapshot, log=logging.getLogger("test")))
+    store = ObjectStore(url)
+    first, newest = (list_snapshots(store, "demo", "mystery")[i] for i in (0, 1))
+    latest = latest_manifest(store, "demo", "mystery", complete=True)
+    assert latest.snapshot_id == newest and all(e.body_key for e in latest.pages.values())
+
+    assert main(["prune", "--keep", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1].startswith(f"deleted 2 snapshots (0.0 MB) across 12 categories of demo at {url}")
+    assert "warning: remote storage has no partition locks" in err
+    left = set(_keys(client, name, "objects/demo/mystery/"))
+    assert left == {f"objects/demo/mystery/{newest}/manifest.json",
+                    *(f"objects/{latest.body_key(n)}" for n in latest.pages)}  # bodies stay, first manifest gone
+    assert all(key.startswith(f"objects/demo/mystery/{first}/pages/") for key in left - {
+        f"objects/demo/mystery/{newest}/manifest.json"})
+    assert list_snapshots(store, "demo", "mystery") == [newest]
+    parsed = extract_snapshot(store, latest, load_spec("demo"), fetch_base_url=latest.fetch_config["base_url"])
+    assert len(parsed.products) == 32  # a re-parse needs no request
+
+
+def test_an_unreachable_endpoint_or_a_missing_bucket_is_a_storage_error_naming_the_location(bucket):
+    """botocore's own errors are not OSErrors: they must still arrive as StorageError (one line, the location).
+
+    The crawl gives an attempt back on a StorageError instead of counting it against the page,
+    and the CLI's preflight turns it into one line; a raw EndpointConnectionError did neither.
+    """
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]  # nothing listens here once the socket is closed
+    store = ObjectStore(f"s3://{bucket[0]}/objects", {
+        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{closed}"},
+        "config_kwargs": {"retries": {"max_attempts": 1}},  # fail in a second, not after botocore's retries
+    })
+    location = f"s3://{bucket[0]}/objects"
+    for call, action in [(lambda: store.write_bytes_atomic("demo/travel/x.json", b"{}"), "demo/travel/x.json: write"),
+                         (lambda: store.read_bytes("demo/travel/x.json"), "demo/travel/x.json: read"),
+                         (lambda: store.list_folders("demo/travel"), "demo/travel: listing"),
+                         (lambda: store.exists("demo/travel/x.json"), "demo/travel/x.json: existence check")]:
+        with pytest.raises(StorageError) as caught:
+            call()
+        assert str(caught.value).startswith(f"{location}/{action} failed: EndpointConnectionError: Could not connect "
+                                            f"to the endpoint URL: \"http://127.0.0.1:{closed}/"), str(caught.value)
+
+    name, client = bucket
+    missing = ObjectStore(f"s3://{name}-missing/objects")
+    with pytest.raises(StorageError, match=r"write failed"):
+        missing.ensure_writable()
+    with pytest.raises(StorageError, match=r"write failed"):
+        missing.write_bytes_atomic("demo/travel/x.json", b"{}")
+    assert f"{name}-missing" not in [b["Name"] for b in client.list_buckets()["Buckets"]]  # no bucket made by mistake

@@ -28,7 +28,15 @@ from scrape_assets.batched_log import LOG_EVERY_S
 from scrape_assets.crashpoints import crashpoint
 from scrape_assets.errors import FetchError, PermanentFetchError, StorageError
 from scrape_assets.fetcher import PageFetcher
-from scrape_assets.manifest import UNREAD, Manifest, PageEntry, latest_manifest, open_snapshot, utc_now_iso
+from scrape_assets.manifest import (
+    SNAPSHOT_ID,
+    UNREAD,
+    Manifest,
+    PageEntry,
+    latest_manifest,
+    open_snapshot,
+    utc_now_iso,
+)
 from scrape_assets.parsing import UrlJoiner, parse_pager
 from scrape_assets.spec import SiteSpec
 from scrape_assets.storage import ObjectStore
@@ -298,11 +306,13 @@ class PartitionCrawler:
 
     def _sweep_abandoned(self, manifest: Manifest) -> int:
         """Remove snapshot folders without a manifest (a crash inside a new snapshot's first write)."""
+        if not self.store.is_local:
+            return 0  # object stores write in one PUT: no temp files to sweep (and no request spent looking)
         partition = f"{manifest.site}/{manifest.category}"
         removed = 0
-        for name in self.store.list_names(partition):
+        for name in self.store.list_folders(partition):
             prefix = f"{partition}/{name}"
-            if name[:1].isdigit() and name != manifest.snapshot_id and not self.store.exists(f"{prefix}/manifest.json"):
+            if SNAPSHOT_ID.fullmatch(name) and name != manifest.snapshot_id and not self.store.exists(f"{prefix}/manifest.json"):
                 removed += self.store.sweep_temp_files(prefix, prune=True)
         return removed
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, timezone
@@ -56,6 +57,10 @@ _ISO_SECONDS = "%Y-%m-%dT%H:%M:%SZ"
 def utc_now_iso(now: datetime | None = None) -> str:
     """``now`` (default: the clock) in UTC, ISO 8601 with seconds and a ``Z`` suffix."""
     return (now or datetime.now(timezone.utc)).strftime(_ISO_SECONDS)
+
+
+#: A snapshot folder's name: :func:`new_snapshot_id`'s, with ``-N`` for a later one in the same second.
+SNAPSHOT_ID = re.compile(r"\d{4}-\d{2}-\d{2}T\d{6}Z(-\d+)?")
 
 
 def new_snapshot_id(now: datetime | None = None) -> str:
@@ -370,11 +375,19 @@ def has_snapshot(store: ObjectStore, site: str) -> Callable[[str, str], bool]:
 def list_snapshots(store: ObjectStore, site: str, category: str) -> list[str]:
     """Snapshot ids of a partition that have a manifest, oldest first (:func:`snapshot_sort_key`).
 
-    One listing of the partition's folder, then one existence check per snapshot folder.
+    One listing of the partition's folder, then one existence check per snapshot folder;
+    folders whose names are not snapshot ids (:data:`SNAPSHOT_ID`: a NAS's ``@eaDir``, a
+    copy made by hand) are not ours and left out.
     """
+    return [n for n in _snapshot_folders(store, site, category)
+            if store.exists(f"{site}/{category}/{n}/manifest.json")]
+
+
+def _snapshot_folders(store: ObjectStore, site: str, category: str) -> list[str]:
+    """Folders of a partition named like snapshots, oldest first (:func:`snapshot_sort_key`)."""
     check_key(f"{site}/{category}")
-    names = sorted(store.list_folders(f"{site}/{category}"), key=snapshot_sort_key)
-    return [n for n in names if store.exists(f"{site}/{category}/{n}/manifest.json")]
+    return sorted((n for n in store.list_folders(f"{site}/{category}") if SNAPSHOT_ID.fullmatch(n)),
+                  key=snapshot_sort_key)
 
 
 def load_manifest(store: ObjectStore, site: str, category: str, snapshot_id: str) -> Manifest:
@@ -411,10 +424,11 @@ def latest_manifest(store: ObjectStore, site: str, category: str, *, complete: b
     """The newest snapshot's manifest of a partition (the newest *complete* one if asked), or None.
 
     Reads manifests newest first, so usually one listing and one read (on S3: two requests,
-    however many snapshots are kept); a folder without a manifest is passed over.
+    however many snapshots are kept; one more read per newer incomplete snapshot with
+    ``complete=True``); a snapshot folder without a manifest is passed over, as are folders
+    not named like snapshots (see :func:`list_snapshots`).
     """
-    check_key(f"{site}/{category}")
-    for snapshot_id in sorted(store.list_folders(f"{site}/{category}"), key=snapshot_sort_key, reverse=True):
+    for snapshot_id in reversed(_snapshot_folders(store, site, category)):
         manifest = _read_manifest(store, site, category, snapshot_id)
         if manifest is not None and (manifest.is_complete or not complete):
             return manifest

@@ -36,20 +36,17 @@ metadata may name snapshots that no longer exist.
 
 from __future__ import annotations
 
-import re
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from scrape_assets.errors import ManifestError, PartitionLockedError, StorageError
 from scrape_assets.extract import load_parse_state
 from scrape_assets.locks import partition_lock
-from scrape_assets.manifest import list_snapshots, load_manifest, snapshot_sort_key
+from scrape_assets.manifest import SNAPSHOT_ID, list_snapshots, load_manifest, snapshot_sort_key
 from scrape_assets.storage import ObjectStore
 
 #: The partition lock scopes of the four assets that write under a category.
 WRITER_SCOPES = ("raw_pages", "parsed_products", "products_table", "dead_letters")
-#: Folder names that are snapshot ids (``2026-11-30T084512Z``, ``...Z-1`` for a same-second twin).
-SNAPSHOT_ID = re.compile(r"\d{4}-\d{2}-\d{2}T\d{6}Z(-\d+)?")
 
 
 @dataclass

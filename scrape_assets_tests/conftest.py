@@ -168,33 +168,27 @@ AWS_ENV = {"AWS_ACCESS_KEY_ID": "test-key", "AWS_SECRET_ACCESS_KEY": "test-secre
 
 @pytest.fixture(scope="session")
 def s3_endpoint():
-    """An S3 server on 127.0.0.1 (moto's); the AWS_* variables point s3fs (and child processes) at it."""
+    """An S3 server on 127.0.0.1 (moto's) for the session; its URL (tests use it through :func:`bucket`)."""
     from moto.server import ThreadedMotoServer
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    saved = {k: os.environ.get(k) for k in (*AWS_ENV, "AWS_ENDPOINT_URL")}
-    os.environ.update(AWS_ENV, AWS_ENDPOINT_URL=endpoint)
     try:
-        yield endpoint
+        yield f"http://{host}:{port}"
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         server.stop()
 
 
 @pytest.fixture
-def bucket(s3_endpoint):
-    """A new, empty bucket on :func:`s3_endpoint`: ``(name, boto3 client)``."""
+def bucket(s3_endpoint, monkeypatch):
+    """A new, empty bucket: ``(name, boto3 client)``; for the test, AWS_* point s3fs (and children) at it."""
     import boto3
 
-    client = boto3.client("s3", endpoint_url=s3_endpoint, **{k.lower(): v for k, v in AWS_ENV.items()
-                                                            if k != "AWS_DEFAULT_REGION"}, region_name="us-east-1")
+    for key, value in {**AWS_ENV, "AWS_ENDPOINT_URL": s3_endpoint}.items():
+        monkeypatch.setenv(key, value)
+    client = boto3.client("s3", endpoint_url=s3_endpoint, aws_access_key_id=AWS_ENV["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=AWS_ENV["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
     name = f"scrape-{uuid.uuid4().hex[:12]}"
     client.create_bucket(Bucket=name)
     return name, client

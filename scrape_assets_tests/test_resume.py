@@ -38,17 +38,30 @@ def _env(tmp_path: Path, base_url: str) -> dict:
     return env
 
 
-def _materialize(env, select: str) -> subprocess.Popen:
+@pytest.fixture
+def launched():
+    """Processes a test started; any still running when it ends (a failed assertion, a timeout) are killed."""
+    processes: list[subprocess.Popen] = []
+    yield processes
+    for process in processes:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+
+
+def _materialize(env, select: str, launched: list) -> subprocess.Popen:
     dagster = Path(sys.executable).with_name("dagster")
-    return subprocess.Popen(
+    process = subprocess.Popen(
         [str(dagster), "asset", "materialize", "-m", "scrape_assets.definitions", "--select", select,
          "--partition", CATEGORY],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
+    launched.append(process)
+    return process
 
 
 @pytest.mark.parametrize("storage", ["local", "s3"])
-def test_killed_run_resumes_fetching_only_pages_not_done(tmp_path, demo_server, storage, request):
+def test_killed_run_resumes_fetching_only_pages_not_done(tmp_path, demo_server, storage, request, launched):
     # On S3 (moto's server on 127.0.0.1) every change is a PUT of the whole manifest: nothing can be appended.
     bucket = request.getfixturevalue("bucket")[0] if storage == "s3" else None  # sets AWS_* before _env copies them
     env = _env(tmp_path, demo_server.base_url)
@@ -56,7 +69,7 @@ def test_killed_run_resumes_fetching_only_pages_not_done(tmp_path, demo_server, 
         env["SCRAPE_STORAGE_URL"] = f"s3://{bucket}/objects"
     store = ObjectStore(env.get("SCRAPE_STORAGE_URL", str(tmp_path / "data" / "objects")))
 
-    first = _materialize(env, "raw_pages")
+    first = _materialize(env, "raw_pages", launched)
     deadline = time.monotonic() + 120
     done_at_kill: set[int] = set()
     while time.monotonic() < deadline:
@@ -80,7 +93,7 @@ def test_killed_run_resumes_fetching_only_pages_not_done(tmp_path, demo_server, 
     assert 4 <= len(done_at_kill) < 12
     before = Counter(r.path for r in demo_server.requests if r.path.startswith(PAGE_PREFIX))
 
-    second = _materialize(env, "*")
+    second = _materialize(env, "*", launched)
     _, err = second.communicate(timeout=300)
     assert second.returncode == 0, err[-3000:]
 

@@ -16,6 +16,7 @@ import time
 
 import dagster as dg
 from dagster._utils.schedules import cron_string_iterator  # the daemon's own iterator (pinned Dagster)
+from dagster._vendored.croniter import CroniterBadDateError
 
 from scrape_assets.defs.jobs import all_categories_tags, category_partitions, daily_scrape_job, queue_tags
 from scrape_assets.errors import SettingsError
@@ -44,7 +45,7 @@ def checked_cron(cron: str) -> str:
         ) from None
     try:
         next(cron_string_iterator(time.time(), cron, "UTC"))
-    except Exception:  # croniter's CroniterBadDateError: no date matches
+    except CroniterBadDateError:  # no date matches
         raise SettingsError(
             "SCRAPE_SCHEDULE_CRON", cron,
             "a cron expression that fires: its day of month must occur in its months (April, June, "

@@ -57,14 +57,28 @@ def _instance():
     return dg.DagsterInstance.get()
 
 
-def storage_setting_error(exc: StorageError, usable: str = "can write") -> SettingsError:
+def storage_setting_error(exc: StorageError, usable: str = "can write") -> ScrapeError:
     """``exc`` (object storage unusable) as the setting that chose it: ``SCRAPE_STORAGE_URL``, or ``SCRAPE_DATA_DIR``.
+
+    The value shown is the store's root (the object that failed under it is in the detail).
+    When the store's client could not reach it (a wrong endpoint, no credentials: see
+    ``storage.CLIENT_HINTS``), the URL is not blamed: "cannot use object storage at <root>:
+    ..." with what to check.
 
     ``usable``: what the command needed of the storage (``"can write"``, ``"can read"``).
     """
+    from scrape_assets.storage import CLIENT_HINTS
+
     variable = "SCRAPE_STORAGE_URL" if os.environ.get("SCRAPE_STORAGE_URL") else "SCRAPE_DATA_DIR"
-    detail = str(exc).removeprefix(f"{exc.location}: ")
-    return SettingsError(variable, exc.location, f"object storage this process {usable} ({detail})")
+    value = exc.root or exc.location  # the root the user configured, not the object that failed under it
+    text, detail = str(exc), str(exc)
+    if text.startswith(f"{value}: "):  # the root itself
+        detail = text[len(value) + 2:]
+    elif text.startswith(f"{value}/"):  # an object under it: "<key>: <what failed>"
+        detail = text[len(value) + 1:]
+    if type(exc.__cause__).__name__ in CLIENT_HINTS:  # the URL is fine: the endpoint or the credentials are not
+        return ScrapeError(f"cannot use object storage at {value}: {detail}")
+    return SettingsError(variable, value, f"object storage this process {usable} ({detail})")
 
 
 def preflight(resources: dict) -> None:

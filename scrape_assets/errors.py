@@ -77,7 +77,14 @@ class SettingsError(ScrapeError):
 
 
 class StorageError(ScrapeError):
-    """Object storage cannot be used: unreachable, unwritable, or a key escapes the root."""
+    """Object storage cannot be used: unreachable, unwritable, or a key escapes the root.
+
+    Attributes:
+        location: the root or the object concerned, credentials removed.
+        root: the store's root when ``location`` is an object under it (else None).
+    """
+
+    root: str | None = None
 
     def __init__(self, location: str, message: str):
         self.location = location

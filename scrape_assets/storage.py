@@ -41,6 +41,17 @@ _PROBE = re.compile(r"^\.?write-probe-(\d+)-")
 #: fsspec protocols of object stores: flat keys (no folder to create before a PUT), listings
 #: that fsspec would cache. Other remote filesystems (sftp, smb, ...) keep fsspec's defaults.
 OBJECT_STORE_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "memory"})
+#: Object stores whose root's first segment is a bucket (container) that must exist.
+BUCKET_PROTOCOLS = OBJECT_STORE_PROTOCOLS - {"memory"}
+#: What to check when a remote store's client fails before it reaches the store, by the
+#: client's exception class (botocore's): appended to the error.
+CLIENT_HINTS = {
+    "EndpointConnectionError": "check the endpoint (AWS_ENDPOINT_URL, or the profile's) and the network",
+    "ConnectTimeoutError": "check the endpoint (AWS_ENDPOINT_URL, or the profile's) and the network",
+    "NoCredentialsError": "give credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or an "
+                          "instance role",
+    "PartialCredentialsError": "give both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+}
 #: What a listing of a prefix that is not a folder raises: an empty listing, not a failure.
 _NOT_THERE = (FileNotFoundError, NotADirectoryError)
 
@@ -137,6 +148,7 @@ class ObjectStore:
             raise StorageError(redact_url(url), f"cannot open object storage: {exc}") from exc
         self.is_local = self.root.protocol in ("", "file", "local")
         self._flat = scheme in OBJECT_STORE_PROTOCOLS  # one PUT per write, no folders to create
+        self._bucketed = scheme in BUCKET_PROTOCOLS
         # Local disks: plain os.path joins under the validated root (UPath.joinpath costs
         # more than the write on a page-sized object), and journals kept open for appends.
         self._local_root = self.root.path if self.is_local else None
@@ -167,15 +179,28 @@ class ObjectStore:
         return os.path.join(self._local_root, *check_key(key))
 
     def check_root(self) -> None:
-        """Fail early when a local root, or the nearest existing folder above it, is a file.
+        """Fail early when the root cannot be what it names.
 
-        Readers (``summary``, ``prune``) would otherwise find nothing under it and report an
-        empty store. Remote roots are not checked (their listing says what is there).
+        A local root, or the nearest existing folder above it, must not be a file; an object
+        store's bucket must exist (one request, which also meets a wrong endpoint or missing
+        credentials once, instead of once per category). Readers (``summary``, ``prune``)
+        would otherwise find nothing under it and report an empty store.
 
         Raises:
-            StorageError: naming the root and the file in the way.
+            StorageError: naming the root and what is wrong (a file in the way, no such
+                bucket, the client's error with :data:`CLIENT_HINTS`).
         """
         if not self.is_local:
+            if self._bucketed:
+                bucket = self.root.path.split("/", 1)[0]
+                try:
+                    with self._errors("", "bucket check", (FileNotFoundError, PermissionError)):
+                        self.root.fs.info(bucket)  # not fs.exists: it answers False for any error
+                except FileNotFoundError:
+                    raise StorageError(self.describe(), f"bucket {bucket!r} does not exist: create it, or fix the "
+                                                        "URL") from None
+                except PermissionError:
+                    pass  # a policy may grant the prefix and not the bucket (HeadBucket): nothing to tell
             return
         for folder in (Path(self._local_root), *Path(self._local_root).parents):
             if folder.exists():
@@ -193,7 +218,9 @@ class ObjectStore:
             StorageError: naming the root and the underlying error.
         """
         try:
-            if not self._flat:  # an object store has no folders (and s3fs would create a missing bucket)
+            if self._flat:
+                self.check_root()  # the bucket: one clear line rather than the probe's failed PUT
+            else:  # an object store has no folders to make (and s3fs would create a missing bucket)
                 self.root.mkdir(parents=True, exist_ok=True)
             self._sweep_dead_probes()
             probe = f"write-probe-{os.getpid()}-{uuid.uuid4().hex}"
@@ -369,7 +396,11 @@ class ObjectStore:
                 raise
             else:
                 detail = f"{type(exc).__name__}: {exc}"
-            raise StorageError(f"{self.describe()}/{key}" if key else self.describe(), f"{action} failed: {detail}") from exc
+                if hint := CLIENT_HINTS.get(type(exc).__name__):
+                    detail += f" ({hint})"
+            error = StorageError(f"{self.describe()}/{key}" if key else self.describe(), f"{action} failed: {detail}")
+            error.root = self.describe()
+            raise error from exc
 
     def _no_driver(self, exc: ImportError) -> StorageError:
         """The URL's filesystem driver (s3fs for ``s3://``) is not installed."""

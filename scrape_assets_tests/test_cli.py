@@ -10,6 +10,7 @@ from pathlib import Path
 
 import dagster as dg
 import yaml
+from fsspec.registry import _registry as fsspec_classes  # protocol -> imported class
 
 from scrape_assets.warehouse import Warehouse, products
 from scrape_assets_tests.conftest import REPO_ROOT
@@ -287,6 +288,8 @@ def test_summary_of_an_unusable_warehouse_or_storage_is_one_line_naming_the_sett
     monkeypatch.delenv("SCRAPE_WAREHOUSE_URL")
     monkeypatch.setenv("SCRAPE_STORAGE_URL", "s3://bucket/prefix")
     monkeypatch.setitem(sys.modules, "s3fs", None)  # import s3fs -> ImportError, installed or not
+    for protocol in ("s3", "s3a"):  # ...and fsspec forgets a class it imported for an earlier test
+        monkeypatch.delitem(fsspec_classes, protocol, raising=False)
     assert main(["summary"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("scrape-assets: error: SCRAPE_STORAGE_URL='s3://bucket/prefix' is invalid: expected object "

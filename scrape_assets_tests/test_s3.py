@@ -239,8 +239,52 @@ def test_an_unreachable_endpoint_or_a_missing_bucket_is_a_storage_error_naming_t
 
     name, client = bucket
     missing = ObjectStore(f"s3://{name}-missing/objects")
-    with pytest.raises(StorageError, match=r"write failed"):
+    with pytest.raises(StorageError) as caught:
         missing.ensure_writable()
+    assert str(caught.value) == (f"s3://{name}-missing/objects: bucket '{name}-missing' does not exist: create it, "
+                                 "or fix the URL")
     with pytest.raises(StorageError, match=r"write failed"):
         missing.write_bytes_atomic("demo/travel/x.json", b"{}")
     assert f"{name}-missing" not in [b["Name"] for b in client.list_buckets()["Buckets"]]  # no bucket made by mistake
+
+
+def test_summary_and_prune_say_in_one_line_when_the_bucket_endpoint_or_credentials_are_wrong(
+    bucket, monkeypatch, capsys
+):
+    """A typo in the bucket must not read as an empty store (summary 0/12, prune "0 snapshots", exit 0)."""
+    from s3fs import S3FileSystem
+
+    from scrape_assets.cli import main
+
+    name, _ = bucket
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # botocore: fail in a second, not after its retries
+    cases = {
+        "no such bucket": ({"SCRAPE_STORAGE_URL": f"s3://{name}-typo/raw"}, [],
+                           f"SCRAPE_STORAGE_URL='s3://{name}-typo/raw' is invalid: expected object storage this "
+                           f"process can {{usable}} (bucket '{name}-typo' does not exist: create it, or fix the URL)"),
+        "wrong endpoint": ({"SCRAPE_STORAGE_URL": f"s3://{name}/raw", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, [],
+                           f"cannot use object storage at s3://{name}/raw: bucket check failed: "
+                           "EndpointConnectionError: Could not connect to the endpoint URL: "
+                           f"\"http://127.0.0.1:9/{name}\" (check the endpoint (AWS_ENDPOINT_URL, or the profile's) "
+                           "and the network)"),
+        "no credentials": ({"SCRAPE_STORAGE_URL": f"s3://{name}/raw", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+                            "AWS_CONFIG_FILE": "/nonexistent"}, ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"],
+                           f"cannot use object storage at s3://{name}/raw: bucket check failed: NoCredentialsError: "
+                           "Unable to locate credentials (give credentials: AWS_ACCESS_KEY_ID and "
+                           "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or an instance role)"),
+    }
+    for case, (env, unset, expected) in cases.items():
+        with monkeypatch.context() as patch:
+            for key, value in env.items():
+                patch.setenv(key, value)
+            for key in unset:
+                patch.delenv(key)
+            S3FileSystem.clear_instance_cache()  # fsspec reuses a client built with the earlier environment
+            try:
+                for command, usable in ((["summary"], "read"), (["prune", "--keep", "1"], "write")):
+                    assert main(command) == 2, case
+                    captured = capsys.readouterr()
+                    assert captured.err == f"scrape-assets: error: {expected.format(usable=usable)}\n", case
+                    assert captured.out == ""
+            finally:
+                S3FileSystem.clear_instance_cache()

@@ -450,8 +450,12 @@ class PartitionCrawler:
 
         async def on_attempt(attempt: int) -> None:
             entry.attempts = attempt
+            try:
+                manifest.record(self.store, n)
+            except StorageError:
+                entry.attempts = attempt - 1  # not sent: storage failed, not the site (nothing counted)
+                raise
             self._requests += 1
-            manifest.record(self.store, n)
 
         previous = self._previous.get(entry.url)
         conditional = {}

@@ -365,9 +365,10 @@ def has_snapshot(store: ObjectStore, site: str) -> Callable[[str, str], bool]:
 
     def check(category: str, snapshot_id: str) -> bool:
         try:
-            return store.exists(f"{snapshot_prefix(site, category, snapshot_id)}/manifest.json")
+            prefix = snapshot_prefix(site, category, snapshot_id)
         except StorageError:  # not even a valid key: not one of ours
             return False
+        return store.exists(f"{prefix}/manifest.json")  # a storage failure is raised, not taken for "no"
 
     return check
 

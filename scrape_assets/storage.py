@@ -41,8 +41,13 @@ _PROBE = re.compile(r"^\.?write-probe-(\d+)-")
 #: fsspec protocols of object stores: flat keys (no folder to create before a PUT), listings
 #: that fsspec would cache. Other remote filesystems (sftp, smb, ...) keep fsspec's defaults.
 OBJECT_STORE_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "memory"})
-#: Object stores whose root's first segment is a bucket (container) that must exist.
-BUCKET_PROTOCOLS = OBJECT_STORE_PROTOCOLS - {"memory"}
+#: Object stores whose root's first segment is a bucket that :meth:`ObjectStore.check_root`
+#: checks (S3 only: gcsfs and adlfs answer a bucket check differently, untested here).
+BUCKET_PROTOCOLS = frozenset({"s3", "s3a"})
+#: Top-level modules of remote stores' clients: their own exceptions (not OSErrors) are
+#: storage failures; any other exception (a bug, a TypeError) is left as it is.
+CLIENT_MODULES = frozenset({"botocore", "aiobotocore", "s3fs", "gcsfs", "google", "adlfs", "azure", "aiohttp",
+                            "fsspec", "urllib3", "requests"})
 #: What to check when a remote store's client fails before it reaches the store, by the
 #: client's exception class (botocore's): appended to the error.
 CLIENT_HINTS = {
@@ -197,10 +202,20 @@ class ObjectStore:
                     with self._errors("", "bucket check", (FileNotFoundError, PermissionError)):
                         self.root.fs.info(bucket)  # not fs.exists: it answers False for any error
                 except FileNotFoundError:
-                    raise StorageError(self.describe(), f"bucket {bucket!r} does not exist: create it, or fix the "
-                                                        "URL") from None
+                    raise self._error("", f"bucket {bucket!r} does not exist: create it, or fix the URL") from None
                 except PermissionError:
-                    pass  # a policy may grant the prefix and not the bucket (HeadBucket): nothing to tell
+                    # A policy may grant the prefix and not the bucket (HeadBucket), or the keys
+                    # are wrong (S3 says 403 to both): one listing of the root tells them apart.
+                    try:
+                        with self._errors("", "listing", (FileNotFoundError,)):
+                            self.root.fs.ls(self.root.path, detail=False)
+                    except FileNotFoundError:
+                        pass  # nothing stored yet
+                    except StorageError as exc:
+                        if isinstance(exc.__cause__, PermissionError):
+                            raise self._error("", f"{exc.__cause__} (S3 refused both the bucket and the listing: "
+                                                  "check the credentials and the policy)") from exc.__cause__
+                        raise
             return
         for folder in (Path(self._local_root), *Path(self._local_root).parents):
             if folder.exists():
@@ -266,7 +281,7 @@ class ObjectStore:
                         target.parent.mkdir(parents=True, exist_ok=True)
                     self.root.fs.pipe_file(target.path, data)
             except FileNotFoundError as exc:  # a folder or bucket that is not there: a failed write
-                raise StorageError(f"{self.describe()}/{key}", f"write failed: {exc}") from exc
+                raise self._error(key, f"write failed: {exc}") from exc
         return len(data)
 
     def sync_folder(self, key: str) -> None:
@@ -392,15 +407,19 @@ class ObjectStore:
         except Exception as exc:
             if isinstance(exc, OSError):
                 detail = str(exc)
-            elif self.is_local:
+            elif self.is_local or type(exc).__module__.split(".")[0] not in CLIENT_MODULES:
                 raise
             else:
                 detail = f"{type(exc).__name__}: {exc}"
                 if hint := CLIENT_HINTS.get(type(exc).__name__):
                     detail += f" ({hint})"
-            error = StorageError(f"{self.describe()}/{key}" if key else self.describe(), f"{action} failed: {detail}")
-            error.root = self.describe()
-            raise error from exc
+            raise self._error(key, f"{action} failed: {detail}") from exc
+
+    def _error(self, key: str, message: str) -> StorageError:
+        """A StorageError at ``key`` (the root itself when empty), knowing the root it is under."""
+        error = StorageError(f"{self.describe()}/{key}" if key else self.describe(), message)
+        error.root = self.describe()
+        return error
 
     def _no_driver(self, exc: ImportError) -> StorageError:
         """The URL's filesystem driver (s3fs for ``s3://``) is not installed."""
@@ -450,7 +469,7 @@ class ObjectStore:
             if info.get("type") == "directory":
                 continue
             if not name.startswith(base + "/"):  # never turn a listing we do not understand into deletes
-                raise StorageError(f"{self.describe()}/{prefix}", f"listing returned {name!r}, outside {base!r}")
+                raise self._error(prefix, f"listing returned {name!r}, outside {base!r}")
             found.append((f"{prefix}/{name[len(base) + 1:]}", int(info.get("size") or 0)))
         return sorted(found)
 

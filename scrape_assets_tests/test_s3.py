@@ -16,7 +16,7 @@ from contextlib import contextmanager
 import pytest
 
 from scrape_assets.errors import StorageError
-from scrape_assets.manifest import Manifest, PageEntry, latest_manifest, list_snapshots
+from scrape_assets.manifest import Manifest, PageEntry, has_snapshot, latest_manifest, list_snapshots
 from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import Warehouse, products
 from scrape_assets_tests.conftest import make_resources, materialize, run_metadata
@@ -237,6 +237,11 @@ def test_an_unreachable_endpoint_or_a_missing_bucket_is_a_storage_error_naming_t
         assert str(caught.value).startswith(f"{location}/{action} failed: EndpointConnectionError: Could not connect "
                                             f"to the endpoint URL: \"http://127.0.0.1:{closed}/"), str(caught.value)
 
+    # Whether a snapshot is this site's (the warehouse's claim check): an outage is raised, not taken for "no".
+    with pytest.raises(StorageError, match="EndpointConnectionError"):
+        has_snapshot(store, "demo")("travel", "2026-12-01T000000Z")
+    assert has_snapshot(store, "demo")("travel", "not a snapshot id") is False  # not even a key: not ours
+
     name, client = bucket
     missing = ObjectStore(f"s3://{name}-missing/objects")
     with pytest.raises(StorageError) as caught:
@@ -288,3 +293,23 @@ def test_summary_and_prune_say_in_one_line_when_the_bucket_endpoint_or_credentia
                     assert captured.out == ""
             finally:
                 S3FileSystem.clear_instance_cache()
+
+
+def test_a_refused_bucket_check_is_let_through_only_when_the_root_can_be_listed(bucket, monkeypatch):
+    """S3 answers 403 both to a policy that grants a prefix but not HeadBucket and to wrong keys."""
+    name, _ = bucket
+    store = ObjectStore(f"s3://{name}/objects")
+    store.write_bytes_atomic("demo/travel/notes.json", b"{}")
+
+    def refused(*_args, **_kwargs):
+        raise PermissionError("Forbidden")
+
+    monkeypatch.setattr(store.root.fs, "info", refused)  # HeadBucket refused, the listing allowed: fine
+    store.check_root()
+    store.ensure_writable()
+    monkeypatch.setattr(store.root.fs, "ls", refused)  # both refused: wrong keys, or no right to list at all
+    with pytest.raises(StorageError) as caught:
+        store.check_root()
+    assert str(caught.value) == (f"s3://{name}/objects: Forbidden (S3 refused both the bucket and the listing: "
+                                 "check the credentials and the policy)")
+    assert caught.value.root == f"s3://{name}/objects"

@@ -262,3 +262,41 @@ def test_a_crawl_cancelled_while_a_body_is_being_stored_gives_that_attempt_back(
     [report] = asyncio.run(crawl_partitions(site, store, [CATEGORY], new_snapshot=False, log=logging.getLogger("t")))
     assert report.resumed and report.snapshot_id == manifest.snapshot_id
     assert (report.pages_done, report.pages_failed) == (12, 0)
+
+
+def test_an_attempt_whose_record_cannot_be_stored_is_not_counted(tmp_path):
+    """The attempt is recorded before its request is sent; if that record fails, nothing was sent.
+
+    Counting it anyway would let a later save of the manifest (on S3, any sibling page's)
+    store an attempt the site never saw, and a page could be dead-lettered early.
+    """
+    import asyncio
+
+    import pytest
+
+    from scrape_assets.crawl import PartitionCrawler
+    from scrape_assets.errors import StorageError
+    from scrape_assets.manifest import Manifest, PageEntry
+    from scrape_assets.spec import load_spec
+
+    class _JournalFull(ObjectStore):
+        def append_bytes(self, key, data):
+            raise StorageError(f"{self.describe()}/{key}", "append failed: [Errno 28] No space left on device")
+
+    class _Fetcher:  # the PageFetcher contract: on_attempt is awaited before each request is sent
+        sent = 0
+
+        async def fetch(self, url, *, prior_attempts, on_attempt, **_):
+            await on_attempt(prior_attempts + 1)
+            _Fetcher.sent += 1
+            raise AssertionError("not reached: the record failed")
+
+    store = _JournalFull(str(tmp_path / "objects"))
+    crawler = PartitionCrawler(load_spec("demo"), "travel", store, _Fetcher(), fetch_config={},
+                               fetch_base_url="http://x/", max_attempts=3)
+    crawler.manifest = Manifest(site="demo", category="travel", snapshot_id="2026-12-01T000000Z", fetch_config={},
+                                fetch_config_hash="h", start_url="http://x/", pages={1: PageEntry(url="http://x/")})
+    with pytest.raises(StorageError, match="No space left"):
+        asyncio.run(crawler._fetch(1))
+    assert crawler.manifest.pages[1].attempts == 0 and _Fetcher.sent == 0
+    assert crawler._requests == 0

@@ -307,6 +307,9 @@ def run_prune(keep: int, dry_run: bool, out=None) -> int:
     spec = resources["site"].spec()
     store = resources["store"].store()
     store.check_root()
+    if not store.is_local:  # before the work, where it can still stop someone
+        print("warning: remote storage has no partition locks: prune only while no run of this site is active",
+              file=sys.stderr)
     plans = prune(store, spec.name, list(spec.categories), keep, owner=f"scrape-assets prune (pid {os.getpid()})",
                   dry_run=dry_run)
     for plan in plans:
@@ -317,9 +320,6 @@ def run_prune(keep: int, dry_run: bool, out=None) -> int:
     print(f"{'dry run: would delete' if dry_run else 'deleted'} {counted(sum(len(p.deleted) for p in done), 'snapshot')} "
           f"({freed / 1e6:.1f} MB) across {counted(len(plans), 'category')} of {spec.name} at {store.describe()}"
           + (f"; skipped {len(skipped)}: {', '.join(skipped)}" if skipped else ""), file=out)
-    if not store.is_local:
-        print("warning: remote storage has no partition locks: prune only while no run of this site is active",
-              file=sys.stderr)
     return 1 if skipped else 0
 
 

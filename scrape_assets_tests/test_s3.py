@@ -231,7 +231,11 @@ def test_an_unreachable_endpoint_or_a_missing_bucket_is_a_storage_error_naming_t
     for call, action in [(lambda: store.write_bytes_atomic("demo/travel/x.json", b"{}"), "demo/travel/x.json: write"),
                          (lambda: store.read_bytes("demo/travel/x.json"), "demo/travel/x.json: read"),
                          (lambda: store.list_folders("demo/travel"), "demo/travel: listing"),
-                         (lambda: store.exists("demo/travel/x.json"), "demo/travel/x.json: existence check")]:
+                         (lambda: store.exists("demo/travel/x.json"), "demo/travel/x.json: existence check"),
+                         (lambda: store.list_names("demo/travel"), "demo/travel: listing"),
+                         (lambda: store.list_files("demo/travel"), "demo/travel: listing"),
+                         (lambda: store.delete("demo/travel/x.json"), "demo/travel/x.json: delete"),
+                         (lambda: store.delete_listed("demo/travel/.x.json.1.tmp"), "demo/travel/.x.json.1.tmp: delete")]:
         with pytest.raises(StorageError) as caught:
             call()
         assert str(caught.value).startswith(f"{location}/{action} failed: EndpointConnectionError: Could not connect "

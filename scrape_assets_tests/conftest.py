@@ -81,6 +81,23 @@ def materialize(instance, resources: dict, partitions: list[str], selection=ALL_
     )
 
 
+def one_page_snapshot(store, snapshot_id: str, *, complete: bool, body_from: str | None = None):
+    """A one-page snapshot of demo/travel saved in ``store``: its body stored, or read from ``body_from``'s snapshot."""
+    from scrape_assets.manifest import Manifest, PageEntry
+
+    manifest = Manifest(site="demo", category="travel", snapshot_id=snapshot_id, fetch_config={},
+                        fetch_config_hash="h", start_url="http://x/", pages={1: PageEntry(url="http://x/")})
+    entry = manifest.pages[1]
+    if body_from is None:
+        store.write_bytes_atomic(manifest.page_key(1), b"<html>" + snapshot_id.encode() + b"</html>")
+    else:
+        entry.body_key = f"demo/travel/{body_from}/pages/page-0001.html"
+    entry.status = "done" if complete else "pending"
+    manifest.completed_at = "2026-11-30T00:00:00Z" if complete else None
+    manifest.save(store)
+    return manifest
+
+
 @pytest.fixture
 def instance():
     import dagster as dg

@@ -377,18 +377,12 @@ def test_sees_every_page_exactly_when_no_page_is_missing(tmp_path):
 
 def test_latest_manifest_reads_newest_first_and_passes_over_folders_that_are_not_snapshots(tmp_path):
     """A crash inside a snapshot's first write, a NAS's metadata folder, a copy made by hand: none is the latest."""
+    from scrape_assets_tests.conftest import one_page_snapshot
+
     store = ObjectStore(str(tmp_path))
-
-    def snapshot(snapshot_id: str, *, complete: bool) -> None:
-        manifest = Manifest(site="demo", category="travel", snapshot_id=snapshot_id, fetch_config={},
-                            fetch_config_hash="h", start_url="http://x/", pages={1: PageEntry(url="http://x/")})
-        manifest.pages[1].status = "done" if complete else "pending"
-        manifest.completed_at = "2026-11-30T00:00:00Z" if complete else None
-        manifest.save(store)
-
-    snapshot("2026-11-29T000000Z", complete=True)
-    snapshot("2026-11-30T000000Z", complete=True)
-    snapshot("2026-11-30T000000Z-2", complete=False)  # a same-second twin, still running
+    one_page_snapshot(store, "2026-11-29T000000Z", complete=True)
+    one_page_snapshot(store, "2026-11-30T000000Z", complete=True)
+    one_page_snapshot(store, "2026-11-30T000000Z-2", complete=False)  # a same-second twin, still running
     store.write_bytes_atomic("demo/travel/2026-12-01T000000Z/pages/page-0001.html", b"<html>")  # no manifest yet
     copied = store.read_bytes("demo/travel/2026-11-29T000000Z/manifest.json")
     store.write_bytes_atomic("demo/travel/zz-backup/manifest.json", copied)  # would be read first, and refused

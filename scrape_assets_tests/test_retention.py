@@ -24,12 +24,12 @@ from scrape_assets.extract import (
     save_parsed,
 )
 from scrape_assets.locks import partition_lock
-from scrape_assets.manifest import Manifest, PageEntry, latest_manifest, list_snapshots, load_manifest
+from scrape_assets.manifest import latest_manifest, list_snapshots, load_manifest
 from scrape_assets.retention import WRITER_SCOPES, plan_prune, prune
 from scrape_assets.spec import load_spec
 from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import Warehouse, products
-from scrape_assets_tests.conftest import make_resources, materialize
+from scrape_assets_tests.conftest import make_resources, materialize, one_page_snapshot
 
 KEYS = ["travel", "mystery", "classics", "romance", "fiction", "default"]  # consecutive in demo.yaml
 DAYS = [datetime.date(2026, 11, 28) + datetime.timedelta(days=i) for i in range(4)]
@@ -107,27 +107,12 @@ def test_prune_keeps_what_the_newest_snapshots_read_and_the_next_day_runs_as_bef
     assert prune(store, "demo", KEYS, keep=1, owner="test")  # and a prune after it finds a consistent store
 
 
-def _snapshot(store: ObjectStore, snapshot_id: str, *, complete: bool, body_from: str | None = None) -> Manifest:
-    """A one-page snapshot of demo/travel; its body stored, or read from ``body_from``'s snapshot."""
-    manifest = Manifest(site="demo", category="travel", snapshot_id=snapshot_id, fetch_config={},
-                        fetch_config_hash="h", start_url="http://x/", pages={1: PageEntry(url="http://x/")})
-    entry = manifest.pages[1]
-    if body_from is None:
-        store.write_bytes_atomic(manifest.page_key(1), b"<html>" + snapshot_id.encode() + b"</html>")
-    else:
-        entry.body_key = f"demo/travel/{body_from}/pages/page-0001.html"
-    entry.status = "done" if complete else "pending"
-    manifest.completed_at = "2026-11-30T00:00:00Z" if complete else None
-    manifest.save(store)
-    return manifest
-
-
 def test_in_flight_and_abandoned_snapshots_locks_and_leftovers(tmp_path):
     store = ObjectStore(str(tmp_path / "objects"))
-    _snapshot(store, "2026-11-27T000000Z", complete=False)  # abandoned: a newer one completed
-    _snapshot(store, "2026-11-28T000000Z", complete=True)
-    _snapshot(store, "2026-11-29T000000Z", complete=True, body_from="2026-11-28T000000Z")  # a 304
-    _snapshot(store, "2026-11-30T000000Z", complete=False, body_from="2026-11-28T000000Z")  # in flight
+    one_page_snapshot(store, "2026-11-27T000000Z", complete=False)  # abandoned: a newer one completed
+    one_page_snapshot(store, "2026-11-28T000000Z", complete=True)
+    one_page_snapshot(store, "2026-11-29T000000Z", complete=True, body_from="2026-11-28T000000Z")  # a 304
+    one_page_snapshot(store, "2026-11-30T000000Z", complete=False, body_from="2026-11-28T000000Z")  # in flight
     (tmp_path / "objects/demo/travel/2026-11-26T000000Z/pages").mkdir(parents=True)  # left by a crashed prune
     (tmp_path / "objects/demo/travel/2026-11-26T000000Z/pages/page-0001.html").write_bytes(b"old")
     (tmp_path / "objects/demo/travel/2026-11-27T000000Z/.parsed.json.0f1e2d.tmp").write_bytes(b"{")  # a killed write
@@ -167,7 +152,7 @@ def test_more_than_ten_snapshots_in_one_second_are_pruned_in_time_order(tmp_path
     store = ObjectStore(str(tmp_path / "objects"))
     ids = ["2026-11-30T084512Z"] + [f"2026-11-30T084512Z-{n}" for n in range(1, 11)]
     for snapshot_id in ids:
-        _snapshot(store, snapshot_id, complete=snapshot_id != ids[-1])
+        one_page_snapshot(store, snapshot_id, complete=snapshot_id != ids[-1])
     [plan] = prune(store, "demo", ["travel"], keep=2, owner="test")
     assert plan.kept == ["2026-11-30T084512Z-8", "2026-11-30T084512Z-9", "2026-11-30T084512Z-10"]
     assert plan.deleted == ids[:8]  # oldest first
@@ -178,7 +163,7 @@ def test_more_than_ten_snapshots_in_one_second_are_pruned_in_time_order(tmp_path
 def test_an_unchanged_categorys_older_parsed_snapshot_is_kept_for_the_table_load(tmp_path):
     store = ObjectStore(str(tmp_path / "objects"))
     for day in ("26", "27", "28", "29"):
-        _snapshot(store, f"2026-11-{day}T000000Z", complete=True)
+        one_page_snapshot(store, f"2026-11-{day}T000000Z", complete=True)
     _parsed_at(store, "2026-11-26T000000Z", latest_snapshot_id="2026-11-28T000000Z")  # same input since the 26th
     [plan] = prune(store, "demo", ["travel"], keep=1, owner="test")
     assert plan.kept == ["2026-11-26T000000Z", "2026-11-28T000000Z", "2026-11-29T000000Z"]
@@ -193,7 +178,7 @@ def test_an_unchanged_categorys_older_parsed_snapshot_is_kept_for_the_table_load
 def test_a_run_holding_any_writer_lock_keeps_prune_away_but_not_a_dry_run(tmp_path, scope):
     store = ObjectStore(str(tmp_path / "objects"))
     for day in ("28", "29"):
-        _snapshot(store, f"2026-11-{day}T000000Z", complete=True)
+        one_page_snapshot(store, f"2026-11-{day}T000000Z", complete=True)
     with partition_lock(store, "demo", "travel", owner="run-1", scope=scope):
         [dry] = prune(store, "demo", ["travel"], keep=1, owner="test", dry_run=True)
         locks = sorted(p.name for p in (tmp_path / "objects/demo/travel").glob("*.lock"))
@@ -207,7 +192,7 @@ def test_a_run_holding_any_writer_lock_keeps_prune_away_but_not_a_dry_run(tmp_pa
 def test_a_category_that_cannot_be_planned_or_deleted_is_skipped_and_the_others_go_on(tmp_path, monkeypatch):
     store = ObjectStore(str(tmp_path / "objects"))
     for day in ("28", "29"):
-        _snapshot(store, f"2026-11-{day}T000000Z", complete=True)
+        one_page_snapshot(store, f"2026-11-{day}T000000Z", complete=True)
     (tmp_path / "objects/demo/travel/parse_state.json").write_text("{not json")
     mystery = tmp_path / "objects/demo/mystery"
     shutil.copytree(tmp_path / "objects/demo/travel", mystery, ignore=shutil.ignore_patterns("parse_state.json"))
@@ -236,7 +221,7 @@ def test_a_category_that_cannot_be_planned_or_deleted_is_skipped_and_the_others_
 def test_stray_files_in_an_old_snapshot_are_deleted_too(tmp_path):
     store = ObjectStore(str(tmp_path / "objects"))
     for day in ("28", "29"):
-        _snapshot(store, f"2026-11-{day}T000000Z", complete=True)
+        one_page_snapshot(store, f"2026-11-{day}T000000Z", complete=True)
     old = tmp_path / "objects/demo/travel/2026-11-28T000000Z"
     for stray in (".DS_Store", "pages/page-0001.html~", ".nfs000000000123"):
         (old / stray).write_bytes(b"x")
@@ -255,8 +240,8 @@ def test_cli_prune_reports_and_exits_nonzero_when_a_category_was_skipped(tmp_pat
     monkeypatch.setenv("SCRAPE_DATA_DIR", str(tmp_path / "unused"))
     monkeypatch.setenv("SCRAPE_STORAGE_URL", str(tmp_path / "objects"))  # a Dagster EnvVar in the definitions
     store = ObjectStore(str(tmp_path / "objects"))
-    _snapshot(store, "2026-11-28T000000Z", complete=True)
-    _snapshot(store, "2026-11-29T000000Z", complete=True)
+    one_page_snapshot(store, "2026-11-28T000000Z", complete=True)
+    one_page_snapshot(store, "2026-11-29T000000Z", complete=True)
 
     assert main(["prune", "--keep", "1", "--dry-run"]) == 0
     out = capsys.readouterr().out.splitlines()

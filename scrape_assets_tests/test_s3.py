@@ -16,10 +16,10 @@ from contextlib import contextmanager
 import pytest
 
 from scrape_assets.errors import StorageError
-from scrape_assets.manifest import Manifest, PageEntry, has_snapshot, latest_manifest, list_snapshots
+from scrape_assets.manifest import has_snapshot, latest_manifest, list_snapshots
 from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import Warehouse, products
-from scrape_assets_tests.conftest import make_resources, materialize, run_metadata
+from scrape_assets_tests.conftest import make_resources, materialize, one_page_snapshot, run_metadata
 
 PAGES = {"travel": 1, "mystery": 2}  # listing pages per category in the demo catalogue
 
@@ -120,17 +120,6 @@ def _crawl_in_child(url: str, *, new_snapshot: bool) -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-def _snapshot(store: ObjectStore, snapshot_id: str, *, complete: bool) -> Manifest:
-    """A one-page snapshot of demo/travel with its body stored."""
-    manifest = Manifest(site="demo", category="travel", snapshot_id=snapshot_id, fetch_config={},
-                        fetch_config_hash="h", start_url="http://x/", pages={1: PageEntry(url="http://x/")})
-    store.write_bytes_atomic(manifest.page_key(1), b"<html></html>")
-    manifest.pages[1].status = "done" if complete else "pending"
-    manifest.completed_at = "2026-11-30T00:00:00Z" if complete else None
-    manifest.save(store)
-    return manifest
-
-
 @contextmanager
 def _s3_calls(store: ObjectStore):
     """The S3 API operations ``store`` sends in the block, in order (botocore's ``before-call`` event)."""
@@ -154,7 +143,7 @@ def test_a_read_is_one_get_a_write_one_put_and_the_latest_manifest_one_listing_a
     store = ObjectStore(f"s3://{name}/objects")
     for snapshot_id, complete in [("2026-11-28T000000Z", True), ("2026-11-29T000000Z", True),
                                   ("2026-11-30T000000Z", False)]:
-        _snapshot(store, snapshot_id, complete=complete)
+        one_page_snapshot(store, snapshot_id, complete=complete)
     store.write_bytes_atomic("demo/travel/parse_state.json", b"{}")  # a file beside the snapshot folders
 
     with _s3_calls(store) as calls:

@@ -41,9 +41,10 @@ _PROBE = re.compile(r"^\.?write-probe-(\d+)-")
 #: fsspec protocols of object stores: flat keys (no folder to create before a PUT), listings
 #: that fsspec would cache. Other remote filesystems (sftp, smb, ...) keep fsspec's defaults.
 OBJECT_STORE_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "memory"})
-#: Object stores whose root's first segment is a bucket that :meth:`ObjectStore.check_root`
-#: checks (S3 only: gcsfs and adlfs answer a bucket check differently, untested here).
-BUCKET_PROTOCOLS = frozenset({"s3", "s3a"})
+#: S3's protocols: its root's first segment is a bucket that :meth:`ObjectStore.check_root`
+#: checks (gcsfs and adlfs answer a bucket check differently, untested here), and s3fs
+#: options apply.
+S3_PROTOCOLS = frozenset({"s3", "s3a"})
 #: Top-level modules of remote stores' clients: their own exceptions (not OSErrors) are
 #: storage failures; any other exception (a bug, a TypeError) is left as it is.
 CLIENT_MODULES = frozenset({"botocore", "aiobotocore", "s3fs", "gcsfs", "google", "adlfs", "azure", "aiohttp",
@@ -143,7 +144,7 @@ class ObjectStore:
         scheme = url.partition("://")[0].lower() if "://" in url else ""
         if scheme in OBJECT_STORE_PROTOCOLS:
             options.setdefault("use_listings_cache", False)
-        if scheme in ("s3", "s3a"):
+        if scheme in S3_PROTOCOLS:
             # One GET per read: with max_concurrency > 1 (s3fs's default is 10) s3fs first asks
             # each object's size (a HEAD) to split large reads; ours are pages and manifests.
             options.setdefault("max_concurrency", 1)
@@ -153,7 +154,7 @@ class ObjectStore:
             raise StorageError(redact_url(url), f"cannot open object storage: {exc}") from exc
         self.is_local = self.root.protocol in ("", "file", "local")
         self._flat = scheme in OBJECT_STORE_PROTOCOLS  # one PUT per write, no folders to create
-        self._bucketed = scheme in BUCKET_PROTOCOLS
+        self._bucketed = scheme in S3_PROTOCOLS
         # Local disks: plain os.path joins under the validated root (UPath.joinpath costs
         # more than the write on a page-sized object), and journals kept open for appends.
         self._local_root = self.root.path if self.is_local else None
@@ -245,10 +246,12 @@ class ObjectStore:
             raise
         except ImportError as exc:
             raise self._no_driver(exc) from exc
-        except Exception as exc:  # noqa: BLE001 - a remote client's own errors (botocore's), OSError, ValueError
-            if self.is_local and not isinstance(exc, (OSError, ValueError)):
-                raise
-            detail = str(exc) if isinstance(exc, (OSError, ValueError)) else f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # noqa: BLE001 - OSError, ValueError, a remote client's own errors
+            detail = str(exc) if isinstance(exc, ValueError) else self._failure_detail(exc)
+            if detail is None:  # not a storage failure: raised on a local disk; remotely, the probe failed
+                if self.is_local:
+                    raise
+                detail = f"{type(exc).__name__}: {exc}"
             raise StorageError(self.describe(), f"object storage is not writable: {detail}") from exc
 
     def _sweep_dead_probes(self) -> None:
@@ -405,15 +408,25 @@ class ObjectStore:
         except ImportError as exc:
             raise self._no_driver(exc) from exc
         except Exception as exc:
-            if isinstance(exc, OSError):
-                detail = str(exc)
-            elif self.is_local or type(exc).__module__.split(".")[0] not in CLIENT_MODULES:
+            detail = self._failure_detail(exc)
+            if detail is None:
                 raise
-            else:
-                detail = f"{type(exc).__name__}: {exc}"
-                if hint := CLIENT_HINTS.get(type(exc).__name__):
-                    detail += f" ({hint})"
             raise self._error(key, f"{action} failed: {detail}") from exc
+
+    def _failure_detail(self, exc: Exception) -> str | None:
+        """What to say of ``exc`` if it is a storage failure, else None (a bug: leave it be).
+
+        An ``OSError`` is one; on remote stores so is an error of the client's own types
+        (:data:`CLIENT_MODULES`), named with its class and :data:`CLIENT_HINTS`' advice.
+        """
+        if isinstance(exc, OSError):
+            return str(exc)
+        if self.is_local or type(exc).__module__.split(".")[0] not in CLIENT_MODULES:
+            return None
+        detail = f"{type(exc).__name__}: {exc}"
+        if hint := CLIENT_HINTS.get(type(exc).__name__):
+            detail += f" ({hint})"
+        return detail
 
     def _error(self, key: str, message: str) -> StorageError:
         """A StorageError at ``key`` (the root itself when empty), knowing the root it is under."""

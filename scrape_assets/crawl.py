@@ -29,12 +29,12 @@ from scrape_assets.crashpoints import crashpoint
 from scrape_assets.errors import FetchError, PermanentFetchError, StorageError
 from scrape_assets.fetcher import PageFetcher
 from scrape_assets.manifest import (
-    SNAPSHOT_ID,
     UNREAD,
     Manifest,
     PageEntry,
     latest_manifest,
     open_snapshot,
+    snapshot_folders,
     utc_now_iso,
 )
 from scrape_assets.parsing import UrlJoiner, parse_pager
@@ -310,9 +310,9 @@ class PartitionCrawler:
             return 0  # object stores write in one PUT: no temp files to sweep (and no request spent looking)
         partition = f"{manifest.site}/{manifest.category}"
         removed = 0
-        for name in self.store.list_folders(partition):
+        for name in snapshot_folders(self.store, manifest.site, manifest.category):
             prefix = f"{partition}/{name}"
-            if SNAPSHOT_ID.fullmatch(name) and name != manifest.snapshot_id and not self.store.exists(f"{prefix}/manifest.json"):
+            if name != manifest.snapshot_id and not self.store.exists(f"{prefix}/manifest.json"):
                 removed += self.store.sweep_temp_files(prefix, prune=True)
         return removed
 

@@ -380,12 +380,15 @@ def list_snapshots(store: ObjectStore, site: str, category: str) -> list[str]:
     folders whose names are not snapshot ids (:data:`SNAPSHOT_ID`: a NAS's ``@eaDir``, a
     copy made by hand) are not ours and left out.
     """
-    return [n for n in _snapshot_folders(store, site, category)
+    return [n for n in snapshot_folders(store, site, category)
             if store.exists(f"{site}/{category}/{n}/manifest.json")]
 
 
-def _snapshot_folders(store: ObjectStore, site: str, category: str) -> list[str]:
-    """Folders of a partition named like snapshots, oldest first (:func:`snapshot_sort_key`)."""
+def snapshot_folders(store: ObjectStore, site: str, category: str) -> list[str]:
+    """Folders of a partition named like snapshots (:data:`SNAPSHOT_ID`), with a manifest or not, oldest first.
+
+    Order: :func:`snapshot_sort_key`. One listing of the partition's folder.
+    """
     check_key(f"{site}/{category}")
     return sorted((n for n in store.list_folders(f"{site}/{category}") if SNAPSHOT_ID.fullmatch(n)),
                   key=snapshot_sort_key)
@@ -429,7 +432,7 @@ def latest_manifest(store: ObjectStore, site: str, category: str, *, complete: b
     ``complete=True``); a snapshot folder without a manifest is passed over, as are folders
     not named like snapshots (see :func:`list_snapshots`).
     """
-    for snapshot_id in reversed(_snapshot_folders(store, site, category)):
+    for snapshot_id in reversed(snapshot_folders(store, site, category)):
         manifest = _read_manifest(store, site, category, snapshot_id)
         if manifest is not None and (manifest.is_complete or not complete):
             return manifest

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from scrape_assets.errors import ManifestError, PartitionLockedError, StorageError
 from scrape_assets.extract import load_parse_state
 from scrape_assets.locks import partition_lock
-from scrape_assets.manifest import SNAPSHOT_ID, list_snapshots, load_manifest, snapshot_sort_key
+from scrape_assets.manifest import list_snapshots, load_manifest, snapshot_folders
 from scrape_assets.storage import ObjectStore
 
 #: The partition lock scopes of the four assets that write under a category.
@@ -132,8 +132,7 @@ def plan_prune(store: ObjectStore, site: str, category: str, keep: int) -> Prune
     protected = {manifests[s].body_key(n) for s in keep_ids for n in manifests[s].pages}
     plan = PrunePlan(category, kept=[s for s in snapshots if s in keep_ids],
                      kept_for_parse=[s for s in snapshots if s in for_parse])
-    folders = sorted((n for n in store.list_names(f"{site}/{category}") if SNAPSHOT_ID.fullmatch(n) and n not in keep_ids),
-                     key=snapshot_sort_key)
+    folders = [n for n in snapshot_folders(store, site, category) if n not in keep_ids]
     for snapshot_id in folders:
         files = sorted(store.list_files(f"{site}/{category}/{snapshot_id}"),
                        key=lambda item: (not item[0].endswith("/manifest.json"), item[0]))  # the manifest first

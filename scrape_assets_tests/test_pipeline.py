@@ -295,6 +295,41 @@ def test_a_failed_fetch_never_deletes_rows_loaded_earlier(tmp_path, instance):
     assert checks == {"parsed_products_match_schema": True, "products_table_matches_parsed": True}
 
 
+def test_dead_letters_leaves_a_partition_without_dead_letters_as_it_is(tmp_path, instance):
+    """None before and none now: no write and no transaction; anything else is rewritten."""
+    res = make_resources(tmp_path)
+    assert materialize(instance, res, ["travel"]).success
+    store = ObjectStore(str(tmp_path / "objects"))
+    letters_file = tmp_path / "objects" / latest_manifest(store, "demo", "travel").prefix / "dead_letters.json"
+    assert json.loads(letters_file.read_text()) == []
+    written = letters_file.stat()
+
+    def run_dead_letters():
+        result = materialize(instance, res, ["travel"], selection=["dead_letters"])
+        assert result.success
+        return result.get_asset_materialization_events()[0].materialization.metadata["dead_letters"].value
+
+    assert run_dead_letters() == 0
+    again = letters_file.stat()
+    assert (again.st_ino, again.st_mtime_ns) == (written.st_ino, written.st_mtime_ns)  # not written again
+
+    # A file that lists a dead letter (hand-edited, or unreadable) is rewritten ...
+    letters_file.write_text('[{"url": "http://x/", "reason": "stale"}]')
+    assert run_dead_letters() == 0
+    assert json.loads(letters_file.read_text()) == []
+    letters_file.write_text("[")
+    assert run_dead_letters() == 0
+    assert json.loads(letters_file.read_text()) == []
+
+    # ... and so is a table that still holds the partition's rows.
+    wh = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}")
+    wh.replace_partition(dead_letters, "travel", [
+        {"category": "travel", "url": "http://x/", "stage": "fetch", "reason": "stale", "http_status": 500,
+         "attempts": 3, "snapshot_id": "s0", "recorded_at": "2026-01-01T00:00:00+00:00"}])
+    assert run_dead_letters() == 0
+    assert wh.rows(dead_letters) == []
+
+
 def test_a_complete_snapshot_is_adopted_only_when_its_run_died_before_recording_it(instance, monkeypatch):
     from scrape_assets.defs.assets.raw_pages import InterruptedRunSnapshots
     from scrape_assets.manifest import Manifest

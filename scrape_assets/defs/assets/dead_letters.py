@@ -10,6 +10,7 @@ from scrape_assets.defs.partitions import category_partitions, run_categories
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource
 from scrape_assets.extract import load_current, load_parse_state
 from scrape_assets.manifest import Manifest, has_snapshot, latest_manifest, utc_now_iso
+from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import dead_letters as dead_letters_table
 
 
@@ -50,6 +51,14 @@ def dead_letter_rows(manifest: Manifest, parse_rejects: list[dict]) -> list[dict
     return rows
 
 
+def _holds_no_rows(store: ObjectStore, key: str) -> bool:
+    """Whether ``dead_letters.json`` at ``key`` exists and lists no dead letter (one read; unreadable JSON: False)."""
+    try:
+        return json.loads(store.read_bytes(key)) == []
+    except (FileNotFoundError, ValueError):
+        return False
+
+
 @dg.asset(
     deps=["raw_pages", "parsed_products"],
     partitions_def=category_partitions,
@@ -63,13 +72,15 @@ def dead_letters(
     """One row per page or product that failed for good, with stage, reason and HTTP status.
 
     Kept as the warehouse table ``dead_letters`` (replaced per partition) and as
-    ``dead_letters.json`` next to the snapshot.
+    ``dead_letters.json`` next to the snapshot. A partition with no dead letter, before
+    and now, is left as it is: no write, no transaction (on S3, one GET instead of a PUT).
     """
     categories = run_categories(context)  # a backwards range fails before the warehouse is opened (or claimed)
     spec = site.spec()
     object_store = store.store()
     counts = {}
     with store.locks(context, spec.name), warehouse.for_site(spec.name, owns=has_snapshot(object_store, spec.name)) as wh:
+        in_table = wh.rows_by_category(dead_letters_table, categories)
         for category in categories:
             manifest = latest_manifest(object_store, spec.name, category, complete=True)
             if manifest is None:
@@ -78,8 +89,12 @@ def dead_letters(
             state = load_parse_state(object_store, spec.name, category)
             rejects = load_current(object_store, spec.name, category)[0].rejects if state is None or state.rejects else []
             rows = dead_letter_rows(manifest, rejects)
+            key = f"{manifest.prefix}/dead_letters.json"
+            if not rows and not in_table.get(category) and _holds_no_rows(object_store, key):
+                counts[category] = 0  # none before, none now: file and table already say so
+                continue
             object_store.sweep_temp_files(manifest.prefix, names=["dead_letters.json"])  # left by a crash
-            object_store.write_bytes_atomic(f"{manifest.prefix}/dead_letters.json", json.dumps(rows, indent=1).encode())
+            object_store.write_bytes_atomic(key, json.dumps(rows, indent=1).encode())
             counts[category] = wh.replace_partition(dead_letters_table, category, rows)
             if rows:
                 context.log.warning(f"{category}: {len(rows)} dead letter(s): " + "; ".join(f"{r['url']} ({r['reason']})" for r in rows[:5]))

@@ -295,21 +295,33 @@ def test_a_failed_fetch_never_deletes_rows_loaded_earlier(tmp_path, instance):
     assert checks == {"parsed_products_match_schema": True, "products_table_matches_parsed": True}
 
 
-def test_dead_letters_leaves_a_partition_without_dead_letters_as_it_is(tmp_path, instance):
-    """None before and none now: no write and no transaction; anything else is rewritten."""
+def test_dead_letters_leaves_a_partition_without_dead_letters_as_it_is(tmp_path, instance, monkeypatch):
+    """None before and none now: no transaction, and no write of a re-parsed snapshot's file."""
+    from scrape_assets.defs.assets import dead_letters as asset_module
+
+    reads, transactions = [], []
+    holds_no_rows, replace_partition = asset_module._holds_no_rows, Warehouse.replace_partition
+    monkeypatch.setattr(asset_module, "_holds_no_rows", lambda store, key: reads.append(key) or holds_no_rows(store, key))
+    monkeypatch.setattr(Warehouse, "replace_partition",
+                        lambda self, table, category, rows: transactions.append(category) or replace_partition(self, table, category, rows))
     res = make_resources(tmp_path)
     assert materialize(instance, res, ["travel"]).success
+    assert (reads, transactions) == ([], [])  # a snapshot this run opened: written without a read first
     store = ObjectStore(str(tmp_path / "objects"))
     letters_file = tmp_path / "objects" / latest_manifest(store, "demo", "travel").prefix / "dead_letters.json"
     assert json.loads(letters_file.read_text()) == []
     written = letters_file.stat()
 
     def run_dead_letters():
+        reads.clear()
+        transactions.clear()
         result = materialize(instance, res, ["travel"], selection=["dead_letters"])
         assert result.success
+        assert len(reads) == 1
         return result.get_asset_materialization_events()[0].materialization.metadata["dead_letters"].value
 
     assert run_dead_letters() == 0
+    assert transactions == []
     again = letters_file.stat()
     assert (again.st_ino, again.st_mtime_ns) == (written.st_ino, written.st_mtime_ns)  # not written again
 
@@ -320,13 +332,15 @@ def test_dead_letters_leaves_a_partition_without_dead_letters_as_it_is(tmp_path,
     letters_file.write_text("[")
     assert run_dead_letters() == 0
     assert json.loads(letters_file.read_text()) == []
+    assert transactions == []
 
-    # ... and so is a table that still holds the partition's rows.
+    # ... and a table that still holds the partition's rows is emptied.
     wh = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}")
     wh.replace_partition(dead_letters, "travel", [
         {"category": "travel", "url": "http://x/", "stage": "fetch", "reason": "stale", "http_status": 500,
          "attempts": 3, "snapshot_id": "s0", "recorded_at": "2026-01-01T00:00:00+00:00"}])
     assert run_dead_letters() == 0
+    assert transactions == ["travel"]
     assert wh.rows(dead_letters) == []
 
 

@@ -72,8 +72,9 @@ def dead_letters(
     """One row per page or product that failed for good, with stage, reason and HTTP status.
 
     Kept as the warehouse table ``dead_letters`` (replaced per partition) and as
-    ``dead_letters.json`` next to the snapshot. A partition with no dead letter, before
-    and now, is left as it is: no write, no transaction (on S3, one GET instead of a PUT).
+    ``dead_letters.json`` next to the snapshot. What already says "no dead letter" is left
+    as it is: the table's partition (no transaction) and, for a snapshot an earlier run
+    opened (a re-parse), the file (one read instead of a write; on S3 a GET, not a PUT).
     """
     categories = run_categories(context)  # a backwards range fails before the warehouse is opened (or claimed)
     spec = site.spec()
@@ -90,12 +91,12 @@ def dead_letters(
             rejects = load_current(object_store, spec.name, category)[0].rejects if state is None or state.rejects else []
             rows = dead_letter_rows(manifest, rejects)
             key = f"{manifest.prefix}/dead_letters.json"
-            if not rows and not in_table.get(category) and _holds_no_rows(object_store, key):
-                counts[category] = 0  # none before, none now: file and table already say so
-                continue
-            object_store.sweep_temp_files(manifest.prefix, names=["dead_letters.json"])  # left by a crash
-            object_store.write_bytes_atomic(key, json.dumps(rows, indent=1).encode())
-            counts[category] = wh.replace_partition(dead_letters_table, category, rows)
+            # A snapshot this run opened has no file yet: no read to find that out (a GET on S3).
+            if rows or manifest.run_id == context.run_id or not _holds_no_rows(object_store, key):
+                object_store.sweep_temp_files(manifest.prefix, names=["dead_letters.json"])  # left by a crash
+                object_store.write_bytes_atomic(key, json.dumps(rows, indent=1).encode())
+            # None now and none in the table: no transaction.
+            counts[category] = wh.replace_partition(dead_letters_table, category, rows) if rows or in_table.get(category) else 0
             if rows:
                 context.log.warning(f"{category}: {len(rows)} dead letter(s): " + "; ".join(f"{r['url']} ({r['reason']})" for r in rows[:5]))
 

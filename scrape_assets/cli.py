@@ -187,9 +187,10 @@ def run_figures(result) -> dict:
 
 
 def print_summary(summary: dict, run: dict | None = None, out=sys.stdout) -> None:
-    """Print what a run did (when given) and what is stored now."""
-    lines = [""]
+    """Print what a run did (when given, after a blank line parting it from the run's log) and what is stored now."""
+    lines = []
     if run is not None:
+        lines.append("")
         def step(figure: str, text: Callable[[], str], asset: str) -> str:  # a step that did not finish recorded nothing
             return text() if run[figure] is not None else f"{asset} did not finish"
 

@@ -219,7 +219,7 @@ def test_a_run_summary_names_the_steps_that_did_not_finish():
     out = io.StringIO()
     print_summary(summary, run, out=out)
     lines = out.getvalue().splitlines()
-    assert "This run (FAILED: see the log above or `make ui`)" in lines
+    assert lines[:2] == ["", "This run (FAILED: see the log above or `make ui`)"]  # parted from the run's log
     assert "  requests        40 (3 not modified: 304), 1 page failed for good" in lines
     assert "  parsed          parsed_products did not finish" in lines
     assert "  loaded          products_table did not finish" in lines
@@ -250,6 +250,7 @@ def test_the_summary_does_not_count_a_category_whose_every_page_failed(tmp_path,
     assert (summary["pages_done"], summary["pages_failed"]) == (1, 1)
     out = io.StringIO()
     print_summary(summary, out=out)
+    assert out.getvalue().splitlines()[0] == "Summary (demo, latest complete snapshots)"  # no blank line first
     assert "  categories      1/12 (1 whose latest snapshot has no page done: travel)" in out.getvalue().splitlines()
     hint = (f"SCRAPE_DATA_DIR={tmp_path / 'data'} SCRAPE_BASE_URL=http://127.0.0.1:8001/ make ui "
             f"DAGSTER_HOME={tmp_path / 'books_home'}")

@@ -293,6 +293,8 @@ class _Work:
     incomplete: int  # categories whose snapshot is not complete: one manifest write each to complete it
     to_load: int  # categories whose products are not loaded from their current parse (others are skipped)
     categories: int
+    letter_writes: int = 0  # dead_letters.json writes dead_letters is sure to make (see _dead_letter_work)
+    letter_loads: int = 0  # dead_letters table transactions it is sure to make
 
     def lower_bound(self, kind: str) -> int:
         """Hits of ``kind`` the next run is sure to reach (so that a crash point there lands)."""
@@ -301,11 +303,11 @@ class _Work:
             return self.requests if fetching else 0
         if kind == "crawl.after_body_write":
             return self.bodies if fetching else 0
-        if kind.startswith("warehouse."):  # one transaction per category and table; unchanged products skip it
-            return self.categories * ("dead_letters" in self.running) + self.to_load * ("products_table" in self.running)
+        if kind.startswith("warehouse."):  # one transaction per category and table; unchanged ones skip it
+            return self.letter_loads * ("dead_letters" in self.running) + self.to_load * ("products_table" in self.running)
         writes = self.bodies + self.incomplete if fetching else 0
-        # parsed.json per category; dead_letters.json per category
-        return writes + self.categories * (("parsed_products" in self.running) + ("dead_letters" in self.running))
+        # parsed.json or parse_state.json per category; the sure dead_letters.json writes
+        return writes + self.categories * ("parsed_products" in self.running) + self.letter_writes * ("dead_letters" in self.running)
 
 
 def _choose(planned: str, work: _Work, kills_left: int, rng: random.Random) -> tuple[str, int] | None:
@@ -317,6 +319,35 @@ def _choose(planned: str, work: _Work, kills_left: int, rng: random.Random) -> t
             upper = max(1, min(bound, (2 * bound) // (kills_left + 1)))
             return kind, rng.randint(1, upper)
     return None
+
+
+def _dead_letter_work(series: Series, manifests: list, fetching: bool) -> tuple[int, int]:
+    """``(dead_letters.json writes, dead_letters transactions)`` the next ``dead_letters`` is sure to make.
+
+    It sees a category's snapshot once complete (already, or by this run's ``raw_pages``).
+    A snapshot this run starts or completes was opened by it: its file is written. A snapshot with a failed page has dead letters: its file is written and its rows
+    loaded. A complete one's file is written unless it already lists none; rows left in the table
+    are replaced. Cards the parser rejects are not counted (a lower bound).
+    """
+    table = {}
+    if (series.data / "warehouse.db").exists():
+        table = Warehouse(f"sqlite:///{series.data / 'warehouse.db'}").rows_by_category(dead_letters, series.categories)
+    writes = len(series.categories) - len(manifests) if fetching else 0  # snapshots this run starts
+    loads = 0
+    for manifest in manifests:
+        if not (manifest.is_complete or fetching):
+            continue
+        failed = manifest.counts()["failed"] > 0
+        writes += failed or not manifest.is_complete or not _lists_no_dead_letter(series.store, manifest)
+        loads += failed or bool(table.get(manifest.category))
+    return writes, loads
+
+
+def _lists_no_dead_letter(store: ObjectStore, manifest) -> bool:
+    try:
+        return json.loads(store.read_bytes(f"{manifest.prefix}/dead_letters.json")) == []
+    except (FileNotFoundError, ValueError):
+        return False
 
 
 def _categories_to_load(series: Series) -> int:
@@ -408,6 +439,7 @@ def run_kill_loop(
                 notes.append(f"kill {index} ({planned}) not attempted: everything is materialized")
                 break
             manifests = killed.manifests()
+            letter_writes, letter_loads = _dead_letter_work(killed, manifests, "raw_pages" in running)
             work = _Work(
                 running=running,
                 requests=sum(reference_pages.values()) - sum(len(m.pages) - m.counts()["pending"] for m in manifests),
@@ -415,6 +447,8 @@ def run_kill_loop(
                 incomplete=len(categories) - sum(m.is_complete for m in manifests),
                 to_load=_categories_to_load(killed),
                 categories=len(categories),
+                letter_writes=letter_writes,
+                letter_loads=letter_loads,
             )
             choice = _choose(planned, work, kills - index + 1, rng)
             if choice is None:

@@ -19,7 +19,7 @@ What happens, all on 127.0.0.1 and in a work folder of its own:
    :mod:`scrape_assets.crashpoints` (``SCRAPE_CRASHPOINT=<point>:<n>``, the process kills
    itself on the n-th hit: inside a manifest/page write, after a page body, inside a table
    load; n never exceeds a lower bound of the hits the run still has, counted from the
-   manifests and tables, so every kill lands). Each restart re-executes what the killed run
+   manifests, the tables and the snapshots' ``dead_letters.json``, so every kill lands). Each restart re-executes what the killed run
    had not materialized yet, read from the Dagster instance - what "re-execute from
    failure" does in the UI; materializing ``raw_pages`` again after it was recorded would
    be, by design, a new scrape. After the K kills the run is started once more and must
@@ -325,29 +325,29 @@ def _dead_letter_work(series: Series, manifests: list, fetching: bool) -> tuple[
     """``(dead_letters.json writes, dead_letters transactions)`` the next ``dead_letters`` is sure to make.
 
     It sees a category's snapshot once complete (already, or by this run's ``raw_pages``).
-    A snapshot this run starts or completes was opened by it: its file is written. A snapshot with a failed page has dead letters: its file is written and its rows
-    loaded. A complete one's file is written unless it already lists none; rows left in the table
-    are replaced. Cards the parser rejects are not counted (a lower bound).
+    A snapshot this run starts or completes was opened by it: its file is written. A
+    snapshot with a failed page has dead letters: its file is written and its rows loaded
+    (the series' dead page is a permanent 404, and a run on the same day keeps or resumes
+    its snapshot, so the failed page stays). A complete snapshot's file is written unless
+    it already lists none; rows left in the table are replaced. Cards the parser rejects
+    are not counted (a lower bound).
     """
+    from scrape_assets.defs.assets.dead_letters import lists_no_dead_letter
+
     table = {}
     if (series.data / "warehouse.db").exists():
-        table = Warehouse(f"sqlite:///{series.data / 'warehouse.db'}").rows_by_category(dead_letters, series.categories)
+        with Warehouse(f"sqlite:///{series.data / 'warehouse.db'}", create=False) as wh:
+            if dead_letters.name in wh.existing_tables():
+                table = wh.rows_by_category(dead_letters, series.categories)
     writes = len(series.categories) - len(manifests) if fetching else 0  # snapshots this run starts
     loads = 0
     for manifest in manifests:
         if not (manifest.is_complete or fetching):
             continue
         failed = manifest.counts()["failed"] > 0
-        writes += failed or not manifest.is_complete or not _lists_no_dead_letter(series.store, manifest)
+        writes += failed or not manifest.is_complete or not lists_no_dead_letter(series.store, manifest)
         loads += failed or bool(table.get(manifest.category))
     return writes, loads
-
-
-def _lists_no_dead_letter(store: ObjectStore, manifest) -> bool:
-    try:
-        return json.loads(store.read_bytes(f"{manifest.prefix}/dead_letters.json")) == []
-    except (FileNotFoundError, ValueError):
-        return False
 
 
 def _categories_to_load(series: Series) -> int:

@@ -300,8 +300,9 @@ def test_dead_letters_leaves_a_partition_without_dead_letters_as_it_is(tmp_path,
     from scrape_assets.defs.assets import dead_letters as asset_module
 
     reads, transactions = [], []
-    holds_no_rows, replace_partition = asset_module._holds_no_rows, Warehouse.replace_partition
-    monkeypatch.setattr(asset_module, "_holds_no_rows", lambda store, key: reads.append(key) or holds_no_rows(store, key))
+    lists_none, replace_partition = asset_module.lists_no_dead_letter, Warehouse.replace_partition
+    monkeypatch.setattr(asset_module, "lists_no_dead_letter",
+                        lambda store, manifest: reads.append(manifest.category) or lists_none(store, manifest))
     monkeypatch.setattr(Warehouse, "replace_partition",
                         lambda self, table, category, rows: transactions.append(category) or replace_partition(self, table, category, rows))
     res = make_resources(tmp_path)
@@ -312,12 +313,12 @@ def test_dead_letters_leaves_a_partition_without_dead_letters_as_it_is(tmp_path,
     assert json.loads(letters_file.read_text()) == []
     written = letters_file.stat()
 
-    def run_dead_letters():
+    def run_dead_letters(*, read: bool = True):
         reads.clear()
         transactions.clear()
         result = materialize(instance, res, ["travel"], selection=["dead_letters"])
         assert result.success
-        assert len(reads) == 1
+        assert reads == (["travel"] if read else [])  # with dead letters now, written without a read
         return result.get_asset_materialization_events()[0].materialization.metadata["dead_letters"].value
 
     assert run_dead_letters() == 0
@@ -325,23 +326,28 @@ def test_dead_letters_leaves_a_partition_without_dead_letters_as_it_is(tmp_path,
     again = letters_file.stat()
     assert (again.st_ino, again.st_mtime_ns) == (written.st_ino, written.st_mtime_ns)  # not written again
 
-    # A file that lists a dead letter (hand-edited, or unreadable) is rewritten ...
-    letters_file.write_text('[{"url": "http://x/", "reason": "stale"}]')
-    assert run_dead_letters() == 0
-    assert json.loads(letters_file.read_text()) == []
-    letters_file.write_text("[")
-    assert run_dead_letters() == 0
-    assert json.loads(letters_file.read_text()) == []
-    assert transactions == []
+    # A file that lists a dead letter (hand-edited), is unreadable or is missing is written again ...
+    for damage in (lambda: letters_file.write_text('[{"url": "http://x/", "reason": "stale"}]'),
+                   lambda: letters_file.write_text("["), letters_file.unlink):
+        damage()
+        assert run_dead_letters() == 0
+        assert json.loads(letters_file.read_text()) == []
+        assert transactions == []
+
+    # ... and so is one listing nothing when there is a dead letter now, with its row loaded ...
+    letter = {"category": "travel", "url": "http://x/", "stage": "parse", "reason": "no price", "http_status": None,
+              "attempts": 0, "snapshot_id": "s0", "recorded_at": "2026-01-01T00:00:00+00:00"}
+    with monkeypatch.context() as patched:
+        patched.setattr(asset_module, "dead_letter_rows", lambda manifest, rejects: [letter])
+        assert run_dead_letters(read=False) == 1
+    assert json.loads(letters_file.read_text()) == [letter]
+    assert transactions == ["travel"]
 
     # ... and a table that still holds the partition's rows is emptied.
-    wh = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}")
-    wh.replace_partition(dead_letters, "travel", [
-        {"category": "travel", "url": "http://x/", "stage": "fetch", "reason": "stale", "http_status": 500,
-         "attempts": 3, "snapshot_id": "s0", "recorded_at": "2026-01-01T00:00:00+00:00"}])
     assert run_dead_letters() == 0
+    assert json.loads(letters_file.read_text()) == []
     assert transactions == ["travel"]
-    assert wh.rows(dead_letters) == []
+    assert Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(dead_letters) == []
 
 
 def test_a_complete_snapshot_is_adopted_only_when_its_run_died_before_recording_it(instance, monkeypatch):

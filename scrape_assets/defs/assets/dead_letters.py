@@ -51,10 +51,15 @@ def dead_letter_rows(manifest: Manifest, parse_rejects: list[dict]) -> list[dict
     return rows
 
 
-def _holds_no_rows(store: ObjectStore, key: str) -> bool:
-    """Whether ``dead_letters.json`` at ``key`` exists and lists no dead letter (one read; unreadable JSON: False)."""
+def dead_letters_key(manifest: Manifest) -> str:
+    """Storage key of a snapshot's dead letters: ``{site}/{category}/{snapshot_id}/dead_letters.json``."""
+    return f"{manifest.prefix}/dead_letters.json"
+
+
+def lists_no_dead_letter(store: ObjectStore, manifest: Manifest) -> bool:
+    """Whether the snapshot's ``dead_letters.json`` exists and lists no dead letter (one read; unreadable: False)."""
     try:
-        return json.loads(store.read_bytes(key)) == []
+        return json.loads(store.read_bytes(dead_letters_key(manifest))) == []
     except (FileNotFoundError, ValueError):
         return False
 
@@ -73,8 +78,8 @@ def dead_letters(
 
     Kept as the warehouse table ``dead_letters`` (replaced per partition) and as
     ``dead_letters.json`` next to the snapshot. What already says "no dead letter" is left
-    as it is: the table's partition (no transaction) and, for a snapshot an earlier run
-    opened (a re-parse), the file (one read instead of a write; on S3 a GET, not a PUT).
+    as it is: the table's partition (no transaction) and the file of a snapshot an earlier
+    run opened (a re-parse backfill: one read instead of a write; on S3 a GET, not a PUT).
     """
     categories = run_categories(context)  # a backwards range fails before the warehouse is opened (or claimed)
     spec = site.spec()
@@ -90,11 +95,11 @@ def dead_letters(
             state = load_parse_state(object_store, spec.name, category)
             rejects = load_current(object_store, spec.name, category)[0].rejects if state is None or state.rejects else []
             rows = dead_letter_rows(manifest, rejects)
-            key = f"{manifest.prefix}/dead_letters.json"
-            # A snapshot this run opened has no file yet: no read to find that out (a GET on S3).
-            if rows or manifest.run_id == context.run_id or not _holds_no_rows(object_store, key):
-                object_store.sweep_temp_files(manifest.prefix, names=["dead_letters.json"])  # left by a crash
-                object_store.write_bytes_atomic(key, json.dumps(rows, indent=1).encode())
+            object_store.sweep_temp_files(manifest.prefix, names=["dead_letters.json"])  # left by a crash
+            # A snapshot this run opened is written without a read first (on S3 a GET, most
+            # likely of a file not there yet); one an earlier run opened is read first.
+            if rows or manifest.run_id == context.run_id or not lists_no_dead_letter(object_store, manifest):
+                object_store.write_bytes_atomic(dead_letters_key(manifest), json.dumps(rows, indent=1).encode())
             # None now and none in the table: no transaction.
             counts[category] = wh.replace_partition(dead_letters_table, category, rows) if rows or in_table.get(category) else 0
             if rows:

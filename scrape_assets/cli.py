@@ -218,7 +218,7 @@ def print_summary(summary: dict, run: dict | None = None, out=sys.stdout) -> Non
                                   else f"n/a (no complete snapshot of {summary['site']} in {summary['object_storage']}"
                                        " yet: is SCRAPE_DATA_DIR or SCRAPE_STORAGE_URL the one you scraped into?)"),
         f"  products loaded {summary['products_loaded']} (table `products`)"
-        + ("" if summary.get("warehouse_exists", True) else f"; no warehouse yet at {summary['warehouse']}"),
+        + ("" if summary.get("warehouse_exists", True) else f"; no `products` table yet in {summary['warehouse']}"),
     ]
     stale = summary.get("products_of_categories_not_in_spec") or {}
     if stale:

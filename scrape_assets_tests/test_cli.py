@@ -26,7 +26,7 @@ def test_demo_command_runs_all_categories_in_one_run_and_prints_summary(tmp_path
     assert (f"  success rate    n/a (no complete snapshot of demo in {tmp_path / 'data' / 'objects'} yet: is "
             "SCRAPE_DATA_DIR or SCRAPE_STORAGE_URL the one you scraped into?)") in empty.stdout
     warehouse_file = tmp_path / "data" / "warehouse.db"
-    assert f"products loaded 0 (table `products`); no warehouse yet at sqlite:///{warehouse_file}" in empty.stdout
+    assert f"products loaded 0 (table `products`); no `products` table yet in sqlite:///{warehouse_file}" in empty.stdout
     assert not warehouse_file.exists()  # asking for a summary creates no warehouse
     # Without DAGSTER_HOME (outside `make demo`) the instance is ./.dagster_home, as the Makefile's.
     home = tmp_path / ".dagster_home"
@@ -310,9 +310,11 @@ def test_summary_of_an_unusable_warehouse_or_storage_is_one_line_naming_the_sett
 
 
 def test_the_summary_creates_no_table_missing_from_an_older_warehouse(tmp_path):
+    import io
+
     import sqlalchemy as sa
 
-    from scrape_assets.cli import summarize
+    from scrape_assets.cli import print_summary, summarize
     from scrape_assets.defs.resources import build_resources
     from scrape_assets.warehouse import dead_letters, warehouse_site
 
@@ -333,6 +335,17 @@ def test_the_summary_creates_no_table_missing_from_an_older_warehouse(tmp_path):
     summary = summarize(resources)
     assert (summary["products_loaded"], summary["dead_letters"], summary["warehouse_exists"]) == (1, 0, True)
     assert Warehouse(url).existing_tables() == before and dead_letters.name not in before
+
+    # A database without the tables (as a new PostgreSQL database is) is named as such, and left empty.
+    empty_url = f"sqlite:///{tmp_path / 'empty.db'}"
+    with Warehouse(empty_url, create=False) as empty, empty.engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE unrelated (id INTEGER)"))
+    resources = build_resources({"SCRAPE_SITE": "demo", "SCRAPE_DATA_DIR": str(tmp_path / "data"),
+                                 "SCRAPE_WAREHOUSE_URL": empty_url}, secrets_as_env_vars=False)
+    out = io.StringIO()
+    print_summary(summarize(resources), out=out)
+    assert f"  products loaded 0 (table `products`); no `products` table yet in {empty_url}" in out.getvalue().splitlines()
+    assert sa.inspect(sa.create_engine(empty_url)).get_table_names() == ["unrelated"]  # nothing created
 
 
 def test_serve_demo_refuses_a_bad_port_date_or_busy_address_in_one_line(monkeypatch, capsys):

@@ -23,7 +23,7 @@ _LINE = re.compile(r":\d+\)$")
 _PLUMBING = re.compile(
     r"^(<module>|_run_module_as_main|_run_code|main|run|_run|_run_once|run_forever|run_until_complete|Handle\._run|"
     r"BaseEventLoop\.|Runner\.|Context\.run|process |Thread\.|_bootstrap|__call__|wrapper|inner|invoke|"
-    r"Command\.|MultiCommand\.|Group\.|BaseCommand\.|_call_with_frames_removed)"
+    r"Command\.|MultiCommand\.|Group\.|BaseCommand\.|_call_with_frames_removed|BaseProcess\.|_process_worker)"
 )
 
 
@@ -37,6 +37,17 @@ _PROCESS = re.compile(r'process \d+:"[^"]*"')
 
 def _frame(raw: str) -> str:
     return _LINE.sub(")", raw.strip())
+
+
+def _without_fork_frames(frames: list[str]) -> list[str]:
+    """A fork worker's stack without the parent's frames from ``ProcessPoolExecutor.submit`` down
+    to the fork (py-spy shows them above the child's own: they would read as the fork costing
+    the worker's whole time); the parent's frames above (the asset, ``top_up``) stay."""
+    launch = next((i for i, f in enumerate(frames) if f.startswith("Popen._launch (") and "popen_fork" in f), None)
+    if launch is None or launch == len(frames) - 1:  # not a child (the parent forking: its own cost)
+        return frames
+    submit = next((i for i in range(launch, -1, -1) if frames[i].startswith("ProcessPoolExecutor.submit (")), launch)
+    return frames[:submit] + frames[launch + 1:]
 
 
 #: Leaf frames of threads that py-spy counted although they were blocked (thread-pool workers
@@ -72,7 +83,7 @@ def summarize(path: Path, top: int = 12) -> dict:
         stack = _PROCESS.sub(lambda m: m.group(0).replace(";", ","), stack)  # a command line may hold ';'
         frames = [_frame(f) for f in stack.split(";") if f]
         pids = [f.split(":", 1)[0] for f in frames if f.startswith("process ")]
-        frames = [f for f in frames if not f.startswith("process ")]
+        frames = _without_fork_frames([f for f in frames if not f.startswith("process ")])
         if not frames:
             continue
         pid = pids[-1] if pids else "?"

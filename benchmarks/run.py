@@ -57,11 +57,9 @@ class Server:
         self.ready = work / "server.json"
         self.ready.unlink(missing_ok=True)
         self.log = open(work / "server.log", "wb")
-        self.proc = subprocess.Popen(
-            [PY, "-m", "benchmarks.large_site", "--categories", str(categories), "--pages", str(pages),
-             "--ready-file", str(self.ready)],
-            cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
-        )
+        self.command = [PY, "-m", "benchmarks.large_site", "--categories", str(categories), "--pages", str(pages),
+                        "--ready-file", str(self.ready)]
+        self.proc = subprocess.Popen(self.command, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300
         while not self.ready.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -171,7 +169,7 @@ class Bench:
                 "in_run_s": stats.get("elapsed_time_seconds"), "rows": items}
 
     def ours(self, size_dir: Path, server: Server, spec: Path, concurrency: int, pages: int, categories: int,
-             name: str | None = None, fresh: bool = True, profile: str | None = None) -> dict:
+             name: str | None = None, fresh: bool = True, profile: str | None = None, what: str | None = None) -> dict:
         run_dir = size_dir / (name or f"ours-c{concurrency}")
         if fresh:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -183,7 +181,7 @@ class Bench:
             fmt = "raw" if profile.endswith(".txt") else "flamegraph"
             command = [str(BIN / "py-spy"), "record", "--subprocesses", "--rate", "100", "--format", fmt,
                        "--output", profile, "--", *command]
-        self.note_command("pipeline (py-spy)" if profile else "pipeline, all categories in one run", command, env)
+        self.note_command(what or ("pipeline (py-spy)" if profile else "pipeline, all categories in one run"), command, env)
         server.control("reset")
         m = run_measured(command, env=env, cwd=run_dir, log_prefix=run_dir / (f"run-{int(time.time())}"), server_pid=server.proc.pid)
         served = server.control("stats")
@@ -252,14 +250,30 @@ class Bench:
         first_page_spec = size_dir / "spec-first-page.yaml"
         first_page_spec.write_text(spec.read_text() + "incremental:\n  revalidate: first_page\n")
         name = Path(first["run_dir"]).name  # the first run's data directory, carried on run after run
-        for label, variant, run_spec, repeats in (
-            ("unchanged", "base", spec, self.args.repeats),
-            ("unchanged_first_page", "base", first_page_spec, self.args.repeats),
-            ("changed_10pct", "changed10", spec, 1),  # changes the data: once
+        for label, variant, run_spec, repeats, what in (
+            ("unchanged", "base", spec, self.args.repeats, "unchanged day: the same command again, same data directory"),
+            ("unchanged_first_page", "base", first_page_spec, self.args.repeats,
+             "unchanged day with the opt-in spec (spec-first-page.yaml = spec.yaml + `incremental: {revalidate: first_page}`)"),
+            ("changed_10pct", "changed10", spec, 1, "10% of categories changed (after the server switch above)"),  # changes the data: once
         ):
+            self.note_command(f"server: switch to the {variant} catalogue", ["curl", "-s", f"{server.base_url}_bench/variant/{variant}"])
             server.control(f"variant/{variant}")
-            out[label] = median_run([self.ours(size_dir, server, run_spec, 16, pages, categories, name=name, fresh=False)
+            out[label] = median_run([self.ours(size_dir, server, run_spec, 16, pages, categories, name=name, fresh=False,
+                                               what=what)
                                      for _ in range(repeats)])
+            if label == "unchanged" and self.args.profile and pages == max(self.args.sizes):
+                # What bounds the default unchanged day (the target it misses): one more unchanged
+                # run of the same data under py-spy, outside the medians.
+                target = self.work / f"profile-unchanged-{pages}.txt"
+                target.unlink(missing_ok=True)
+                run = self.ours(size_dir, server, run_spec, 16, pages, categories, name=name, fresh=False,
+                                profile=str(target), what="unchanged day under py-spy")
+                out["profile_unchanged"] = {"path": str(target), "wall_s": run["wall_s"], "steps": run["steps"],
+                                            "ok": run["ok"] and target.exists()}
+                if out["profile_unchanged"]["ok"]:
+                    summary = profile_summary.summarize(target)
+                    out["profile_unchanged"]["summary"] = summary
+                    (self.work / f"profile-unchanged-{pages}.md").write_text(profile_summary.to_markdown(summary))
         server.control("variant/base")
         return out
 
@@ -327,6 +341,7 @@ class Bench:
             size_dir.mkdir(parents=True, exist_ok=True)
             log(f"{size} pages: starting the server ({categories} categories x {per_category} pages)")
             server = Server(size_dir, categories, per_category)
+            self.note_command("the catalogue server (own process; prints its base URL to the ready file)", server.command)
             res: dict = {"categories": categories, "pages_per_category": per_category, "server": server.info,
                          "code": code_fingerprint()}
             self.results["sizes"][str(size)] = res
@@ -397,14 +412,19 @@ class Bench:
 
 
 def median_run(runs: list[dict], key: str = "wall_s") -> dict:
-    """The run with the median ``key`` (the lower middle one of an even count), plus every run's ``key``.
+    """The run with the median ``key`` (the lower middle one of an even count), plus every run's ``key``
+    and the peak memory of the worst run (``<peak>_all_runs``).
 
     This machine's speed drifts by up to ~20% between identical runs (other tenants of the
     host; no CPU of theirs shows inside it), so one run per row let noise decide close
     verdicts; the median of interleaved runs is what the tables show, ``runs_<key>`` the spread.
     """
     chosen = sorted(runs, key=lambda r: r[key])[(len(runs) - 1) // 2]
-    return {**chosen, f"runs_{key}": [r[key] for r in runs]}
+    out = {**chosen, f"runs_{key}": [r[key] for r in runs]}
+    for peak in ("rss_max_process_mb", "pss_peak_tree_mb"):  # memory: the worst of the runs, not the median's
+        if all(peak in r for r in runs):
+            out[f"{peak}_all_runs"] = max(r[peak] for r in runs)
+    return out
 
 
 def code_fingerprint() -> str:

@@ -13,7 +13,8 @@
 ``scrape-assets prune --keep N [--dry-run]``
     Delete old snapshots of every category, keeping the N newest complete ones and
     everything they read (:mod:`scrape_assets.retention`); exit code 1 when a category was
-    skipped (a run is writing it, or its files could not be read or deleted).
+    skipped (a run is writing it, or its files could not be read or deleted), 2 when the
+    storage holds no snapshot of the site at all.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def _instance():
 def storage_setting_error(exc: StorageError, usable: str = "can write") -> ScrapeError:
     """``exc`` (object storage unusable) as the setting that chose it: ``SCRAPE_STORAGE_URL``, or ``SCRAPE_DATA_DIR``.
 
-    The value shown is the store's root (the object that failed under it is in the detail).
+    The value shown is the store's root (the object that failed under it is in the detail),
+    or the data folder as set when the store is its ``objects/`` folder.
     When the store's client could not reach it (a wrong endpoint, no credentials: see
     ``storage.CLIENT_HINTS``), the URL is not blamed: "cannot use object storage at <root>:
     ..." with what to check.
@@ -78,6 +80,8 @@ def storage_setting_error(exc: StorageError, usable: str = "can write") -> Scrap
         detail = text[len(value) + 1:]
     if type(exc.__cause__).__name__ in CLIENT_HINTS:  # the URL is fine: the endpoint or the credentials are not
         return ScrapeError(f"cannot use object storage at {value}: {detail}")
+    if variable == "SCRAPE_DATA_DIR":  # the store is the data folder's objects/: name the folder as set
+        return SettingsError(variable, os.environ.get(variable) or "./data", f"a folder this process {usable} ({detail})")
     return SettingsError(variable, value, f"object storage this process {usable} ({detail})")
 
 
@@ -246,7 +250,9 @@ def ui_command(env: Mapping[str, str]) -> str:
     ``SCRAPE_SITE`` (other than ``demo``), the data folder (``SCRAPE_DATA_DIR``, else
     ``./data`` of the current folder) other than the clone's ``data``,
     ``SCRAPE_BASE_URL``, and ``DAGSTER_HOME`` other than the clone's ``.dagster_home``
-    (unset: the clone's is assumed), each shell-quoted; paths absolute, a base URL
+    (unset: ``./.dagster_home`` of the current folder when it holds an instance, as
+    ``scrape-assets demo`` run there used it; else the clone's),
+    each shell-quoted; paths absolute, a base URL
     without user info or query.
     ``SCRAPE_STORAGE_URL`` and ``SCRAPE_WAREHOUSE_URL`` are left out (they may hold
     credentials): set them as for the run.
@@ -263,8 +269,10 @@ def ui_command(env: Mapping[str, str]) -> str:
     if env.get("SCRAPE_BASE_URL"):
         parts.append(f"SCRAPE_BASE_URL={shlex.quote(redact_url(env['SCRAPE_BASE_URL']))}")  # never credentials
     parts.append("make ui")
-    home = env.get("DAGSTER_HOME")
-    if home and (home := Path(home).expanduser().resolve()) != _CLONE / ".dagster_home":
+    home = Path(env.get("DAGSTER_HOME") or ".dagster_home").expanduser().resolve()  # unset: as _instance() does...
+    if not env.get("DAGSTER_HOME") and not (home / "dagster.yaml").is_file():
+        home = _CLONE / ".dagster_home"  # ...when there is an instance there; else `make demo`'s, the clone's
+    if home != _CLONE / ".dagster_home":
         parts.append(f"DAGSTER_HOME={shlex.quote(str(home))}")
     return " ".join(parts)
 
@@ -299,7 +307,12 @@ def run_demo(new_snapshot: bool = False) -> int:
 
 
 def run_prune(keep: int, dry_run: bool, out=None) -> int:
-    """Prune the configured site's snapshots (see :mod:`scrape_assets.retention`); 1 if a category was skipped."""
+    """Prune the configured site's snapshots (see :mod:`scrape_assets.retention`); 1 if a category was skipped.
+
+    Raises:
+        ScrapeError: the storage holds no snapshot of the site at all (a mistyped data folder,
+            most likely; nothing is created there).
+    """
     out = out or sys.stdout
     from scrape_assets.defs.resources import build_resources
     from scrape_assets.retention import prune
@@ -313,6 +326,8 @@ def run_prune(keep: int, dry_run: bool, out=None) -> int:
               file=sys.stderr)
     plans = prune(store, spec.name, list(spec.categories), keep, owner=f"scrape-assets prune (pid {os.getpid()})",
                   dry_run=dry_run)
+    if not any(p.kept or p.objects or p.skipped for p in plans):  # nothing of this site there: wrong folder or site?
+        raise ScrapeError(f"no snapshot of {spec.name} in {_storage_as_set()}: {_storage_hint(spec.name)} Nothing pruned")
     for plan in plans:
         print(plan.line(dry_run=dry_run), file=out)
     skipped = [p.category for p in plans if p.skipped]
@@ -322,6 +337,20 @@ def run_prune(keep: int, dry_run: bool, out=None) -> int:
           f"({freed / 1e6:.1f} MB) across {counted(len(plans), 'category')} of {spec.name} at {store.describe()}"
           + (f"; skipped {len(skipped)}: {', '.join(skipped)}" if skipped else ""), file=out)
     return 1 if skipped else 0
+
+
+def _storage_as_set() -> str:
+    """Where the store is, as the user set it: ``SCRAPE_STORAGE_URL`` (without credentials), or the data folder."""
+    from scrape_assets.storage import redact_url
+
+    if url := os.environ.get("SCRAPE_STORAGE_URL"):
+        return redact_url(url)
+    return str(Path(os.environ.get("SCRAPE_DATA_DIR") or "data").expanduser().resolve())
+
+
+def _storage_hint(site: str) -> str:
+    variable = "SCRAPE_STORAGE_URL" if os.environ.get("SCRAPE_STORAGE_URL") else "SCRAPE_DATA_DIR"
+    return f"is {variable} the one you scraped into, and SCRAPE_SITE ({site}) the site?"
 
 
 def _at_least_one(text: str) -> int:
@@ -369,19 +398,38 @@ def _port(text: str) -> int:
     return value
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("scrape_assets")
+    except PackageNotFoundError:  # run from a checkout that is not installed
+        return "(not installed)"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``scrape-assets``; returns the exit code (0 ok, 1 run failed or a category
     not pruned, 2 bad input)."""
-    parser = argparse.ArgumentParser(prog="scrape-assets", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="materialize every asset for every category, then print a summary")
+    parser = argparse.ArgumentParser(
+        prog="scrape-assets", description="Scrape a catalogue site's category listings into Dagster assets.",
+        epilog="Settings come from SCRAPE_* environment variables (SCRAPE_SITE, SCRAPE_DATA_DIR, SCRAPE_STORAGE_URL, "
+               "SCRAPE_WAREHOUSE_URL, ...: the README's Configuration section) and the Dagster instance from "
+               "DAGSTER_HOME (default: ./.dagster_home).")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+
+    demo = command("demo", "materialize every asset for every category of the site in one run, then print a summary")
     demo.add_argument("--new-snapshot", action="store_true", help="start new snapshots even if one is incomplete")
-    serve = sub.add_parser("serve-demo", help="serve the demo catalogue on 127.0.0.1 over real sockets")
+    serve = command("serve-demo", "serve the demo catalogue over real sockets until Ctrl-C")
     serve.add_argument("--port", type=_port, default=8000, help="0..65535; 0 picks a free port (default 8000)")
-    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1; another address exposes the demo to the network)")
     serve.add_argument("--faults", metavar="FILE", help="inject the faults of this spec (see scrape_assets/faults.py)")
-    sub.add_parser("summary", help="print what is stored now")
-    prune = sub.add_parser("prune", help="delete old snapshots, keeping the newest N complete ones per category")
+    command("summary", "print what is stored now: categories, pages, products, dead letters (reads only)")
+    prune = command("prune", "delete old snapshots, keeping the newest N complete ones per category")
     prune.add_argument("--keep", type=_at_least_one, required=True, metavar="N",
                        help="complete snapshots to keep per category (>= 1)")
     prune.add_argument("--dry-run", action="store_true", help="report what would be deleted; delete nothing")
@@ -400,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
             print_summary(summarize(build_resources(secrets_as_env_vars=False)))
             return 0
     except StorageError as exc:  # e.g. an unknown protocol, found when the definitions load
-        usable = "can read" if args.command == "summary" else "can write"
+        usable = "can read" if args.command == "summary" or getattr(args, "dry_run", False) else "can write"
         print(f"scrape-assets: error: {storage_setting_error(exc, usable)}", file=sys.stderr)
         return 2
     except ScrapeError as exc:

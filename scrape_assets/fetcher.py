@@ -290,7 +290,9 @@ class PageFetcher:
         try:
             return await self._fetch(url, prior_attempts, on_attempt, dict(headers or {}), on_attempt_cancelled)
         except FetchError as exc:
-            logger.warning(
+            # INFO: the error is raised to the caller, who reports it (the crawler: one line per
+            # page failed for good, and the dead letters); a WARNING here printed it twice.
+            logger.info(
                 "giving up on %s after %d attempt(s): %s%s",
                 url,
                 exc.attempts,

@@ -176,7 +176,8 @@ def prune(
         dry_run: plan and report only: no lock taken, nothing written or deleted.
 
     Returns:
-        One plan per category, in order. A category a run is writing, with an unreadable
+        One plan per category, in order (a category without any snapshot folder: an empty
+        plan, no lock taken, nothing written). A category a run is writing, with an unreadable
         manifest or parse state, or whose files could not be listed or deleted, has
         ``skipped`` set (the reason); it lost nothing it needs (see the deletion order).
 
@@ -188,6 +189,11 @@ def prune(
     for category in categories:
         plan = PrunePlan(category)
         try:
+            if not snapshot_folders(store, site, category):
+                # Nothing to prune, and no lock taken: a lock file would make the category's
+                # folder (a mistyped SCRAPE_DATA_DIR would fill up with empty folders).
+                plans.append(plan)
+                continue
             with ExitStack() as locks:
                 for scope in WRITER_SCOPES if not dry_run else ():
                     locks.enter_context(partition_lock(store, site, category, owner=owner, scope=scope))

@@ -27,6 +27,8 @@ resources. ``SCRAPE_DEMO_DATE`` is validated here and read by the demo catalogue
 
 from __future__ import annotations
 
+import difflib
+import logging
 import math
 import os
 import re
@@ -38,6 +40,29 @@ from urllib.parse import urlsplit
 from scrape_assets.errors import SettingsError, UnknownSiteError
 from scrape_assets.proxies import ProxyURL
 from scrape_assets.spec import load_spec
+
+logger = logging.getLogger(__name__)
+
+#: Every ``SCRAPE_*`` variable the package reads: the table above, and ``SCRAPE_CRASHPOINT``
+#: (:mod:`scrape_assets.crashpoints`, for the reliability tests). ``SCRAPE_TEST_*`` is left
+#: to test suites.
+KNOWN_VARIABLES = frozenset({
+    "SCRAPE_SITE", "SCRAPE_BASE_URL", "SCRAPE_DATA_DIR", "SCRAPE_STORAGE_URL", "SCRAPE_WAREHOUSE_URL",
+    "SCRAPE_REQUESTS_PER_SECOND", "SCRAPE_MAX_CONCURRENCY", "SCRAPE_MAX_ATTEMPTS", "SCRAPE_ALERT_WEBHOOK_URL",
+    "SCRAPE_PROXY_URL", "SCRAPE_USER_AGENT", "SCRAPE_LOCK_WAIT_S", "SCRAPE_RESUME_MAX_AGE_H", "SCRAPE_SCHEDULE_CRON",
+    "SCRAPE_DEMO_DATE", "SCRAPE_GC_FREEZE", "SCRAPE_CRASHPOINT",
+})
+_warned: set[str] = set()
+
+
+def unknown_variables(env: dict) -> list[tuple[str, str | None]]:
+    """``SCRAPE_*`` names in ``env`` that no setting reads, each with the closest known name
+    (``None`` when none is close), sorted by name: a ``SCRAPE_DATA_DIR`` typed without its
+    second underscore is paired with ``SCRAPE_DATA_DIR``."""
+    return [(name, next(iter(difflib.get_close_matches(name, KNOWN_VARIABLES, n=1, cutoff=0.75)), None))
+            for name in sorted(env) if name.startswith("SCRAPE_") and name not in KNOWN_VARIABLES
+            and not name.startswith("SCRAPE_TEST_")]
+
 
 _CRON_FIELD = r"[0-9*/,\-A-Za-z?LW#]+"
 _CRON = re.compile(rf"{_CRON_FIELD}(\s+{_CRON_FIELD}){{4}}")
@@ -99,11 +124,19 @@ def _number(env, name: str, kind: type, minimum: float, maximum: float | None = 
 def load_settings(env: dict | None = None) -> Settings:
     """Read and validate ``SCRAPE_*`` variables (``env`` defaults to ``os.environ``).
 
+    A ``SCRAPE_*`` variable no setting reads (a misspelling, most likely) is logged as a
+    warning, once per name and process, with the closest known name.
+
     Raises:
         SettingsError: a variable has a value of the wrong kind.
         SpecError: ``SCRAPE_SITE`` names no shipped spec and no readable spec file.
     """
     env = dict(os.environ if env is None else env)
+    for name, close in unknown_variables(env):  # a misspelled setting is otherwise silently ignored
+        if name not in _warned:
+            _warned.add(name)
+            logger.warning("%s is not a setting of scrape_assets: ignored%s", name,
+                           f" (did you mean {close}?)" if close else " (the settings: README, Configuration)")
     data_dir = env.get("SCRAPE_DATA_DIR") or "./data"
     data_path = Path(data_dir).expanduser().resolve()
     site = env.get("SCRAPE_SITE") or "demo"

@@ -26,6 +26,10 @@ _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 Explain = Callable[[dict, str | None], "tuple[str | None, str] | None"]
 
 
+#: Problems listed after the first in one error message (the rest are counted).
+MAX_MORE = 5
+
+
 def parse_yaml_model(
     text: str,
     source: str,
@@ -45,10 +49,11 @@ def parse_yaml_model(
         unknown_key_hint: appended to "unknown key" (e.g. where the valid keys are listed).
         empty_is_mapping: treat an empty document as ``{}``.
         location: formats a pydantic error location as a dotted key (default: join with ``.``).
-        explain: special cases for the first error, see :data:`Explain`.
+        explain: special cases for any error, see :data:`Explain`.
 
     Raises:
-        SpecError: malformed document, or a key missing, unknown or of the wrong value.
+        SpecError: malformed document, or a key missing, unknown or of the wrong value: the
+            first problem (a misspelt key first), then up to :data:`MAX_MORE` others.
     """
     try:
         data = yaml.load(text, Loader=_SafeLoader)  # noqa: S506 - a safe loader
@@ -63,21 +68,31 @@ def parse_yaml_model(
         return model.model_validate(data)
     except ValidationError as exc:
         errors = exc.errors()
-        # A misspelt key shows up as "unknown key" plus "required key missing": name the misspelling.
+        where = location or (lambda loc: ".".join(str(p) for p in loc))
+
+        def describe(error, hint: bool = True) -> tuple[str | None, str]:
+            key = where(error["loc"]) or None
+            special = explain(error, key) if explain is not None else None
+            if special is not None:
+                return special
+            if error["type"] == "missing":
+                return key, "required key is missing"
+            if error["type"] == "extra_forbidden":
+                return key, "unknown key" + (f" ({unknown_key_hint})" if unknown_key_hint and hint else "")
+            detail = error["msg"].removeprefix("Value error, ")
+            if not isinstance(error["input"], (dict, list)):
+                detail += f" (got {error['input']!r})"
+            return key, detail
+
+        # A misspelt key shows up as "unknown key" plus "required key missing": name the misspelling
+        # first; the others follow (up to MAX_MORE), so every typo is fixed in one go.
         first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-        key = (location or (lambda loc: ".".join(str(p) for p in loc)))(first["loc"]) or None
-        special = explain(first, key) if explain is not None else None
-        if special is not None:
-            key, detail = special
-        elif first["type"] == "missing":
-            detail = "required key is missing"
-        elif first["type"] == "extra_forbidden":
-            detail = "unknown key" + (f" ({unknown_key_hint})" if unknown_key_hint else "")
-        else:
-            detail = first["msg"].removeprefix("Value error, ")
-            if not isinstance(first["input"], (dict, list)):
-                detail += f" (got {first['input']!r})"
-        more = f" (and {exc.error_count() - 1} more problem(s))" if exc.error_count() > 1 else ""
+        key, detail = describe(first)
+        others = [describe(e, hint=False) for e in errors if e is not first]  # the hint said once
+        more = ""
+        if others:
+            listed = "; ".join(f"{k}: {d}" if k else d for k, d in others[:MAX_MORE])
+            more = f" (also {listed}" + (f"; and {len(others) - MAX_MORE} more" if len(others) > MAX_MORE else "") + ")"
         raise SpecError(source, key, detail + more) from exc
 
 

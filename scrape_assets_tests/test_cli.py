@@ -121,8 +121,8 @@ def test_bad_inputs_each_give_one_clear_error_naming_the_input(tmp_path):
     cases = {
         "unwritable data dir": (
             {"SCRAPE_DATA_DIR": str(blocker / "data")},
-            f"scrape-assets: error: SCRAPE_DATA_DIR='{blocker / 'data' / 'objects'}' is invalid: expected object "
-            "storage this process can write (object storage is not writable",
+            f"scrape-assets: error: SCRAPE_DATA_DIR='{blocker / 'data'}' is invalid: expected a folder this "
+            "process can write (object storage is not writable",
         ),
         "unreachable storage URL": (
             {"SCRAPE_STORAGE_URL": "nosuchproto://key:secret-token@bucket/prefix"},
@@ -301,11 +301,12 @@ def test_summary_of_an_unusable_warehouse_or_storage_is_one_line_naming_the_sett
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     monkeypatch.setenv("SCRAPE_DATA_DIR", str(blocker))
-    for command, usable in ((["summary"], "can read"), (["prune", "--keep", "1"], "can write")):
+    for command, usable in ((["summary"], "can read"), (["prune", "--keep", "1"], "can write"),
+                            (["prune", "--keep", "1", "--dry-run"], "can read")):  # the folder as set, not its objects/
         assert main(command) == 2
         captured = capsys.readouterr()
-        assert captured.err == (f"scrape-assets: error: SCRAPE_DATA_DIR='{blocker / 'objects'}' is invalid: expected "
-                                f"object storage this process {usable} ({blocker} is a file, not a folder)\n"), command
+        assert captured.err == (f"scrape-assets: error: SCRAPE_DATA_DIR='{blocker}' is invalid: expected "
+                                f"a folder this process {usable} ({blocker} is a file, not a folder)\n"), command
         assert captured.out == ""
 
 
@@ -396,4 +397,56 @@ def test_the_ui_hint_names_the_instance_the_runs_went_to(tmp_path, monkeypatch):
     spec.write_text("name: shop\n")
     assert ui_command({"SCRAPE_SITE": "shop.yaml", "SCRAPE_BASE_URL": "http://u:secret@127.0.0.1:8001/?token=x"}) == (
         f"SCRAPE_SITE={spec} SCRAPE_DATA_DIR={tmp_path / 'data'} SCRAPE_BASE_URL=http://127.0.0.1:8001/ make ui")
-    assert ui_command({"SCRAPE_DATA_DIR": str(REPO_ROOT / "data")}) == "make ui"
+    assert ui_command({"SCRAPE_DATA_DIR": str(REPO_ROOT / "data")}) == "make ui"  # no instance here: the clone's
+    # DAGSTER_HOME unset in a folder with an instance: the one `scrape-assets demo` run there recorded into.
+    home = tmp_path / ".dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    assert ui_command({"SCRAPE_DATA_DIR": str(REPO_ROOT / "data")}) == f"make ui DAGSTER_HOME={home}"
+
+
+def test_prune_of_storage_without_the_site_says_so_and_creates_nothing(tmp_path, monkeypatch, capsys):
+    """A mistyped data folder: one error line naming it, exit 2, and no folder or lock file made there."""
+    from scrape_assets.cli import main
+
+    monkeypatch.setenv("SCRAPE_SITE", "demo")
+    missing = tmp_path / "nothere" / "x"
+    monkeypatch.setenv("SCRAPE_DATA_DIR", str(missing))
+    for command in (["prune", "--keep", "1"], ["prune", "--keep", "1", "--dry-run"]):
+        assert main(command) == 2
+        captured = capsys.readouterr()
+        assert captured.err == (f"scrape-assets: error: no snapshot of demo in {missing}: is SCRAPE_DATA_DIR the one "
+                                "you scraped into, and SCRAPE_SITE (demo) the site? Nothing pruned\n"), command
+        assert captured.out == ""
+        assert not (tmp_path / "nothere").exists(), command
+    # Unset, the data folder is ./data: named so, not as its objects/ subfolder.
+    monkeypatch.delenv("SCRAPE_DATA_DIR")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").write_text("a file where the data folder should be")
+    assert main(["summary"]) == 2
+    assert capsys.readouterr().err == ("scrape-assets: error: SCRAPE_DATA_DIR='./data' is invalid: expected a folder this "
+                                       f"process can read ({tmp_path / 'data'} is a file, not a folder)\n")
+
+
+def test_the_command_line_help_describes_each_command_and_the_version(capsys):
+    import pytest
+
+    from scrape_assets.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    from importlib.metadata import version
+
+    assert capsys.readouterr().out == f"scrape-assets {version('scrape_assets')}\n"
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    top = " ".join(capsys.readouterr().out.split())
+    assert "Scrape a catalogue site's category listings into Dagster assets." in top
+    assert "SCRAPE_* environment variables" in top and "DAGSTER_HOME" in top
+    for command, description in (("demo", "Materialize every asset for every category of the site in one run"),
+                                 ("summary", "Print what is stored now"),
+                                 ("serve-demo", "another address exposes the demo to the network")):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert description in " ".join(capsys.readouterr().out.split()), command

@@ -161,3 +161,36 @@ def test_loading_the_definitions_imports_neither_the_http_stack_nor_pandas():
     client = site.client()
     assert type(client).__name__ == "AsyncClient"
     asyncio.run(client.aclose())
+
+
+def test_a_misspelled_setting_is_warned_about_once_with_the_closest_name(caplog, monkeypatch):
+    import logging
+
+    from scrape_assets import settings
+
+    monkeypatch.setattr(settings, "_warned", set())
+    env = {"SCRAPE_DATADIR": "/tmp/x", "SCRAPE_MAX_CONCURENCY": "4", "SCRAPE_FROBNICATE": "1",
+           "SCRAPE_TEST_PIDS_FILE": "/tmp/pids", "SCRAPE_SITE": "demo"}
+    with caplog.at_level(logging.WARNING, logger="scrape_assets.settings"):
+        loaded = settings.load_settings(env)
+        settings.load_settings(env)  # once per name and process
+    assert loaded.data_dir != "/tmp/x"  # ignored, as the warning says
+    assert [r.getMessage() for r in caplog.records] == [
+        "SCRAPE_DATADIR is not a setting of scrape_assets: ignored (did you mean SCRAPE_DATA_DIR?)",
+        "SCRAPE_FROBNICATE is not a setting of scrape_assets: ignored (the settings: README, Configuration)",
+        "SCRAPE_MAX_CONCURENCY is not a setting of scrape_assets: ignored (did you mean SCRAPE_MAX_CONCURRENCY?)",
+    ]
+
+
+def test_every_scrape_variable_the_package_reads_is_a_known_setting():
+    """A new setting must join KNOWN_VARIABLES, or setting it would be warned about as a misspelling."""
+    import re
+    from pathlib import Path
+
+    from scrape_assets import settings
+
+    source = Path(settings.__file__).parent
+    names = {m for path in source.rglob("*.py") for m in re.findall(r"\bSCRAPE_[A-Z0-9_]+\b", path.read_text())}
+    names = {n for n in names if not n.endswith("_")} - {"SCRAPE_ASSETS"}  # not prefixes, nor the Python name in defs/jobs.py
+    assert names <= settings.KNOWN_VARIABLES, names - settings.KNOWN_VARIABLES
+    assert "SCRAPE_DATA_DIR" in names and "SCRAPE_CRASHPOINT" in names  # the scan found them

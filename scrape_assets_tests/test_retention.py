@@ -137,6 +137,10 @@ def test_in_flight_and_abandoned_snapshots_locks_and_leftovers(tmp_path):
     # Nothing is deleted twice, and the body stays while a kept snapshot reads it.
     [again] = prune(store, "demo", ["travel"], keep=1, owner="test")
     assert (again.deleted, again.objects, again.bodies_kept) == ([], [], 1)
+    # A category never scraped here: an empty plan, and no lock file (nor folder) made for it.
+    [never] = prune(store, "demo", ["mystery"], keep=1, owner="test")
+    assert (never.kept, never.objects, never.skipped, never.line()) == ([], [], None, "mystery: no snapshots")
+    assert not (tmp_path / "objects/demo/mystery").exists()
 
 
 def _parsed_at(store: ObjectStore, snapshot_id: str, latest_snapshot_id: str) -> None:

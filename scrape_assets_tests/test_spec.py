@@ -112,3 +112,20 @@ def test_specs_parse_with_libyaml_when_available_and_read_the_same():
     text = (Path(__file__).parents[1] / "scrape_assets" / "sites" / "demo.yaml").read_text("utf-8")
     text += "extra_anchor: &a {x: 1}\nuse: *a\ndate_like: 2026-12-01\nodd: 'it''s'\n"
     assert yaml.load(text, Loader=yaml_models._SafeLoader) == yaml.safe_load(text)
+
+
+def test_every_problem_of_a_spec_is_named_in_one_error(tmp_path):
+    """Two typos: both named at once (the misspelling first), so one run shows everything to fix."""
+    data = _demo_dict()
+    data["selectors"]["prodct"] = data["selectors"].pop("product")
+    data["politeness"]["max_concurency"] = data["politeness"].pop("max_concurrency")
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError) as info:
+        load_spec(str(path))
+    message = " ".join(str(info.value).split())
+    assert message.startswith(f"{path}: ") and " (also " in message, message
+    for problem in ("politeness.max_concurency: unknown key", "selectors.prodct: unknown key",
+                    "selectors.product: required key is missing"):
+        assert problem in message, (problem, message)
+    assert message.index("unknown key") < message.index("required key is missing")  # the misspelling first

@@ -64,8 +64,9 @@ def parsed_products(
             log.add(result.line)
     totals = {key: sum(c[key] for c in per_category.values()) for key in ("products", "pages_parsed", "unchanged", "rejects")}
     log.close(
-        f"{counted(len(per_category), 'category')}: {counted(totals['pages_parsed'], 'page')} parsed "
-        f"({counted(workers, 'worker process')}), {counted(totals['unchanged'], 'category')} unchanged, "
+        f"{counted(len(per_category), 'category')}: {counted(totals['pages_parsed'], 'page')} parsed"
+        + (f" (up to {counted(workers, 'worker process')})" if totals["pages_parsed"] else "")
+        + f", {counted(totals['unchanged'], 'category')} unchanged, "
         f"{counted(totals['products'], 'product')}, {counted(totals['rejects'], 'rejected card')}"
     )
 

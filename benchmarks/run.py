@@ -271,9 +271,7 @@ class Bench:
                 out["profile_unchanged"] = {"path": str(target), "wall_s": run["wall_s"], "steps": run["steps"],
                                             "ok": run["ok"] and target.exists()}
                 if out["profile_unchanged"]["ok"]:
-                    summary = profile_summary.summarize(target)
-                    out["profile_unchanged"]["summary"] = summary
-                    (self.work / f"profile-unchanged-{pages}.md").write_text(profile_summary.to_markdown(summary))
+                    out["profile_unchanged"]["summary"] = _summarized(target)
         server.control("variant/base")
         return out
 
@@ -324,9 +322,7 @@ class Bench:
             result = self.ours(size_dir, server, spec, 16, pages, categories, name=f"profile-{suffix}", profile=str(target))
             out[suffix] = {"path": str(target), "wall_s": result["wall_s"], "ok": result["ok"] and target.exists()}
         if out["txt"]["ok"]:
-            summary = profile_summary.summarize(Path(out["txt"]["path"]))
-            out["summary"] = summary
-            (self.work / f"profile-{pages}.md").write_text(profile_summary.to_markdown(summary))
+            out["summary"] = _summarized(Path(out["txt"]["path"]))
         return out
 
     # -- the whole run -----------------------------------------------------------------------
@@ -409,6 +405,13 @@ class Bench:
     def save(self) -> None:
         self.results["sizes"] = dict(sorted(self.results["sizes"].items(), key=lambda kv: int(kv[0])))
         (self.work / "results.json").write_text(json.dumps(self.results, indent=1, default=str))
+
+
+def _summarized(raw: Path) -> dict:
+    """py-spy raw stacks summarized per phase; the Markdown beside them (``profile-*.md``)."""
+    summary = profile_summary.summarize(raw)
+    raw.with_suffix(".md").write_text(profile_summary.to_markdown(summary))
+    return summary
 
 
 def median_run(runs: list[dict], key: str = "wall_s") -> dict:

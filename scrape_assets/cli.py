@@ -69,9 +69,10 @@ def storage_setting_error(exc: StorageError, usable: str = "can write") -> Scrap
 
     ``usable``: what the command needed of the storage (``"can write"``, ``"can read"``).
     """
+    from scrape_assets.settings import DEFAULT_DATA_DIR
     from scrape_assets.storage import CLIENT_HINTS
 
-    variable = "SCRAPE_STORAGE_URL" if os.environ.get("SCRAPE_STORAGE_URL") else "SCRAPE_DATA_DIR"
+    variable = _storage_variable()
     value = exc.root or exc.location  # the root the user configured, not the object that failed under it
     text, detail = str(exc), str(exc)
     if text.startswith(f"{value}: "):  # the root itself
@@ -81,7 +82,7 @@ def storage_setting_error(exc: StorageError, usable: str = "can write") -> Scrap
     if type(exc.__cause__).__name__ in CLIENT_HINTS:  # the URL is fine: the endpoint or the credentials are not
         return ScrapeError(f"cannot use object storage at {value}: {detail}")
     if variable == "SCRAPE_DATA_DIR":  # the store is the data folder's objects/: name the folder as set
-        return SettingsError(variable, os.environ.get(variable) or "./data", f"a folder this process {usable} ({detail})")
+        return SettingsError(variable, os.environ.get(variable) or DEFAULT_DATA_DIR, f"a folder this process {usable} ({detail})")
     return SettingsError(variable, value, f"object storage this process {usable} ({detail})")
 
 
@@ -257,13 +258,14 @@ def ui_command(env: Mapping[str, str]) -> str:
     ``SCRAPE_STORAGE_URL`` and ``SCRAPE_WAREHOUSE_URL`` are left out (they may hold
     credentials): set them as for the run.
     """
+    from scrape_assets.settings import DEFAULT_DATA_DIR
     from scrape_assets.storage import redact_url
 
     parts = []
     if (site := env.get("SCRAPE_SITE")) not in (None, "", "demo"):
         site = str(Path(site).resolve()) if Path(site).is_file() else site  # a spec file, from any folder
         parts.append(f"SCRAPE_SITE={shlex.quote(site)}")
-    data = Path(env.get("SCRAPE_DATA_DIR") or "data").expanduser().resolve()  # settings' default: ./data
+    data = Path(env.get("SCRAPE_DATA_DIR") or DEFAULT_DATA_DIR).expanduser().resolve()
     if data != _CLONE / "data":
         parts.append(f"SCRAPE_DATA_DIR={shlex.quote(str(data))}")
     if env.get("SCRAPE_BASE_URL"):
@@ -339,18 +341,23 @@ def run_prune(keep: int, dry_run: bool, out=None) -> int:
     return 1 if skipped else 0
 
 
+def _storage_variable() -> str:
+    """The setting that chose object storage: ``SCRAPE_STORAGE_URL`` when set, else ``SCRAPE_DATA_DIR``."""
+    return "SCRAPE_STORAGE_URL" if os.environ.get("SCRAPE_STORAGE_URL") else "SCRAPE_DATA_DIR"
+
+
 def _storage_as_set() -> str:
     """Where the store is, as the user set it: ``SCRAPE_STORAGE_URL`` (without credentials), or the data folder."""
+    from scrape_assets.settings import DEFAULT_DATA_DIR
     from scrape_assets.storage import redact_url
 
-    if url := os.environ.get("SCRAPE_STORAGE_URL"):
-        return redact_url(url)
-    return str(Path(os.environ.get("SCRAPE_DATA_DIR") or "data").expanduser().resolve())
+    if _storage_variable() == "SCRAPE_STORAGE_URL":
+        return redact_url(os.environ["SCRAPE_STORAGE_URL"])
+    return str(Path(os.environ.get("SCRAPE_DATA_DIR") or DEFAULT_DATA_DIR).expanduser().resolve())
 
 
 def _storage_hint(site: str) -> str:
-    variable = "SCRAPE_STORAGE_URL" if os.environ.get("SCRAPE_STORAGE_URL") else "SCRAPE_DATA_DIR"
-    return f"is {variable} the one you scraped into, and SCRAPE_SITE ({site}) the site?"
+    return f"is {_storage_variable()} the one you scraped into, and SCRAPE_SITE ({site}) the site?"
 
 
 def _at_least_one(text: str) -> int:

@@ -43,6 +43,9 @@ from scrape_assets.spec import load_spec
 
 logger = logging.getLogger(__name__)
 
+#: The data folder when ``SCRAPE_DATA_DIR`` is unset (relative to the current folder).
+DEFAULT_DATA_DIR = "./data"
+
 #: Every ``SCRAPE_*`` variable the package reads: the table above, and ``SCRAPE_CRASHPOINT``
 #: (:mod:`scrape_assets.crashpoints`, for the reliability tests). ``SCRAPE_TEST_*`` is left
 #: to test suites.
@@ -137,7 +140,7 @@ def load_settings(env: dict | None = None) -> Settings:
             _warned.add(name)
             logger.warning("%s is not a setting of scrape_assets: ignored%s", name,
                            f" (did you mean {close}?)" if close else " (the settings: README, Configuration)")
-    data_dir = env.get("SCRAPE_DATA_DIR") or "./data"
+    data_dir = env.get("SCRAPE_DATA_DIR") or DEFAULT_DATA_DIR
     data_path = Path(data_dir).expanduser().resolve()
     site = env.get("SCRAPE_SITE") or "demo"
     try:

@@ -121,6 +121,9 @@ def test_unchanged_second_run_reparses_nothing_reloads_nothing_and_history_has_n
     md = run_metadata(second)
     assert md["parsed_products"]["pages_parsed"] == 0
     assert md["parsed_products"]["partitions_unchanged"] == 2
+    # Nothing parsed, so no worker count in the summary line (none was started).
+    assert any(e.message.startswith("2 categories: 0 pages parsed, 2 categories unchanged, ")
+               for e in instance.all_logs(second.run_id))
     assert md["products_table"]["rows_loaded"] == 0
     assert md["products_table"]["partitions_reloaded"] == 0
     assert md["products_table"]["rows_by_category"] == {"travel": 11, "mystery": 32}
@@ -293,7 +296,7 @@ def test_a_snapshot_left_incomplete_days_ago_is_not_resumed_by_todays_run(tmp_pa
     logs = [e.message for e in instance.all_logs(result.run_id)]
     # One category, one page: the summary lines count in the singular.
     assert any(m.startswith("1 category: 1 page done (0 not modified: 304), 0 failed, 1 request\n") for m in logs)
-    assert any(m.startswith("1 category: 1 page parsed (") and ", 0 categories unchanged, 11 products, " in m
+    assert any(m.startswith("1 category: 1 page parsed (up to ") and ", 0 categories unchanged, 11 products, " in m
                for m in logs)
     assert any(f"travel: parsed 11 products from 1 page of snapshot {today.snapshot_id}" in m for m in logs)
     assert any(m.startswith("1 category: 11 rows loaded into products (1 category reloaded), 0 earlier rows kept")

@@ -218,21 +218,21 @@ def print_summary(summary: dict, run: dict | None = None, out=sys.stdout) -> Non
         f"  categories      {summary['categories']}/{summary['categories_configured']}" + (
             f" ({len(empty)} whose latest snapshot has no page done: {', '.join(empty)})"
             if (empty := summary.get("categories_without_pages")) else ""),
-        f"  pages           {summary['pages_done']} done, {summary['pages_failed']} failed",
+        f"  pages           {summary['pages_done']:,} done, {summary['pages_failed']:,} failed",
         "  success rate    " + (f"{summary['success_rate']:.1%}" if summary["pages_done"] + summary["pages_failed"]
                                   else f"n/a (no complete snapshot of {summary['site']} in {summary['object_storage']}"
-                                       " yet: is SCRAPE_DATA_DIR or SCRAPE_STORAGE_URL the one you scraped into?)"),
-        f"  products loaded {summary['products_loaded']} (table `products`)"
+                                       f" yet: {_storage_hint(summary['site'])})"),
+        f"  products loaded {summary['products_loaded']:,} (table `products`)"
         + ("" if summary.get("warehouse_exists", True) else f"; no `products` table yet in {summary['warehouse']}"),
     ]
     stale = summary.get("products_of_categories_not_in_spec") or {}
     if stale:
         lines.append(
-            f"  not in spec     {sum(stale.values())} of those rows belong to categories no longer in the spec: "
-            + ", ".join(f"{c} ({n})" for c, n in stale.items()) + " (README: 'Removing a category')"
+            f"  not in spec     {sum(stale.values()):,} of those rows belong to categories no longer in the spec: "
+            + ", ".join(f"{c} ({n:,})" for c, n in stale.items()) + " (README: 'Removing a category')"
         )
     lines += [
-        f"  dead letters    {summary['dead_letters']} (table `dead_letters`)",
+        f"  dead letters    {summary['dead_letters']:,} (table `dead_letters`)",
         f"  raw pages       {summary['object_storage']}",
         f"  warehouse       {summary['warehouse']}" + (
             f" (tables of site {summary['warehouse_site']!r}, not {summary['site']!r}: the products and dead "

@@ -74,6 +74,7 @@ class CrawlProgress:
         self.every_s = every_s
         self.clock = clock
         self._planned: dict[str, int] = {}
+        self._known = 0  # sum of _planned's values
         self.pages_done = 0
         self.pages_failed = 0
         self.categories_done = 0
@@ -85,6 +86,7 @@ class CrawlProgress:
         if category not in self._planned:
             self.pages_done += already_done
             self.pages_failed += already_failed
+        self._known += pages - self._planned.get(category, 0)
         self._planned[category] = pages
 
     def page_done(self) -> None:
@@ -110,15 +112,20 @@ class CrawlProgress:
             self._last = self.clock()
             self.emit(self.line())
 
+    def _last_line_next(self) -> bool:
+        """Every category is planned and every page known is accounted for: only completions remain."""
+        return len(self._planned) == self.categories and self.pages_done + self.pages_failed >= self._known
+
     def line(self) -> str:
         elapsed = max(self.clock() - self._started, 1e-9)
-        known = sum(self._planned.values())
         return (
-            f"{self.pages_done:,}/{known:,} pages done, {self.pages_failed:,} failed for good; "
-            f"{self.categories_done}/{self.categories} categories complete; {self._fetched_now / elapsed:.0f} pages/s"
+            f"{self.pages_done:,}/{self._known:,} pages done, {self.pages_failed:,} failed for good; "
+            f"{self.categories_done}/{self.categories} categories complete; {self._fetched_now / elapsed:,.0f} pages/s"
         )
 
     def _tick(self) -> None:
+        if self._last_line_next():
+            return  # category_done() prints the run's last line in a moment: not twice back to back
         now = self.clock()
         if now - self._last >= self.every_s:
             self._last = now

@@ -24,7 +24,7 @@ def test_demo_command_runs_all_categories_in_one_run_and_prints_summary(tmp_path
     empty = subprocess.run([str(cli), "summary"], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert empty.returncode == 0, empty.stderr[-3000:]
     assert (f"  success rate    n/a (no complete snapshot of demo in {tmp_path / 'data' / 'objects'} yet: is "
-            "SCRAPE_DATA_DIR or SCRAPE_STORAGE_URL the one you scraped into?)") in empty.stdout
+            "SCRAPE_DATA_DIR the one you scraped into, and SCRAPE_SITE (demo) the site?)") in empty.stdout
     warehouse_file = tmp_path / "data" / "warehouse.db"
     assert f"products loaded 0 (table `products`); no `products` table yet in sqlite:///{warehouse_file}" in empty.stdout
     assert not warehouse_file.exists()  # asking for a summary creates no warehouse
@@ -450,3 +450,20 @@ def test_the_command_line_help_describes_each_command_and_the_version(capsys):
         with pytest.raises(SystemExit):
             main([command, "--help"])
         assert description in " ".join(capsys.readouterr().out.split()), command
+
+
+def test_summary_counts_have_thousands_separators_as_the_run_log_does():
+    import io
+
+    from scrape_assets.cli import print_summary
+
+    out = io.StringIO()
+    print_summary({"site": "books", "categories": 50, "categories_configured": 50, "pages_done": 1031,
+                   "pages_failed": 1200, "success_rate": 0.462, "products_loaded": 20620, "dead_letters": 1205,
+                   "object_storage": "data/objects", "warehouse": "sqlite:///w.db",
+                   "products_of_categories_not_in_spec": {"old": 2400}}, out=out)
+    lines = out.getvalue().splitlines()
+    assert "  pages           1,031 done, 1,200 failed" in lines
+    assert "  products loaded 20,620 (table `products`)" in lines
+    assert "  dead letters    1,205 (table `dead_letters`)" in lines
+    assert any(line.startswith("  not in spec     2,400 of those rows") and "old (2,400)" in line for line in lines)

@@ -326,6 +326,27 @@ def test_crawl_progress_emits_every_interval_and_once_at_the_end():
     ]
 
 
+def test_crawl_progress_prints_the_last_line_once_not_a_periodic_one_just_before_it():
+    from scrape_assets.crawl import CrawlProgress
+
+    now = [0.0]
+    lines: list[str] = []
+    progress = CrawlProgress(2, lines.append, every_s=1.0, clock=lambda: now[0])
+    progress.planned("a", 1)
+    progress.planned("b", 1200)
+    for _ in range(1200):
+        now[0] += 0.5
+        progress.page_done()
+    progress.category_done()  # b
+    assert lines[-1] == "1,200/1,201 pages done, 0 failed for good; 0/2 categories complete; 2 pages/s"
+    periodic = len(lines)
+    now[0] += 5.0  # the last page comes long after the last periodic line: still no line for it...
+    progress.page_done()
+    assert len(lines) == periodic
+    progress.category_done()  # ... the run's last line follows it
+    assert lines[periodic:] == ["1,201/1,201 pages done, 0 failed for good; 2/2 categories complete; 2 pages/s"]
+
+
 def test_crawl_progress_stops_logging_failures_one_by_one_after_the_cap():
     from scrape_assets.crawl import MAX_FAILURE_LINES, CrawlProgress
 

@@ -255,7 +255,7 @@ def raw_pages(
     for r in reports:
         log.add(
             f"{r.category}: snapshot {r.snapshot_id}{' (resumed)' if r.resumed else ''}: "
-            f"{r.pages_done} done ({r.pages_not_modified} not modified: 304), {r.pages_failed} failed, "
+            f"{r.pages_done:,} done ({r.pages_not_modified:,} not modified: 304), {r.pages_failed:,} failed, "
             f"{counted(r.requests_made, 'request')}, {r.duration_s:.1f}s"
         )
     metadata, by_category = crawl_metadata(reports)

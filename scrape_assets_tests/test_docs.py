@@ -1,0 +1,39 @@
+"""The Markdown documents' in-page and file links point at something that exists."""
+
+import re
+
+import pytest
+
+from scrape_assets_tests.conftest import REPO_ROOT
+
+DOCUMENTS = ["README.md", "BENCHMARKS.md", "RELIABILITY.md", "benchmarks/README.md"]
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("name", DOCUMENTS)
+def test_links_point_at_headings_and_files_that_exist(name):
+    path = REPO_ROOT / name
+    text = path.read_text()
+    outside_code = re.sub(r"```.*?```", "", text, flags=re.S)
+    anchors = {github_anchor(line.lstrip("#")) for line in outside_code.splitlines() if line.startswith("#")}
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", outside_code):
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        file_part, _, anchor = target.partition("#")
+        if file_part and not (path.parent / file_part).exists():
+            broken.append(target)
+        elif not file_part and anchor not in anchors:
+            broken.append(target)
+    assert not broken, f"{name}: links to nothing: {broken}"
+
+
+def test_readme_has_a_contents_line_naming_every_section():
+    text = (REPO_ROOT / "README.md").read_text()
+    contents = next(line for line in text.split("\n\n") if line.startswith("Contents:"))
+    sections = [line[3:] for line in text.splitlines() if line.startswith("## ")]
+    assert all(f"(#{github_anchor(s)})" in contents for s in sections), sections

@@ -397,12 +397,15 @@ class DemoTransport(httpx.AsyncBaseTransport, httpx.BaseTransport):
 
 
 class LoggedRequest(NamedTuple):
-    """One request seen by :class:`DemoServer`: ``at_s`` is ``time.monotonic()`` on arrival."""
+    """One request seen by :class:`DemoServer`: ``at_s`` is ``time.monotonic()`` on arrival,
+    ``status`` the HTTP status answered (``None`` where the server does not record it: the
+    fault-injecting server logs a request before deciding its fault)."""
 
     at_s: float
     method: str
     path: str
     headers: dict[str, str]
+    status: int | None = None
 
 
 class DemoRequestHandler(BaseHTTPRequestHandler):
@@ -429,8 +432,9 @@ class DemoRequestHandler(BaseHTTPRequestHandler):
     def handle_demo(self) -> None:
         if not self.drain_request_body():
             return
-        self.server.record(self.command, self.path, self.headers)
-        self.send_demo_response(respond(self.command, self.path, self.headers, day=self.server.day))
+        response = respond(self.command, self.path, self.headers, day=self.server.day)
+        self.server.record(self.command, self.path, self.headers, status=response.status)
+        self.send_demo_response(response)
 
     do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = handle_demo
 
@@ -481,10 +485,11 @@ class DemoServer(ThreadingHTTPServer):
         """``"http://HOST:PORT/"`` with the bound port (useful when created with port 0)."""
         return f"http://{self.server_address[0]}:{self.server_address[1]}/"
 
-    def record(self, method: str, path: str, headers: Mapping[str, str]) -> None:
+    def record(self, method: str, path: str, headers: Mapping[str, str], *, status: int | None = None) -> None:
+        """Log one request (its :attr:`logged_headers`) and the status answered to it."""
         selected = {name: headers[name] for name in self.logged_headers if headers.get(name) is not None}
         with self._lock:
-            self._requests.append(LoggedRequest(time.monotonic(), method, path, selected))
+            self._requests.append(LoggedRequest(time.monotonic(), method, path, selected, status))
 
     @property
     def requests(self) -> list[LoggedRequest]:

@@ -10,7 +10,7 @@ import dagster as dg
 from scrape_assets.manifest import latest_manifest, list_snapshots, load_manifest
 from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import Warehouse, price_history, products
-from scrape_assets_tests.conftest import crawl_demo, make_resources, materialize, run_metadata
+from scrape_assets_tests.conftest import ALL_ASSETS, crawl_demo, make_resources, materialize, run_metadata
 
 PAGES = {"travel": 1, "mystery": 2}
 
@@ -32,6 +32,7 @@ def test_second_snapshot_uses_conditional_get_and_stores_nothing_new(tmp_path, i
     assert result.success
     second_requests = _page_requests(demo_server)
     assert len(second_requests) == 3
+    assert [r.status for r in first_requests] == [200] * 3 and [r.status for r in second_requests] == [304] * 3
     # Every request carried the validators recorded in the first snapshot's manifest.
     for request in second_requests:
         category = "travel" if "travel" in request.path else "mystery"
@@ -75,7 +76,7 @@ def test_next_day_refetches_only_the_categories_that_changed(tmp_path, instance)
             results[day] = materialize(instance, res, keys)
             assert results[day].success
             prices[day] = {(r["category"], r["product_id"]): r["price"] for r in wh.rows(products)}
-            statuses = [r for r in server.requests if r.path.startswith("/catalogue/")]
+            answered = [r for r in server.requests if r.path.startswith("/catalogue/")]  # the server's own log
         finally:
             server.shutdown()
             server.server_close()
@@ -91,7 +92,12 @@ def test_next_day_refetches_only_the_categories_that_changed(tmp_path, instance)
         else:
             assert by_category[key]["pages_not_modified"] == pages, key
             assert second.data_version == first.data_version
-    assert len(statuses) == sum(len(load_manifest(store, "demo", k, list_snapshots(store, "demo", k)[-1]).pages) for k in keys)
+    # As the server counted them: one request per page, a 304 for each page of an unchanged category.
+    latest = {k: load_manifest(store, "demo", k, list_snapshots(store, "demo", k)[-1]) for k in keys}
+    assert len(answered) == sum(len(m.pages) for m in latest.values())
+    assert sum(r.status == 304 for r in answered) == sum(len(latest[k].pages) for k in keys if k not in changed)
+    assert sum(r.status == 200 for r in answered) == sum(len(latest[k].pages) for k in changed)
+    assert md["raw_pages"]["pages_not_modified"] == sum(r.status == 304 for r in answered)
     parsed = md["parsed_products"]["by_category"]
     assert {k for k in keys if not parsed[k]["unchanged"]} == changed
     reloaded = md["products_table"]["rows_loaded_by_category"]
@@ -355,3 +361,165 @@ def test_a_corrupt_manifest_stops_a_new_snapshot_run_before_any_snapshot_opens(t
     with pytest.raises(ManifestError, match="mystery/.*manifest.json: unreadable manifest"):
         crawl_demo(tmp_path / "objects", categories, new_snapshot=True)
     assert [len(list_snapshots(store, "demo", c)) for c in categories] == [1, 1]
+
+
+def _server_without(*dropped: str):
+    """The demo catalogue over real sockets, its responses stripped of the ``dropped`` headers."""
+    from scrape_assets.demo_site import DemoRequestHandler, DemoResponse, DemoServer
+
+    class Handler(DemoRequestHandler):
+        def send_demo_response(self, response):
+            kept = {k: v for k, v in response.headers.items() if k.lower() not in dropped}
+            super().send_demo_response(DemoResponse(response.status, kept, response.body))
+
+    return DemoServer(("127.0.0.1", 0), Handler)
+
+
+def test_without_validators_the_content_hash_decides_and_an_unchanged_body_is_not_stored_again(tmp_path, instance):
+    from scrape_assets_tests.conftest import serving
+
+    with serving(_server_without("etag", "last-modified")) as server:
+        res = make_resources(tmp_path, base_url=server.base_url)
+        assert materialize(instance, res, ["travel", "mystery"]).success
+        store = ObjectStore(str(tmp_path / "objects"))
+        first = {c: latest_manifest(store, "demo", c) for c in PAGES}
+        assert all(p.etag is None and p.last_modified is None for m in first.values() for p in m.pages.values())
+        server.clear_requests()
+        second_run = materialize(instance, res, ["travel", "mystery"])
+        assert second_run.success
+        requests = _page_requests(server)
+    # Nothing to validate with: plain GETs, full 200s.
+    assert len(requests) == 3 and [r.status for r in requests] == [200] * 3
+    assert not any("if-none-match" in r.headers or "if-modified-since" in r.headers for r in requests)
+    for category, pages in PAGES.items():
+        second = latest_manifest(store, "demo", category)
+        assert second.snapshot_id != first[category].snapshot_id
+        for n in range(1, pages + 1):
+            entry = second.pages[n]
+            assert (entry.http_status, entry.not_modified) == (200, False)
+            assert entry.content_hash == first[category].pages[n].content_hash
+            assert entry.body_key == first[category].page_key(n)  # the body stored the first time
+        assert not store.exists(f"{second.prefix}/pages")
+        assert second.data_version == first[category].data_version
+    md = run_metadata(second_run)
+    assert (md["raw_pages"]["pages_unchanged"], md["raw_pages"]["pages_not_modified"], md["raw_pages"]["bytes_stored"]) == (3, 0, 0)
+    assert (md["parsed_products"]["pages_parsed"], md["products_table"]["rows_loaded"]) == (0, 0)
+
+
+def test_last_modified_alone_is_revalidated_with_if_modified_since(tmp_path, instance):
+    from scrape_assets_tests.conftest import serving
+
+    with serving(_server_without("etag")) as server:
+        res = make_resources(tmp_path, base_url=server.base_url)
+        assert materialize(instance, res, ["mystery"], selection=["raw_pages"]).success
+        store = ObjectStore(str(tmp_path / "objects"))
+        first = latest_manifest(store, "demo", "mystery")
+        server.clear_requests()
+        assert materialize(instance, res, ["mystery"], selection=["raw_pages"]).success
+        requests = _page_requests(server)
+    assert [r.status for r in requests] == [304, 304]
+    for request in requests:
+        assert "if-none-match" not in request.headers
+        assert request.headers["if-modified-since"] == first.pages[1].last_modified
+    second = latest_manifest(store, "demo", "mystery")
+    assert all(e.not_modified and e.body_key == first.page_key(n) for n, e in second.pages.items())
+
+
+def _next_day_pair():
+    """Two neighbouring categories (partition order) of which only the first changes on day 2."""
+    from scrape_assets.defs.partitions import category_partitions
+    from scrape_assets.demo_site import changed_categories
+
+    day2 = datetime.date(2026, 12, 1)
+    keys = category_partitions.get_partition_keys()
+    changed = changed_categories(day2)
+    for a, b in zip(keys, keys[1:]):
+        if (a in changed) != (b in changed):
+            return (a, b) if a in changed else (b, a), [a, b]
+    raise AssertionError("the seeded schedule changes some but not all categories on day 2")
+
+
+def _on_day(day, port, run):
+    """``run(base_url)`` against the demo catalogue of ``day`` served on ``port`` (0: any); returns the port."""
+    from scrape_assets.demo_site import make_server
+    from scrape_assets_tests.conftest import serving
+
+    with serving(make_server("127.0.0.1", port, day=day)) as server:
+        run(server.base_url)
+        return server.server_address[1]
+
+
+def test_staleness_follows_each_category_in_runs_of_one_category(tmp_path, instance):
+    """The UI (Dagster's stale-status resolver) after a crawl of the next day, one run per
+    category: the changed category's parsed_products is stale (new data), the unchanged one
+    fresh; raw_pages' Dagster data version is its snapshot's, derived from the pages' hashes."""
+    from dagster._core.definitions.data_version import DATA_VERSION_TAG, StaleCauseCategory, StaleStatus
+    from dagster._utils.test.data_versions import get_stale_status_resolver
+
+    from scrape_assets.defs.assets.dead_letters import dead_letters
+    from scrape_assets.defs.assets.parsed_products import parsed_products
+    from scrape_assets.defs.assets.products_table import products_table
+    from scrape_assets.defs.assets.raw_pages import raw_pages
+
+    (changed, unchanged), _ = _next_day_pair()
+    graph = [raw_pages, parsed_products, products_table, dead_letters]
+    store = ObjectStore(str(tmp_path / "objects"))
+    versions = {}
+
+    def crawl(selection):
+        def run(base_url):
+            res = make_resources(tmp_path, base_url=base_url)
+            for key in (changed, unchanged):
+                result = materialize(instance, res, [key], selection=selection or ALL_ASSETS)
+                assert result.success
+                event = next(e for e in result.get_asset_materialization_events() if e.asset_key == dg.AssetKey("raw_pages"))
+                versions.setdefault(key, []).append(event.materialization.tags[DATA_VERSION_TAG])
+                assert versions[key][-1] == latest_manifest(store, "demo", key).data_version
+        return run
+
+    port = _on_day(datetime.date(2026, 11, 30), 0, crawl(None))
+    resolver = get_stale_status_resolver(instance, graph)
+    assert {k: resolver.get_status(dg.AssetKey("parsed_products"), k) for k in (changed, unchanged)} == {
+        changed: StaleStatus.FRESH, unchanged: StaleStatus.FRESH}
+
+    _on_day(datetime.date(2026, 12, 1), port, crawl(["raw_pages"]))
+    assert versions[changed][0] != versions[changed][1] and versions[unchanged][0] == versions[unchanged][1]
+    resolver = get_stale_status_resolver(instance, graph)
+    assert resolver.get_status(dg.AssetKey("parsed_products"), unchanged) == StaleStatus.FRESH
+    assert resolver.get_status(dg.AssetKey("products_table"), unchanged) == StaleStatus.FRESH
+    assert resolver.get_status(dg.AssetKey("parsed_products"), changed) == StaleStatus.STALE
+    causes = resolver.get_stale_causes(dg.AssetKey("parsed_products"), changed)
+    assert [(c.category, c.dependency.asset_key, c.dependency.partition_key) for c in causes] == [
+        (StaleCauseCategory.DATA, dg.AssetKey("raw_pages"), changed)]
+
+
+def test_a_run_over_several_categories_marks_all_of_them_stale_when_one_changed(tmp_path, instance):
+    """The documented limit (README, Incremental refresh): Dagster gives a run over a range
+    one output, so one data version for all its partitions. What is re-parsed still follows
+    each category's own version: only the changed one."""
+    from dagster._core.definitions.data_version import StaleStatus
+    from dagster._utils.test.data_versions import get_stale_status_resolver
+
+    from scrape_assets.defs.assets.dead_letters import dead_letters
+    from scrape_assets.defs.assets.parsed_products import parsed_products
+    from scrape_assets.defs.assets.products_table import products_table
+    from scrape_assets.defs.assets.raw_pages import raw_pages
+
+    (changed, unchanged), pair = _next_day_pair()
+    graph = [raw_pages, parsed_products, products_table, dead_letters]
+    results = []
+
+    def run(selection):
+        return lambda base_url: results.append(materialize(instance, make_resources(tmp_path, base_url=base_url), pair,
+                                                           selection=selection or ALL_ASSETS))
+
+    port = _on_day(datetime.date(2026, 11, 30), 0, run(None))
+    _on_day(datetime.date(2026, 12, 1), port, run(["raw_pages"]))
+    resolver = get_stale_status_resolver(instance, graph)
+    assert {k: resolver.get_status(dg.AssetKey("parsed_products"), k) for k in pair} == {k: StaleStatus.STALE for k in pair}
+
+    _on_day(datetime.date(2026, 12, 1), port, run(None))
+    parsed = run_metadata(results[-1])["parsed_products"]["by_category"]
+    assert {k for k in pair if not parsed[k]["unchanged"]} == {changed}
+    resolver = get_stale_status_resolver(instance, graph)
+    assert {k: resolver.get_status(dg.AssetKey("parsed_products"), k) for k in pair} == {k: StaleStatus.FRESH for k in pair}

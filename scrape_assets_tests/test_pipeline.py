@@ -482,6 +482,30 @@ def test_a_partition_range_given_backwards_fails_with_the_spec_order(tmp_path, i
     assert not (tmp_path / "warehouse.db").exists()  # not opened, so not claimed by a site either
 
 
+@pytest.mark.skipif(not Path("/sys/kernel").is_dir(), reason="needs Linux's sysfs: a folder nobody may create in")
+def test_object_storage_this_process_may_not_write_fails_raw_pages_once_before_anything_else(tmp_path, instance, demo_server):
+    """Permissions or a read-only mount do not pass with time: one failure naming the folder, no retry.
+
+    sysfs refuses a new folder to every user, root included (EPERM, EACCES or, mounted
+    read-only as in containers, EROFS), as a data folder of another user or on a read-only
+    mount does.
+    """
+    from scrape_assets.defs.resources import ObjectStoreResource
+
+    refused = "/sys/kernel/scrape-assets-test/objects"
+    res = {**make_resources(tmp_path, base_url=demo_server.base_url), "store": ObjectStoreResource(url=refused)}
+    result = materialize(instance, res, ["travel"], raise_on_error=False)
+    assert not result.success
+    assert not any(e.event_type_value in ("STEP_UP_FOR_RETRY", "STEP_RESTARTED") for e in result.all_events)
+    (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert failure.step_key == "raw_pages"
+    description = failure.step_failure_data.user_failure_data.description
+    assert description.startswith(f"{refused}: object storage is not writable: [Errno ")
+    assert description.endswith("; nothing fetched")
+    assert demo_server.requests == []  # not even robots.txt
+    assert not (tmp_path / "warehouse.db").exists()  # checked after storage: not opened
+
+
 @pytest.mark.timeout(120)
 def test_an_unreadable_warehouse_stops_raw_pages_before_any_request_and_the_retry_policy_tries_again(tmp_path, instance):
     """A warehouse that cannot be used is met before the crawl, in one line; retried only when it may come back."""

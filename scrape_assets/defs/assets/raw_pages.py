@@ -2,6 +2,7 @@
 
 
 import asyncio
+import errno
 import hashlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -16,7 +17,7 @@ from scrape_assets.defs.assets.partition_metadata import add_per_category
 from scrape_assets.defs.partitions import category_partitions, run_categories
 from scrape_assets.defs.pools import configured_host_pool
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource
-from scrape_assets.errors import FetchConfigChangedError, PartitionLockedError, SettingsError, SpecError
+from scrape_assets.errors import FetchConfigChangedError, PartitionLockedError, SettingsError, SpecError, StorageError
 from scrape_assets.gc_tuning import freeze_again
 from scrape_assets.manifest import Manifest, latest_manifest, resume_conflict
 from scrape_assets.warehouse import may_recover
@@ -225,9 +226,19 @@ def raw_pages(
 
     Fetches politely (robots.txt, per-host rate/concurrency, retries with backoff and
     Retry-After), resumes an interrupted snapshot, never fails for a dead page. Before any
-    request it checks the warehouse is not another site's (its load would be refused).
+    request it checks object storage takes a write (a refusal of the OS, e.g. a read-only
+    folder, fails once, not retried) and the warehouse is not another site's (its load
+    would be refused).
     """
     categories = run_categories(context)
+    try:
+        store.store().ensure_writable()  # one probe object: before any lock, request or warehouse
+    except StorageError as exc:
+        # Refused (permissions, a read-only mount): no retry changes that, fail once and say so.
+        # Anything else (a remote store not answering) may pass: the RetryPolicy tries again.
+        cause = exc.__cause__
+        refused = isinstance(cause, OSError) and cause.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+        raise dg.Failure(description=f"{exc}; nothing fetched", allow_retries=not refused) from exc
     try:
         wh = warehouse.warehouse()
         try:

@@ -191,7 +191,7 @@ def run_figures(result) -> dict:
     }
 
 
-def print_summary(summary: dict, run: dict | None = None, out=sys.stdout) -> None:
+def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
     """Print what a run did (when given, after a blank line parting it from the run's log) and what is stored now."""
     lines = []
     if run is not None:
@@ -205,6 +205,9 @@ def print_summary(summary: dict, run: dict | None = None, out=sys.stdout) -> Non
             "  requests        " + step("requests_made", lambda: (
                 f"{run['requests_made']:,} ({run['pages_not_modified']:,} not modified: 304), "
                 f"{counted(run['pages_failed'], 'page')} failed for good"), "raw_pages"),
+            *(["  nothing fetched: every page failed before a request was made (site unreachable from here, or "
+               "robots.txt refused? the reasons are in `dead_letters`)"]
+              if run["requests_made"] == 0 and (run["pages_failed"] or 0) > 0 else []),
             "  parsed          " + step("pages_parsed", lambda: (
                 f"{counted(run['pages_parsed'], 'page')} re-parsed, "
                 f"{counted(run['partitions_unchanged'], 'category')} unchanged"), "parsed_products"),
@@ -240,7 +243,7 @@ def print_summary(summary: dict, run: dict | None = None, out=sys.stdout) -> Non
             if summary.get("warehouse_site") not in (None, summary["site"]) else ""),
         f"  Dagster UI      {summary.get('ui_command', 'make ui')}  (then open http://127.0.0.1:3000)",
     ]
-    print("\n".join(lines), file=out)
+    print("\n".join(lines), file=out or sys.stdout)
 
 
 def ui_command(env: Mapping[str, str]) -> str:
@@ -394,6 +397,20 @@ def run_serve_demo(host: str, port: int, faults: str | None) -> int:
     return 0
 
 
+def run_categories_command(out=None) -> int:
+    """``scrape-assets categories``: the partition keys of ``SCRAPE_SITE`` in the spec's order.
+
+    The order is the one partition ranges follow (``--partition-range FIRST...LAST``: the
+    first and last lines cover every category). Reads the spec only.
+    """
+    from scrape_assets.settings import load_settings
+    from scrape_assets.spec import load_spec
+
+    for key in load_spec(load_settings().site).categories:
+        print(key, file=out or sys.stdout)
+    return 0
+
+
 def _port(text: str) -> int:
     """argparse type: a TCP port 0..65535 (0: any free port)."""
     try:
@@ -436,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="address to listen on (default 127.0.0.1; another address exposes the demo to the network)")
     serve.add_argument("--faults", metavar="FILE", help="inject the faults of this spec (see scrape_assets/faults.py)")
     command("summary", "print what is stored now: categories, pages, products, dead letters (reads only)")
+    command("categories", "list the site's categories (the partition keys) in the spec's order, one per line")
     prune = command("prune", "delete old snapshots, keeping the newest N complete ones per category")
     prune.add_argument("--keep", type=_at_least_one, required=True, metavar="N",
                        help="complete snapshots to keep per category (>= 1)")
@@ -449,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_serve_demo(args.host, args.port, args.faults)
         if args.command == "prune":
             return run_prune(args.keep, args.dry_run)
+        if args.command == "categories":
+            return run_categories_command()
         if args.command == "summary":
             from scrape_assets.defs.resources import build_resources
 

@@ -530,9 +530,12 @@ def serve_forever(host: str, port: int, *, server: DemoServer | None = None, not
         OSError: the address cannot be bound.
         ValueError: ``SCRAPE_DEMO_DATE`` is malformed.
     """
-    cat = catalogue()
+    day = resolve_day()
+    cat = catalogue(day)
     server = server or make_server(host, port)
-    print(f"demo catalogue on {server.base_url} ({len(cat.categories)} categories, {cat.page_count} pages){note}", flush=True)
+    source = f"{DATE_ENV_VAR}" if os.environ.get(DATE_ENV_VAR, "").strip() else "today, UTC"
+    print(f"demo catalogue on {server.base_url} ({len(cat.categories)} categories, {cat.page_count} pages; "
+          f"day {day.isoformat()}, {source}){note}", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

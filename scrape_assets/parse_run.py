@@ -162,7 +162,9 @@ def parse_partitions(
         manifest = latest_manifest(store, spec.name, category, complete=True)
         if manifest is None:
             raise ManifestError(
-                f"{spec.name}/{category}", "no complete snapshot: materialize raw_pages for this partition first"
+                f"{spec.name}/{category}",
+                f"no complete snapshot in {store.describe()}: materialize raw_pages for this partition first "
+                "(or is this the storage it was scraped into?)",
             )
         version = input_version(manifest, spec)
         state = load_parse_state(store, spec.name, category)

@@ -103,13 +103,16 @@ def read_text_file(path: Path, what: str) -> str:
         what: the file's role for the message, e.g. ``"spec file"``.
 
     Raises:
-        SpecError: naming ``path``: it cannot be read (``cannot read <what>: <reason>``), or
+        SpecError: naming ``path``: it cannot be read (``cannot read <what>: <reason>``, with
+            the absolute path when ``path`` is relative), or
             it is not UTF-8 (the first bad byte and its offset).
     """
     try:
         return path.read_text("utf-8")
     except OSError as exc:
-        raise SpecError(str(path), None, f"cannot read {what}: {exc.strerror or exc}") from exc
+        # A relative path is read from the current folder: name it, the user may expect another.
+        where = "" if path.is_absolute() else f" {path.absolute()}"
+        raise SpecError(str(path), None, f"cannot read {what}{where}: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
         raise SpecError(str(path), None, f"expected UTF-8 text, found byte {exc.object[exc.start]:#04x} at offset "
                                          f"{exc.start}") from exc

@@ -467,3 +467,41 @@ def test_summary_counts_have_thousands_separators_as_the_run_log_does():
     assert "  products loaded 20,620 (table `products`)" in lines
     assert "  dead letters    1,205 (table `dead_letters`)" in lines
     assert any(line.startswith("  not in spec     2,400 of those rows") and "old (2,400)" in line for line in lines)
+
+
+def test_categories_lists_the_partition_keys_in_the_order_ranges_follow(monkeypatch, capsys):
+    from scrape_assets.cli import main
+    from scrape_assets.defs.partitions import build_category_partitions
+
+    monkeypatch.setenv("SCRAPE_SITE", "demo")
+    assert main(["categories"]) == 0
+    keys = capsys.readouterr().out.splitlines()
+    assert keys == build_category_partitions("demo").get_partition_keys()
+    assert (keys[0], keys[-1], len(keys)) == ("travel", "sequential-art", 12)
+
+    monkeypatch.setenv("SCRAPE_SITE", "no_such_site")
+    assert main(["categories"]) == 2
+    assert capsys.readouterr().err == ("scrape-assets: error: SCRAPE_SITE='no_such_site' is invalid: expected a shipped "
+                                       "spec name (books_toscrape, demo) or a path to a .yaml file\n")
+
+
+def test_a_run_that_reached_nothing_says_so_in_its_summary():
+    import io
+
+    from scrape_assets.cli import print_summary
+
+    summary = {"site": "books_toscrape", "categories": 0, "categories_configured": 50, "pages_done": 0,
+               "pages_failed": 52, "success_rate": 0.0, "products_loaded": 0, "dead_letters": 52,
+               "object_storage": "data/objects", "warehouse": "sqlite:///w.db"}
+    run = {"success": True, "requests_made": 0, "pages_not_modified": 0, "pages_failed": 52, "pages_parsed": 0,
+           "partitions_unchanged": 0, "rows_loaded": 0, "rows_carried_forward": 0, "dead_letters": 52}
+    hint = "  nothing fetched: every page failed before a request was made"
+    out = io.StringIO()
+    print_summary(summary, run, out=out)
+    lines = out.getvalue().splitlines()
+    assert lines[2] == "  requests        0 (0 not modified: 304), 52 pages failed for good"
+    assert lines[3].startswith(hint) and "`dead_letters`" in lines[3]
+    for reached in ({**run, "requests_made": 3}, {**run, "pages_failed": 0}):  # some requests, or nothing to fetch
+        out = io.StringIO()
+        print_summary(summary, reached, out=out)
+        assert hint not in out.getvalue()

@@ -344,7 +344,8 @@ def test_serve_forever_prints_its_address_and_stops_on_ctrl_c():
     process = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
     try:
         line = process.stdout.readline()
-        match = re.fullmatch(r"demo catalogue on (http://127\.0\.0\.1:\d+/) \(12 categories, 38 pages\)\n", line)
+        match = re.fullmatch(r"demo catalogue on (http://127\.0\.0\.1:\d+/) \(12 categories, 38 pages; day "
+                             + DAY.isoformat() + r", SCRAPE_DEMO_DATE\)\n", line)
         assert match, line
         assert httpx.get(match[1] + listing("travel")[1:]).content == get(listing("travel")).body
         process.send_signal(signal.SIGINT)

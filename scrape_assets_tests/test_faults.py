@@ -506,7 +506,8 @@ def test_serve_demo_with_faults_applies_them_and_stops_on_ctrl_c(tmp_path):
     try:
         line = process.stdout.readline()
         match = re.fullmatch(
-            r"demo catalogue on (http://127\.0\.0\.1:\d+/) \(12 categories, 38 pages\) with faults from (.+): "
+            r"demo catalogue on (http://127\.0\.0\.1:\d+/) \(12 categories, 38 pages; day " + DAY.isoformat()
+            + r", SCRAPE_DEMO_DATE\) with faults from (.+): "
             r"1 rule\(s\)\n", line,
         )
         assert match and match[2] == str(spec), line

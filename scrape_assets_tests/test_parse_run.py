@@ -95,8 +95,10 @@ def test_a_worker_error_reaches_the_caller_with_its_context_and_earlier_categori
 
 def test_no_complete_snapshot_and_bad_worker_counts_are_clear_errors(tmp_path):
     store = ObjectStore(str(tmp_path))
-    with pytest.raises(ManifestError, match="demo/travel: no complete snapshot: materialize raw_pages"):
+    with pytest.raises(ManifestError) as info:
         list(parse_run.parse_partitions(store, SPEC, ["travel"], workers=2))
+    assert str(info.value) == (f"demo/travel: no complete snapshot in {tmp_path}: materialize raw_pages for this "
+                               "partition first (or is this the storage it was scraped into?)")
     with pytest.raises(ValueError, match="workers must be >= 1, got 0"):
         list(parse_run.parse_partitions(store, SPEC, ["travel"], workers=0))
     assert 1 <= parse_run.default_workers() <= parse_run.MAX_DEFAULT_WORKERS

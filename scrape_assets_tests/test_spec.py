@@ -70,7 +70,7 @@ def test_bad_spec_names_file_key_and_expectation(tmp_path, mutate, key, expected
     assert info.value.key.startswith(key.split(".")[0])
 
 
-def test_malformed_yaml_and_unknown_site(tmp_path):
+def test_malformed_yaml_and_unknown_site(tmp_path, monkeypatch):
     bad = tmp_path / "broken.yaml"
     bad.write_text("name: [unclosed\n")
     with pytest.raises(SpecError, match="broken.yaml: not valid YAML") as info:
@@ -82,8 +82,13 @@ def test_malformed_yaml_and_unknown_site(tmp_path):
         load_spec("no_such_site")
     with pytest.raises(SpecError, match="expected a mapping at the top level"):
         parse_spec("- a\n- b\n", "list.yaml")
-    with pytest.raises(SpecError, match="missing.yaml: cannot read spec file"):
+    with pytest.raises(SpecError) as info:
         load_spec(str(tmp_path / "missing.yaml"))
+    assert str(info.value) == f"{tmp_path / 'missing.yaml'}: cannot read spec file: No such file or directory"
+    monkeypatch.chdir(tmp_path)  # a relative path: the message says where it was looked for
+    with pytest.raises(SpecError) as info:
+        load_spec("./missing.yaml")
+    assert str(info.value) == f"missing.yaml: cannot read spec file {tmp_path / 'missing.yaml'}: No such file or directory"
     utf16 = tmp_path / "utf16.yaml"
     utf16.write_bytes("name: demo\n".encode("utf-16"))  # a byte-order mark 0xff 0xfe first
     with pytest.raises(SpecError) as info:

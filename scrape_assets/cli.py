@@ -10,6 +10,9 @@
     responses a fault spec names (:mod:`scrape_assets.faults`).
 ``scrape-assets summary``
     Print the summary of what is stored now (categories, pages, products, dead letters).
+``scrape-assets categories``
+    List the site's categories, the partition keys, in the spec's order (the order of
+    ``--partition-range FIRST...LAST``).
 ``scrape-assets prune --keep N [--dry-run]``
     Delete old snapshots of every category, keeping the N newest complete ones and
     everything they read (:mod:`scrape_assets.retention`); exit code 1 when a category was
@@ -181,6 +184,7 @@ def run_figures(result) -> dict:
     return {
         "success": result.success,
         "requests_made": raw.get("requests_made"),
+        "pages_done": raw.get("pages_done"),
         "pages_not_modified": raw.get("pages_not_modified"),
         "pages_failed": raw.get("pages_failed"),
         "pages_parsed": parsed.get("pages_parsed"),
@@ -207,7 +211,7 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
                 f"{counted(run['pages_failed'], 'page')} failed for good"), "raw_pages"),
             *(["  nothing fetched: every page failed before a request was made (site unreachable from here, or "
                "robots.txt refused? the reasons are in `dead_letters`)"]
-              if run["requests_made"] == 0 and (run["pages_failed"] or 0) > 0 else []),
+              if run["requests_made"] == 0 and not run.get("pages_done") and (run["pages_failed"] or 0) > 0 else []),
             "  parsed          " + step("pages_parsed", lambda: (
                 f"{counted(run['pages_parsed'], 'page')} re-parsed, "
                 f"{counted(run['partitions_unchanged'], 'category')} unchanged"), "parsed_products"),
@@ -243,7 +247,7 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
             if summary.get("warehouse_site") not in (None, summary["site"]) else ""),
         f"  Dagster UI      {summary.get('ui_command', 'make ui')}  (then open http://127.0.0.1:3000)",
     ]
-    print("\n".join(lines), file=out or sys.stdout)
+    print("\n".join(lines), file=sys.stdout if out is None else out)
 
 
 def ui_command(env: Mapping[str, str]) -> str:
@@ -401,13 +405,14 @@ def run_categories_command(out=None) -> int:
     """``scrape-assets categories``: the partition keys of ``SCRAPE_SITE`` in the spec's order.
 
     The order is the one partition ranges follow (``--partition-range FIRST...LAST``: the
-    first and last lines cover every category). Reads the spec only.
+    first and last lines cover every category). Reads the settings and the spec; touches
+    no storage, warehouse or Dagster instance.
     """
     from scrape_assets.settings import load_settings
     from scrape_assets.spec import load_spec
 
     for key in load_spec(load_settings().site).categories:
-        print(key, file=out or sys.stdout)
+        print(key, file=sys.stdout if out is None else out)
     return 0
 
 

@@ -75,19 +75,25 @@ class CrawlProgress:
         self.clock = clock
         self._planned: dict[str, int] = {}
         self._known = 0  # sum of _planned's values
+        self._final: set[str] = set()  # categories whose every page is known (discovery complete)
         self.pages_done = 0
         self.pages_failed = 0
         self.categories_done = 0
         self._fetched_now = 0
         self._started = self._last = clock()
 
-    def planned(self, category: str, pages: int, *, already_done: int = 0, already_failed: int = 0) -> None:
-        """``category`` has ``pages`` pages known so far (more may be discovered later)."""
+    def planned(self, category: str, pages: int, *, final: bool = True, already_done: int = 0,
+                already_failed: int = 0) -> None:
+        """``category`` has ``pages`` pages known so far; ``final=False`` while discovery may find more."""
         if category not in self._planned:
             self.pages_done += already_done
             self.pages_failed += already_failed
         self._known += pages - self._planned.get(category, 0)
         self._planned[category] = pages
+        if final:
+            self._final.add(category)
+        else:
+            self._final.discard(category)
 
     def page_done(self) -> None:
         self.pages_done += 1
@@ -113,8 +119,8 @@ class CrawlProgress:
             self.emit(self.line())
 
     def _last_line_next(self) -> bool:
-        """Every category is planned and every page known is accounted for: only completions remain."""
-        return len(self._planned) == self.categories and self.pages_done + self.pages_failed >= self._known
+        """Every category's pages are all known and accounted for: only completions remain."""
+        return len(self._final) == self.categories and self.pages_done + self.pages_failed >= self._known
 
     def line(self) -> str:
         elapsed = max(self.clock() - self._started, 1e-9)
@@ -259,7 +265,8 @@ class PartitionCrawler:
                 + ")"
             )
         self.manifest = manifest
-        self.progress.planned(self.category, len(manifest.pages), already_done=c["done"], already_failed=c["failed"])
+        self.progress.planned(self.category, len(manifest.pages), final=manifest.discovery_complete,
+                              already_done=c["done"], already_failed=c["failed"])
         if not manifest.is_complete:  # else adopted: completed by a run that died before recording it
             await self._crawl()
             # Page bodies are written without a folder fsync each (storage.write_bytes_atomic);
@@ -363,7 +370,7 @@ class PartitionCrawler:
             manifest.total_pages = pager.total_pages
         async with self._lock:
             manifest.save(self.store)
-        self.progress.planned(self.category, len(manifest.pages))
+        self.progress.planned(self.category, len(manifest.pages), final=manifest.discovery_complete)
 
     def _adopt_unchanged_pages(self) -> None:
         """``revalidate: first_page``: page 1 unchanged -> pages 2..N taken from the previous snapshot.
@@ -404,7 +411,7 @@ class PartitionCrawler:
                 manifest.discovery_complete = True
             else:
                 manifest.pages[last + 1] = PageEntry(url=next_url)
-                self.progress.planned(self.category, len(manifest.pages))
+        self.progress.planned(self.category, len(manifest.pages), final=manifest.discovery_complete)
         async with self._lock:
             manifest.save(self.store)
 

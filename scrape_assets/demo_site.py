@@ -530,10 +530,15 @@ def serve_forever(host: str, port: int, *, server: DemoServer | None = None, not
         OSError: the address cannot be bound.
         ValueError: ``SCRAPE_DEMO_DATE`` is malformed.
     """
-    day = resolve_day()
-    cat = catalogue(day)
     server = server or make_server(host, port)
-    source = f"{DATE_ENV_VAR}" if os.environ.get(DATE_ENV_VAR, "").strip() else "today, UTC"
+    day = resolve_day(server.day)
+    cat = catalogue(day)
+    if server.day is not None:
+        source = "fixed"
+    elif os.environ.get(DATE_ENV_VAR, "").strip():
+        source = DATE_ENV_VAR
+    else:
+        source = "today in UTC, following the date"
     print(f"demo catalogue on {server.base_url} ({len(cat.categories)} categories, {cat.page_count} pages; "
           f"day {day.isoformat()}, {source}){note}", flush=True)
     try:

@@ -168,14 +168,6 @@ def load_settings(env: dict | None = None) -> Settings:
         # User info or a query may hold a secret: such a value is not echoed.
         shown = "<hidden>" if any(c in base_url for c in "@?#") else base_url
         raise SettingsError("SCRAPE_BASE_URL", shown, "an absolute http(s) URL with a host, e.g. http://127.0.0.1:8000/")
-    if day and base_url and "SCRAPE_DEMO_DATE+SCRAPE_BASE_URL" not in _warned:
-        from scrape_assets.demo_site import DEMO_BASE_URL
-
-        if _host(base_url) != _host(DEMO_BASE_URL):  # a catalogue served by another process keeps its own day
-            _warned.add("SCRAPE_DEMO_DATE+SCRAPE_BASE_URL")
-            logger.warning("SCRAPE_DEMO_DATE moves the in-process demo catalogue only: the site at SCRAPE_BASE_URL=%s "
-                           "keeps its own day (`scrape-assets serve-demo` follows the SCRAPE_DEMO_DATE it was started "
-                           "with)", base_url)
     max_attempts = _number(env, "SCRAPE_MAX_ATTEMPTS", int, 1)
     resume_max_age_h = _number(env, "SCRAPE_RESUME_MAX_AGE_H", float, MIN_RESUME_MAX_AGE_H, maximum=MAX_RESUME_MAX_AGE_H)
     return Settings(

@@ -446,7 +446,8 @@ def test_the_command_line_help_describes_each_command_and_the_version(capsys):
     assert "SCRAPE_* environment variables" in top and "DAGSTER_HOME" in top
     for command, description in (("demo", "Materialize every asset for every category of the site in one run"),
                                  ("summary", "Print what is stored now"),
-                                 ("serve-demo", "another address exposes the demo to the network")):
+                                 ("serve-demo", "another address exposes the demo to the network"),
+                                 ("categories", "List the site's categories (the partition keys) in the spec's order")):
         with pytest.raises(SystemExit):
             main([command, "--help"])
         assert description in " ".join(capsys.readouterr().out.split()), command
@@ -493,7 +494,7 @@ def test_a_run_that_reached_nothing_says_so_in_its_summary():
     summary = {"site": "books_toscrape", "categories": 0, "categories_configured": 50, "pages_done": 0,
                "pages_failed": 52, "success_rate": 0.0, "products_loaded": 0, "dead_letters": 52,
                "object_storage": "data/objects", "warehouse": "sqlite:///w.db"}
-    run = {"success": True, "requests_made": 0, "pages_not_modified": 0, "pages_failed": 52, "pages_parsed": 0,
+    run = {"success": True, "requests_made": 0, "pages_done": 0, "pages_not_modified": 0, "pages_failed": 52, "pages_parsed": 0,
            "partitions_unchanged": 0, "rows_loaded": 0, "rows_carried_forward": 0, "dead_letters": 52}
     hint = "  nothing fetched: every page failed before a request was made"
     out = io.StringIO()
@@ -501,7 +502,8 @@ def test_a_run_that_reached_nothing_says_so_in_its_summary():
     lines = out.getvalue().splitlines()
     assert lines[2] == "  requests        0 (0 not modified: 304), 52 pages failed for good"
     assert lines[3].startswith(hint) and "`dead_letters`" in lines[3]
-    for reached in ({**run, "requests_made": 3}, {**run, "pages_failed": 0}):  # some requests, or nothing to fetch
+    # Some requests; nothing to fetch; a snapshot resumed or adopted whose pages were done earlier.
+    for reached in ({**run, "requests_made": 3}, {**run, "pages_failed": 0}, {**run, "pages_done": 10}):
         out = io.StringIO()
         print_summary(summary, reached, out=out)
         assert hint not in out.getvalue()

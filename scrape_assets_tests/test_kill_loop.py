@@ -160,8 +160,8 @@ def test_a_done_page_whose_body_was_lost_is_fetched_again_on_resume(tmp_path):
 
 
 def test_a_snapshot_folder_killed_in_its_first_write_is_removed_by_the_next_crawl(tmp_path):
-    # Write 1 is the storage probe, write 2 the new snapshot's first manifest.
-    root, code = _killed_crawl(tmp_path, "storage.after_temp_write:2")
+    # Write 1 is the new snapshot's first manifest (raw_pages probes storage before it crawls).
+    root, code = _killed_crawl(tmp_path, "storage.after_temp_write:1")
     [orphan] = _temp_files(root)
     assert orphan.name.startswith(".manifest.json.") and not (orphan.parent / "manifest.json").exists()
 

@@ -347,6 +347,21 @@ def test_crawl_progress_prints_the_last_line_once_not_a_periodic_one_just_before
     assert lines[periodic:] == ["1,201/1,201 pages done, 0 failed for good; 2/2 categories complete; 2 pages/s"]
 
 
+def test_crawl_progress_keeps_its_periodic_lines_while_next_links_reveal_pages_one_by_one():
+    from scrape_assets.crawl import CrawlProgress
+
+    now = [0.0]
+    lines: list[str] = []
+    progress = CrawlProgress(1, lines.append, every_s=1.0, clock=lambda: now[0])
+    for n in range(1, 6):  # page n is known once page n-1 is done (its next link); page 5 has none
+        progress.planned("a", n, final=n == 5)
+        now[0] += 1.0
+        progress.page_done()  # every page known is done now, yet more may come (until page 5)
+    progress.category_done()
+    assert lines == [f"{n}/{n} pages done, 0 failed for good; 0/1 categories complete; 1 pages/s" for n in range(1, 5)] + [
+        "5/5 pages done, 0 failed for good; 1/1 categories complete; 1 pages/s"]  # the last page: only the last line
+
+
 def test_crawl_progress_stops_logging_failures_one_by_one_after_the_cap():
     from scrape_assets.crawl import MAX_FAILURE_LINES, CrawlProgress
 

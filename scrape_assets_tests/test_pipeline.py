@@ -506,6 +506,27 @@ def test_object_storage_this_process_may_not_write_fails_raw_pages_once_before_a
     assert not (tmp_path / "warehouse.db").exists()  # checked after storage: not opened
 
 
+def test_which_storage_errors_raw_pages_retries():
+    import errno
+
+    from scrape_assets.defs.assets.raw_pages import storage_refused
+    from scrape_assets.errors import StorageError
+
+    def failure(cause):
+        try:
+            raise StorageError("s3://bucket/objects", "object storage is not writable") from cause
+        except StorageError as exc:
+            return exc
+
+    for refused in (PermissionError(errno.EACCES, "Permission denied"), PermissionError("Access Denied"),  # s3fs: no errno
+                    OSError(errno.EROFS, "Read-only file system"), NotADirectoryError(errno.ENOTDIR, "Not a directory"),
+                    FileExistsError(errno.EEXIST, "File exists"), ImportError("No module named 's3fs'")):
+        assert storage_refused(failure(refused)), refused
+    for passing in (OSError(errno.ENOSPC, "No space left on device"), ConnectionError("endpoint not answering"),
+                    TimeoutError(), None):
+        assert not storage_refused(failure(passing)), passing
+
+
 @pytest.mark.timeout(120)
 def test_an_unreadable_warehouse_stops_raw_pages_before_any_request_and_the_retry_policy_tries_again(tmp_path, instance):
     """A warehouse that cannot be used is met before the crawl, in one line; retried only when it may come back."""

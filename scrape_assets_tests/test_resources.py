@@ -182,25 +182,6 @@ def test_a_misspelled_setting_is_warned_about_once_with_the_closest_name(caplog,
     ]
 
 
-def test_a_demo_date_with_a_base_url_of_another_process_is_warned_about_once(caplog, monkeypatch):
-    """SCRAPE_DEMO_DATE is the in-process catalogue's clock: a server elsewhere keeps its own day."""
-    import logging
-
-    from scrape_assets import settings
-
-    monkeypatch.setattr(settings, "_warned", set())
-    with caplog.at_level(logging.WARNING, logger="scrape_assets.settings"):
-        settings.load_settings({"SCRAPE_DEMO_DATE": "2026-12-03"})  # the in-process catalogue: it moves
-        settings.load_settings({"SCRAPE_DEMO_DATE": "2026-12-03", "SCRAPE_BASE_URL": "http://demo.scrape-assets.invalid/"})
-        assert caplog.records == []
-        for _ in range(2):
-            settings.load_settings({"SCRAPE_DEMO_DATE": "2026-12-03", "SCRAPE_BASE_URL": "http://127.0.0.1:8000/"})
-    assert [r.getMessage() for r in caplog.records] == [
-        "SCRAPE_DEMO_DATE moves the in-process demo catalogue only: the site at SCRAPE_BASE_URL=http://127.0.0.1:8000/ "
-        "keeps its own day (`scrape-assets serve-demo` follows the SCRAPE_DEMO_DATE it was started with)"
-    ]
-
-
 def test_every_scrape_variable_the_package_reads_is_a_known_setting():
     """A new setting must join KNOWN_VARIABLES, or setting it would be warned about as a misspelling."""
     import re

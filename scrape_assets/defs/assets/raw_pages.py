@@ -98,6 +98,20 @@ def run_data_version(reports: list["CrawlReport"]) -> dg.DataVersion:
     return dg.DataVersion(digest.hexdigest()[:24])
 
 
+def storage_refused(exc: StorageError) -> bool:
+    """Whether no retry can make ``exc`` (object storage unusable) pass.
+
+    True for a refusal (no permission: ``PermissionError``, which s3fs also raises for S3's
+    AccessDenied; a read-only file system), a path that cannot become a folder (a file in
+    the way: ENOTDIR, EEXIST) and a missing filesystem driver (s3fs not installed). Anything
+    else (a remote store not answering, a full disk being cleaned) may pass: False.
+    """
+    cause = exc.__cause__
+    if isinstance(cause, (PermissionError, ImportError)):
+        return True
+    return isinstance(cause, OSError) and cause.errno in (errno.EROFS, errno.ENOTDIR, errno.EEXIST)
+
+
 class InterruptedRunSnapshots:
     """``adopt_complete`` for :func:`~scrape_assets.manifest.open_snapshot`: whether a complete
     snapshot was finished by a run of this instance that died before recording ``raw_pages``
@@ -165,8 +179,7 @@ async def crawl_partitions(
     freeze_again()  # what these imports brought, out of the collector's way like the rest of the code
     spec = site.spec()
     fetch_config, fetch_base_url = site.fetch_config(), site.fetch_base_url()  # parse the spec once, not per category
-    object_store = store.store()
-    object_store.ensure_writable()
+    object_store = store.store()  # proven writable by raw_pages before its locks (ensure_writable)
     # Read once here, before any snapshot is opened (raw_pages holds the partition locks; on
     # S3 the host pool keeps runs apart): the preflight, opening the snapshot and, when it
     # is complete, revalidating its pages all use this read (one manifest GET, not three).
@@ -234,11 +247,7 @@ def raw_pages(
     try:
         store.store().ensure_writable()  # one probe object: before any lock, request or warehouse
     except StorageError as exc:
-        # Refused (permissions, a read-only mount): no retry changes that, fail once and say so.
-        # Anything else (a remote store not answering) may pass: the RetryPolicy tries again.
-        cause = exc.__cause__
-        refused = isinstance(cause, OSError) and cause.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
-        raise dg.Failure(description=f"{exc}; nothing fetched", allow_retries=not refused) from exc
+        raise dg.Failure(description=f"{exc}; nothing fetched", allow_retries=not storage_refused(exc)) from exc
     try:
         wh = warehouse.warehouse()
         try:

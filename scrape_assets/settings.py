@@ -168,6 +168,10 @@ def load_settings(env: dict | None = None) -> Settings:
         # User info or a query may hold a secret: such a value is not echoed.
         shown = "<hidden>" if any(c in base_url for c in "@?#") else base_url
         raise SettingsError("SCRAPE_BASE_URL", shown, "an absolute http(s) URL with a host, e.g. http://127.0.0.1:8000/")
+    if base_url and "@" in urlsplit(base_url).netloc:
+        # Every page would be refused (credentials are not sent) and the URL stored in manifests and dead letters.
+        raise SettingsError("SCRAPE_BASE_URL", "<hidden>", "a URL without user:password@ (credentials in URLs are not "
+                            "sent; a site behind a login is out of scope)")
     max_attempts = _number(env, "SCRAPE_MAX_ATTEMPTS", int, 1)
     resume_max_age_h = _number(env, "SCRAPE_RESUME_MAX_AGE_H", float, MIN_RESUME_MAX_AGE_H, maximum=MAX_RESUME_MAX_AGE_H)
     return Settings(

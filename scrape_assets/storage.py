@@ -57,7 +57,12 @@ CLIENT_HINTS = {
     "NoCredentialsError": "give credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or an "
                           "instance role",
     "PartialCredentialsError": "give both AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+    "InvalidEndpointError": "set AWS_ENDPOINT_URL (or the profile's endpoint_url) to an http(s)://host[:port] URL",
 }
+
+
+class InvalidEndpointError(ValueError):
+    """The object store client's endpoint is not a URL (botocore: "Invalid endpoint: ...")."""
 #: What a listing of a prefix that is not a folder raises: an empty listing, not a failure.
 _NOT_THERE = (FileNotFoundError, NotADirectoryError)
 
@@ -153,6 +158,13 @@ class ObjectStore:
         except (ValueError, ImportError) as exc:
             raise StorageError(redact_url(url), f"cannot open object storage: {exc}") from exc
         self.is_local = self.root.protocol in ("", "file", "local")
+        if self.root.protocol in S3_PROTOCOLS:
+            try:  # a URL without a bucket ("s3:/bucket", "s3://") fails here, not at the first read
+                self.root.joinpath("key")
+                if not self.root.path.strip("/"):
+                    raise ValueError("no bucket in the URL")
+            except ValueError as exc:
+                raise StorageError(redact_url(url), f"cannot open object storage: {exc}: expected s3://bucket[/prefix]") from exc
         self._flat = scheme in OBJECT_STORE_PROTOCOLS  # one PUT per write, no folders to create
         self._bucketed = scheme in S3_PROTOCOLS
         # Local disks: plain os.path joins under the validated root (UPath.joinpath costs
@@ -202,6 +214,11 @@ class ObjectStore:
                 try:
                     with self._errors("", "bucket check", (FileNotFoundError, PermissionError)):
                         self.root.fs.info(bucket)  # not fs.exists: it answers False for any error
+                except ValueError as exc:  # the client refuses its endpoint before any request
+                    if "endpoint" not in str(exc).lower():
+                        raise
+                    raise self._error("", f"bucket check failed: {exc} ({CLIENT_HINTS['InvalidEndpointError']})") \
+                        from InvalidEndpointError(str(exc))
                 except FileNotFoundError:
                     raise self._error("", f"bucket {bucket!r} does not exist: create it, or fix the URL") from None
                 except PermissionError:

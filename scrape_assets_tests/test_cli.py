@@ -155,6 +155,10 @@ def test_bad_inputs_each_give_one_clear_error_naming_the_input(tmp_path):
             {"SCRAPE_BASE_URL": "http://"},
             "scrape-assets: error: SCRAPE_BASE_URL='http://' is invalid: expected an absolute http(s) URL with a host",
         ),
+        "base URL with credentials": (  # every page would be refused, and the password stored with them
+            {"SCRAPE_BASE_URL": "http://u:secret-token@127.0.0.1:8000/"},
+            "scrape-assets: error: SCRAPE_BASE_URL='<hidden>' is invalid: expected a URL without user:password@",
+        ),
         "spec not UTF-8": (
             {"SCRAPE_SITE": str(utf16)},
             f"scrape-assets: error: {utf16}: expected UTF-8 text, found byte 0xff at offset 0",
@@ -507,3 +511,29 @@ def test_a_run_that_reached_nothing_says_so_in_its_summary():
         out = io.StringIO()
         print_summary(summary, reached, out=out)
         assert hint not in out.getvalue()
+
+
+def test_s3_settings_the_client_refuses_before_any_request_are_one_line_each(tmp_path):
+    """A malformed endpoint or an S3 URL without a bucket: no traceback, the setting to fix named."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SCRAPE_", "AWS_")) and k != "DAGSTER_HOME"}
+    env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+    cli = Path(sys.executable).with_name("scrape-assets")
+    cases = {
+        "endpoint without a scheme": (
+            {"AWS_ENDPOINT_URL": "127.0.0.1:5123", "SCRAPE_STORAGE_URL": "s3://bucket/objects"},
+            "scrape-assets: error: cannot use object storage at s3://bucket/objects: bucket check failed: Invalid "
+            "endpoint: 127.0.0.1:5123 (set AWS_ENDPOINT_URL (or the profile's endpoint_url) to an http(s)://host[:port] URL)",
+        ),
+        "one slash: no bucket": (
+            {"SCRAPE_STORAGE_URL": "s3:/bucket"},
+            "scrape-assets: error: SCRAPE_STORAGE_URL='s3:/bucket' is invalid: expected object storage this process can "
+            "read (cannot open object storage: non key-like path provided (bucket/container missing): expected "
+            "s3://bucket[/prefix])",
+        ),
+    }
+    for name, (extra, expected) in cases.items():
+        done = subprocess.run([str(cli), "summary"], env={**env, **extra}, capture_output=True, text=True, timeout=120,
+                              cwd=tmp_path)
+        assert done.returncode == 2, (name, done.stderr[-2000:])
+        assert done.stderr == expected + "\n", name
+    assert not (tmp_path / "data").exists()

@@ -286,6 +286,28 @@ def ui_command(env: Mapping[str, str]) -> str:
     return " ".join(parts)
 
 
+def pool_holders_notice(instance, pool: str | None) -> str | None:
+    """A line naming the runs holding every slot of ``pool`` (``raw_pages`` would wait for them), else None.
+
+    Only with remote storage (``pool`` set: :func:`~scrape_assets.defs.pools.configured_host_pool`):
+    a run killed with SIGKILL keeps its slot, and Dagster's in-process executor then waits
+    for it silently, using a core, without answering SIGTERM; this says so up front.
+    """
+    if pool is None:
+        return None
+    info = instance.event_log_storage.get_concurrency_info(pool)
+    limit = info.limit if info.limit is not None else info.slot_count
+    if not limit or len(info.claimed_slots) < limit:
+        return None
+    holders = []
+    for run_id in sorted(info.active_run_ids):
+        run = instance.get_run_by_id(run_id)
+        holders.append(f"{run_id} ({run.status.value.lower() if run else 'not a run of this instance'})")
+    return (f"scrape-assets: raw_pages will wait for the pool {pool} (one fetching step per host), held by run "
+            f"{', '.join(holders)}: if that run was killed, free its slot from its page in the UI (`make ui`, \"Free "
+            "concurrency slots\"); until then this process waits, using a core (Ctrl-C does not stop it: kill it)")
+
+
 def run_demo(new_snapshot: bool = False) -> int:
     """Materialize all assets for all categories in one run; print a summary. Returns an exit code."""
     from scrape_assets.definitions import defs
@@ -298,6 +320,10 @@ def run_demo(new_snapshot: bool = False) -> int:
     keys = category_partitions.get_partition_keys()
     with _instance() as instance:  # disposed: its SQLite files are closed (WAL folded) before exit
         print(f"scrape-assets: {counted(len(keys), 'category')} in one run on the Dagster instance at {os.environ['DAGSTER_HOME']}")
+        from scrape_assets.defs.pools import configured_host_pool
+
+        if notice := pool_holders_notice(instance, configured_host_pool()):
+            print(notice, file=sys.stderr, flush=True)
         result = job.execute_in_process(
             instance=instance,
             tags={**all_categories_tags(category_partitions), "scrape/launched_by": "scrape-assets demo"},

@@ -537,3 +537,21 @@ def test_s3_settings_the_client_refuses_before_any_request_are_one_line_each(tmp
         assert done.returncode == 2, (name, done.stderr[-2000:])
         assert done.stderr == expected + "\n", name
     assert not (tmp_path / "data").exists()
+
+
+def test_the_demo_says_up_front_which_run_holds_the_host_pool_it_will_wait_for(instance):
+    """On S3 a SIGKILLed run keeps the host pool's slot; Dagster's executor then waits silently."""
+    from scrape_assets.cli import pool_holders_notice
+
+    pool = "scrape-host-127.0.0.1:8000"
+    assert pool_holders_notice(instance, None) is None  # local storage: the host flock, no pool
+    instance.event_log_storage.set_concurrency_slots(pool, 1)
+    assert pool_holders_notice(instance, pool) is None  # a free slot: nothing to say
+    instance.event_log_storage.claim_concurrency_slot(pool, "0f0f0f0f-dead-run", "raw_pages")
+    assert pool_holders_notice(instance, pool) == (
+        "scrape-assets: raw_pages will wait for the pool scrape-host-127.0.0.1:8000 (one fetching step per host), held "
+        "by run 0f0f0f0f-dead-run (not a run of this instance): if that run was killed, free its slot from its page in "
+        "the UI (`make ui`, \"Free concurrency slots\"); until then this process waits, using a core (Ctrl-C does not "
+        "stop it: kill it)")
+    instance.event_log_storage.free_concurrency_slots_for_run("0f0f0f0f-dead-run")
+    assert pool_holders_notice(instance, pool) is None

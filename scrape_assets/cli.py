@@ -265,14 +265,14 @@ def ui_command(env: Mapping[str, str]) -> str:
     ``SCRAPE_STORAGE_URL`` and ``SCRAPE_WAREHOUSE_URL`` are left out (they may hold
     credentials): set them as for the run.
     """
-    from scrape_assets.settings import DEFAULT_DATA_DIR
+    from scrape_assets.settings import data_folder
     from scrape_assets.storage import redact_url
 
     parts = []
     if (site := env.get("SCRAPE_SITE")) not in (None, "", "demo"):
         site = str(Path(site).resolve()) if Path(site).is_file() else site  # a spec file, from any folder
         parts.append(f"SCRAPE_SITE={shlex.quote(site)}")
-    data = Path(env.get("SCRAPE_DATA_DIR") or DEFAULT_DATA_DIR).expanduser().resolve()
+    data = data_folder(env)
     if data != _CLONE / "data":
         parts.append(f"SCRAPE_DATA_DIR={shlex.quote(str(data))}")
     if env.get("SCRAPE_BASE_URL"):
@@ -381,12 +381,12 @@ def _storage_variable() -> str:
 
 def _storage_as_set() -> str:
     """Where the store is, as the user set it: ``SCRAPE_STORAGE_URL`` (without credentials), or the data folder."""
-    from scrape_assets.settings import DEFAULT_DATA_DIR
+    from scrape_assets.settings import data_folder
     from scrape_assets.storage import redact_url
 
     if _storage_variable() == "SCRAPE_STORAGE_URL":
         return redact_url(os.environ["SCRAPE_STORAGE_URL"])
-    return str(Path(os.environ.get("SCRAPE_DATA_DIR") or DEFAULT_DATA_DIR).expanduser().resolve())
+    return str(data_folder(os.environ))
 
 
 def _storage_hint(site: str) -> str:

@@ -32,6 +32,7 @@ import logging
 import math
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -45,6 +46,11 @@ logger = logging.getLogger(__name__)
 
 #: The data folder when ``SCRAPE_DATA_DIR`` is unset (relative to the current folder).
 DEFAULT_DATA_DIR = "./data"
+
+
+def data_folder(env: Mapping[str, str]) -> Path:
+    """The data folder ``SCRAPE_DATA_DIR`` names in ``env`` (else :data:`DEFAULT_DATA_DIR`), absolute."""
+    return Path(env.get("SCRAPE_DATA_DIR") or DEFAULT_DATA_DIR).expanduser().resolve()
 
 #: Every ``SCRAPE_*`` variable the package reads: the table above, and ``SCRAPE_CRASHPOINT``
 #: (:mod:`scrape_assets.crashpoints`, for the reliability tests). ``SCRAPE_TEST_*`` is left
@@ -140,8 +146,7 @@ def load_settings(env: dict | None = None) -> Settings:
             _warned.add(name)
             logger.warning("%s is not a setting of scrape_assets: ignored%s", name,
                            f" (did you mean {close}?)" if close else " (the settings: README, Configuration)")
-    data_dir = env.get("SCRAPE_DATA_DIR") or DEFAULT_DATA_DIR
-    data_path = Path(data_dir).expanduser().resolve()
+    data_path = data_folder(env)
     site = env.get("SCRAPE_SITE") or "demo"
     try:
         load_spec(site)  # fail early, naming the input

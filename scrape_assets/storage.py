@@ -61,8 +61,11 @@ CLIENT_HINTS = {
 }
 
 
+
 class InvalidEndpointError(ValueError):
     """The object store client's endpoint is not a URL (botocore: "Invalid endpoint: ...")."""
+
+
 #: What a listing of a prefix that is not a folder raises: an empty listing, not a failure.
 _NOT_THERE = (FileNotFoundError, NotADirectoryError)
 
@@ -214,11 +217,6 @@ class ObjectStore:
                 try:
                     with self._errors("", "bucket check", (FileNotFoundError, PermissionError)):
                         self.root.fs.info(bucket)  # not fs.exists: it answers False for any error
-                except ValueError as exc:  # the client refuses its endpoint before any request
-                    if "endpoint" not in str(exc).lower():
-                        raise
-                    raise self._error("", f"bucket check failed: {exc} ({CLIENT_HINTS['InvalidEndpointError']})") \
-                        from InvalidEndpointError(str(exc))
                 except FileNotFoundError:
                     raise self._error("", f"bucket {bucket!r} does not exist: create it, or fix the URL") from None
                 except PermissionError:
@@ -413,6 +411,9 @@ class ObjectStore:
     def _errors(self, key: str, action: str, missing: tuple[type[OSError], ...] = (FileNotFoundError,)):
         """Raise what a store's client raises as :class:`StorageError` ("<location>: <action> failed: ...").
 
+        A remote client refusing its endpoint (a ``ValueError`` before any request) is raised
+        from :class:`InvalidEndpointError`, so :data:`CLIENT_HINTS` names ``AWS_ENDPOINT_URL``.
+
         ``missing`` (``FileNotFoundError``; for listings also ``NotADirectoryError``) passes
         through, so callers tell "not there" from "failed", as does a :class:`StorageError`;
         a missing driver becomes :meth:`_no_driver`'s error. On local disks only ``OSError``
@@ -425,6 +426,10 @@ class ObjectStore:
         except ImportError as exc:
             raise self._no_driver(exc) from exc
         except Exception as exc:
+            if not self.is_local and isinstance(exc, ValueError) and "endpoint" in str(exc).lower():
+                # The client refuses its endpoint before any request: say which setting to fix.
+                raise self._error(key, f"{action} failed: {exc} ({CLIENT_HINTS['InvalidEndpointError']})") \
+                    from InvalidEndpointError(str(exc))
             detail = self._failure_detail(exc)
             if detail is None:
                 raise

@@ -13,6 +13,9 @@ Scrapy spider read it exactly as they read the demo. Only the size differs:
   neighbours) so a page weighs the same in both sizes (~41 KB; books.toscrape.com's weigh ~51 KB).
 * Conditional GET: strong ``ETag`` (hash of the body) and ``Last-Modified``;
   ``If-None-Match`` (else ``If-Modified-Since``) answers 304, as the demo does.
+* ``/sitemap.xml`` (sitemaps.org 0.9) lists every listing page with its ``Last-Modified``
+  as ``lastmod`` (in the current variant), its URLs on the host the request named, for the
+  spec opt-in ``incremental: {revalidate: sitemap}``.
 * Change sets for the incremental scenario: ``GET /_bench/variant/changed10`` switches to a
   catalogue where every 10th category (10 %) has new prices (new bytes, new ETag, a later
   Last-Modified); ``/_bench/variant/base`` switches back. ``GET /_bench/stats`` returns the
@@ -52,6 +55,7 @@ from scrape_assets.demo_site import (
     DemoServer,
     slugify,
 )
+from scrape_assets.sitemap import render_urlset
 
 PRODUCTS_PER_PAGE = 20
 SIDEBAR_CATEGORIES = 20
@@ -154,6 +158,21 @@ class LargeSite:
         self.stats = {"requests": 0, "status_200": 0, "status_304": 0, "status_other": 0, "bytes_sent": 0,
                       "robots": 0}
         self.robots = Page(ROBOTS_TXT.encode(), _midnight(BASE_DAY))
+        self._sitemaps: dict[tuple[str, str], Page] = {}  # (variant, host) -> sitemap.xml
+
+    def sitemap(self, host: str) -> Page:
+        """``sitemap.xml`` of the current variant with URLs on ``host`` (rendered once per pair)."""
+        key = (self.variant, host)
+        with self._lock:
+            page = self._sitemaps.get(key)
+        if page is None:
+            pages = self.changed if self.variant == "changed10" else self.base
+            listed = {path: page for path, page in pages.items() if not path.endswith("/page-1.html")}  # (an alias)
+            body = render_urlset((f"http://{host}{path}", page.modified_at) for path, page in listed.items())
+            page = Page(body, max(p.modified_at for p in listed.values()))
+            with self._lock:
+                self._sitemaps[key] = page
+        return page
 
     @property
     def listing_pages(self) -> int:
@@ -184,7 +203,12 @@ class LargeSite:
         path = target.split("?", 1)[0]
         if path.startswith("/_bench/"):
             return self.control(path)
-        page = self.robots if path == "/robots.txt" else (self.changed if self.variant == "changed10" else self.base).get(path)
+        if path == "/robots.txt":
+            page = self.robots
+        elif path == "/sitemap.xml":
+            page = self.sitemap(headers.get("Host") or "localhost")
+        else:
+            page = (self.changed if self.variant == "changed10" else self.base).get(path)
         if page is None or method not in ("GET", "HEAD"):
             body = demo_markup.error_page("404 Not Found", f"{path} is not a page").encode()
             self._count(404, len(body))
@@ -204,7 +228,8 @@ class LargeSite:
         if not_modified:
             self._count(304, 0)
             return DemoResponse(304, validators, b"")
-        content_type = "text/plain; charset=utf-8" if page is self.robots else "text/html; charset=utf-8"
+        content_type = ("text/plain; charset=utf-8" if page is self.robots
+                        else "application/xml" if path == "/sitemap.xml" else "text/html; charset=utf-8")
         self._count(200, len(page.body), robots=page is self.robots)
         return DemoResponse(
             200, {"Content-Type": content_type, "Content-Length": str(len(page.body)), **validators},

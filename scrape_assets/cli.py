@@ -186,6 +186,7 @@ def run_figures(result) -> dict:
         "requests_made": raw.get("requests_made"),
         "pages_done": raw.get("pages_done"),
         "pages_not_modified": raw.get("pages_not_modified"),
+        "pages_assumed_unchanged": raw.get("pages_assumed_unchanged"),
         "pages_failed": raw.get("pages_failed"),
         "pages_parsed": parsed.get("pages_parsed"),
         "partitions_unchanged": parsed.get("partitions_unchanged"),
@@ -207,7 +208,9 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
             "This run" + ("" if run["success"] else
                           f" (FAILED: see the log above or `{summary.get('ui_command', 'make ui')}`)"),
             "  requests        " + step("requests_made", lambda: (
-                f"{run['requests_made']:,} ({run['pages_not_modified']:,} not modified: 304), "
+                f"{run['requests_made']:,} ({run['pages_not_modified']:,} not modified: 304"
+                + (f"; {counted(kept, 'page')} kept without a request" if (kept := run.get("pages_assumed_unchanged")) else "")
+                + "), "
                 f"{counted(run['pages_failed'], 'page')} failed for good"), "raw_pages"),
             *(["  nothing fetched: every page failed before a request was made (site unreachable from here, or "
                "robots.txt refused? the reasons are in `dead_letters`)"]

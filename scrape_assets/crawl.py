@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 from scrape_assets.batched_log import LOG_EVERY_S
 from scrape_assets.crashpoints import crashpoint
@@ -38,6 +38,7 @@ from scrape_assets.manifest import (
     utc_now_iso,
 )
 from scrape_assets.parsing import UrlJoiner, parse_pager
+from scrape_assets.sitemap import Sitemap, SitemapError, load_sitemap, saved_at
 from scrape_assets.spec import SiteSpec
 from scrape_assets.storage import ObjectStore
 
@@ -101,7 +102,7 @@ class CrawlProgress:
         self._tick()
 
     def pages_adopted(self, count: int) -> None:
-        """``count`` pages became done without a request (``incremental.revalidate: first_page``)."""
+        """``count`` pages became done without a request (``incremental.revalidate``: ``first_page``, ``sitemap``)."""
         self.pages_done += count
 
     def page_failed(self, line: str) -> None:
@@ -156,7 +157,7 @@ class CrawlReport:
     products_expected: int | None
     duration_s: float
     data_version: str = ""
-    pages_assumed_unchanged: int = 0  # adopted without a request (incremental.revalidate: first_page)
+    pages_assumed_unchanged: int = 0  # adopted without a request (incremental.revalidate: first_page, sitemap)
 
     @property
     def success_rate(self) -> float:
@@ -186,6 +187,8 @@ class PartitionCrawler:
             there is none; ``raw_pages`` holds the partition locks meanwhile); by default the
             crawler reads it. A complete one is also the snapshot whose pages are
             revalidated, so it is not read a second time.
+        sitemap: the site's sitemap, read once per run (``incremental.revalidate: sitemap``,
+            see :func:`load_run_sitemap`); None: no page is adopted on its word.
     """
 
     def __init__(
@@ -203,8 +206,11 @@ class PartitionCrawler:
         resume_max_age: timedelta | None = None,
         progress: CrawlProgress | ProgressCallback | None = None,
         latest: Manifest | None | object = UNREAD,
+        sitemap: Sitemap | None = None,
     ):
         self.run_id = run_id
+        self.sitemap = sitemap
+        self._sitemap_trusted: bool | None = None  # decided once page 1 is done (see _trust_sitemap)
         self._latest = latest
         self.adopt_complete = adopt_complete
         self.resume_max_age = resume_max_age
@@ -340,6 +346,8 @@ class PartitionCrawler:
         # Fetch whatever is pending (all of 2..N at once, or the next link's page).
         while True:
             pending = sorted(n for n, p in manifest.pages.items() if p.status == "pending")
+            if pending and self.sitemap is not None:
+                pending = await self._adopt_listed_unchanged(pending)
             if not pending:
                 if manifest.discovery_complete:
                     return
@@ -387,13 +395,64 @@ class PartitionCrawler:
         if not others or any(source is None for source in sources) or len(sources[0][0].pages) != len(manifest.pages):
             return
         for n, (previous, m) in zip(others, sources):
-            old, entry = previous.pages[m], manifest.pages[n]
-            entry.status, entry.http_status, entry.content_hash = "done", old.http_status, old.content_hash
-            entry.bytes, entry.content_type, entry.fetched_at = old.bytes, old.content_type, old.fetched_at
-            entry.etag, entry.last_modified, entry.body_key = old.etag, old.last_modified, previous.body_key(m)
-            entry.assumed_unchanged = True
+            self._adopt(n, previous, m)
         self._assumed += len(others)
         self.progress.pages_adopted(len(others))  # (the caller reports the pages planned)
+
+    def _adopt(self, n: int, previous: Manifest, m: int) -> None:
+        """Page ``n`` becomes done as page ``m`` of ``previous``, without a request (``assumed_unchanged``)."""
+        old, entry = previous.pages[m], self.manifest.pages[n]
+        entry.status, entry.http_status, entry.content_hash = "done", old.http_status, old.content_hash
+        entry.bytes, entry.content_type, entry.fetched_at = old.bytes, old.content_type, old.fetched_at
+        entry.etag, entry.last_modified, entry.body_key = old.etag, old.last_modified, previous.body_key(m)
+        entry.assumed_unchanged = True
+
+    def _trust_sitemap(self) -> bool:
+        """Whether pages may be adopted on the sitemap's word in this category (decided once).
+
+        Page 1 is always revalidated and is the check: when it came back changed although the
+        sitemap dates it no later than the saved copy, the sitemap's ``lastmod`` is not kept
+        current on this site, so no page of the category is adopted (one line says so). Also
+        False when page 1 failed, or the category has no earlier complete snapshot.
+        """
+        if self._sitemap_trusted is None:
+            first = self.manifest.pages[1]
+            source = self._previous.get(first.url)
+            if first.status != "done" or source is None:
+                self._sitemap_trusted = False
+            else:
+                old = source[0].pages[source[1]]
+                claimed = self.sitemap.unchanged_since(first.url, saved_at(old.last_modified, old.fetched_at))
+                self._sitemap_trusted = not (claimed and first.body_key is None)  # body_key None: new content
+                if not self._sitemap_trusted:
+                    self.progress.emit(
+                        f"{self.category}: page 1 changed although the sitemap {self.sitemap.url} dates it no later "
+                        f"than the saved copy ({old.last_modified or old.fetched_at}); its lastmod is not trusted "
+                        "for this category: every page is revalidated"
+                    )
+        return self._sitemap_trusted
+
+    async def _adopt_listed_unchanged(self, pending: list[int]) -> list[int]:
+        """``revalidate: sitemap``: adopt the pending pages the sitemap dates no later than their
+        saved copy; return the others (to fetch). Page 1 is never adopted (see :meth:`_trust_sitemap`)."""
+        if not self._trust_sitemap():
+            return pending
+        rest = []
+        for n in pending:
+            source = self._previous.get(self.manifest.pages[n].url) if n != 1 else None
+            if source is not None:
+                old = source[0].pages[source[1]]
+                if self.sitemap.unchanged_since(old.url, saved_at(old.last_modified, old.fetched_at)):
+                    self._adopt(n, *source)
+                    continue
+            rest.append(n)
+        adopted = len(pending) - len(rest)
+        if adopted:
+            self._assumed += adopted
+            self.progress.pages_adopted(adopted)
+            async with self._lock:
+                self.manifest.save(self.store)
+        return rest
 
     async def _follow_next_links(self) -> None:
         """Add the page after the highest done page, from its ``next`` link (next-link mode)."""
@@ -526,6 +585,32 @@ class PartitionCrawler:
         self._fetched += 1
         manifest.record(self.store, n)
         self.progress.page_done()
+
+
+async def load_run_sitemap(
+    spec: SiteSpec, fetcher: PageFetcher, fetch_base_url: str, emit: ProgressCallback,
+    warn: ProgressCallback | None = None,
+) -> Sitemap | None:
+    """The run's sitemap for ``incremental.revalidate: sitemap``, or None (a line says why).
+
+    Fetched from ``spec.incremental.sitemap`` on ``fetch_base_url`` through the run's fetcher
+    (robots.txt, limits and retries apply); its entries may name the fetch origin or the
+    spec's. A sitemap that cannot be fetched or read is not an error: every page is then
+    revalidated with a conditional GET, as with ``every_page``; that line goes to ``warn``.
+    """
+    url = urljoin(fetch_base_url, spec.incremental.sitemap)
+    started = time.monotonic()
+    try:
+        sitemap = await load_sitemap(fetcher, url, origins=[urlsplit(spec.base_url).netloc])
+    except SitemapError as exc:
+        (warn or emit)(f"{exc}: not used, every page is revalidated with a conditional GET")
+        return None
+    emit(
+        f"sitemap {url}: {sitemap.urls:,} URLs, {len(sitemap.lastmod):,} with lastmod"
+        + (f", {sitemap.skipped:,} entries skipped (another origin or over the limit)" if sitemap.skipped else "")
+        + f"; {sitemap.requests:,} request{'s' if sitemap.requests != 1 else ''}, {time.monotonic() - started:.1f}s"
+    )
+    return sitemap
 
 
 async def all_or_cancel(coros, on_other_error: Callable[[BaseException], None] | None = None) -> list:

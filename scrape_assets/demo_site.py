@@ -8,6 +8,7 @@ sockets (:func:`make_server`, :func:`serve_forever`).
 URL layout (paths relative to the base URL)::
 
     robots.txt                                        User-agent: *, Disallow /basket/ and /accounts/
+    sitemap.xml                                       every listing page with its lastmod (sitemaps.org 0.9)
     index.html (and /)                                home page listing the categories
     catalogue/category/books/{key}_{num}/index.html   page 1 of a category (keys as in sites/demo.yaml)
     catalogue/category/books/{key}_{num}/page-{n}.html  page n (page-1.html is page 1 again, as on the real site)
@@ -25,7 +26,10 @@ price is a pure function of (product id, the last day its category changed). The
 the ``SCRAPE_DEMO_DATE`` environment variable (``YYYY-MM-DD``), else today's UTC date.
 
 Responses carry a strong ``ETag`` (hash of the body) and ``Last-Modified`` (midnight UTC
-of the day the category last changed); ``If-None-Match`` and ``If-Modified-Since`` give 304 (RFC 9110 §13). Limits:
+of the day the category last changed); ``If-None-Match`` and ``If-Modified-Since`` give 304 (RFC 9110 §13).
+``sitemap.xml`` lists every listing page with that same instant as its ``lastmod``, its
+URLs on the host the request named (``Host``), so ``incremental.revalidate: sitemap`` can be
+tried on the demo. Limits:
 only GET and HEAD (others get 405); no product detail pages, images, CSS or search; query
 strings are ignored; no gzip; no Range requests.
 """
@@ -49,6 +53,7 @@ from email.utils import format_datetime, parsedate_to_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from socketserver import TCPServer
 from typing import ClassVar, NamedTuple
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -279,6 +284,8 @@ def _route(path: str) -> tuple[str, str, int] | None:
         return ("home", "", 0)
     if path == "/robots.txt":
         return ("robots", "", 0)
+    if path == "/sitemap.xml":
+        return ("sitemap", "", 0)
     match = _LISTING.fullmatch(path)
     if match is None:
         return None
@@ -300,6 +307,23 @@ def _render(route: tuple[str, str, int], day: datetime.date) -> tuple[bytes, str
         text = demo_markup.home_page(cat) if kind == "home" else demo_markup.listing_page(cat, cat.category(key), page)
         body, content_type = text.encode("utf-8"), "text/html; charset=utf-8"
     return body, content_type, '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+
+
+def _midnight(day: datetime.date) -> datetime.datetime:
+    return datetime.datetime.combine(day, datetime.time(), datetime.timezone.utc)
+
+
+@functools.lru_cache(maxsize=64)
+def _render_sitemap(day: datetime.date, origin: str) -> tuple[bytes, str, str]:
+    """``(body, content type, ETag)`` of ``sitemap.xml`` on ``day`` with URLs on ``origin`` (``http://host[:port]/``)."""
+    from scrape_assets.sitemap import render_urlset  # only the sitemap needs it
+
+    cat = _catalogue(day)
+    body = render_urlset(
+        (origin + c.page_path(page), _midnight(price_epoch(c.key, day)))
+        for c in cat.categories for page in range(1, c.page_count + 1)
+    )
+    return body, "application/xml", '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
 
 
 def etag_matches(if_none_match: str, etag: str) -> bool:
@@ -346,11 +370,15 @@ def respond(
     if route is None:
         return _error(404, "Not Found", f"{path} is not a page of the demo catalogue.", method)
     resolved = resolve_day(day)
-    body, content_type, etag = _render(route, resolved)
-    changed = price_epoch(route[1], resolved) if route[0] == "listing" else resolved
-    midnight = datetime.datetime.combine(changed, datetime.time(), datetime.timezone.utc)
-    validators = {"ETag": etag, "Last-Modified": format_datetime(midnight, usegmt=True)}
     lower = {k.lower(): v for k, v in (headers or {}).items()}
+    if route[0] == "sitemap":
+        host = lower.get("host") or urlsplit(DEMO_BASE_URL).netloc
+        body, content_type, etag = _render_sitemap(resolved, f"http://{host}/")
+    else:
+        body, content_type, etag = _render(route, resolved)
+    changed = price_epoch(route[1], resolved) if route[0] == "listing" else resolved
+    midnight = _midnight(changed)
+    validators = {"ETag": etag, "Last-Modified": format_datetime(midnight, usegmt=True)}
     if "if-none-match" in lower:
         not_modified = etag_matches(lower["if-none-match"], etag)
     else:

@@ -109,7 +109,8 @@ class PageEntry:
             or the body's hash was unchanged (nothing stored twice).
         not_modified: the server answered 304 to a conditional GET (RFC 9110 §15.4.5).
         assumed_unchanged: adopted from the previous snapshot without a request, because
-            page 1 was unchanged and the spec says ``incremental.revalidate: first_page``.
+            page 1 was unchanged and the spec says ``incremental.revalidate: first_page``, or
+            the site's sitemap dates the page no later than its saved copy (``sitemap``).
     """
 
     url: str

@@ -150,9 +150,31 @@ class Incremental(_Strict):
     one per page; right only for sites whose listing pages change together (a price change
     on page 5 that leaves page 1 as it was is missed until page 1 changes). Needs the pager
     and ``page_url`` (pages known from page 1); next-link crawls ask every page.
+
+    ``sitemap``: the site's XML sitemap (``sitemap``, a path relative to the base URL; the
+    sitemaps.org protocol, see :mod:`scrape_assets.sitemap`) is fetched once per run, and a
+    saved page whose URL it lists with a ``lastmod`` no later than the page's saved
+    ``Last-Modified`` (else its fetch time) is adopted without a request (recorded
+    ``assumed_unchanged``). Page 1 of each category is always revalidated: when it changed
+    although the sitemap says it did not, the sitemap is not trusted for that category and
+    every page is revalidated. Pages the sitemap does not list (or lists without
+    ``lastmod``) are revalidated; a sitemap that cannot be fetched or read makes the run
+    revalidate every page (a warning says why). Exact as far as the site keeps ``lastmod``
+    current on every page; one request per category plus the sitemap on an unchanged day,
+    whatever the number of pages, so it is what makes a refresh cheap under a rate limit.
+    Works with both pager and next-link crawls.
     """
 
-    revalidate: Literal["every_page", "first_page"] = "every_page"
+    revalidate: Literal["every_page", "first_page", "sitemap"] = "every_page"
+    sitemap: str = Field(default="sitemap.xml", min_length=1,
+                         description="the sitemap (or sitemap index), relative to base_url; for revalidate: sitemap")
+
+    @field_validator("sitemap")
+    @classmethod
+    def _relative_sitemap(cls, value: str) -> str:
+        if urlsplit(value).netloc or urlsplit(value).scheme or value.startswith("/") or ".." in value.split("/"):
+            raise ValueError(f"expected a path relative to base_url without '..' such as 'sitemap.xml', got {value!r}")
+        return value
 
 
 #: Default of ``validation.max_rejected_share`` (the schema check's fallback too).

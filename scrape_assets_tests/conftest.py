@@ -81,6 +81,21 @@ def materialize(instance, resources: dict, partitions: list[str], selection=ALL_
     )
 
 
+def assert_later_pages_adopted(store, category: str) -> None:
+    """Of ``category``'s two demo snapshots, the newer revalidated page 1 (a 304) and adopted
+    pages 2..N from the older without a request (same body, hash and validators)."""
+    from scrape_assets.manifest import list_snapshots, load_manifest
+
+    older, newer = (load_manifest(store, "demo", category, s) for s in list_snapshots(store, "demo", category))
+    assert newer.pages[1].not_modified and not newer.pages[1].assumed_unchanged
+    for n in range(2, len(newer.pages) + 1):
+        entry, old = newer.pages[n], older.pages[n]
+        assert (entry.status, entry.assumed_unchanged, entry.body_key) == ("done", True, older.page_key(n))
+        assert (entry.content_hash, entry.fetched_at, entry.last_modified) == (old.content_hash, old.fetched_at,
+                                                                               old.last_modified)
+    assert newer.data_version == older.data_version
+
+
 def one_page_snapshot(store, snapshot_id: str, *, complete: bool, body_from: str | None = None):
     """A one-page snapshot of demo/travel saved in ``store``: its body stored, or read from ``body_from``'s snapshot."""
     from scrape_assets.manifest import Manifest, PageEntry

@@ -228,6 +228,12 @@ def test_a_run_summary_names_the_steps_that_did_not_finish():
     assert "  parsed          parsed_products did not finish" in lines
     assert "  loaded          products_table did not finish" in lines
     assert "None" not in out.getvalue()
+    # Pages adopted without a request (incremental.revalidate: sitemap or first_page) are said.
+    out = io.StringIO()
+    print_summary(summary, {**run, "requests_made": 12, "pages_not_modified": 10, "pages_failed": 0,
+                            "pages_assumed_unchanged": 26}, out=out)
+    assert "  requests        12 (10 not modified: 304; 26 pages kept without a request), 0 pages failed for good" in (
+        out.getvalue().splitlines())
 
 
 def test_the_summary_does_not_count_a_category_whose_every_page_failed(tmp_path, monkeypatch):

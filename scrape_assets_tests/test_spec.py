@@ -53,7 +53,7 @@ def _demo_dict() -> dict:
         (lambda d: d["product_id"].update(regex="("), "product_id.regex", "not a valid regular expression"),
         (lambda d: d["politeness"].update(requests_per_second=0), "politeness.requests_per_second", "greater than 0"),
         (lambda d: d.update(incremental={"revalidate": "sometimes"}), "incremental.revalidate",
-         "'every_page' or 'first_page'"),
+         "'every_page', 'first_page' or 'sitemap'"),
     ],
 )
 def test_bad_spec_names_file_key_and_expectation(tmp_path, mutate, key, expected):

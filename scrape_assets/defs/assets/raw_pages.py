@@ -173,7 +173,7 @@ async def crawl_partitions(
     """
     # Here, not at module level: processes that load the definitions but never fetch (sensors,
     # the UI's code server, re-parse backfills) do not import httpx and aiohttp (~0.1-0.2 s).
-    from scrape_assets.crawl import CrawlProgress, PartitionCrawler, all_or_cancel
+    from scrape_assets.crawl import CrawlProgress, PartitionCrawler, all_or_cancel, load_run_sitemap
     from scrape_assets.fetcher import PageFetcher
 
     freeze_again()  # what these imports brought, out of the collector's way like the rest of the code
@@ -197,6 +197,11 @@ async def crawl_partitions(
     async with site.client() as client:
         fetcher = PageFetcher(client, site.fetch_policy())
         progress = CrawlProgress(len(categories), log.info)
+        # revalidate: sitemap: read once for every category, and only when some category has
+        # saved pages to keep (a first run fetches everything anyway).
+        sitemap = None
+        if spec.incremental.revalidate == "sitemap" and any(m is not None for m in latest.values()):
+            sitemap = await load_run_sitemap(spec, fetcher, fetch_base_url, log.info, log.warning)
         crawlers = [
             PartitionCrawler(
                 spec,
@@ -211,6 +216,7 @@ async def crawl_partitions(
                 resume_max_age=store.resume_max_age(),
                 progress=progress,
                 latest=latest.pop(category),  # the crawler drops it once its snapshot is open
+                sitemap=sitemap,
             )
             for category in categories
         ]

@@ -17,8 +17,10 @@ Scrapy spider read it exactly as they read the demo. Only the size differs:
   as ``lastmod`` (in the current variant), its URLs on the host the request named, for the
   spec opt-in ``incremental: {revalidate: sitemap}``.
 * Change sets for the incremental scenario: ``GET /_bench/variant/changed10`` switches to a
-  catalogue where every 10th category (10 %) has new prices (new bytes, new ETag, a later
-  Last-Modified); ``/_bench/variant/base`` switches back. ``GET /_bench/stats`` returns the
+  catalogue where every 10th category (10 %) has new prices (new bytes, new ETag, and a
+  Last-Modified and ``lastmod`` of the moment of the switch); ``/_bench/variant/base``
+  switches back (to the base pages' old dates: a crawler trusting the sitemap then sees the
+  revert only through page 1). ``GET /_bench/stats`` returns the
   counters as JSON (requests, 200s, 304s, bytes) and ``/_bench/reset`` zeroes them. The
   ``/_bench/`` paths are for the harness only (robots.txt disallows them).
 
@@ -117,6 +119,10 @@ class Page:
     def __init__(self, body: bytes, modified_at: datetime.datetime):
         self.body = body
         self.etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+        self.stamp(modified_at)
+
+    def stamp(self, modified_at: datetime.datetime) -> None:
+        """Set when the page last changed (``Last-Modified`` and the sitemap's ``lastmod``)."""
         self.modified_at = modified_at
         self.last_modified = format_datetime(modified_at, usegmt=True)
 
@@ -151,7 +157,8 @@ class LargeSite:
         changed = build_catalogue(categories, pages, changed=True)
         self.base = render_pages(base, BASE_DAY)
         changed_indexes = {i for i in range(categories) if i % CHANGED_EVERY == 0}
-        self.changed = {**self.base, **render_pages(changed, CHANGED_DAY, only=changed_indexes)}
+        self._changed_only = render_pages(changed, CHANGED_DAY, only=changed_indexes)
+        self.changed = {**self.base, **self._changed_only}
         self.catalogue = base
         self.variant = "base"
         self._lock = threading.Lock()
@@ -189,6 +196,14 @@ class LargeSite:
     def control(self, path: str) -> DemoResponse:
         action = path.removeprefix("/_bench/")
         if action.startswith("variant/") and action[8:] in ("base", "changed10"):
+            if action[8:] == "changed10" and self.variant != "changed10":
+                # The change happens now, as on a real site: its Last-Modified (and lastmod) say
+                # so, later than any copy a crawler saved before.
+                now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+                for page in self._changed_only.values():
+                    page.stamp(now)
+                with self._lock:
+                    self._sitemaps.clear()
             self.variant = action[8:]
         elif action == "reset":
             with self._lock:

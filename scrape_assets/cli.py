@@ -187,6 +187,7 @@ def run_figures(result) -> dict:
         "pages_done": raw.get("pages_done"),
         "pages_not_modified": raw.get("pages_not_modified"),
         "pages_assumed_unchanged": raw.get("pages_assumed_unchanged"),
+        "sitemap_requests": raw.get("sitemap_requests"),
         "pages_failed": raw.get("pages_failed"),
         "pages_parsed": parsed.get("pages_parsed"),
         "partitions_unchanged": parsed.get("partitions_unchanged"),
@@ -210,6 +211,7 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
             "  requests        " + step("requests_made", lambda: (
                 f"{run['requests_made']:,} ({run['pages_not_modified']:,} not modified: 304"
                 + (f"; {counted(kept, 'page')} kept without a request" if (kept := run.get("pages_assumed_unchanged")) else "")
+                + (f"; {counted(more, 'more request')} for the sitemap" if (more := run.get("sitemap_requests")) else "")
                 + "), "
                 f"{counted(run['pages_failed'], 'page')} failed for good"), "raw_pages"),
             *(["  nothing fetched: every page failed before a request was made (site unreachable from here, or "

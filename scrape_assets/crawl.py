@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from urllib.parse import urljoin, urlsplit
 
 from scrape_assets.batched_log import LOG_EVERY_S
@@ -38,7 +39,7 @@ from scrape_assets.manifest import (
     utc_now_iso,
 )
 from scrape_assets.parsing import UrlJoiner, parse_pager
-from scrape_assets.sitemap import Sitemap, SitemapError, load_sitemap, saved_at
+from scrape_assets.sitemap import MAX_SITEMAP_BYTES, Sitemap, SitemapError, load_sitemap, parse_fetched_at
 from scrape_assets.spec import SiteSpec
 from scrape_assets.storage import ObjectStore
 
@@ -158,6 +159,7 @@ class CrawlReport:
     duration_s: float
     data_version: str = ""
     pages_assumed_unchanged: int = 0  # adopted without a request (incremental.revalidate: first_page, sitemap)
+    sitemap_check: str = ""  # revalidate: sitemap: "trusted", or why not (see PartitionCrawler._trust_sitemap)
 
     @property
     def success_rate(self) -> float:
@@ -210,7 +212,7 @@ class PartitionCrawler:
     ):
         self.run_id = run_id
         self.sitemap = sitemap
-        self._sitemap_trusted: bool | None = None  # decided once page 1 is done (see _trust_sitemap)
+        self.sitemap_check = ""  # decided once page 1 is done (see _trust_sitemap)
         self._latest = latest
         self.adopt_complete = adopt_complete
         self.resume_max_age = resume_max_age
@@ -299,6 +301,7 @@ class PartitionCrawler:
             data_version=manifest.data_version,
             duration_s=round(time.monotonic() - started, 3),
             pages_assumed_unchanged=self._assumed,
+            sitemap_check=self.sitemap_check,
         )
 
     def _requeue_lost_bodies(self, manifest: Manifest) -> int:
@@ -341,6 +344,8 @@ class PartitionCrawler:
         manifest = self.manifest
         if manifest.pages[1].status == "pending":
             await self._fetch(1)
+        if self.sitemap is not None:
+            self._trust_sitemap()  # page 1 is the check: decided (and recorded) for every category
         if manifest.pages[1].status == "done" and not manifest.discovery_complete:
             await self._discover_from_page_one()
         # Fetch whatever is pending (all of 2..N at once, or the next link's page).
@@ -394,6 +399,8 @@ class PartitionCrawler:
         sources = [self._previous.get(manifest.pages[n].url) for n in others]
         if not others or any(source is None for source in sources) or len(sources[0][0].pages) != len(manifest.pages):
             return
+        if not all(self._recent(previous.pages[m]) for previous, m in sources):
+            return  # a page kept without a request for max_days_without_request: ask every page again
         for n, (previous, m) in zip(others, sources):
             self._adopt(n, previous, m)
         self._assumed += len(others)
@@ -407,51 +414,67 @@ class PartitionCrawler:
         entry.etag, entry.last_modified, entry.body_key = old.etag, old.last_modified, previous.body_key(m)
         entry.assumed_unchanged = True
 
-    def _trust_sitemap(self) -> bool:
-        """Whether pages may be adopted on the sitemap's word in this category (decided once).
+    def _recent(self, old: PageEntry) -> bool:
+        """Whether ``old`` (a saved copy) was fetched within ``incremental.max_days_without_request``
+        (an adopted page keeps its copy's fetch time, so this bounds how long pages go unasked)."""
+        fetched = parse_fetched_at(old.fetched_at)
+        limit = timedelta(days=self.spec.incremental.max_days_without_request)
+        return fetched is not None and datetime.now(timezone.utc) - fetched <= limit
 
-        Page 1 is always revalidated and is the check: when it came back changed although the
-        sitemap dates it no later than the saved copy, the sitemap's ``lastmod`` is not kept
-        current on this site, so no page of the category is adopted (one line says so). Also
-        False when page 1 failed, or the category has no earlier complete snapshot.
+    def _trust_sitemap(self) -> bool:
+        """Whether pages may be adopted on the sitemap's word in this category (decided once,
+        recorded in ``sitemap_check`` and the report).
+
+        Page 1 is always revalidated and is the check, so it must be listed with a
+        ``lastmod`` ("untrusted: page 1 not dated"); when it came back changed although the
+        sitemap dates it no later than the saved copy, the site does not keep ``lastmod``
+        current ("untrusted: page 1 changed", with a line saying so). Either way every page of
+        the category is revalidated. Also untrusted (nothing to keep) when page 1 failed or
+        the category has no earlier complete snapshot.
         """
-        if self._sitemap_trusted is None:
+        if not self.sitemap_check:
             first = self.manifest.pages[1]
             source = self._previous.get(first.url)
             if first.status != "done" or source is None:
-                self._sitemap_trusted = False
+                self.sitemap_check = "untrusted: page 1 failed" if first.status != "done" else "untrusted: no saved pages"
+            elif not self.sitemap.dated(first.url):
+                self.sitemap_check = "untrusted: page 1 not dated"
             else:
                 old = source[0].pages[source[1]]
-                claimed = self.sitemap.unchanged_since(first.url, saved_at(old.last_modified, old.fetched_at))
-                self._sitemap_trusted = not (claimed and first.body_key is None)  # body_key None: new content
-                if not self._sitemap_trusted:
+                contradicted = first.body_key is None and self.sitemap.unchanged_since(  # body_key None: new content
+                    first.url, old.last_modified, old.fetched_at)
+                self.sitemap_check = "untrusted: page 1 changed" if contradicted else "trusted"
+                if contradicted:
                     self.progress.emit(
                         f"{self.category}: page 1 changed although the sitemap {self.sitemap.url} dates it no later "
-                        f"than the saved copy ({old.last_modified or old.fetched_at}); its lastmod is not trusted "
-                        "for this category: every page is revalidated"
+                        f"than the saved copy (Last-Modified {old.last_modified}, fetched {old.fetched_at}); its "
+                        "lastmod is not trusted for this category: every page is revalidated"
                     )
-        return self._sitemap_trusted
+        return self.sitemap_check == "trusted"
 
     async def _adopt_listed_unchanged(self, pending: list[int]) -> list[int]:
         """``revalidate: sitemap``: adopt the pending pages the sitemap dates no later than their
         saved copy; return the others (to fetch). Page 1 is never adopted (see :meth:`_trust_sitemap`)."""
         if not self._trust_sitemap():
             return pending
-        rest = []
+        rest, adopted = [], []
         for n in pending:
             source = self._previous.get(self.manifest.pages[n].url) if n != 1 else None
             if source is not None:
                 old = source[0].pages[source[1]]
-                if self.sitemap.unchanged_since(old.url, saved_at(old.last_modified, old.fetched_at)):
+                if self._recent(old) and self.sitemap.unchanged_since(old.url, old.last_modified, old.fetched_at):
                     self._adopt(n, *source)
+                    adopted.append(n)
                     continue
             rest.append(n)
-        adopted = len(pending) - len(rest)
         if adopted:
-            self._assumed += adopted
-            self.progress.pages_adopted(adopted)
+            self._assumed += len(adopted)
+            self.progress.pages_adopted(len(adopted))
             async with self._lock:
-                self.manifest.save(self.store)
+                if len(adopted) == 1:  # next-link crawls: one page at a time, a journal line each
+                    self.manifest.record(self.store, adopted[0])
+                else:
+                    self.manifest.save(self.store)
         return rest
 
     async def _follow_next_links(self) -> None:
@@ -600,17 +623,37 @@ async def load_run_sitemap(
     """
     url = urljoin(fetch_base_url, spec.incremental.sitemap)
     started = time.monotonic()
+    # Same client, limiter and robots.txt cache; only the body cap is the protocol's (50 MB), not a page's.
+    reader = PageFetcher(fetcher.client, dataclasses.replace(fetcher.policy, max_body_bytes=MAX_SITEMAP_BYTES),
+                         limiter=fetcher.limiter, robots=fetcher.robots)
     try:
-        sitemap = await load_sitemap(fetcher, url, origins=[urlsplit(spec.base_url).netloc])
+        sitemap = await load_sitemap(reader, url, origins=[urlsplit(spec.base_url).netloc])
     except SitemapError as exc:
         (warn or emit)(f"{exc}: not used, every page is revalidated with a conditional GET")
         return None
     emit(
         f"sitemap {url}: {sitemap.urls:,} URLs, {len(sitemap.lastmod):,} with lastmod"
-        + (f", {sitemap.skipped:,} entries skipped (another origin or over the limit)" if sitemap.skipped else "")
+        + (f", {sitemap.skipped:,} entries or child sitemaps skipped (another origin, over the limit, unreadable)"
+           if sitemap.skipped else "")
         + f"; {sitemap.requests:,} request{'s' if sitemap.requests != 1 else ''}, {time.monotonic() - started:.1f}s"
     )
+    for problem in sitemap.problems[:5]:
+        (warn or emit)(f"child sitemap skipped (its pages are revalidated): {problem}")
     return sitemap
+
+
+def sitemap_checks_line(reports: list[CrawlReport]) -> str | None:
+    """One line on the categories whose pages were not adopted on the sitemap's word, and why
+    (None when every category with saved pages trusted it, or the run did not use a sitemap)."""
+    untrusted: dict[str, list[str]] = {}
+    for r in reports:
+        if r.sitemap_check.startswith("untrusted: page 1 ") and r.sitemap_check != "untrusted: page 1 failed":
+            untrusted.setdefault(r.sitemap_check.removeprefix("untrusted: "), []).append(r.category)
+    if not untrusted:
+        return None
+    parts = [f"{reason} in {len(keys)} ({', '.join(keys[:5])}{', ...' if len(keys) > 5 else ''})"
+             for reason, keys in sorted(untrusted.items())]
+    return "sitemap not used for some categories, every page of them revalidated: " + "; ".join(parts)
 
 
 async def all_or_cancel(coros, on_other_error: Callable[[BaseException], None] | None = None) -> list:

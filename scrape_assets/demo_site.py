@@ -275,6 +275,8 @@ class DemoResponse:
     body: bytes
 
 
+#: A ``Host`` header the sitemap's URLs may be built on: a name or IP literal, an optional port.
+_HOST = re.compile(r"(?:[A-Za-z0-9.-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\])(?::\d{1,5})?")
 _LISTING = re.compile(r"/catalogue/category/books/([a-z0-9-]+)_(\d+)/(?:index|page-([1-9]\d*))\.html")
 
 
@@ -372,7 +374,9 @@ def respond(
     resolved = resolve_day(day)
     lower = {k.lower(): v for k, v in (headers or {}).items()}
     if route[0] == "sitemap":
-        host = lower.get("host") or urlsplit(DEMO_BASE_URL).netloc
+        host = lower.get("host", "")
+        if not _HOST.fullmatch(host):  # absent or not a host[:port]: the demo's own name
+            host = urlsplit(DEMO_BASE_URL).netloc
         body, content_type, etag = _render_sitemap(resolved, f"http://{host}/")
     else:
         body, content_type, etag = _render(route, resolved)

@@ -2,24 +2,28 @@
 
 Format: the sitemaps.org protocol 0.9 (https://www.sitemaps.org/protocol.html), namespace
 ``http://www.sitemaps.org/schemas/sitemap/0.9``: a ``<urlset>`` of ``<url>`` entries, each
-with a ``<loc>`` (absolute URL) and an optional ``<lastmod>`` (W3C Datetime: ``YYYY-MM-DD``
-or ``YYYY-MM-DDThh:mm[:ss[.s]]TZD``), or a ``<sitemapindex>`` listing ``<sitemap><loc>``
-child sitemaps, which are read in turn (one level, as the protocol allows). A gzip-compressed
-sitemap (``sitemap.xml.gz``) is decompressed. Parsed with ``defusedxml`` (no DTD, no entity
-expansion: a hostile sitemap cannot blow up memory).
+with a ``<loc>`` (absolute URL) and an optional ``<lastmod>`` (W3C Datetime,
+https://www.w3.org/TR/NOTE-datetime: ``YYYY-MM-DD`` or ``YYYY-MM-DDThh:mm[:ss[.s]]TZD``), or
+a ``<sitemapindex>`` listing ``<sitemap><loc>`` child sitemaps, which are read in turn (one
+level, as the protocol allows). A gzip-compressed sitemap (``sitemap.xml.gz``) is
+decompressed. Parsed with ``defusedxml`` (DTDs and entities refused: a hostile sitemap
+cannot expand in memory); at most :data:`MAX_SITEMAP_BYTES` per document, compressed or not.
 
 Used by ``incremental.revalidate: sitemap`` (see :class:`~scrape_assets.spec.Incremental`):
-a saved page is taken as unchanged, without a request, when the sitemap lists its URL with a
-``lastmod`` no later than the page's saved ``Last-Modified`` (or, without one, than when it
-was fetched). A page not listed, or listed without ``lastmod``, is revalidated as usual.
+a saved page is taken as unchanged, without a request, when :meth:`Sitemap.unchanged_since`
+says so for its URL and its saved copy. Every ``lastmod`` is read as the *latest* instant
+it may mean, so a vague one never hides a change: a date is the end of that day in the
+zone furthest west (UTC-12, i.e. 12:00 UTC the next day), a time without a zone is read
+the same way (+12 h). A URL listed twice keeps its latest ``lastmod``, and none if one of
+its entries has none.
 
 Limits: a ``lastmod`` is the site's claim; a site that changes pages without moving it is
 caught only through page 1 of each category, which is always revalidated (see
-:meth:`~scrape_assets.crawl.PartitionCrawler`). A date-only ``lastmod`` counts as the end of
-that day (UTC), so a page changed on the day it was fetched is asked again. Entries on
-another origin than the sitemap's or the site's are ignored; at most
-:data:`MAX_CHILD_SITEMAPS` children of an index are read (pages of the others are
-revalidated).
+:class:`~scrape_assets.crawl.PartitionCrawler`). Entries on another origin than the
+sitemap's or the site's are ignored; child sitemaps are fetched from the sitemap's own
+origin (a mirror serves them too); at most :data:`MAX_CHILD_SITEMAPS` children of an index
+are read, and a child that cannot be fetched or read is skipped (its pages count as not
+listed). robots.txt ``Sitemap:`` lines are not read: the spec names the sitemap.
 """
 
 from __future__ import annotations
@@ -42,11 +46,18 @@ from scrape_assets.errors import FetchError
 _NS = "{http://www.sitemaps.org/schemas/sitemap/0.9}"
 #: Children of a sitemap index read at most (sitemaps.org allows 50,000; each is one request).
 MAX_CHILD_SITEMAPS = 100
-#: Largest decompressed sitemap, bytes (the protocol's limit is 50 MB uncompressed).
+#: Largest sitemap document, bytes, as fetched and once decompressed (the protocol's limit: 50 MB).
 MAX_SITEMAP_BYTES = 50 * 1024 * 1024
+#: How long before our fetch a change must be dated for our copy to surely hold it, when the
+#: saved copy's own ``Last-Modified`` does not settle it: our clock against the site's, and a
+#: cache in front of the site serving a slightly old copy.
+FETCH_MARGIN = datetime.timedelta(hours=1)
+#: A ``lastmod`` without a zone (a date, or a time the protocol says must have one) may be
+#: local time anywhere: its latest reading is in the zone furthest west, UTC-12.
+_WESTMOST = datetime.timedelta(hours=12)
 
 _W3C = re.compile(
-    r"(\d{4})(?:-(\d{2})(?:-(\d{2})(?:T(\d{2}):(\d{2})(?::(\d{2})(?:\.\d+)?)?(Z|[+-]\d{2}:\d{2})?)?)?)?"
+    r"(\d{4})(?:-(\d{2})(?:-(\d{2})(?:T(\d{2}):(\d{2})(?::(\d{2})(\.\d+)?)?(Z|[+-]\d{2}:\d{2})?)?)?)?"
 )
 
 
@@ -65,53 +76,59 @@ class SitemapError(Exception):
 
 
 def parse_lastmod(text: str) -> datetime.datetime | None:
-    """A W3C Datetime (https://www.w3.org/TR/NOTE-datetime) as the latest instant it may mean, UTC.
+    """A W3C Datetime as the latest instant (UTC) it may mean; None when it is not one.
 
-    ``2026-12-02`` -> 2026-12-03T00:00Z (end of that day); ``2026-12`` -> 2027-01-01T00:00Z;
-    ``2026-12-02T10:30:00+01:00`` -> 2026-12-02T09:30:00Z (a time without a zone: UTC).
-    Returns None for text that is not such a date (the entry then counts as undated).
+    ``2026-12-02T10:30:00+01:00`` -> 2026-12-02T09:30:00Z; with a fraction of a second, the
+    end of that second; ``2026-12-02T10:30:00`` (no zone) -> 2026-12-02T22:30:00Z;
+    ``2026-12-02`` -> 2026-12-03T12:00:00Z (its end at UTC-12); ``2026-12`` ->
+    2027-01-01T12:00:00Z; ``2026`` -> 2027-01-01T12:00:00Z. An entry whose ``lastmod`` is
+    None counts as undated.
     """
     match = _W3C.fullmatch(text.strip())
     if match is None:
         return None
-    year, month, day, hour, minute, second, zone = match.groups()
+    year, month, day, hour, minute, second, fraction, zone = match.groups()
     try:
-        if day is None:
+        if day is None:  # a month or a year: from its first instant after it ends
             start = datetime.datetime(int(year), int(month or 1), 1, tzinfo=datetime.timezone.utc)
-            if month is None:
-                return start.replace(year=start.year + 1)
-            return (start + datetime.timedelta(days=32)).replace(day=1)
+            after = start.replace(year=start.year + 1) if month is None else (start + datetime.timedelta(days=32)).replace(day=1)
+            return after + _WESTMOST
         date = datetime.datetime(int(year), int(month), int(day), tzinfo=datetime.timezone.utc)
         if hour is None:
-            return date + datetime.timedelta(days=1)
-        offset = datetime.timedelta()
-        if zone and zone != "Z":
-            sign = 1 if zone[0] == "+" else -1
-            offset = sign * datetime.timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6]))
+            return date + datetime.timedelta(days=1) + _WESTMOST
         moment = date.replace(hour=int(hour), minute=int(minute), second=int(second or 0))
-        # A fraction of a second is dropped: the entry is compared with whole-second HTTP dates,
-        # so its end of second is the latest it may mean.
-        return moment - offset + (datetime.timedelta(seconds=1) if "." in text else datetime.timedelta())
+        if fraction:
+            moment += datetime.timedelta(seconds=1)  # compared with whole-second HTTP dates: its end
+        if zone is None:
+            return moment + _WESTMOST
+        if zone != "Z":
+            sign = 1 if zone[0] == "+" else -1
+            moment -= sign * datetime.timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6]))
+        return moment
     except ValueError:  # month 13, day 31 of a short month, hour 25
         return None
 
 
-def saved_at(last_modified: str | None, fetched_at: str | None) -> datetime.datetime | None:
-    """When a saved page was last known current: its ``Last-Modified`` (RFC 9110 §8.8.2, the
-    site's clock), else when it was fetched (ISO 8601, ours); None when neither parses."""
-    if last_modified:
-        try:
-            moment = parsedate_to_datetime(last_modified)
-            return moment if moment.tzinfo else moment.replace(tzinfo=datetime.timezone.utc)
-        except (TypeError, ValueError):
-            pass
-    if fetched_at:
-        try:
-            moment = datetime.datetime.fromisoformat(fetched_at)
-            return moment if moment.tzinfo else moment.replace(tzinfo=datetime.timezone.utc)
-        except ValueError:
-            pass
-    return None
+def _http_date(value: str | None) -> datetime.datetime | None:
+    """An HTTP-date (RFC 9110 §5.6.7) as UTC, None when absent or malformed."""
+    if not value:
+        return None
+    try:
+        moment = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.timezone.utc)
+
+
+def parse_fetched_at(value: str | None) -> datetime.datetime | None:
+    """The manifest's ``fetched_at`` (ISO 8601, ``Z`` suffix; any offset accepted) as UTC."""
+    if not value:
+        return None
+    try:
+        moment = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))  # Python 3.10 reads no "Z"
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.timezone.utc)
 
 
 def _key(url: str) -> tuple[str, str]:
@@ -125,11 +142,12 @@ class Sitemap:
 
     Attributes:
         url: the sitemap's URL.
-        lastmod: ``path[?query]`` -> latest instant its ``lastmod`` may mean (UTC); URLs listed
-            without a (valid) ``lastmod`` are absent.
+        lastmod: ``path[?query]`` -> latest instant its ``lastmod`` may mean (UTC), over all
+            its entries; URLs listed without a (valid) ``lastmod`` are absent.
         urls: ``<url>`` entries read (with and without ``lastmod``).
-        requests: sitemap documents fetched (1, plus the children of an index).
+        requests: HTTP requests made for the sitemap and its children (retries included).
         skipped: entries ignored (another origin, no ``<loc>``) and children not read.
+        problems: why children were skipped (``"<url>: http_404"``...), for the log.
     """
 
     url: str
@@ -137,20 +155,43 @@ class Sitemap:
     urls: int = 0
     requests: int = 0
     skipped: int = 0
+    problems: list[str] = field(default_factory=list)
+    _undated: set[str] = field(default_factory=set, repr=False)
 
-    def unchanged_since(self, url: str, moment: datetime.datetime | None) -> bool:
-        """Whether the sitemap says ``url`` has not changed after ``moment`` (its ``lastmod``
-        is no later); False when the URL is not listed with a ``lastmod``, or ``moment`` is None."""
-        if moment is None:
-            return False
+    def dated(self, url: str) -> bool:
+        """Whether the sitemap lists ``url`` with a ``lastmod``."""
+        return _key(url)[1] in self.lastmod
+
+    def unchanged_since(self, url: str, last_modified: str | None, fetched_at: str | None) -> bool:
+        """Whether the sitemap says ``url`` has not changed since a copy was saved.
+
+        Args:
+            url: the page's URL (matched by path and query).
+            last_modified: the saved copy's ``Last-Modified`` header (HTTP-date), if any.
+            fetched_at: when the saved copy was fetched (the manifest's ISO 8601 time).
+
+        True when the URL is listed with a ``lastmod`` and either that ``lastmod`` is no later
+        than the copy's ``Last-Modified`` (the site's own clock on both sides; a
+        ``Last-Modified`` after the fetch is not believed), or it is at least
+        :data:`FETCH_MARGIN` before the fetch. False otherwise, and when nothing is known of
+        the copy.
+        """
         lastmod = self.lastmod.get(_key(url)[1])
-        return lastmod is not None and lastmod <= moment
+        fetched = parse_fetched_at(fetched_at)
+        if lastmod is None or fetched is None:
+            return False
+        modified = _http_date(last_modified)
+        if modified is not None and modified <= fetched and lastmod <= modified:
+            return True
+        return lastmod <= fetched - FETCH_MARGIN
 
     def add(self, body: bytes, url: str, origins: Iterable[str]) -> list[str]:
-        """Read one sitemap document; return the child sitemaps' URLs (for an index).
+        """Read one sitemap document; return the child sitemaps' URLs (for an index), on
+        ``url``'s origin.
 
         Raises:
-            SitemapError: not XML, or its root is neither ``urlset`` nor ``sitemapindex``.
+            SitemapError: not XML (or a DTD in it), not gzip, too large once decompressed, or
+                its root is neither ``urlset`` nor ``sitemapindex``.
         """
         if body[:2] == b"\x1f\x8b":  # gzip magic: a sitemap.xml.gz served as is
             inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -161,27 +202,29 @@ class Sitemap:
             if inflate.unconsumed_tail:
                 raise SitemapError(url, f"larger than {MAX_SITEMAP_BYTES:,} bytes once decompressed")
         try:
-            root: Element = SafeET.fromstring(body)
+            root: Element = SafeET.fromstring(body, forbid_dtd=True)
         except (ParseError, DefusedXmlException) as exc:
             raise SitemapError(url, f"not XML: {exc}") from None
         allowed = {o.lower() for o in origins}
         children = []
         if root.tag == f"{_NS}urlset":
             for entry in root.iterfind(f"{_NS}url"):
-                loc = (entry.findtext(f"{_NS}loc") or "").strip()
-                host, path = _key(loc)
-                if not loc or host not in allowed:
+                host, path = _key((entry.findtext(f"{_NS}loc") or "").strip())
+                if host not in allowed:  # (an entry without a loc has no host)
                     self.skipped += 1
                     continue
                 self.urls += 1
                 lastmod = parse_lastmod(entry.findtext(f"{_NS}lastmod") or "")
-                if lastmod is not None:
-                    self.lastmod[path] = lastmod
+                if lastmod is None or path in self._undated:
+                    self._undated.add(path)  # one undated entry makes the URL undated
+                    self.lastmod.pop(path, None)
+                else:
+                    self.lastmod[path] = max(lastmod, self.lastmod.get(path, lastmod))
         elif root.tag == f"{_NS}sitemapindex":
             for entry in root.iterfind(f"{_NS}sitemap"):
-                loc = (entry.findtext(f"{_NS}loc") or "").strip()
-                if loc and _key(loc)[0] in allowed:
-                    children.append(urljoin(url, loc))
+                host, path = _key((entry.findtext(f"{_NS}loc") or "").strip())
+                if host in allowed:
+                    children.append(urljoin(url, path))  # from the origin this index came from
                 else:
                     self.skipped += 1
         else:
@@ -193,33 +236,42 @@ async def load_sitemap(fetcher, url: str, *, origins: Iterable[str] = ()) -> Sit
     """Fetch and read the sitemap at ``url`` (and, for an index, up to :data:`MAX_CHILD_SITEMAPS` children).
 
     Every document goes through ``fetcher`` (a :class:`~scrape_assets.fetcher.PageFetcher`):
-    robots.txt, the per-host limits and retries apply as to pages.
+    robots.txt, the per-host limits and retries apply as to pages; its ``max_body_bytes``
+    bounds each document. Children are fetched one after another.
 
     Args:
-        fetcher: the run's page fetcher.
+        fetcher: a page fetcher of the run.
         url: absolute URL of the sitemap (or sitemap index).
         origins: ``host[:port]`` whose URLs are accepted besides the sitemap's own (the site's
             base URL when the sitemap is fetched from a mirror).
 
     Raises:
-        SitemapError: the sitemap (or a child) could not be fetched or read; ``reason`` says why.
+        SitemapError: the sitemap itself could not be fetched or read; ``reason`` says why.
+            A child that cannot be is skipped instead (``skipped``, ``problems``).
     """
     sitemap = Sitemap(url=url)
     allowed = {urlsplit(url).netloc, *origins}
-    queue, depth = [url], 0
-    while queue and depth < 2:  # an index, then its children (the protocol nests no deeper)
-        children = []
-        for doc_url in queue:
-            try:
-                page = await fetcher.fetch(doc_url)
-            except FetchError as exc:
-                raise SitemapError(doc_url, exc.reason + (f" ({exc.detail})" if exc.detail else "")) from None
-            sitemap.requests += 1
-            children += sitemap.add(page.body, doc_url, allowed)
-        if len(children) > MAX_CHILD_SITEMAPS:
-            sitemap.skipped += len(children) - MAX_CHILD_SITEMAPS
-        queue, depth = children[:MAX_CHILD_SITEMAPS], depth + 1
-    sitemap.skipped += len(queue)  # an index listed by an index: not read
+
+    async def count(_attempt: int) -> None:
+        sitemap.requests += 1
+
+    async def read(doc_url: str) -> list[str]:
+        try:
+            page = await fetcher.fetch(doc_url, on_attempt=count)
+        except FetchError as exc:
+            raise SitemapError(doc_url, exc.reason + (f" ({exc.detail})" if exc.detail else "")) from None
+        return sitemap.add(page.body, doc_url, allowed)
+
+    children = await read(url)
+    sitemap.skipped += max(0, len(children) - MAX_CHILD_SITEMAPS)
+    for child in children[:MAX_CHILD_SITEMAPS]:
+        try:
+            nested = await read(child)
+        except SitemapError as exc:
+            sitemap.skipped += 1
+            sitemap.problems.append(f"{exc.url}: {exc.reason}")
+            continue
+        sitemap.skipped += len(nested)  # an index listed by an index: not read (the protocol nests no deeper)
     return sitemap
 
 
@@ -233,4 +285,5 @@ def render_urlset(entries: Iterable[tuple[str, datetime.datetime | None]]) -> by
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 
-__all__ = ["MAX_CHILD_SITEMAPS", "Sitemap", "SitemapError", "load_sitemap", "parse_lastmod", "render_urlset", "saved_at"]
+__all__ = ["FETCH_MARGIN", "MAX_CHILD_SITEMAPS", "MAX_SITEMAP_BYTES", "Sitemap", "SitemapError", "load_sitemap", "parse_fetched_at",
+           "parse_lastmod", "render_urlset"]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urljoin, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from scrape_assets.errors import SpecError, UnknownSiteError
 from scrape_assets.yaml_models import parse_yaml_model, read_text_file
@@ -151,30 +151,44 @@ class Incremental(_Strict):
     on page 5 that leaves page 1 as it was is missed until page 1 changes). Needs the pager
     and ``page_url`` (pages known from page 1); next-link crawls ask every page.
 
-    ``sitemap``: the site's XML sitemap (``sitemap``, a path relative to the base URL; the
-    sitemaps.org protocol, see :mod:`scrape_assets.sitemap`) is fetched once per run, and a
-    saved page whose URL it lists with a ``lastmod`` no later than the page's saved
-    ``Last-Modified`` (else its fetch time) is adopted without a request (recorded
-    ``assumed_unchanged``). Page 1 of each category is always revalidated: when it changed
-    although the sitemap says it did not, the sitemap is not trusted for that category and
-    every page is revalidated. Pages the sitemap does not list (or lists without
-    ``lastmod``) are revalidated; a sitemap that cannot be fetched or read makes the run
-    revalidate every page (a warning says why). Exact as far as the site keeps ``lastmod``
-    current on every page; one request per category plus the sitemap on an unchanged day,
-    whatever the number of pages, so it is what makes a refresh cheap under a rate limit.
-    Works with both pager and next-link crawls.
+    ``sitemap``: the site's XML sitemap (``sitemap``: a path relative to the base URL, or
+    from the site's root with a leading ``/``; the sitemaps.org protocol, see
+    :mod:`scrape_assets.sitemap`) is fetched once per run, and a saved page whose URL it
+    lists with a ``lastmod`` no later than the saved copy (its ``Last-Modified``, else an
+    hour before its fetch) is adopted without a request (recorded ``assumed_unchanged``).
+    Page 1 of each category is always revalidated, and is the check: when the sitemap does
+    not date it, or it changed although the sitemap says it did not, no page of that
+    category is adopted. Pages the sitemap does not list (or lists without ``lastmod``) are
+    revalidated; a sitemap that cannot be fetched or read makes the run revalidate every
+    page (a warning says why). Exact as far as the site keeps ``lastmod`` current; one
+    request per category plus the sitemap on an unchanged day, whatever the number of
+    pages, so it is what makes a refresh cheap under a rate limit. Works with pager and
+    next-link crawls.
+
+    ``max_days_without_request`` (both opt-ins): a page whose saved copy was fetched longer
+    ago than this is asked again (with a conditional GET) rather than adopted, so a change
+    the site never announced is caught within that many days.
     """
 
     revalidate: Literal["every_page", "first_page", "sitemap"] = "every_page"
     sitemap: str = Field(default="sitemap.xml", min_length=1,
-                         description="the sitemap (or sitemap index), relative to base_url; for revalidate: sitemap")
+                         description="the sitemap (or sitemap index): relative to base_url, or /path from the "
+                                     "site's root; for revalidate: sitemap")
+    max_days_without_request: int = Field(default=7, ge=1, le=365)
 
     @field_validator("sitemap")
     @classmethod
-    def _relative_sitemap(cls, value: str) -> str:
-        if urlsplit(value).netloc or urlsplit(value).scheme or value.startswith("/") or ".." in value.split("/"):
-            raise ValueError(f"expected a path relative to base_url without '..' such as 'sitemap.xml', got {value!r}")
+    def _on_the_site(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme or parts.netloc or ".." in parts.path.split("/"):
+            raise ValueError("expected a path on the site without '..', such as 'sitemap.xml' or '/sitemap_index.xml'")
         return value
+
+    @model_validator(mode="after")
+    def _sitemap_needs_its_mode(self) -> Incremental:
+        if "sitemap" in self.model_fields_set and self.revalidate != "sitemap":
+            raise ValueError(f"'sitemap' is read only with 'revalidate: sitemap' (revalidate is {self.revalidate!r})")
+        return self
 
 
 #: Default of ``validation.max_rejected_share`` (the schema check's fallback too).

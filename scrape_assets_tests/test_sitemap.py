@@ -7,13 +7,15 @@ import datetime
 import functools
 import gzip
 import http.server
+import io
 import threading
+from email.utils import format_datetime, parsedate_to_datetime
 from pathlib import Path
 
 import pytest
 
-from scrape_assets.manifest import latest_manifest
-from scrape_assets.sitemap import Sitemap, SitemapError, load_sitemap, parse_lastmod, saved_at
+from scrape_assets.manifest import latest_manifest, utc_now_iso
+from scrape_assets.sitemap import Sitemap, SitemapError, load_sitemap, parse_lastmod
 from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import Warehouse, products
 from scrape_assets_tests.conftest import assert_later_pages_adopted, make_resources, materialize, run_metadata
@@ -38,13 +40,15 @@ def _catalogue_requests(server) -> list[str]:
     ("text", "expected"),
     [
         ("2026-12-02T10:30:00+01:00", datetime.datetime(2026, 12, 2, 9, 30, tzinfo=UTC)),
+        ("2026-12-02T10:30:00-05:00", datetime.datetime(2026, 12, 2, 15, 30, tzinfo=UTC)),
         ("2026-12-02T10:30:00Z", datetime.datetime(2026, 12, 2, 10, 30, tzinfo=UTC)),
         ("2026-12-02T10:30Z", datetime.datetime(2026, 12, 2, 10, 30, tzinfo=UTC)),
         ("2026-12-02T10:30:00.25Z", datetime.datetime(2026, 12, 2, 10, 30, 1, tzinfo=UTC)),  # end of its second
-        ("2026-12-02T10:30:00", datetime.datetime(2026, 12, 2, 10, 30, tzinfo=UTC)),  # no zone: UTC
-        ("2026-12-02", datetime.datetime(2026, 12, 3, tzinfo=UTC)),  # a day: its end
-        (" 2026-12 ", datetime.datetime(2027, 1, 1, tzinfo=UTC)),
-        ("2026", datetime.datetime(2027, 1, 1, tzinfo=UTC)),
+        # Without a zone, local time anywhere: its latest reading is at UTC-12.
+        ("2026-12-02T10:30:00", datetime.datetime(2026, 12, 2, 22, 30, tzinfo=UTC)),
+        ("2026-12-02", datetime.datetime(2026, 12, 3, 12, tzinfo=UTC)),  # a day: its end at UTC-12
+        (" 2026-12 ", datetime.datetime(2027, 1, 1, 12, tzinfo=UTC)),
+        ("2026", datetime.datetime(2027, 1, 1, 12, tzinfo=UTC)),
         ("2026-13-01", None),
         ("2026-02-30", None),
         ("yesterday", None),
@@ -55,17 +59,38 @@ def test_lastmod_is_the_latest_instant_a_w3c_datetime_may_mean(text, expected):
     assert parse_lastmod(text) == expected
 
 
-def test_saved_at_prefers_the_sites_last_modified_over_our_fetch_time():
-    assert saved_at("Wed, 02 Dec 2026 00:00:00 GMT", "2026-12-02T08:00:00+00:00") == datetime.datetime(2026, 12, 2, tzinfo=UTC)
-    assert saved_at(None, "2026-12-02T08:00:00+00:00") == datetime.datetime(2026, 12, 2, 8, tzinfo=UTC)
-    assert saved_at("not a date", "2026-12-02T08:00:00+00:00") == datetime.datetime(2026, 12, 2, 8, tzinfo=UTC)
-    assert saved_at(None, None) is None
+def _one_entry(lastmod: str) -> Sitemap:
+    sitemap = Sitemap(url="https://shop.example/sitemap.xml")
+    sitemap.add(f"<urlset {NS}><url><loc>https://shop.example/p</loc><lastmod>{lastmod}</lastmod></url></urlset>".encode(),
+                sitemap.url, ["shop.example"])
+    return sitemap
+
+
+def test_unchanged_since_the_saved_copy_by_its_last_modified_or_well_before_its_fetch():
+    url = "https://shop.example/p"
+    # The manifest's own format (Z suffix); Last-Modified on the site's clock, the same instant as lastmod.
+    same = _one_entry("2026-12-01T00:00:00+00:00")
+    assert same.unchanged_since(url, "Tue, 01 Dec 2026 00:00:00 GMT", "2026-12-01T00:10:00Z")
+    assert not _one_entry("2026-12-01T00:00:01+00:00").unchanged_since(url, "Tue, 01 Dec 2026 00:00:00 GMT",
+                                                                       "2026-12-01T00:10:00Z")
+    # Without Last-Modified: only a change at least FETCH_MARGIN (1 h) before the fetch is surely in the copy.
+    assert same.unchanged_since(url, None, "2026-12-01T01:00:00Z")
+    assert not same.unchanged_since(url, None, "2026-12-01T00:59:59Z")
+    # A Last-Modified after the fetch (the site's clock is wrong) is not believed: the margin decides.
+    assert not _one_entry("2026-12-05T00:00:00Z").unchanged_since(url, "Sat, 05 Dec 2026 00:00:00 GMT",
+                                                                  "2026-12-01T00:00:00Z")
+    # A date-only lastmod is settled by a fetch after that day ended everywhere.
+    day = _one_entry("2026-12-01")
+    assert not day.unchanged_since(url, "Tue, 01 Dec 2026 10:00:00 GMT", "2026-12-01T20:00:00Z")
+    assert day.unchanged_since(url, "Tue, 01 Dec 2026 10:00:00 GMT", "2026-12-02T13:00:00Z")
+    assert not same.unchanged_since(url, "Tue, 01 Dec 2026 00:00:00 GMT", None)  # nothing known of the copy
+    assert not same.unchanged_since("https://shop.example/q", None, "2026-12-09T00:00:00Z")  # not listed
 
 
 def test_a_urlset_gives_each_listed_pages_lastmod_and_skips_other_origins():
     body = f"""<?xml version="1.0"?><urlset {NS}>
       <url><loc>https://shop.example/c/a/index.html</loc><lastmod>2026-12-01T00:00:00+00:00</lastmod></url>
-      <url><loc> https://shop.example/c/a/page-2.html?x=1 </loc><lastmod>2026-11-30</lastmod></url>
+      <url><loc> https://shop.example/c/a/page-2.html?x=1 </loc><lastmod>2026-11-30T12:00:00Z</lastmod></url>
       <url><loc>https://shop.example/c/b/index.html</loc></url>
       <url><loc>https://elsewhere.example/c/a/index.html</loc><lastmod>2026-12-01</lastmod></url>
       <url><lastmod>2026-12-01</lastmod></url>
@@ -74,23 +99,45 @@ def test_a_urlset_gives_each_listed_pages_lastmod_and_skips_other_origins():
     assert sitemap.add(body, sitemap.url, ["shop.example"]) == []
     assert (sitemap.urls, sitemap.skipped) == (3, 2)
     assert sitemap.lastmod == {"/c/a/index.html": datetime.datetime(2026, 12, 1, tzinfo=UTC),
-                               "/c/a/page-2.html?x=1": datetime.datetime(2026, 12, 1, tzinfo=UTC)}
-    saved = datetime.datetime(2026, 12, 1, tzinfo=UTC)
-    assert sitemap.unchanged_since("https://shop.example/c/a/index.html", saved)
-    assert not sitemap.unchanged_since("https://shop.example/c/a/index.html", saved - datetime.timedelta(seconds=1))
-    assert not sitemap.unchanged_since("https://shop.example/c/b/index.html", saved)  # listed without lastmod
-    assert not sitemap.unchanged_since("https://shop.example/c/z/index.html", saved)  # not listed
-    assert not sitemap.unchanged_since("https://shop.example/c/a/index.html", None)
+                               "/c/a/page-2.html?x=1": datetime.datetime(2026, 11, 30, 12, tzinfo=UTC)}
+    assert sitemap.dated("https://shop.example/c/a/index.html")
+    assert not sitemap.dated("https://shop.example/c/b/index.html")  # listed without lastmod: undated
 
 
-def test_a_sitemap_index_lists_children_and_gzip_is_read():
+def test_a_url_listed_twice_keeps_its_latest_lastmod_and_none_if_one_entry_has_none():
+    def entries(*lastmods):
+        urls = "".join(f"<url><loc>https://shop.example/p</loc>{f'<lastmod>{m}</lastmod>' if m else ''}</url>"
+                       for m in lastmods)
+        sitemap = Sitemap(url="https://shop.example/sitemap.xml")
+        sitemap.add(f"<urlset {NS}>{urls}</urlset>".encode(), sitemap.url, ["shop.example"])
+        return sitemap.lastmod.get("/p")
+
+    newer = datetime.datetime(2026, 12, 2, 10, tzinfo=UTC)
+    assert entries("2026-12-02T10:00:00Z", "2020-01-01T00:00:00Z") == newer  # an old archive entry after it
+    assert entries("2020-01-01T00:00:00Z", "2026-12-02T10:00:00Z") == newer
+    assert entries("2026-12-02T10:00:00Z", None) is None
+    assert entries(None, "2026-12-02T10:00:00Z") is None
+
+
+def test_a_sitemap_index_lists_children_on_its_own_origin_and_gzip_is_read():
+    """Children on the site's origin are fetched from where the index came from (a mirror)."""
     index = f"""<sitemapindex {NS}><sitemap><loc>https://shop.example/s1.xml.gz</loc></sitemap>
       <sitemap><loc>https://evil.example/s2.xml</loc></sitemap></sitemapindex>""".encode()
-    sitemap = Sitemap(url="https://shop.example/sitemap.xml")
-    assert sitemap.add(index, sitemap.url, ["shop.example"]) == ["https://shop.example/s1.xml.gz"]
+    sitemap = Sitemap(url="http://127.0.0.1:8000/sitemap.xml")
+    allowed = ["127.0.0.1:8000", "shop.example"]
+    assert sitemap.add(index, sitemap.url, allowed) == ["http://127.0.0.1:8000/s1.xml.gz"]
     child = gzip.compress(f"<urlset {NS}><url><loc>https://shop.example/p</loc><lastmod>2026-12-01</lastmod></url></urlset>".encode())
-    assert sitemap.add(child, "https://shop.example/s1.xml.gz", ["shop.example"]) == []
+    assert sitemap.add(child, "http://127.0.0.1:8000/s1.xml.gz", allowed) == []
     assert list(sitemap.lastmod) == ["/p"] and sitemap.skipped == 1
+
+
+def test_a_gzip_bomb_stops_at_the_size_limit(monkeypatch):
+    from scrape_assets import sitemap as sitemap_module
+
+    monkeypatch.setattr(sitemap_module, "MAX_SITEMAP_BYTES", 10_000)
+    bomb = gzip.compress(f"<urlset {NS}>".encode() + b" " * 20_000 + b"</urlset>")
+    with pytest.raises(SitemapError, match="larger than 10,000 bytes once decompressed"):
+        Sitemap(url="https://shop.example/s.xml.gz").add(bomb, "https://shop.example/s.xml.gz", ["shop.example"])
 
 
 @pytest.mark.parametrize(
@@ -101,6 +148,8 @@ def test_a_sitemap_index_lists_children_and_gzip_is_read():
         (b"\x1f\x8b\x08garbage", "not gzip"),
         (b'<?xml version="1.0"?><!DOCTYPE r [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;&a;">]>'
          b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"><url><loc>&b;</loc></url></urlset>', "not XML"),
+        (b'<?xml version="1.0"?><!DOCTYPE urlset SYSTEM "http://evil.example/x.dtd">'
+         b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"></urlset>', "not XML"),
     ],
 )
 def test_a_document_that_is_no_sitemap_is_refused_with_the_reason(body, reason):
@@ -132,7 +181,7 @@ def test_load_sitemap_follows_an_index_through_the_polite_fetcher(tmp_path):
     try:
         sitemap = asyncio.run(load(base + "index.xml"))
         assert (sitemap.requests, sitemap.urls) == (2, 1)
-        assert sitemap.lastmod == {"/a.html": datetime.datetime(2026, 12, 2, tzinfo=UTC)}
+        assert sitemap.lastmod == {"/a.html": datetime.datetime(2026, 12, 2, 12, tzinfo=UTC)}
         assert _QuietHandler.paths[:3] == ["/robots.txt", "/index.xml", "/pages.xml.gz"]
         with pytest.raises(SitemapError, match="http_404"):
             asyncio.run(load(base + "missing.xml"))
@@ -151,13 +200,21 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 
 # -- the pipeline -----------------------------------------------------------------------------
-def test_spec_refuses_a_sitemap_outside_the_site(tmp_path):
+def test_spec_takes_a_sitemap_path_on_the_site_and_only_with_its_mode(tmp_path):
     from scrape_assets.errors import SpecError
     from scrape_assets.spec import load_spec
 
-    with pytest.raises(SpecError, match="incremental.sitemap.*relative to base_url"):
+    with pytest.raises(SpecError, match="incremental.sitemap: expected a path on the site") as info:
         load_spec(_sitemap_spec(tmp_path, "  sitemap: https://elsewhere.example/sitemap.xml\n"))
+    assert "demo-sitemap.yaml" in str(info.value) and "https://elsewhere.example/sitemap.xml" in str(info.value)
+    with pytest.raises(SpecError, match="expected a path on the site"):
+        load_spec(_sitemap_spec(tmp_path, "  sitemap: ../../sitemap.xml\n"))
     assert load_spec(_sitemap_spec(tmp_path)).incremental.sitemap == "sitemap.xml"
+    assert load_spec(_sitemap_spec(tmp_path, "  sitemap: /sitemap_index.xml\n")).incremental.sitemap == "/sitemap_index.xml"
+    spec_file = tmp_path / "no-mode.yaml"
+    spec_file.write_text(DEMO_SPEC.read_text() + "incremental:\n  sitemap: sitemap.xml\n")
+    with pytest.raises(SpecError, match="'sitemap' is read only with 'revalidate: sitemap'"):
+        load_spec(str(spec_file))
 
 
 def _serve_days(tmp_path, spec_file, keys, days, instance, before_day=None):
@@ -183,46 +240,55 @@ def _serve_days(tmp_path, spec_file, keys, days, instance, before_day=None):
 
 
 def test_an_unchanged_category_costs_its_page_one_and_a_changed_one_every_page(tmp_path, instance):
-    from scrape_assets.demo_site import changed_categories
+    """Today's demo, then tomorrow's: the two categories tomorrow changes have a lastmod after
+    today's fetch (an honest sitemap: the demo's day is the real one here)."""
+    from scrape_assets.demo_site import CATEGORY_TABLE, catalogue, changed_categories
 
-    day1, day2 = datetime.date(2026, 11, 30), datetime.date(2026, 12, 1)
-    keys = ["fiction", "default", "fantasy", "science", "poetry"]  # 4, 12, 3, 1, 1 pages
-    assert changed_categories(day2) & set(keys) == {"default", "poetry"}
-    runs = _serve_days(tmp_path, _sitemap_spec(tmp_path), keys, (day1, day2), instance)
+    today = datetime.datetime.now(UTC).date()
+    tomorrow = today + datetime.timedelta(days=1)
+    keys = [row[0] for row in CATEGORY_TABLE]  # all twelve, in the spec's order (a partition range)
+    changed = sorted(changed_categories(tomorrow))
+    steady = [k for k in keys if k not in changed]
+    pages = {k: catalogue(today).category(k).page_count for k in keys}
+    runs = _serve_days(tmp_path, _sitemap_spec(tmp_path), keys, (today, tomorrow), instance)
 
-    first, second = runs[day1][0], runs[day2][0]
+    first, second = runs[today][0], runs[tomorrow][0]
     assert "/sitemap.xml" not in first  # a first run has nothing to keep: no sitemap asked
-    assert len([p for p in first if p.startswith("/catalogue/")]) == 4 + 12 + 3 + 1 + 1
+    assert len([p for p in first if p.startswith("/catalogue/")]) == sum(pages.values())
     assert second.count("/sitemap.xml") == 1  # once for the run, not per category
-    asked = sorted(p for p in second if p.startswith("/catalogue/"))
+    asked = [p for p in second if p.startswith("/catalogue/")]
     # Page 1 of every category (the check), and every page of the two that changed.
-    assert len(asked) == 5 + 11 + 0 and sum("/default_15/" in p for p in asked) == 12
-    assert [p for p in asked if "/fiction_10/" in p] == ["/catalogue/category/books/fiction_10/index.html"]
+    assert len(asked) == len(keys) + sum(pages[k] - 1 for k in changed)
+    for key in steady:
+        assert [p for p in asked if f"/{key}_" in p] == ["/" + catalogue(today).category(key).path]
 
-    md = run_metadata(runs[day2][1])
+    md = run_metadata(runs[tomorrow][1])
     by_category = md["raw_pages"]["by_category"]
+    assert {k: by_category[k]["sitemap_check"] for k in keys} == dict.fromkeys(keys, "trusted")
     assert {k: by_category[k]["pages_assumed_unchanged"] for k in keys} == {
-        "fiction": 3, "default": 0, "fantasy": 2, "science": 0, "poetry": 0}
-    assert {k: by_category[k]["requests_made"] for k in keys} == {
-        "fiction": 1, "default": 12, "fantasy": 1, "science": 1, "poetry": 1}
+        k: 0 if k in changed else pages[k] - 1 for k in keys}
+    assert {k: by_category[k]["requests_made"] for k in keys} == {k: pages[k] if k in changed else 1 for k in keys}
     store = ObjectStore(str(tmp_path / "objects"))
-    for key in ("fiction", "fantasy"):
+    for key in steady:
         assert_later_pages_adopted(store, key)
     parsed = md["parsed_products"]["by_category"]
-    assert {k for k in keys if not parsed[k]["unchanged"]} == {"default", "poetry"}
+    assert sorted(k for k in keys if not parsed[k]["unchanged"]) == changed
+    assert sum(pages[k] - 1 for k in steady) > 10  # (the day's pick leaves multi-page categories to adopt)
     wh = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}")
-    assert len(wh.rows(products)) == 65 + 232 + 48 + 14 + 19
+    assert len(wh.rows(products)) == sum(len(catalogue(tomorrow).category(k).products) for k in keys)
 
 
 def test_a_page_the_sitemap_dates_after_its_saved_copy_is_asked_again(tmp_path, instance, demo_server):
     """Per page, unlike ``first_page``: a later page saved before its lastmod is revalidated alone."""
-    spec_file = _sitemap_spec(tmp_path)
+    spec_file = _sitemap_spec(tmp_path, "  max_days_without_request: 365\n")
     res = make_resources(tmp_path, site=spec_file, base_url=demo_server.base_url)
     assert materialize(instance, res, ["fiction"], selection=["raw_pages"]).success  # 4 pages
     store = ObjectStore(str(tmp_path / "objects"))
     saved = latest_manifest(store, "demo", "fiction", complete=True)
-    # As if page 3 had been saved a day before its current version appeared.
-    saved.pages[3].last_modified = "Sun, 01 Jan 2006 00:00:00 GMT"
+    # As if page 3 had been saved (and last modified) a day before its current version appeared.
+    lastmod = parsedate_to_datetime(saved.pages[3].last_modified)
+    saved.pages[3].last_modified = format_datetime(lastmod - datetime.timedelta(days=1), usegmt=True)
+    saved.pages[3].fetched_at = utc_now_iso(lastmod - datetime.timedelta(hours=23))
     saved.save(store)
 
     demo_server.clear_requests()
@@ -291,3 +357,134 @@ def test_the_demo_sitemap_dates_every_listing_page_as_its_last_modified():
     for path in paths:
         page = respond("GET", path, day=day)
         assert sitemap.lastmod[path] == parsedate_to_datetime(page.headers["Last-Modified"])
+
+
+def _demo_server_with(documents: dict[str, bytes]):
+    """The demo catalogue on 127.0.0.1, plus ``documents`` (path -> XML body) served as they are."""
+    from scrape_assets.demo_site import DemoRequestHandler, DemoResponse, DemoServer
+
+    class Handler(DemoRequestHandler):
+        def handle_demo(self) -> None:
+            body = documents.get(self.path)
+            if body is None:
+                return super().handle_demo()
+            self.server.record(self.command, self.path, self.headers, status=200)
+            self.send_demo_response(DemoResponse(200, {"Content-Type": "application/xml",
+                                                       "Content-Length": str(len(body))}, body))
+
+        do_GET = handle_demo
+
+    return DemoServer(("127.0.0.1", 0), Handler)
+
+
+def _second_run_with_documents(tmp_path, instance, spec_extra: str, documents_for):
+    """Crawl fiction (4 pages) from a demo server, then again once it also serves
+    ``documents_for(base_url, saved manifest)`` (path -> XML); return (base URL, paths asked the
+    second time, its result)."""
+    documents = {}
+    server = _demo_server_with(documents)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        res = make_resources(tmp_path, site=_sitemap_spec(tmp_path, spec_extra), base_url=server.base_url)
+        assert materialize(instance, res, ["fiction"], selection=["raw_pages"]).success
+        saved = latest_manifest(ObjectStore(str(tmp_path / "objects")), "demo", "fiction", complete=True)
+        documents.update(documents_for(server.base_url, saved))
+        server.clear_requests()
+        result = materialize(instance, res, ["fiction"], selection=["raw_pages"])
+        assert result.success
+        return server.base_url, [r.path for r in server.requests], result
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _urlset(entries) -> bytes:
+    return ("<urlset " + NS + ">" + "".join(
+        f"<url><loc>{loc}</loc>{f'<lastmod>{m}</lastmod>' if m else ''}</url>" for loc, m in entries) + "</urlset>").encode()
+
+
+def test_a_sitemap_index_naming_the_sites_origin_is_read_from_the_mirror_and_counted(tmp_path, instance):
+    """Entries on the spec's origin (a mirror serves the site's own sitemap); a child that
+    fails is skipped; sitemap requests are in the metadata and the summary."""
+    from scrape_assets.cli import print_summary, run_figures
+
+    site = "http://demo.scrape-assets.invalid/"  # the spec's base URL; pages are fetched from the mirror
+    pages = [f"catalogue/category/books/fiction_10/{name}" for name in ("index.html", "page-2.html", "page-3.html",
+                                                                       "page-4.html")]
+
+    def documents(_base_url, saved):
+        dated = [(site + path, parsedate_to_datetime(saved.pages[n].last_modified).isoformat())
+                 for n, path in enumerate(pages, 1)]
+        return {"/maps/index.xml": (f"<sitemapindex {NS}><sitemap><loc>{site}maps/a.xml</loc></sitemap>"
+                                    f"<sitemap><loc>{site}maps/gone.xml</loc></sitemap></sitemapindex>").encode(),
+                "/maps/a.xml": _urlset(dated[:3])}  # page 4 is not listed: asked
+
+    base_url, asked, result = _second_run_with_documents(tmp_path, instance, "  sitemap: /maps/index.xml\n", documents)
+    assert asked.count("/maps/index.xml") == asked.count("/maps/a.xml") == asked.count("/maps/gone.xml") == 1
+    assert _catalogue_requests_of(asked) == ["/" + pages[0], "/" + pages[3]]
+    md = run_metadata(result)["raw_pages"]
+    assert (md["sitemap_requests"], md["sitemap_urls_dated"], md["pages_assumed_unchanged"]) == (3, 3, 2)
+    assert md["by_category"]["fiction"]["sitemap_check"] == "trusted"
+    assert _logged(instance, result, f"child sitemap skipped (its pages are revalidated): {base_url}maps/gone.xml: http_404")
+    out = io.StringIO()
+    print_summary({"site": "demo", "categories": 1, "categories_configured": 12, "pages_done": 4, "pages_failed": 0,
+                   "success_rate": 1.0, "products_loaded": 0, "dead_letters": 0, "object_storage": "/d",
+                   "warehouse": "sqlite:///w", "warehouse_site": None}, {**run_figures(result), "pages_parsed": 0,
+                   "partitions_unchanged": 0, "rows_loaded": 0, "rows_carried_forward": 0}, out=out)
+    assert ("  requests        2 (2 not modified: 304; 2 pages kept without a request; 3 more requests for the "
+            "sitemap), 0 pages failed for good") in out.getvalue().splitlines()
+
+
+def _catalogue_requests_of(paths) -> list[str]:
+    return sorted(p for p in paths if p.startswith("/catalogue/"))
+
+
+def test_a_category_whose_page_one_the_sitemap_does_not_date_revalidates_every_page(tmp_path, instance):
+    def documents(base_url, _saved):
+        base = base_url + "catalogue/category/books/fiction_10/"
+        return {"/pages.xml": _urlset([(base + "index.html", None)] + [
+            (base + f"page-{n}.html", "2000-01-01T00:00:00Z") for n in (2, 3, 4)])}
+
+    _, asked, result = _second_run_with_documents(tmp_path, instance, "  sitemap: pages.xml\n", documents)
+    assert len(_catalogue_requests_of(asked)) == 4  # no check possible: nothing adopted
+    md = run_metadata(result)["raw_pages"]
+    assert md["by_category"]["fiction"]["sitemap_check"] == "untrusted: page 1 not dated"
+    assert md["pages_assumed_unchanged"] == 0
+    assert _logged(instance, result, "sitemap not used for some categories, every page of them revalidated: "
+                                     "page 1 not dated in 1 (fiction)")
+
+
+def test_next_link_crawls_adopt_page_by_page(tmp_path, instance, demo_server):
+    spec_file = tmp_path / "next-links.yaml"
+    demo = "".join(line for line in DEMO_SPEC.read_text().splitlines(keepends=True) if "page_url:" not in line)
+    spec_file.write_text(demo + "incremental:\n  revalidate: sitemap\n")
+    res = make_resources(tmp_path, site=str(spec_file), base_url=demo_server.base_url)
+    assert materialize(instance, res, ["fiction"], selection=["raw_pages"]).success
+    demo_server.clear_requests()
+    result = materialize(instance, res, ["fiction"], selection=["raw_pages"])
+    assert result.success
+    assert _catalogue_requests(demo_server) == ["/catalogue/category/books/fiction_10/index.html"]
+    store = ObjectStore(str(tmp_path / "objects"))
+    newer = latest_manifest(store, "demo", "fiction", complete=True)
+    assert [p.assumed_unchanged for p in newer.pages.values()] == [False, True, True, True]
+    assert newer.discovery_complete and len(newer.pages) == 4  # the chain followed through the adopted pages
+
+
+@pytest.mark.parametrize("mode", ["sitemap", "first_page"])
+def test_a_page_unasked_for_max_days_without_request_is_asked_again(tmp_path, instance, demo_server, mode):
+    spec_file = tmp_path / f"{mode}.yaml"
+    spec_file.write_text(DEMO_SPEC.read_text() + f"incremental:\n  revalidate: {mode}\n  max_days_without_request: 3\n")
+    res = make_resources(tmp_path, site=str(spec_file), base_url=demo_server.base_url)
+    assert materialize(instance, res, ["fiction"], selection=["raw_pages"]).success
+    store = ObjectStore(str(tmp_path / "objects"))
+    saved = latest_manifest(store, "demo", "fiction", complete=True)
+    now = datetime.datetime.now(UTC)
+    saved.pages[3].fetched_at = utc_now_iso(now - datetime.timedelta(days=3, minutes=1))  # just over the limit
+    saved.pages[4].fetched_at = utc_now_iso(now - datetime.timedelta(days=2, hours=23))  # just under it
+    saved.save(store)
+    demo_server.clear_requests()
+    assert materialize(instance, res, ["fiction"], selection=["raw_pages"]).success
+    asked = [p.rsplit("/", 1)[1] for p in _catalogue_requests(demo_server)]
+    # sitemap: per page; first_page: all or nothing, so every page is asked.
+    assert asked == (["index.html", "page-3.html"] if mode == "sitemap"
+                     else ["index.html", "page-2.html", "page-3.html", "page-4.html"])

@@ -24,6 +24,7 @@ from scrape_assets.warehouse import may_recover
 
 if TYPE_CHECKING:  # the HTTP stack (httpx, aiohttp) is imported by the step, not with the definitions
     from scrape_assets.crawl import CrawlReport
+    from scrape_assets.sitemap import Sitemap
 
 # Crashes and infrastructure errors (storage unwritable, process killed) retry the step;
 # the retry resumes the snapshot from its manifest. Page failures never reach here.
@@ -41,7 +42,7 @@ class RawPagesConfig(dg.Config):
     )
 
 
-def crawl_metadata(reports: list["CrawlReport"]) -> tuple[dict, dict[str, dict]]:
+def crawl_metadata(reports: list["CrawlReport"], sitemap: "Sitemap | None" = None) -> tuple[dict, dict[str, dict]]:
     """Materialization metadata: ``(run totals, {category: its figures})``.
 
     The totals go on every partition's materialization, each category's figures only on its
@@ -60,6 +61,7 @@ def crawl_metadata(reports: list["CrawlReport"]) -> tuple[dict, dict[str, dict]]
             "pages_not_modified": r.pages_not_modified,
             "pages_unchanged": r.pages_unchanged,
             "pages_assumed_unchanged": r.pages_assumed_unchanged,
+            **({"sitemap_check": r.sitemap_check} if r.sitemap_check else {}),
             "data_version": r.data_version,
             "success_rate": round(r.success_rate, 4),
             "products_expected": r.products_expected,
@@ -81,6 +83,7 @@ def crawl_metadata(reports: list["CrawlReport"]) -> tuple[dict, dict[str, dict]]
         "bytes_stored": sum(r.bytes_stored for r in reports),
         "duration_s": round(max((r.duration_s for r in reports), default=0.0), 3),
         "categories": len(reports),
+        **({"sitemap_requests": sitemap.requests, "sitemap_urls_dated": len(sitemap.lastmod)} if sitemap else {}),
     }, by_category
 
 
@@ -157,6 +160,7 @@ class InterruptedRunSnapshots:
 async def crawl_partitions(
     site: SiteResource, store: ObjectStoreResource, categories: list[str], *, new_snapshot: bool, log,
     run_id: str | None = None, adopt_complete: Callable[[Manifest], bool] | None = None,
+    on_sitemap: Callable[["Sitemap"], None] | None = None,
 ) -> list["CrawlReport"]:
     """Crawl several categories concurrently, sharing one client and the per-host limits.
 
@@ -167,13 +171,16 @@ async def crawl_partitions(
     their pages stay pending, an attempt whose request was out given back, and are fetched
     again on resume instead of being recorded as failures of the closed client.
 
+    With ``incremental.revalidate: sitemap``, the site's sitemap is read once for all the
+    categories (only when some category has saved pages) and given to ``on_sitemap``.
+
     Raises:
         FetchConfigChangedError: the first category whose incomplete snapshot has another
             fetch config (the log names all of them).
     """
     # Here, not at module level: processes that load the definitions but never fetch (sensors,
     # the UI's code server, re-parse backfills) do not import httpx and aiohttp (~0.1-0.2 s).
-    from scrape_assets.crawl import CrawlProgress, PartitionCrawler, all_or_cancel, load_run_sitemap
+    from scrape_assets.crawl import CrawlProgress, PartitionCrawler, all_or_cancel, load_run_sitemap, sitemap_checks_line
     from scrape_assets.fetcher import PageFetcher
 
     freeze_again()  # what these imports brought, out of the collector's way like the rest of the code
@@ -202,6 +209,8 @@ async def crawl_partitions(
         sitemap = None
         if spec.incremental.revalidate == "sitemap" and any(m is not None for m in latest.values()):
             sitemap = await load_run_sitemap(spec, fetcher, fetch_base_url, log.info, log.warning)
+            if sitemap is not None and on_sitemap is not None:
+                on_sitemap(sitemap)
         crawlers = [
             PartitionCrawler(
                 spec,
@@ -221,10 +230,13 @@ async def crawl_partitions(
             for category in categories
         ]
         try:  # a crawl failing stops the others before the client closes
-            return await all_or_cancel(
+            reports = await all_or_cancel(
                 (c.run(new_snapshot=new_snapshot) for c in crawlers),
                 on_other_error=lambda e: log.error(f"another category's crawl failed too: {type(e).__name__}: {e}"),
             )
+            if sitemap is not None and (line := sitemap_checks_line(reports)):
+                log.warning(line)
+            return reports
         finally:
             object_store.close()  # journals of snapshots left incomplete
 
@@ -267,11 +279,12 @@ def raw_pages(
         context.log.info(
             f"fetching {counted(len(categories), 'category')} from {site.describe_route()}"
         )
+        sitemaps = []
         with store.locks(context, site.spec().name), store.host_lock(context, site.fetch_base_url()):
             reports = asyncio.run(
                 crawl_partitions(
                     site, store, categories, new_snapshot=config.new_snapshot, log=context.log, run_id=context.run_id,
-                    adopt_complete=InterruptedRunSnapshots(context.instance),
+                    adopt_complete=InterruptedRunSnapshots(context.instance), on_sitemap=sitemaps.append,
                 )
             )
     except (FetchConfigChangedError, SpecError, SettingsError, PartitionLockedError) as exc:
@@ -284,7 +297,7 @@ def raw_pages(
             f"{r.pages_done:,} done ({r.pages_not_modified:,} not modified: 304), {r.pages_failed:,} failed, "
             f"{counted(r.requests_made, 'request')}, {r.duration_s:.1f}s"
         )
-    metadata, by_category = crawl_metadata(reports)
+    metadata, by_category = crawl_metadata(reports, sitemaps[0] if sitemaps else None)
     add_per_category(context, {"by_category": by_category})
     log.close(
         f"{counted(len(reports), 'category')}: {counted(metadata['pages_done'], 'page')} done "

@@ -56,6 +56,10 @@ class SpecError(ScrapeError):
         super().__init__(f"{where}: {message}")
 
 
+class UnreadableFileError(SpecError):
+    """A spec (or other YAML) file that cannot be read at all: missing, no permission, not UTF-8."""
+
+
 class UnknownSiteError(SpecError):
     """A site reference that names no shipped spec and no spec file.
 

@@ -38,7 +38,7 @@ from datetime import date
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from scrape_assets.errors import SettingsError, UnknownSiteError
+from scrape_assets.errors import SettingsError, UnknownSiteError, UnreadableFileError
 from scrape_assets.proxies import ProxyURL
 from scrape_assets.spec import load_spec
 
@@ -138,7 +138,7 @@ def load_settings(env: dict | None = None) -> Settings:
 
     Raises:
         SettingsError: a variable has a value of the wrong kind.
-        SpecError: ``SCRAPE_SITE`` names no shipped spec and no readable spec file.
+        SpecError: the spec file ``SCRAPE_SITE`` names is not a valid spec (the file and the key named).
     """
     env = dict(os.environ if env is None else env)
     for name, close in unknown_variables(env):  # a misspelled setting is otherwise silently ignored
@@ -152,6 +152,8 @@ def load_settings(env: dict | None = None) -> Settings:
         load_spec(site)  # fail early, naming the input
     except UnknownSiteError as exc:
         raise SettingsError("SCRAPE_SITE", site, exc.expected) from None
+    except UnreadableFileError as exc:  # missing, no permission, not UTF-8: say which setting named it
+        raise SettingsError("SCRAPE_SITE", site, f"a readable spec file; {exc}") from None
     day = env.get("SCRAPE_DEMO_DATE") or ""
     if day:
         try:

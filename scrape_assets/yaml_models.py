@@ -13,7 +13,7 @@ from typing import TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from scrape_assets.errors import SpecError
+from scrape_assets.errors import SpecError, UnreadableFileError
 
 Model = TypeVar("Model", bound=BaseModel)
 #: libyaml's safe loader when PyYAML was built with it (the wheels are), ~13x faster than
@@ -103,7 +103,7 @@ def read_text_file(path: Path, what: str) -> str:
         what: the file's role for the message, e.g. ``"spec file"``.
 
     Raises:
-        SpecError: naming ``path``: it cannot be read (``cannot read <what>: <reason>``, with
+        UnreadableFileError: a :class:`SpecError` naming ``path``: it cannot be read (``cannot read <what>: <reason>``, with
             the absolute path when ``path`` is relative), or
             it is not UTF-8 (the first bad byte and its offset).
     """
@@ -112,7 +112,7 @@ def read_text_file(path: Path, what: str) -> str:
     except OSError as exc:
         # A relative path is read from the current folder: name it, the user may expect another.
         where = "" if path.is_absolute() else f" {path.absolute()}"
-        raise SpecError(str(path), None, f"cannot read {what}{where}: {exc.strerror or exc}") from exc
+        raise UnreadableFileError(str(path), None, f"cannot read {what}{where}: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
-        raise SpecError(str(path), None, f"expected UTF-8 text, found byte {exc.object[exc.start]:#04x} at offset "
+        raise UnreadableFileError(str(path), None, f"expected UTF-8 text, found byte {exc.object[exc.start]:#04x} at offset "
                                          f"{exc.start}") from exc

@@ -161,7 +161,8 @@ def test_bad_inputs_each_give_one_clear_error_naming_the_input(tmp_path):
         ),
         "spec not UTF-8": (
             {"SCRAPE_SITE": str(utf16)},
-            f"scrape-assets: error: {utf16}: expected UTF-8 text, found byte 0xff at offset 0",
+            f"scrape-assets: error: SCRAPE_SITE={str(utf16)!r} is invalid: expected a readable spec file; {utf16}: "
+            "expected UTF-8 text, found byte 0xff at offset 0",
         ),
         "base URL unparsable, a token in it": (
             {"SCRAPE_BASE_URL": "http://[::1?token=secret-token"},

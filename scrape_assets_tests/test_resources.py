@@ -182,6 +182,22 @@ def test_a_misspelled_setting_is_warned_about_once_with_the_closest_name(caplog,
     ]
 
 
+def test_a_spec_file_that_cannot_be_read_names_the_setting_that_named_it(tmp_path):
+    from scrape_assets import settings
+    from scrape_assets.errors import SpecError
+
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(SettingsError) as info:
+        settings.load_settings({"SCRAPE_SITE": str(missing)})
+    assert str(info.value) == (f"SCRAPE_SITE={str(missing)!r} is invalid: expected a readable spec file; "
+                               f"{missing}: cannot read spec file: No such file or directory")
+    bad_key = tmp_path / "bad.yaml"
+    bad_key.write_text("name: demo\nbase_url: [\n")
+    with pytest.raises(SpecError) as info:  # readable but not a spec: the file (and key) named, as before
+        settings.load_settings({"SCRAPE_SITE": str(bad_key)})
+    assert not isinstance(info.value, SettingsError) and str(info.value).startswith(f"{bad_key}: ")
+
+
 def test_every_scrape_variable_the_package_reads_is_a_known_setting():
     """A new setting must join KNOWN_VARIABLES, or setting it would be warned about as a misspelling."""
     import re

@@ -613,8 +613,9 @@ class PartitionCrawler:
 async def load_run_sitemap(
     spec: SiteSpec, fetcher: PageFetcher, fetch_base_url: str, emit: ProgressCallback,
     warn: ProgressCallback | None = None,
-) -> Sitemap | None:
-    """The run's sitemap for ``incremental.revalidate: sitemap``, or None (a line says why).
+) -> Sitemap:
+    """The run's sitemap for ``incremental.revalidate: sitemap``; when it cannot be used, an
+    empty one whose ``error`` says why (and a line to ``warn``): give no page its word then.
 
     Fetched from ``spec.incremental.sitemap`` on ``fetch_base_url`` through the run's fetcher
     (robots.txt, limits and retries apply); its entries may name the fetch origin or the
@@ -630,7 +631,7 @@ async def load_run_sitemap(
         sitemap = await load_sitemap(reader, url, origins=[urlsplit(spec.base_url).netloc])
     except SitemapError as exc:
         (warn or emit)(f"{exc}: not used, every page is revalidated with a conditional GET")
-        return None
+        return Sitemap(url=url, error=exc.reason)
     emit(
         f"sitemap {url}: {sitemap.urls:,} URLs, {len(sitemap.lastmod):,} with lastmod"
         + (f", {sitemap.skipped:,} entries or child sitemaps skipped (another origin, over the limit, unreadable)"

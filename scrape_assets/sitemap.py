@@ -148,6 +148,8 @@ class Sitemap:
         requests: HTTP requests made for the sitemap and its children (retries included).
         skipped: entries ignored (another origin, no ``<loc>``) and children not read.
         problems: why children were skipped (``"<url>: http_404"``...), for the log.
+        error: why the sitemap itself was not used (``"http_404"``...; see
+            :func:`~scrape_assets.crawl.load_run_sitemap`), empty when it was.
     """
 
     url: str
@@ -156,6 +158,7 @@ class Sitemap:
     requests: int = 0
     skipped: int = 0
     problems: list[str] = field(default_factory=list)
+    error: str = ""
     _undated: set[str] = field(default_factory=set, repr=False)
 
     def dated(self, url: str) -> bool:

@@ -187,7 +187,8 @@ class Incremental(_Strict):
     @model_validator(mode="after")
     def _sitemap_needs_its_mode(self) -> Incremental:
         if "sitemap" in self.model_fields_set and self.revalidate != "sitemap":
-            raise ValueError(f"'sitemap' is read only with 'revalidate: sitemap' (revalidate is {self.revalidate!r})")
+            raise ValueError(f"'sitemap' is used only with 'revalidate: sitemap' (revalidate is {self.revalidate!r}): "
+                             "set that, or remove 'sitemap'")
         return self
 
 

@@ -235,6 +235,11 @@ def test_a_run_summary_names_the_steps_that_did_not_finish():
                             "pages_assumed_unchanged": 26}, out=out)
     assert "  requests        12 (10 not modified: 304; 26 pages kept without a request), 0 pages failed for good" in (
         out.getvalue().splitlines())
+    out = io.StringIO()  # a sitemap that could not be used is said too
+    print_summary(summary, {**run, "requests_made": 38, "pages_not_modified": 25, "pages_failed": 0,
+                            "sitemap_error": "http://x/missing.xml: http_404"}, out=out)
+    assert ("  requests        38 (25 not modified: 304; sitemap not used (http_404)), 0 pages failed for good"
+            in out.getvalue().splitlines())
 
 
 def test_the_summary_does_not_count_a_category_whose_every_page_failed(tmp_path, monkeypatch):

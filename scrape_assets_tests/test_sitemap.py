@@ -213,7 +213,7 @@ def test_spec_takes_a_sitemap_path_on_the_site_and_only_with_its_mode(tmp_path):
     assert load_spec(_sitemap_spec(tmp_path, "  sitemap: /sitemap_index.xml\n")).incremental.sitemap == "/sitemap_index.xml"
     spec_file = tmp_path / "no-mode.yaml"
     spec_file.write_text(DEMO_SPEC.read_text() + "incremental:\n  sitemap: sitemap.xml\n")
-    with pytest.raises(SpecError, match="'sitemap' is read only with 'revalidate: sitemap'"):
+    with pytest.raises(SpecError, match="'sitemap' is used only with 'revalidate: sitemap' \\(revalidate is 'every_page'\\): set that"):
         load_spec(str(spec_file))
 
 
@@ -328,7 +328,9 @@ def test_a_sitemap_contradicted_by_page_one_is_not_trusted_for_that_category(tmp
 def test_an_unusable_sitemap_revalidates_every_page_and_says_why(tmp_path, instance, demo_server):
     spec_file = _sitemap_spec(tmp_path, "  sitemap: no-such-sitemap.xml\n")
     res = make_resources(tmp_path, site=spec_file, base_url=demo_server.base_url)
-    assert materialize(instance, res, ["fiction"], selection=["raw_pages"]).success
+    first = materialize(instance, res, ["fiction"], selection=["raw_pages"])
+    assert first.success and demo_server.request_count("/no-such-sitemap.xml") == 0
+    assert _logged(instance, first, "sitemap not fetched: no category has saved pages yet")
     demo_server.clear_requests()
     result = materialize(instance, res, ["fiction"], selection=["raw_pages"])
     assert result.success
@@ -336,6 +338,12 @@ def test_an_unusable_sitemap_revalidates_every_page_and_says_why(tmp_path, insta
     assert len(_catalogue_requests(demo_server)) == 4  # every page, with a conditional GET
     assert [r.status for r in demo_server.requests if r.path.startswith("/catalogue/")] == [304] * 4
     assert _logged(instance, result, "no-such-sitemap.xml: http_404: not used, every page is revalidated")
+    md = run_metadata(result)["raw_pages"]
+    assert md["sitemap_error"] == f"{demo_server.base_url}no-such-sitemap.xml: http_404"
+    assert md["pages_assumed_unchanged"] == 0 and "sitemap_check" not in md["by_category"]["fiction"]
+    from scrape_assets.cli import run_figures
+
+    assert run_figures(result)["sitemap_error"].endswith(": http_404")
 
 
 def _logged(instance, result, text: str) -> bool:
@@ -468,6 +476,7 @@ def test_next_link_crawls_adopt_page_by_page(tmp_path, instance, demo_server):
     newer = latest_manifest(store, "demo", "fiction", complete=True)
     assert [p.assumed_unchanged for p in newer.pages.values()] == [False, True, True, True]
     assert newer.discovery_complete and len(newer.pages) == 4  # the chain followed through the adopted pages
+    assert _logged(instance, result, "4 done (1 not modified: 304, 3 kept without a request), 0 failed, 1 request")
 
 
 @pytest.mark.parametrize("mode", ["sitemap", "first_page"])

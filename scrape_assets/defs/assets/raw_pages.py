@@ -84,6 +84,7 @@ def crawl_metadata(reports: list["CrawlReport"], sitemap: "Sitemap | None" = Non
         "duration_s": round(max((r.duration_s for r in reports), default=0.0), 3),
         "categories": len(reports),
         **({"sitemap_requests": sitemap.requests, "sitemap_urls_dated": len(sitemap.lastmod)} if sitemap else {}),
+        **({"sitemap_error": f"{sitemap.url}: {sitemap.error}"} if sitemap and sitemap.error else {}),
     }, by_category
 
 
@@ -208,9 +209,12 @@ async def crawl_partitions(
         # saved pages to keep (a first run fetches everything anyway).
         sitemap = None
         if spec.incremental.revalidate == "sitemap" and any(m is not None for m in latest.values()):
-            sitemap = await load_run_sitemap(spec, fetcher, fetch_base_url, log.info, log.warning)
-            if sitemap is not None and on_sitemap is not None:
-                on_sitemap(sitemap)
+            loaded = await load_run_sitemap(spec, fetcher, fetch_base_url, log.info, log.warning)
+            if on_sitemap is not None:
+                on_sitemap(loaded)
+            sitemap = None if loaded.error else loaded
+        elif spec.incremental.revalidate == "sitemap":
+            log.info("sitemap not fetched: no category has saved pages yet (a first run asks every page)")
         crawlers = [
             PartitionCrawler(
                 spec,
@@ -294,7 +298,9 @@ def raw_pages(
     for r in reports:
         log.add(
             f"{r.category}: snapshot {r.snapshot_id}{' (resumed)' if r.resumed else ''}: "
-            f"{r.pages_done:,} done ({r.pages_not_modified:,} not modified: 304), {r.pages_failed:,} failed, "
+            f"{r.pages_done:,} done ({r.pages_not_modified:,} not modified: 304"
+            + (f", {r.pages_assumed_unchanged:,} kept without a request" if r.pages_assumed_unchanged else "")
+            + f"), {r.pages_failed:,} failed, "
             f"{counted(r.requests_made, 'request')}, {r.duration_s:.1f}s"
         )
     metadata, by_category = crawl_metadata(reports, sitemaps[0] if sitemaps else None)

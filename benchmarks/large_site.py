@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import json
 import random
 import signal
@@ -55,7 +54,9 @@ from scrape_assets.demo_site import (
     DemoRequestHandler,
     DemoResponse,
     DemoServer,
+    midnight_utc,
     slugify,
+    strong_etag,
 )
 from scrape_assets.sitemap import render_urlset
 
@@ -118,7 +119,7 @@ class Page:
 
     def __init__(self, body: bytes, modified_at: datetime.datetime):
         self.body = body
-        self.etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+        self.etag = strong_etag(body)
         self.stamp(modified_at)
 
     def stamp(self, modified_at: datetime.datetime) -> None:
@@ -127,14 +128,10 @@ class Page:
         self.last_modified = format_datetime(modified_at, usegmt=True)
 
 
-def _midnight(day: datetime.date) -> datetime.datetime:
-    return datetime.datetime.combine(day, datetime.time(), datetime.timezone.utc)
-
-
 def render_pages(catalogue: DemoCatalogue, day: datetime.date, only: set[int] | None = None) -> dict[str, Page]:
     """Path -> pre-rendered page, for every listing page (of the categories ``only``, if given)."""
     out: dict[str, Page] = {}
-    modified = _midnight(day)
+    modified = midnight_utc(day)
     for index, category in enumerate(catalogue.categories):
         if only is not None and index not in only:
             continue
@@ -164,7 +161,7 @@ class LargeSite:
         self._lock = threading.Lock()
         self.stats = {"requests": 0, "status_200": 0, "status_304": 0, "status_other": 0, "bytes_sent": 0,
                       "robots": 0}
-        self.robots = Page(ROBOTS_TXT.encode(), _midnight(BASE_DAY))
+        self.robots = Page(ROBOTS_TXT.encode(), midnight_utc(BASE_DAY))
         self._sitemaps: dict[tuple[str, str], Page] = {}  # (variant, host) -> sitemap.xml
 
     def sitemap(self, host: str) -> Page:

@@ -308,10 +308,16 @@ def _render(route: tuple[str, str, int], day: datetime.date) -> tuple[bytes, str
         cat = _catalogue(day)
         text = demo_markup.home_page(cat) if kind == "home" else demo_markup.listing_page(cat, cat.category(key), page)
         body, content_type = text.encode("utf-8"), "text/html; charset=utf-8"
-    return body, content_type, '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+    return body, content_type, strong_etag(body)
 
 
-def _midnight(day: datetime.date) -> datetime.datetime:
+def strong_etag(body: bytes) -> str:
+    """The demo's strong ``ETag`` for ``body`` (RFC 9110 §8.8.3): a quoted hash of the bytes."""
+    return '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+
+
+def midnight_utc(day: datetime.date) -> datetime.datetime:
+    """Midnight UTC starting ``day``: when a demo page changed (``Last-Modified``, ``lastmod``)."""
     return datetime.datetime.combine(day, datetime.time(), datetime.timezone.utc)
 
 
@@ -322,10 +328,10 @@ def _render_sitemap(day: datetime.date, origin: str) -> tuple[bytes, str, str]:
 
     cat = _catalogue(day)
     body = render_urlset(
-        (origin + c.page_path(page), _midnight(price_epoch(c.key, day)))
+        (origin + c.page_path(page), midnight_utc(price_epoch(c.key, day)))
         for c in cat.categories for page in range(1, c.page_count + 1)
     )
-    return body, "application/xml", '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+    return body, "application/xml", strong_etag(body)
 
 
 def etag_matches(if_none_match: str, etag: str) -> bool:
@@ -381,7 +387,7 @@ def respond(
     else:
         body, content_type, etag = _render(route, resolved)
     changed = price_epoch(route[1], resolved) if route[0] == "listing" else resolved
-    midnight = _midnight(changed)
+    midnight = midnight_utc(changed)
     validators = {"ETag": etag, "Last-Modified": format_datetime(midnight, usegmt=True)}
     if "if-none-match" in lower:
         not_modified = etag_matches(lower["if-none-match"], etag)

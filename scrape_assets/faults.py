@@ -94,7 +94,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from scrape_assets import demo_markup
 from scrape_assets.demo_site import (
-    DemoRequestHandler, DemoResponse, DemoServer, LoggedRequest, etag_matches, respond, serve_forever,
+    DemoRequestHandler, DemoResponse, DemoServer, LoggedRequest, etag_matches, respond, serve_forever, strong_etag,
 )
 from scrape_assets.errors import SpecError
 from scrape_assets.yaml_models import parse_yaml_model, read_text_file
@@ -566,7 +566,7 @@ class FaultyDemoRequestHandler(DemoRequestHandler):
     def _full_headers(self, response: DemoResponse, body: bytes) -> dict[str, str]:
         headers = dict(response.headers)
         if body != response.body and "ETag" in headers:
-            headers["ETag"] = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+            headers["ETag"] = strong_etag(body)
         return headers
 
     # -- status faults ------------------------------------------------------------------------
@@ -678,7 +678,7 @@ class FaultyDemoRequestHandler(DemoRequestHandler):
         headers = {**response.headers, "Content-Type": f"{media_type}; charset={rule.declared}"}
         if "ETag" in headers:  # same bytes, another representation (RFC 9110 §8.8.3): another entity tag
             tagged = headers["Content-Type"].encode() + b"\n" + response.body
-            headers["ETag"] = '"' + hashlib.sha256(tagged).hexdigest()[:32] + '"'
+            headers["ETag"] = strong_etag(tagged)
         self._send_content(response.status, headers, response.body)
 
     def _content(self, rule: _Rule, response: DemoResponse) -> None:

@@ -300,3 +300,69 @@ def test_an_attempt_whose_record_cannot_be_stored_is_not_counted(tmp_path):
         asyncio.run(crawler._fetch(1))
     assert crawler.manifest.pages[1].attempts == 0 and _Fetcher.sent == 0
     assert crawler._requests == 0
+
+
+def test_a_killed_sitemap_run_keeps_its_adopted_pages_and_resumes_the_rest(tmp_path, demo_server, launched):
+    """``revalidate: sitemap``, killed after adopting pages 2-6 and while revalidating 7-12:
+    the resumed snapshot asks none of the adopted pages, nor those done before the kill."""
+    import datetime
+    from email.utils import format_datetime, parsedate_to_datetime
+
+    from scrape_assets.manifest import utc_now_iso
+
+    demo_spec = REPO_ROOT / "scrape_assets" / "sites" / "demo.yaml"
+    spec_file = tmp_path / "demo-sitemap.yaml"
+    spec_file.write_text(demo_spec.read_text() + "incremental:\n  revalidate: sitemap\n  max_days_without_request: 365\n")
+    env = _env(tmp_path, demo_server.base_url) | {"SCRAPE_SITE": str(spec_file)}
+    store = ObjectStore(str(tmp_path / "data" / "objects"))
+
+    first = _materialize(env | {"SCRAPE_REQUESTS_PER_SECOND": "100"}, "raw_pages", launched)
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err[-3000:]
+    saved = latest_manifest(store, "demo", CATEGORY, complete=True)
+    for n in range(7, 13):  # as if saved a day before their current version: the sitemap dates them later
+        lastmod = parsedate_to_datetime(saved.pages[n].last_modified)
+        saved.pages[n].last_modified = format_datetime(lastmod - datetime.timedelta(days=1), usegmt=True)
+        saved.pages[n].fetched_at = utc_now_iso(lastmod - datetime.timedelta(hours=23))
+    saved.save(store)
+    demo_server.clear_requests()
+
+    second = _materialize(env, "raw_pages", launched)  # 4 requests/s, one at a time
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        manifest = latest_manifest(store, "demo", CATEGORY)
+        if manifest.snapshot_id != saved.snapshot_id and sum(
+                manifest.pages[n].status == "done" for n in range(7, 13) if n in manifest.pages) >= 2:
+            break
+        assert second.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.05)
+    os.killpg(second.pid, signal.SIGKILL)
+    second.wait(timeout=30)
+
+    killed = latest_manifest(store, "demo", CATEGORY)
+    assert killed.snapshot_id != saved.snapshot_id and not killed.is_complete
+    assert [n for n, p in killed.pages.items() if p.assumed_unchanged] == [2, 3, 4, 5, 6]
+    assert all(killed.pages[n].status == "done" for n in range(1, 7))
+    revalidated_at_kill = {n for n in range(7, 13) if killed.pages[n].status == "done"}
+    assert 2 <= len(revalidated_at_kill) < 6
+    before = Counter(r.path for r in demo_server.requests if r.path.startswith(PAGE_PREFIX))
+
+    third = _materialize(env, "raw_pages", launched)  # the killed run's settings: a resume refuses others
+    _, err = third.communicate(timeout=300)
+    assert third.returncode == 0, err[-3000:]
+
+    resumed = latest_manifest(store, "demo", CATEGORY, complete=True)
+    assert resumed.snapshot_id == killed.snapshot_id  # continued, not restarted
+    assert [n for n, p in resumed.pages.items() if p.assumed_unchanged] == [2, 3, 4, 5, 6]
+    assert resumed.counts()["done"] == 12
+    for n in range(2, 7):  # adopted: the saved copy's body, no request in either run
+        assert resumed.pages[n].body_key == saved.body_key(n)
+    after = Counter(r.path for r in demo_server.requests if r.path.startswith(PAGE_PREFIX))
+    page_path = {n: PAGE_PREFIX + ("index.html" if n == 1 else f"page-{n}.html") for n in range(1, 13)}
+    assert [after[page_path[n]] for n in range(1, 7)] == [1, 0, 0, 0, 0, 0]  # page 1 (the check) once, before the kill
+    for n in revalidated_at_kill:
+        assert after[page_path[n]] == 1
+    refetched = after - before
+    assert sum(refetched.values()) == 6 - len(revalidated_at_kill)  # only the pages not done at the kill
+    assert sum(after.values()) <= 1 + 6 + 1  # one in-flight page may repeat
+    assert [r.path for r in demo_server.requests].count("/sitemap.xml") == 2  # once per run

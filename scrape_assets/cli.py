@@ -188,6 +188,7 @@ def run_figures(result) -> dict:
         "pages_not_modified": raw.get("pages_not_modified"),
         "pages_assumed_unchanged": raw.get("pages_assumed_unchanged"),
         "sitemap_requests": raw.get("sitemap_requests"),
+        "sitemap_not_modified": raw.get("sitemap_not_modified"),
         "sitemap_error": raw.get("sitemap_error"),
         "pages_failed": raw.get("pages_failed"),
         "pages_parsed": parsed.get("pages_parsed"),
@@ -213,6 +214,7 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
                 f"{run['requests_made']:,} ({run['pages_not_modified']:,} not modified: 304"
                 + (f"; {counted(kept, 'page')} kept without a request" if (kept := run.get("pages_assumed_unchanged")) else "")
                 + (f"; {counted(more, 'more request')} for the sitemap" if (more := run.get("sitemap_requests")) else "")
+                + (f" ({same:,} not modified: 304)" if (same := run.get("sitemap_not_modified")) else "")
                 + (f"; sitemap not used ({failed.rsplit(': ', 1)[-1]})" if (failed := run.get("sitemap_error")) else "")
                 + "), "
                 f"{counted(run['pages_failed'], 'page')} failed for good"), "raw_pages"),

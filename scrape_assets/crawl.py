@@ -39,7 +39,7 @@ from scrape_assets.manifest import (
     utc_now_iso,
 )
 from scrape_assets.parsing import UrlJoiner, parse_pager
-from scrape_assets.sitemap import MAX_SITEMAP_BYTES, Sitemap, SitemapError, load_sitemap, parse_fetched_at
+from scrape_assets.sitemap import MAX_SITEMAP_BYTES, Sitemap, SitemapCopies, SitemapError, load_sitemap, parse_fetched_at
 from scrape_assets.spec import SiteSpec
 from scrape_assets.storage import ObjectStore
 
@@ -612,7 +612,7 @@ class PartitionCrawler:
 
 async def load_run_sitemap(
     spec: SiteSpec, fetcher: PageFetcher, fetch_base_url: str, emit: ProgressCallback,
-    warn: ProgressCallback | None = None,
+    warn: ProgressCallback | None = None, copies: SitemapCopies | None = None,
 ) -> Sitemap:
     """The run's sitemap for ``incremental.revalidate: sitemap``; when it cannot be used, an
     empty one whose ``error`` says why (and a line to ``warn``): give no page its word then.
@@ -621,6 +621,7 @@ async def load_run_sitemap(
     (robots.txt, limits and retries apply); its entries may name the fetch origin or the
     spec's. A sitemap that cannot be fetched or read is not an error: every page is then
     revalidated with a conditional GET, as with ``every_page``; that line goes to ``warn``.
+    With ``copies``, documents kept by the previous run are asked for with a conditional GET.
     """
     url = urljoin(fetch_base_url, spec.incremental.sitemap)
     started = time.monotonic()
@@ -628,7 +629,7 @@ async def load_run_sitemap(
     reader = PageFetcher(fetcher.client, dataclasses.replace(fetcher.policy, max_body_bytes=MAX_SITEMAP_BYTES),
                          limiter=fetcher.limiter, robots=fetcher.robots)
     try:
-        sitemap = await load_sitemap(reader, url, origins=[urlsplit(spec.base_url).netloc])
+        sitemap = await load_sitemap(reader, url, origins=[urlsplit(spec.base_url).netloc], copies=copies)
     except SitemapError as exc:
         (warn or emit)(f"{exc}: not used, every page is revalidated with a conditional GET")
         return Sitemap(url=url, error=exc.reason)
@@ -636,7 +637,9 @@ async def load_run_sitemap(
         f"sitemap {url}: {sitemap.urls:,} URLs, {len(sitemap.lastmod):,} with lastmod"
         + (f", {sitemap.skipped:,} entries or child sitemaps skipped (another origin, over the limit, unreadable)"
            if sitemap.skipped else "")
-        + f"; {sitemap.requests:,} request{'s' if sitemap.requests != 1 else ''}, {time.monotonic() - started:.1f}s"
+        + f"; {sitemap.requests:,} request{'s' if sitemap.requests != 1 else ''}"
+        + (f" ({sitemap.not_modified:,} not modified: 304, read from the kept copy)" if sitemap.not_modified else "")
+        + f", {time.monotonic() - started:.1f}s"
     )
     for problem in sitemap.problems[:5]:
         (warn or emit)(f"child sitemap skipped (its pages are revalidated): {problem}")

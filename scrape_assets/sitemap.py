@@ -24,11 +24,18 @@ sitemap's or the site's are ignored; child sitemaps are fetched from the sitemap
 origin (a mirror serves them too); at most :data:`MAX_CHILD_SITEMAPS` children of an index
 are read, and a child that cannot be fetched or read is skipped (its pages count as not
 listed). robots.txt ``Sitemap:`` lines are not read: the spec names the sitemap.
+
+Each document served with an ``ETag`` or ``Last-Modified`` is kept (:class:`SitemapCopies`),
+and the next run asks for it with a conditional GET: a 304 reads the kept copy, so an
+unchanged sitemap costs the site one small response, not the whole document again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime
+import hashlib
+import json
 import re
 import zlib
 from collections.abc import Iterable
@@ -146,6 +153,8 @@ class Sitemap:
             its entries; URLs listed without a (valid) ``lastmod`` are absent.
         urls: ``<url>`` entries read (with and without ``lastmod``).
         requests: HTTP requests made for the sitemap and its children (retries included).
+        not_modified: documents the site answered 304 to a conditional GET (read from the
+            kept copy, see :class:`SitemapCopies`).
         skipped: entries ignored (another origin, no ``<loc>``) and children not read.
         problems: why children were skipped (``"<url>: http_404"``...), for the log.
         error: why the sitemap itself was not used (``"http_404"``...; see
@@ -156,6 +165,7 @@ class Sitemap:
     lastmod: dict[str, datetime.datetime] = field(default_factory=dict)
     urls: int = 0
     requests: int = 0
+    not_modified: int = 0
     skipped: int = 0
     problems: list[str] = field(default_factory=list)
     error: str = ""
@@ -235,22 +245,111 @@ class Sitemap:
         return children
 
 
-async def load_sitemap(fetcher, url: str, *, origins: Iterable[str] = ()) -> Sitemap:
+class SitemapCopies:
+    """Kept copies of sitemap documents, for conditional GETs of them (RFC 9110 §13.1).
+
+    One pair of objects per document URL in ``store`` under ``prefix``:
+    ``<sha256 of the URL, 24 hex>.body`` (the document as served: a ``.gz`` stays gzip) and
+    ``.json`` (``url``, ``etag``, ``last_modified``, ``sha256`` and ``bytes`` of the body,
+    ``fetched_at``), each written atomically, the body first. A copy whose body is missing or
+    does not match its JSON (a crash between the two writes, a hand edit) is not used: the
+    document is then fetched whole. Only documents served with a validator (``ETag`` or
+    ``Last-Modified``) are kept; the request for a kept one carries ``If-None-Match`` (else
+    ``If-Modified-Since``), as pages' requests do.
+
+    Args:
+        store: an :class:`~scrape_assets.storage.ObjectStore` (local folder or S3).
+        prefix: key prefix, e.g. ``"demo/sitemap.copies"`` (no category key has a ``.``, so none collides).
+    """
+
+    def __init__(self, store, prefix: str):
+        self.store = store
+        self.prefix = prefix.rstrip("/")
+
+    def _keys(self, url: str) -> tuple[str, str]:
+        name = hashlib.sha256(url.encode("utf-8")).hexdigest()[:24]
+        return f"{self.prefix}/{name}.body", f"{self.prefix}/{name}.json"
+
+    def load(self, url: str) -> tuple[bytes, dict[str, str]] | None:
+        """``(body, conditional request headers)`` of the kept copy of ``url``; None when there
+        is none usable (missing, torn, or for another URL).
+
+        Raises:
+            StorageError: the store could not be read (other than a missing object).
+        """
+        body_key, meta_key = self._keys(url)
+        try:
+            meta = json.loads(self.store.read_bytes(meta_key))
+            body = self.store.read_bytes(body_key)
+        except FileNotFoundError:
+            return None
+        except (ValueError, UnicodeDecodeError):  # a torn or edited JSON: fetch the document whole
+            return None
+        if not isinstance(meta, dict) or meta.get("url") != url or meta.get("sha256") != hashlib.sha256(body).hexdigest():
+            return None
+        if meta.get("etag"):
+            return body, {"If-None-Match": meta["etag"]}
+        if meta.get("last_modified"):
+            return body, {"If-Modified-Since": meta["last_modified"]}
+        return None
+
+    def save(self, url: str, body: bytes, headers: dict[str, str]) -> bool:
+        """Keep ``body`` (as served) for ``url`` when ``headers`` (lower-case names) have a
+        validator; return whether it was kept.
+
+        Raises:
+            StorageError: the write failed (an earlier copy, if any, is intact or unused).
+        """
+        etag, last_modified = headers.get("etag", ""), headers.get("last-modified", "")
+        if not etag and not last_modified:
+            return False
+        body_key, meta_key = self._keys(url)
+        meta = {"url": url, "etag": etag, "last_modified": last_modified,
+                "sha256": hashlib.sha256(body).hexdigest(), "bytes": len(body),
+                "fetched_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+        self.store.write_bytes_atomic(body_key, body)
+        self.store.write_bytes_atomic(meta_key, json.dumps(meta, indent=1).encode("utf-8"))
+        return True
+
+    def keep_only(self, urls: Iterable[str]) -> int:
+        """Delete every kept copy but those of ``urls`` (a child an index no longer lists, a
+        sitemap the spec no longer names, a temp file a crash left); return the objects deleted.
+
+        Raises:
+            StorageError: listing or deleting failed.
+        """
+        wanted = {key for url in urls for key in self._keys(url)}
+        try:
+            files = self.store.list_files(self.prefix)
+        except FileNotFoundError:  # nothing kept yet
+            return 0
+        stale = [key for key, _size in files if key not in wanted]
+        for key in stale:
+            self.store.delete_listed(key)
+        return len(stale)
+
+
+async def load_sitemap(fetcher, url: str, *, origins: Iterable[str] = (), copies: SitemapCopies | None = None) -> Sitemap:
     """Fetch and read the sitemap at ``url`` (and, for an index, up to :data:`MAX_CHILD_SITEMAPS` children).
 
     Every document goes through ``fetcher`` (a :class:`~scrape_assets.fetcher.PageFetcher`):
     robots.txt, the per-host limits and retries apply as to pages; its ``max_body_bytes``
-    bounds each document. Children are fetched one after another.
+    bounds each document. Children are fetched one after another. With ``copies``, a
+    document kept by an earlier run is asked for with a conditional GET and read from its
+    copy on a 304 (``not_modified``); a document read whole is kept for the next run, and
+    copies of documents no longer listed are deleted.
 
     Args:
         fetcher: a page fetcher of the run.
         url: absolute URL of the sitemap (or sitemap index).
         origins: ``host[:port]`` whose URLs are accepted besides the sitemap's own (the site's
             base URL when the sitemap is fetched from a mirror).
+        copies: where documents are kept between runs (None: always fetched whole).
 
     Raises:
         SitemapError: the sitemap itself could not be fetched or read; ``reason`` says why.
             A child that cannot be is skipped instead (``skipped``, ``problems``).
+        StorageError: ``copies`` could not be read or written.
     """
     sitemap = Sitemap(url=url)
     allowed = {urlsplit(url).netloc, *origins}
@@ -259,11 +358,20 @@ async def load_sitemap(fetcher, url: str, *, origins: Iterable[str] = ()) -> Sit
         sitemap.requests += 1
 
     async def read(doc_url: str) -> list[str]:
+        kept = await asyncio.to_thread(copies.load, doc_url) if copies is not None else None
         try:
-            page = await fetcher.fetch(doc_url, on_attempt=count)
+            page = await fetcher.fetch(doc_url, on_attempt=count, headers=kept[1] if kept else None)
         except FetchError as exc:
             raise SitemapError(doc_url, exc.reason + (f" ({exc.detail})" if exc.detail else "")) from None
-        return sitemap.add(page.body, doc_url, allowed)
+        if page.http_status == 304:
+            if kept is None:
+                raise SitemapError(doc_url, "http_304 to a request that was not conditional")
+            sitemap.not_modified += 1
+            return sitemap.add(kept[0], doc_url, allowed)
+        children = sitemap.add(page.body, doc_url, allowed)  # kept only once it reads as a sitemap
+        if copies is not None:
+            await asyncio.to_thread(copies.save, doc_url, page.body, page.headers)
+        return children
 
     children = await read(url)
     sitemap.skipped += max(0, len(children) - MAX_CHILD_SITEMAPS)
@@ -275,6 +383,8 @@ async def load_sitemap(fetcher, url: str, *, origins: Iterable[str] = ()) -> Sit
             sitemap.problems.append(f"{exc.url}: {exc.reason}")
             continue
         sitemap.skipped += len(nested)  # an index listed by an index: not read (the protocol nests no deeper)
+    if copies is not None:
+        await asyncio.to_thread(copies.keep_only, [url, *children[:MAX_CHILD_SITEMAPS]])
     return sitemap
 
 
@@ -288,5 +398,5 @@ def render_urlset(entries: Iterable[tuple[str, datetime.datetime | None]]) -> by
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 
-__all__ = ["FETCH_MARGIN", "MAX_CHILD_SITEMAPS", "MAX_SITEMAP_BYTES", "Sitemap", "SitemapError", "load_sitemap", "parse_fetched_at",
-           "parse_lastmod", "render_urlset"]
+__all__ = ["FETCH_MARGIN", "MAX_CHILD_SITEMAPS", "MAX_SITEMAP_BYTES", "Sitemap", "SitemapCopies", "SitemapError",
+           "load_sitemap", "parse_fetched_at", "parse_lastmod", "render_urlset"]

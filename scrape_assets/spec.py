@@ -153,7 +153,8 @@ class Incremental(_Strict):
 
     ``sitemap``: the site's XML sitemap (``sitemap``: a path relative to the base URL, or
     from the site's root with a leading ``/``; the sitemaps.org protocol, see
-    :mod:`scrape_assets.sitemap`) is fetched once per run, and a saved page whose URL it
+    :mod:`scrape_assets.sitemap`) is fetched once per run (with a conditional GET when an
+    earlier run kept it), and a saved page whose URL it
     lists with a ``lastmod`` no later than the saved copy (its ``Last-Modified``, else an
     hour before its fetch) is adopted without a request (recorded ``assumed_unchanged``).
     Page 1 of each category is always revalidated, and is the check: when the sitemap does

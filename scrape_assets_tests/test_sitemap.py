@@ -158,16 +158,20 @@ def test_a_document_that_is_no_sitemap_is_refused_with_the_reason(body, reason):
     assert reason in str(info.value) and "https://shop.example/sitemap.xml" in str(info.value)
 
 
+def _file_server(tmp_path: Path, handler_class) -> tuple[Path, http.server.ThreadingHTTPServer, str]:
+    """Python's file server on 127.0.0.1 over a new folder: ``(folder, server, base URL)``."""
+    folder = tmp_path / "site"
+    folder.mkdir()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler_class, directory=str(folder)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return folder, server, f"http://127.0.0.1:{server.server_address[1]}/"
+
+
 def test_load_sitemap_follows_an_index_through_the_polite_fetcher(tmp_path):
     """A real server: robots.txt asked first, the index, then its child (gzip); a 404 child fails the load."""
     from scrape_assets.fetcher import FetchPolicy, PageFetcher, build_client
 
-    folder = tmp_path / "site"
-    folder.mkdir()
-    handler = functools.partial(_QuietHandler, directory=str(folder))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_address[1]}/"
+    folder, server, base = _file_server(tmp_path, _QuietHandler)
     (folder / "robots.txt").write_text("User-agent: *\nDisallow: /private/\n")
     (folder / "index.xml").write_text(f"<sitemapindex {NS}><sitemap><loc>{base}pages.xml.gz</loc></sitemap></sitemapindex>")
     (folder / "pages.xml.gz").write_bytes(gzip.compress(
@@ -190,6 +194,78 @@ def test_load_sitemap_follows_an_index_through_the_polite_fetcher(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_kept_sitemap_is_asked_for_with_a_conditional_get_and_read_from_its_copy_on_304(tmp_path):
+    """Python's file server answers If-Modified-Since: the second load gets two 304s and reads
+    the same dates from the kept copies; a changed child is read whole; a torn copy is not used."""
+    import os
+
+    from scrape_assets.fetcher import FetchPolicy, PageFetcher, build_client
+    from scrape_assets.sitemap import SitemapCopies
+
+    folder, server, base = _file_server(tmp_path, _ConditionalLoggingHandler)
+    (folder / "index.xml").write_text(f"<sitemapindex {NS}><sitemap><loc>{base}pages.xml</loc></sitemap></sitemapindex>")
+    (folder / "pages.xml").write_bytes(_urlset([(base + "a.html", "2026-12-01")]))
+    day_one = datetime.datetime(2026, 12, 1, tzinfo=UTC).timestamp()
+    for name in ("index.xml", "pages.xml"):
+        os.utime(folder / name, (day_one, day_one))
+    store = ObjectStore(str(tmp_path / "objects"))
+    copies = SitemapCopies(store, "demo/sitemap.copies")
+
+    def load():
+        async def run():
+            policy = FetchPolicy(user_agent="scrape-assets-test", requests_per_second=100, max_concurrency=2,
+                                 max_attempts=1, obey_robots_txt=False)
+            async with build_client(policy) as client:
+                return await load_sitemap(PageFetcher(client, policy), base + "index.xml", copies=copies)
+        _ConditionalLoggingHandler.seen.clear()
+        return asyncio.run(run())
+
+    try:
+        first = load()
+        assert (first.requests, first.not_modified) == (2, 0)
+        assert [h for _, h in _ConditionalLoggingHandler.seen] == [None, None]  # nothing kept yet: plain GETs
+        assert len([n for n in store.list_files("demo/sitemap.copies")]) == 4  # a body and its JSON per document
+
+        second = load()
+        assert (second.requests, second.not_modified) == (2, 2)
+        assert [h for _, h in _ConditionalLoggingHandler.seen] == ["Tue, 01 Dec 2026 00:00:00 GMT"] * 2
+        assert second.lastmod == first.lastmod == {"/a.html": datetime.datetime(2026, 12, 2, 12, tzinfo=UTC)}
+
+        (folder / "pages.xml").write_bytes(_urlset([(base + "a.html", "2026-12-05")]))  # the child changed
+        day_five = datetime.datetime(2026, 12, 5, tzinfo=UTC).timestamp()
+        os.utime(folder / "pages.xml", (day_five, day_five))
+        third = load()
+        assert (third.requests, third.not_modified) == (2, 1)
+        assert third.lastmod == {"/a.html": datetime.datetime(2026, 12, 6, 12, tzinfo=UTC)}
+        assert load().not_modified == 2  # the new version was kept
+
+        body_key, _ = copies._keys(base + "pages.xml")
+        store.write_bytes_atomic(body_key, b"<urlset/>")  # as if a crash came between the body and its JSON
+        fifth = load()
+        assert (fifth.requests, fifth.not_modified) == (2, 1)
+        assert dict(_ConditionalLoggingHandler.seen)["/pages.xml"] is None  # a torn copy: asked whole
+        assert fifth.lastmod == third.lastmod
+
+        (folder / "index.xml").write_text(f"<sitemapindex {NS}></sitemapindex>")  # the child is no longer listed
+        assert load().urls == 0
+        assert [key.rsplit("/", 1)[1] for key, _ in store.list_files("demo/sitemap.copies")] == sorted(
+            key.rsplit("/", 1)[1] for key in copies._keys(base + "index.xml"))  # the child's copy deleted
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _ConditionalLoggingHandler(http.server.SimpleHTTPRequestHandler):
+    seen: list[tuple[str, str | None]] = []  # (path, If-Modified-Since)
+
+    def do_GET(self):
+        type(self).seen.append((self.path, self.headers.get("If-Modified-Since")))
+        super().do_GET()
+
+    def log_message(self, format, *args):  # noqa: A002
+        pass
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -414,8 +490,6 @@ def _urlset(entries) -> bytes:
 def test_a_sitemap_index_naming_the_sites_origin_is_read_from_the_mirror_and_counted(tmp_path, instance):
     """Entries on the spec's origin (a mirror serves the site's own sitemap); a child that
     fails is skipped; sitemap requests are in the metadata and the summary."""
-    from scrape_assets.cli import print_summary, run_figures
-
     site = "http://demo.scrape-assets.invalid/"  # the spec's base URL; pages are fetched from the mirror
     pages = [f"catalogue/category/books/fiction_10/{name}" for name in ("index.html", "page-2.html", "page-3.html",
                                                                        "page-4.html")]
@@ -434,13 +508,20 @@ def test_a_sitemap_index_naming_the_sites_origin_is_read_from_the_mirror_and_cou
     assert (md["sitemap_requests"], md["sitemap_urls_dated"], md["pages_assumed_unchanged"]) == (3, 3, 2)
     assert md["by_category"]["fiction"]["sitemap_check"] == "trusted"
     assert _logged(instance, result, f"child sitemap skipped (its pages are revalidated): {base_url}maps/gone.xml: http_404")
+    assert ("  requests        2 (2 not modified: 304; 2 pages kept without a request; 3 more requests for the "
+            "sitemap), 0 pages failed for good") in _summary_lines(result)
+
+
+def _summary_lines(result) -> list[str]:
+    """The lines ``scrape-assets demo`` would print for one fiction run ``result`` (4 pages)."""
+    from scrape_assets.cli import print_summary, run_figures
+
     out = io.StringIO()
     print_summary({"site": "demo", "categories": 1, "categories_configured": 12, "pages_done": 4, "pages_failed": 0,
                    "success_rate": 1.0, "products_loaded": 0, "dead_letters": 0, "object_storage": "/d",
                    "warehouse": "sqlite:///w", "warehouse_site": None}, {**run_figures(result), "pages_parsed": 0,
                    "partitions_unchanged": 0, "rows_loaded": 0, "rows_carried_forward": 0}, out=out)
-    assert ("  requests        2 (2 not modified: 304; 2 pages kept without a request; 3 more requests for the "
-            "sitemap), 0 pages failed for good") in out.getvalue().splitlines()
+    return out.getvalue().splitlines()
 
 
 def _catalogue_requests_of(paths) -> list[str]:
@@ -460,6 +541,22 @@ def test_a_category_whose_page_one_the_sitemap_does_not_date_revalidates_every_p
     assert md["pages_assumed_unchanged"] == 0
     assert _logged(instance, result, "sitemap not used for some categories, every page of them revalidated: "
                                      "page 1 not dated in 1 (fiction)")
+
+
+def test_the_next_run_asks_for_the_sitemap_with_a_conditional_get(tmp_path, instance, demo_server):
+    res = make_resources(tmp_path, site=_sitemap_spec(tmp_path), base_url=demo_server.base_url)
+    for _ in range(3):  # the first run reads no sitemap; the second reads it whole; the third gets a 304
+        demo_server.clear_requests()
+        result = materialize(instance, res, ["fiction"], selection=["raw_pages"])
+        assert result.success
+    assert [(r.status, r.headers.get("if-none-match") is not None) for r in demo_server.requests
+            if r.path == "/sitemap.xml"] == [(304, True)]
+    assert _catalogue_requests(demo_server) == ["/catalogue/category/books/fiction_10/index.html"]
+    md = run_metadata(result)["raw_pages"]
+    assert (md["sitemap_requests"], md["sitemap_not_modified"], md["pages_assumed_unchanged"]) == (1, 1, 3)
+    assert _logged(instance, result, "1 request (1 not modified: 304, read from the kept copy)")
+    assert ("  requests        1 (1 not modified: 304; 3 pages kept without a request; 1 more request for the "
+            "sitemap (1 not modified: 304)), 0 pages failed for good") in _summary_lines(result)
 
 
 def test_next_link_crawls_adopt_page_by_page(tmp_path, instance, demo_server):

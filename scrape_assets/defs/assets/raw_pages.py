@@ -83,7 +83,8 @@ def crawl_metadata(reports: list["CrawlReport"], sitemap: "Sitemap | None" = Non
         "bytes_stored": sum(r.bytes_stored for r in reports),
         "duration_s": round(max((r.duration_s for r in reports), default=0.0), 3),
         "categories": len(reports),
-        **({"sitemap_requests": sitemap.requests, "sitemap_urls_dated": len(sitemap.lastmod)} if sitemap else {}),
+        **({"sitemap_requests": sitemap.requests, "sitemap_not_modified": sitemap.not_modified,
+            "sitemap_urls_dated": len(sitemap.lastmod)} if sitemap else {}),
         **({"sitemap_error": f"{sitemap.url}: {sitemap.error}"} if sitemap and sitemap.error else {}),
     }, by_category
 
@@ -183,6 +184,7 @@ async def crawl_partitions(
     # the UI's code server, re-parse backfills) do not import httpx and aiohttp (~0.1-0.2 s).
     from scrape_assets.crawl import CrawlProgress, PartitionCrawler, all_or_cancel, load_run_sitemap, sitemap_checks_line
     from scrape_assets.fetcher import PageFetcher
+    from scrape_assets.sitemap import SitemapCopies
 
     freeze_again()  # what these imports brought, out of the collector's way like the rest of the code
     spec = site.spec()
@@ -209,7 +211,8 @@ async def crawl_partitions(
         # saved pages to keep (a first run fetches everything anyway).
         sitemap = None
         if spec.incremental.revalidate == "sitemap" and any(m is not None for m in latest.values()):
-            loaded = await load_run_sitemap(spec, fetcher, fetch_base_url, log.info, log.warning)
+            loaded = await load_run_sitemap(spec, fetcher, fetch_base_url, log.info, log.warning,
+                                            copies=SitemapCopies(object_store, f"{spec.name}/sitemap.copies"))
             if on_sitemap is not None:
                 on_sitemap(loaded)
             sitemap = None if loaded.error else loaded

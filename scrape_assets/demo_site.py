@@ -52,7 +52,7 @@ from decimal import Decimal
 from email.utils import format_datetime, parsedate_to_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from socketserver import TCPServer
-from typing import ClassVar, NamedTuple
+from typing import ClassVar, NamedTuple, TextIO
 from urllib.parse import urlsplit
 
 import httpx
@@ -497,10 +497,13 @@ class DemoServer(ThreadingHTTPServer):
 
     Attributes:
         day: fixed catalogue day, or None to resolve per request.
+        access_log: where to print one line per request answered (``scrape-assets serve-demo``
+            sets stdout); None (the default, as in tests) prints nothing.
     """
 
     daemon_threads = True
     logged_headers = ("user-agent", "if-none-match", "if-modified-since", "accept-encoding", "range")
+    access_log: TextIO | None = None
 
     def __init__(
         self,
@@ -528,6 +531,18 @@ class DemoServer(ThreadingHTTPServer):
         selected = {name: headers[name] for name in self.logged_headers if headers.get(name) is not None}
         with self._lock:
             self._requests.append(LoggedRequest(time.monotonic(), method, path, selected, status))
+        self.log_access(method, path, status, headers)
+
+    def log_access(self, method: str, path: str, status: int | None, headers: Mapping[str, str], note: str = "") -> None:
+        """Print ``HH:MM:SS METHOD PATH STATUS`` to :attr:`access_log` (if set), with the
+        conditional header the request carried and ``note``; ``-`` for no status sent."""
+        if self.access_log is None:
+            return
+        conditional = next((name for name in ("If-None-Match", "If-Modified-Since") if headers.get(name)), None)
+        line = (f"{datetime.datetime.now(datetime.timezone.utc):%H:%M:%S} {method} {path} "
+                f"{status if status is not None else '-'}" + (f" ({conditional})" if conditional else "") + note)
+        with self._lock:
+            print(line, file=self.access_log, flush=True)
 
     @property
     def requests(self) -> list[LoggedRequest]:
@@ -578,7 +593,8 @@ def serve_forever(host: str, port: int, *, server: DemoServer | None = None, not
     else:
         source = "today in UTC, following the date"
     print(f"demo catalogue on {server.base_url} ({len(cat.categories)} categories, {cat.page_count} pages; "
-          f"day {day.isoformat()}, {source}){note}", flush=True)
+          f"day {day.isoformat()}, {source}){note}; one line per request below, Ctrl-C stops", flush=True)
+    server.access_log = sys.stdout
     try:
         server.serve_forever()
     except KeyboardInterrupt:

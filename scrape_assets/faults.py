@@ -524,15 +524,21 @@ class FaultyDemoRequestHandler(DemoRequestHandler):
                                                          if k.lower() not in conditional}, day=self.server.day)
         else:
             response = respond(self.command, self.path, self.headers, day=self.server.day)
-        if rule is None:
-            self._send(response.status, response.headers, response.body)
-        else:
-            getattr(self, f"_fault_{rule.fault}")(rule, response)
+        self._sent_status: int | None = None
+        try:
+            if rule is None:
+                self._send(response.status, response.headers, response.body)
+            else:
+                getattr(self, f"_fault_{rule.fault}")(rule, response)
+        finally:
+            self.server.log_access(self.command, self.path, self._sent_status, self.headers,
+                                   f" [attempt {attempt}" + (f", fault {rule.fault}]" if rule is not None else "]"))
 
     do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = handle_demo
 
     # -- writing ------------------------------------------------------------------------------
     def _send_head(self, status: int, headers: Mapping[str, str], *, retry_after_s: float | None = None) -> None:
+        self._sent_status = status
         self.send_response(status)  # buffered until end_headers()
         for name, value in headers.items():
             self.send_header(name, value)

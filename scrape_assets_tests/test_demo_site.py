@@ -345,9 +345,12 @@ def test_serve_forever_prints_its_address_and_stops_on_ctrl_c():
     try:
         line = process.stdout.readline()
         match = re.fullmatch(r"demo catalogue on (http://127\.0\.0\.1:\d+/) \(12 categories, 38 pages; day "
-                             + DAY.isoformat() + r", SCRAPE_DEMO_DATE\)\n", line)
+                             + DAY.isoformat() + r", SCRAPE_DEMO_DATE\); one line per request below, Ctrl-C stops\n", line)
         assert match, line
         assert httpx.get(match[1] + listing("travel")[1:]).content == get(listing("travel")).body
+        assert re.fullmatch(r"\d\d:\d\d:\d\d GET " + re.escape(listing("travel")) + r" 200\n", process.stdout.readline())
+        assert httpx.get(match[1] + "robots.txt", headers={"If-None-Match": '"x"'}).status_code == 200
+        assert process.stdout.readline().endswith(" GET /robots.txt 200 (If-None-Match)\n")
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=10) == 0
     finally:

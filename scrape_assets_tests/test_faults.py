@@ -426,6 +426,22 @@ def test_rules_first_n_counts_requests_per_path_and_falls_through():
     assert spec.choose(page_path("mystery", 1), 1) is None
 
 
+def test_the_access_log_names_each_answer_its_attempt_and_fault():
+    """What ``serve-demo --faults`` prints: one line per request, with the fault applied."""
+    import io
+
+    spec = FaultSpec.model_validate({"rules": [{"match": "page-2", "fault": "http_error", "status": 503, "first_n": 1}]})
+    with fault_server(spec) as server:
+        server.access_log = io.StringIO()
+        url = server.base_url + page_path("mystery", 2).lstrip("/")
+        assert [httpx.get(url).status_code for _ in range(2)] == [503, 200]
+    lines = server.access_log.getvalue().splitlines()
+    assert [re.sub(r"^\d\d:\d\d:\d\d ", "", line) for line in lines] == [
+        f"GET {page_path('mystery', 2)} 503 [attempt 1, fault http_error]",
+        f"GET {page_path('mystery', 2)} 200 [attempt 2]",
+    ]
+
+
 # --- the spec file -------------------------------------------------------------------------------
 
 

@@ -215,7 +215,7 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
                 + (f"; {counted(kept, 'page')} kept without a request" if (kept := run.get("pages_assumed_unchanged")) else "")
                 + (f"; {counted(more, 'more request')} for the sitemap" if (more := run.get("sitemap_requests")) else "")
                 + (f" ({same:,} not modified: 304)" if (same := run.get("sitemap_not_modified")) else "")
-                + (f"; sitemap not used ({failed.rsplit(': ', 1)[-1]})" if (failed := run.get("sitemap_error")) else "")
+                + (f"; sitemap not used ({failed.partition(': ')[2]})" if (failed := run.get("sitemap_error")) else "")
                 + "), "
                 f"{counted(run['pages_failed'], 'page')} failed for good"), "raw_pages"),
             *(["  nothing fetched: every page failed before a request was made (site unreachable from here, or "

@@ -28,7 +28,7 @@ from urllib.parse import urljoin, urlsplit
 from scrape_assets.batched_log import LOG_EVERY_S
 from scrape_assets.crashpoints import crashpoint
 from scrape_assets.errors import FetchError, PermanentFetchError, StorageError
-from scrape_assets.fetcher import PageFetcher
+from scrape_assets.fetcher import PageFetcher, sendable_validator
 from scrape_assets.manifest import (
     UNREAD,
     Manifest,
@@ -377,6 +377,7 @@ class PartitionCrawler:
             manifest.discovery_complete = True
             self._adopt_unchanged_pages()
         elif pager.next_url is None:
+            self._warn_dead_next_link(1, pager)
             manifest.total_pages = pager.total_pages or 1
             manifest.discovery_complete = True
         else:
@@ -485,7 +486,9 @@ class PartitionCrawler:
         if entry.status != "done":
             manifest.discovery_complete = True  # a dead page ends the chain: nothing more to find
         else:
-            next_url = self._pager(last).next_url
+            pager = self._pager(last)
+            next_url = pager.next_url
+            self._warn_dead_next_link(last, pager)
             if next_url is None or last >= self.spec.pagination.max_pages:
                 manifest.discovery_complete = True
             elif not _same_origin(next_url, self.fetch_base_url):
@@ -515,6 +518,11 @@ class PartitionCrawler:
         if previous is None or previous.snapshot_id == manifest.snapshot_id:
             return {}
         return {e.url: (previous, n) for n, e in previous.pages.items() if e.status == "done"}
+
+    def _warn_dead_next_link(self, n: int, pager) -> None:
+        if pager.next_link_error:
+            logger.warning("%s: page %d's next link %s cannot be resolved; the crawl ends at that page",
+                           self.category, n, pager.next_link_error)
 
     def _pager(self, n: int):
         entry = self.manifest.pages[n]
@@ -557,9 +565,9 @@ class PartitionCrawler:
         conditional = {}
         if previous is not None:  # conditional GET (RFC 9110 §13.1): validators of the last snapshot
             old = previous[0].pages[previous[1]]
-            if old.etag:
+            if sendable_validator(old.etag):
                 conditional["If-None-Match"] = old.etag
-            if old.last_modified:
+            if sendable_validator(old.last_modified):
                 conditional["If-Modified-Since"] = old.last_modified
         try:
             page = await self.fetcher.fetch(
@@ -574,7 +582,8 @@ class PartitionCrawler:
             return
         old = previous[0].pages[previous[1]] if previous else None
         content_hash = old.content_hash if page.http_status == 304 else "sha256:" + hashlib.sha256(page.body).hexdigest()
-        if old is not None and content_hash == old.content_hash:
+        same = old is not None and content_hash == old.content_hash
+        if same:
             # Not modified (304) or byte-identical: point at the stored body, store nothing.
             entry.body_key = previous[0].body_key(previous[1])
             entry.bytes = old.bytes
@@ -603,8 +612,10 @@ class PartitionCrawler:
         entry.content_hash = content_hash
         entry.fetched_at = utc_now_iso()
         entry.last_error = None
-        entry.etag = page.headers.get("etag") or (old.etag if old else None)
-        entry.last_modified = page.headers.get("last-modified") or (old.last_modified if old else None)
+        # The response's validators; the saved copy's only for the same content (a 304 may omit
+        # them). One that cannot be sent back as a header (non-ASCII) is not kept.
+        entry.etag = sendable_validator(page.headers.get("etag") or (old.etag if same else None))
+        entry.last_modified = sendable_validator(page.headers.get("last-modified") or (old.last_modified if same else None))
         self._fetched += 1
         manifest.record(self.store, n)
         self.progress.page_done()
@@ -632,7 +643,7 @@ async def load_run_sitemap(
         sitemap = await load_sitemap(reader, url, origins=[urlsplit(spec.base_url).netloc], copies=copies)
     except SitemapError as exc:
         (warn or emit)(f"{exc}: not used, every page is revalidated with a conditional GET")
-        return Sitemap(url=url, error=exc.reason)
+        return Sitemap(url=url, error=exc.reason, requests=exc.requests)
     emit(
         f"sitemap {url}: {sitemap.urls:,} URLs, {len(sitemap.lastmod):,} with lastmod"
         + (f", {sitemap.skipped:,} entries or child sitemaps skipped (another origin, over the limit, unreadable)"

@@ -197,6 +197,20 @@ def build_client(
     )
 
 
+def sendable_validator(value: str | None) -> str | None:
+    """``value`` (an ``ETag`` or ``Last-Modified`` a server sent) when it can be sent back in
+    ``If-None-Match`` / ``If-Modified-Since``, else None.
+
+    RFC 9110 §8.8.3 lets an entity tag carry obs-text (bytes 0x80-0xFF); the HTTP client
+    sends header values as ASCII only, so such a validator would fail every later request of
+    its page. Dropping it costs a full GET (the content hash still decides whether the page
+    changed). Also None for an empty value or one with control characters.
+    """
+    if value and value.isascii() and value.isprintable():
+        return value
+    return None
+
+
 def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
     return url.scheme, url.host, url.port or _DEFAULT_PORTS.get(url.scheme)
 

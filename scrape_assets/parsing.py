@@ -230,12 +230,15 @@ class PagerInfo:
             fetched from (so a crawl of a mirror stays on the mirror); ``None`` on the last page.
         results_count: the number of results the site claims for the listing ("32 results"),
             ``None`` when the spec names no such element or the page lacks it.
+        next_link_error: why the ``next`` link's ``href`` could not be resolved (``next_url``
+            is then ``None``), e.g. ``"'http://[bad/' (Invalid IPv6 URL)"``; ``None`` otherwise.
     """
 
     current_page: int | None
     total_pages: int | None
     next_url: str | None
     results_count: int | None
+    next_link_error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -315,15 +318,19 @@ def parse_pager(
     if pagination.pager and (node := tree.css_first(pagination.pager)) is not None:
         if match := _compiled(pagination.pager_regex).search(node.text()):
             current, total = int(match.group(1)), int(match.group(2))
-    next_url = None
+    next_url = next_link_error = None
     if pagination.next_link and (node := tree.css_first(pagination.next_link)) is not None:
         href = (node.attributes.get("href") or "").strip()
-        next_url = urljoin(page_url, href) if href else None
+        try:
+            next_url = urljoin(page_url, href) if href else None
+        except ValueError as exc:  # "http://[bad/": urlsplit refuses it; a dead end, not a crash
+            next_link_error = f"{href!r} ({exc})"
     results = None
     if pagination.results_count and (node := tree.css_first(pagination.results_count)) is not None:
         if match := _INTEGER.search(node.text()):
             results = int(re.sub(r"\D", "", match.group()))
-    return PagerInfo(current_page=current, total_pages=total, next_url=next_url, results_count=results)
+    return PagerInfo(current_page=current, total_pages=total, next_url=next_url, results_count=results,
+                     next_link_error=next_link_error)
 
 
 #: Characters of a plain path: no query, fragment, params (";", which urlparse splits off),
@@ -453,7 +460,10 @@ def parse_listing(
         url = None
         try:
             href = _read(card, "url", selectors.url, nodes)
-            url = _canonical(join(href), fetch_base_url, canonical_base_url)
+            try:
+                url = _canonical(join(href), fetch_base_url, canonical_base_url)
+            except ValueError as exc:  # "http://[bad/": urlsplit refuses it
+                raise _FieldError(f"url: {href!r} cannot be resolved against the page ({exc})") from None
             match = id_pattern.search(url)
             if match is None or not match.group(1):
                 raise _FieldError(f"product_id: {spec.product_id.regex!r} does not match {url!r}")

@@ -49,6 +49,7 @@ import defusedxml.ElementTree as SafeET
 from defusedxml import DefusedXmlException
 
 from scrape_assets.errors import FetchError
+from scrape_assets.fetcher import sendable_validator
 
 _NS = "{http://www.sitemaps.org/schemas/sitemap/0.9}"
 #: Children of a sitemap index read at most (sitemaps.org allows 50,000; each is one request).
@@ -74,12 +75,14 @@ class SitemapError(Exception):
     Attributes:
         url: the sitemap's URL.
         reason: what was wrong, e.g. ``"http_404"``, ``"not XML: ..."``.
+        requests: HTTP requests made for it before giving up (retries included).
     """
 
-    def __init__(self, url: str, reason: str):
+    def __init__(self, url: str, reason: str, requests: int = 0):
         super().__init__(f"sitemap {url}: {reason}")
         self.url = url
         self.reason = reason
+        self.requests = requests
 
 
 def parse_lastmod(text: str) -> datetime.datetime | None:
@@ -139,8 +142,14 @@ def parse_fetched_at(value: str | None) -> datetime.datetime | None:
 
 
 def _key(url: str) -> tuple[str, str]:
-    parts = urlsplit(url)
-    return parts.netloc.lower(), (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    """``(host[:port] lower-cased, path[?query])`` of ``url``; ``("", "")`` when it cannot be
+    parsed (``http://[bad/``), which no origin matches."""
+    try:
+        parts = urlsplit(url)
+        host = parts.netloc.lower()
+    except ValueError:
+        return "", ""
+    return host, (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
 
 @dataclass
@@ -287,10 +296,10 @@ class SitemapCopies:
             return None
         if not isinstance(meta, dict) or meta.get("url") != url or meta.get("sha256") != hashlib.sha256(body).hexdigest():
             return None
-        if meta.get("etag"):
-            return body, {"If-None-Match": meta["etag"]}
-        if meta.get("last_modified"):
-            return body, {"If-Modified-Since": meta["last_modified"]}
+        if etag := sendable_validator(meta.get("etag")):
+            return body, {"If-None-Match": etag}
+        if last_modified := sendable_validator(meta.get("last_modified")):
+            return body, {"If-Modified-Since": last_modified}
         return None
 
     def save(self, url: str, body: bytes, headers: dict[str, str]) -> bool:
@@ -300,7 +309,7 @@ class SitemapCopies:
         Raises:
             StorageError: the write failed (an earlier copy, if any, is intact or unused).
         """
-        etag, last_modified = headers.get("etag", ""), headers.get("last-modified", "")
+        etag, last_modified = (sendable_validator(headers.get(name)) or "" for name in ("etag", "last-modified"))
         if not etag and not last_modified:
             return False
         body_key, meta_key = self._keys(url)
@@ -373,7 +382,11 @@ async def load_sitemap(fetcher, url: str, *, origins: Iterable[str] = (), copies
             await asyncio.to_thread(copies.save, doc_url, page.body, page.headers)
         return children
 
-    children = await read(url)
+    try:
+        children = await read(url)
+    except SitemapError as exc:
+        exc.requests = sitemap.requests  # spent on it all the same: the metadata counts them
+        raise
     sitemap.skipped += max(0, len(children) - MAX_CHILD_SITEMAPS)
     for child in children[:MAX_CHILD_SITEMAPS]:
         try:

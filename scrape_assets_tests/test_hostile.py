@@ -82,6 +82,8 @@ def hostile_server():
         "/catalogue/category/books/travel_2/index.html": _page_with_next(f"http://127.0.0.2:{port}/steal.html"),
         # mystery: next link that climbs out with ../ and encoded separators
         "/catalogue/category/books/mystery_3/index.html": _page_with_next("../../../../../../../tmp/%2e%2e%2fescape/page-2.html"),
+        # fiction: next link no URL parser accepts (urlsplit raises "Invalid IPv6 URL")
+        "/catalogue/category/books/fiction_10/index.html": _page_with_next("http://[bad/page-2.html"),
     }
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -90,7 +92,7 @@ def hostile_server():
     server.server_close()
 
 
-def test_links_off_site_are_not_followed_and_nothing_is_written_outside_the_root(tmp_path, instance, hostile_server):
+def test_links_off_site_are_not_followed_and_nothing_is_written_outside_the_root(tmp_path, instance, hostile_server, caplog):
     data = _demo_spec()
     data["pagination"].pop("page_url")  # follow next links, where hostile links would bite
     spec_path = tmp_path / "next_links.yaml"
@@ -99,7 +101,7 @@ def test_links_off_site_are_not_followed_and_nothing_is_written_outside_the_root
     before = {p for p in tmp_path.parent.rglob("*")}
 
     res = make_resources(tmp_path, site=str(spec_path), base_url=hostile_server.base_url, max_attempts=1)
-    result = materialize(instance, res, ["travel", "mystery"], selection=["raw_pages"])
+    result = materialize(instance, res, ["travel", "mystery", "fiction"], selection=["raw_pages"])
     assert result.success
 
     store = ObjectStore(str(root))
@@ -111,6 +113,9 @@ def test_links_off_site_are_not_followed_and_nothing_is_written_outside_the_root
     assert mystery.pages[2].url == f"{hostile_server.base_url}tmp/%2e%2e%2fescape/page-2.html"
     assert (mystery.pages[2].status, mystery.pages[2].http_status) == ("failed", 404)
     assert not any("127.0.0.2" in p or "steal" in p for p in hostile_server.paths)
+    fiction = latest_manifest(store, "demo", "fiction")  # a dead end, not a failed run
+    assert sorted(fiction.pages) == [1] and fiction.is_complete and fiction.pages[1].status == "done"
+    assert "fiction: page 1's next link 'http://[bad/page-2.html' (Invalid IPv6 URL) cannot be resolved" in caplog.text
 
     created = {p for p in tmp_path.parent.rglob("*")} - before
     outside = [p for p in created if not (p == root or root in p.parents or p.name == "warehouse.db" or p.parent == tmp_path)]

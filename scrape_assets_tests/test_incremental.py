@@ -426,6 +426,64 @@ def test_last_modified_alone_is_revalidated_with_if_modified_since(tmp_path, ins
     assert all(e.not_modified and e.body_key == first.page_key(n) for n, e in second.pages.items())
 
 
+def test_an_etag_that_cannot_be_sent_back_is_not_kept_and_later_runs_still_revalidate(tmp_path, instance):
+    """RFC 9110 allows obs-text in an entity tag; the client sends ASCII only. A run that kept
+    ``"café"`` would fail every later request of that page (UnicodeEncodeError), day after day."""
+    from scrape_assets.demo_site import DemoRequestHandler, DemoResponse, DemoServer
+    from scrape_assets_tests.conftest import serving
+
+    class Handler(DemoRequestHandler):
+        def send_demo_response(self, response):
+            headers = {**response.headers, "ETag": '"café"'}  # sent as latin-1 bytes by http.server
+            super().send_demo_response(DemoResponse(response.status, headers, response.body))
+
+    with serving(DemoServer(("127.0.0.1", 0), Handler)) as server:
+        res = make_resources(tmp_path, base_url=server.base_url)
+        assert materialize(instance, res, ["mystery"], selection=["raw_pages"]).success
+        store = ObjectStore(str(tmp_path / "objects"))
+        first = latest_manifest(store, "demo", "mystery")
+        assert [(e.etag, e.last_modified is not None) for e in first.pages.values()] == [(None, True)] * 2
+        # A manifest written before this rule (or by hand) still holds one: it is not sent either.
+        first.pages[1].etag = '"café"'
+        first.save(store)
+        server.clear_requests()
+        assert materialize(instance, res, ["mystery"], selection=["raw_pages"]).success
+        requests = _page_requests(server)
+    assert [r.status for r in requests] == [304, 304]  # revalidated with If-Modified-Since alone
+    assert not any("if-none-match" in r.headers for r in requests)
+    assert all(r.headers["if-modified-since"] == first.pages[2].last_modified for r in requests)
+
+
+def test_a_changed_page_served_without_validators_does_not_keep_the_old_ones(tmp_path, instance):
+    """The saved copy's ETag belongs to the saved body: a 304 to it must never stand for a new body."""
+    from scrape_assets.demo_site import DemoRequestHandler, DemoResponse, DemoServer, respond
+    from scrape_assets_tests.conftest import serving
+
+    class Handler(DemoRequestHandler):
+        def send_demo_response(self, response):
+            if self.server.changed:  # new content, and no validators at all
+                fresh = respond(self.command, self.path)
+                body = fresh.body + b"<!-- changed -->"
+                headers = {k: v for k, v in fresh.headers.items() if k not in ("ETag", "Last-Modified")}
+                response = DemoResponse(200, {**headers, "Content-Length": str(len(body))}, body)
+            super().send_demo_response(response)
+
+    server = DemoServer(("127.0.0.1", 0), Handler)
+    server.changed = False
+    with serving(server):
+        res = make_resources(tmp_path, base_url=server.base_url)
+        assert materialize(instance, res, ["travel"], selection=["raw_pages"]).success
+        server.changed = True
+        assert materialize(instance, res, ["travel"], selection=["raw_pages"]).success
+        store = ObjectStore(str(tmp_path / "objects"))
+        entry = latest_manifest(store, "demo", "travel").pages[1]
+        assert (entry.http_status, entry.etag, entry.last_modified) == (200, None, None)
+        server.clear_requests()
+        assert materialize(instance, res, ["travel"], selection=["raw_pages"]).success
+        (request,) = _page_requests(server)
+    assert "if-none-match" not in request.headers and "if-modified-since" not in request.headers
+
+
 def _next_day_pair():
     """Two neighbouring categories (partition order) of which only the first changes on day 2."""
     from scrape_assets.defs.partitions import category_partitions

@@ -227,6 +227,18 @@ def test_parse_listing_bad_cards_become_rejects(spec):
     assert parsed.pager == PagerInfo(None, None, None, None)
 
 
+def test_a_link_that_cannot_be_resolved_is_a_reject_or_no_next_page_not_an_error(spec):
+    """``http://[bad/`` makes urlsplit raise: one such card is rejected, the others parse; such a
+    ``next`` link ends pagination, and says why."""
+    page_url = "https://books.toscrape.com/catalogue/page-3.html"
+    bad_next = '<ul class="pager"><li class="next"><a href="http://[bad/page-4.html">next</a></li></ul>'
+    parsed = parse_listing(_page(_card(href="http://[bad/x_1/index.html"), _card(), extra=bad_next), spec, page_url)
+    assert [p["product_id"] for p in parsed.products] == ["12"]
+    assert parsed.rejects == [Reject(url=page_url, reason="url: 'http://[bad/x_1/index.html' cannot be resolved "
+                                                          "against the page (Invalid IPv6 URL)")]
+    assert parsed.pager == PagerInfo(None, None, None, None, next_link_error="'http://[bad/page-4.html' (Invalid IPv6 URL)")
+
+
 def test_parse_listing_without_cards_returns_no_products(spec):
     parsed = parse_listing(b"<html><body><p>Under maintenance</p></body></html>", spec, LIVE_BASE)
     assert (parsed.products, parsed.rejects, parsed.cards_found) == ([], [], 0)

@@ -104,6 +104,13 @@ def test_a_urlset_gives_each_listed_pages_lastmod_and_skips_other_origins():
     assert not sitemap.dated("https://shop.example/c/b/index.html")  # listed without lastmod: undated
 
 
+def test_an_entry_whose_loc_is_not_a_url_is_skipped():
+    sitemap = Sitemap(url="http://h/sitemap.xml")
+    sitemap.add(_urlset([("http://[bad/a.html", "2026-12-01"), ("http://h/b.html", "2026-12-01")]), sitemap.url, ["h"])
+    assert (sitemap.urls, sitemap.skipped, sorted(sitemap.lastmod)) == (1, 1, ["/b.html"])
+    assert not sitemap.dated("http://[bad/a.html")
+
+
 def test_a_url_listed_twice_keeps_its_latest_lastmod_and_none_if_one_entry_has_none():
     def entries(*lastmods):
         urls = "".join(f"<url><loc>https://shop.example/p</loc>{f'<lastmod>{m}</lastmod>' if m else ''}</url>"
@@ -416,6 +423,7 @@ def test_an_unusable_sitemap_revalidates_every_page_and_says_why(tmp_path, insta
     assert _logged(instance, result, "no-such-sitemap.xml: http_404: not used, every page is revalidated")
     md = run_metadata(result)["raw_pages"]
     assert md["sitemap_error"] == f"{demo_server.base_url}no-such-sitemap.xml: http_404"
+    assert md["sitemap_requests"] == 1  # spent on it all the same
     assert md["pages_assumed_unchanged"] == 0 and "sitemap_check" not in md["by_category"]["fiction"]
     from scrape_assets.cli import run_figures
 
@@ -510,6 +518,21 @@ def test_a_sitemap_index_naming_the_sites_origin_is_read_from_the_mirror_and_cou
     assert _logged(instance, result, f"child sitemap skipped (its pages are revalidated): {base_url}maps/gone.xml: http_404")
     assert ("  requests        2 (2 not modified: 304; 2 pages kept without a request; 3 more requests for the "
             "sitemap), 0 pages failed for good") in _summary_lines(result)
+
+
+def test_the_summary_names_why_the_sitemap_was_not_used():
+    from scrape_assets.cli import print_summary
+
+    run = {"success": True, "requests_made": 4, "pages_done": 4, "pages_not_modified": 4, "pages_failed": 0,
+           "sitemap_requests": 1, "sitemap_error": "http://127.0.0.1:8000/robots.txt: not XML: not well-formed "
+                                                   "(invalid token): line 1, column 1",
+           "pages_parsed": 0, "partitions_unchanged": 1, "rows_loaded": 0, "rows_carried_forward": 0}
+    out = io.StringIO()
+    print_summary({"site": "demo", "categories": 1, "categories_configured": 12, "pages_done": 4, "pages_failed": 0,
+                   "success_rate": 1.0, "products_loaded": 0, "dead_letters": 0, "object_storage": "/d",
+                   "warehouse": "sqlite:///w", "warehouse_site": None}, run, out=out)
+    assert ("  requests        4 (4 not modified: 304; 1 more request for the sitemap; sitemap not used (not XML: not "
+            "well-formed (invalid token): line 1, column 1)), 0 pages failed for good") in out.getvalue().splitlines()
 
 
 def _summary_lines(result) -> list[str]:

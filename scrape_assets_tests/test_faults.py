@@ -524,12 +524,15 @@ def test_serve_demo_with_faults_applies_them_and_stops_on_ctrl_c(tmp_path):
         match = re.fullmatch(
             r"demo catalogue on (http://127\.0\.0\.1:\d+/) \(12 categories, 38 pages; day " + DAY.isoformat()
             + r", SCRAPE_DEMO_DATE\) with faults from (.+): "
-            r"1 rule\(s\)\n", line,
+            r"1 rule\(s\); one line per request below, Ctrl-C stops\n", line,
         )
         assert match and match[2] == str(spec), line
         url = match[1] + page_path("travel", 1).lstrip("/")
         assert httpx.get(url).status_code == 502
         assert httpx.get(url).content == respond("GET", page_path("travel", 1), day=DAY).body
+        logged = [re.sub(r"^\d\d:\d\d:\d\d ", "", process.stdout.readline()) for _ in range(2)]
+        assert logged == [f"GET {page_path('travel', 1)} 502 [attempt 1, fault http_error]\n",
+                          f"GET {page_path('travel', 1)} 200 [attempt 2]\n"]
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=10) == 0
     finally:

@@ -27,7 +27,9 @@ from scrape_assets.spec import SiteSpec
 from scrape_assets.storage import ObjectStore
 
 #: Bump when the parsing rules change: it is the ``code_version`` of ``parsed_products``.
-PARSER_VERSION = "1"
+#: 2: cards beyond the warehouse's columns (scrape_assets/limits.py) and product links that
+#: are no URL are rejected (a parse dead letter) instead of loaded or failing the step.
+PARSER_VERSION = "2"
 
 
 @dataclass

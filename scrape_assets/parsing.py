@@ -23,6 +23,7 @@ from urllib.parse import urljoin, urlsplit, uses_relative
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
+from scrape_assets.limits import MAX_PRODUCT_ID_CHARS, PRICE_PRECISION, PRICE_SCALE, price_fits
 from scrape_assets.spec import Field_, SiteSpec
 
 # --- decoding -------------------------------------------------------------------------------
@@ -467,6 +468,9 @@ def parse_listing(
             match = id_pattern.search(url)
             if match is None or not match.group(1):
                 raise _FieldError(f"product_id: {spec.product_id.regex!r} does not match {url!r}")
+            if len(match.group(1)) > MAX_PRODUCT_ID_CHARS:
+                raise _FieldError(f"product_id: {len(match.group(1))} characters in {url!r}; the warehouse keeps "
+                                  f"at most {MAX_PRODUCT_ID_CHARS}")
             title = _read(card, "title", selectors.title, nodes)
             price_text = _read(card, "price", selectors.price, nodes, allow_empty=True)
             rating_text = _read(card, "rating", selectors.rating, nodes)
@@ -474,6 +478,10 @@ def parse_listing(
                 price, currency = parse_price(price_text, spec.currency)
             except ValueError as exc:
                 raise _FieldError(f"price: {exc}") from None
+            if not price_fits(price):
+                raise _FieldError(f"price: {price} in {price_text!r} does not fit the warehouse's NUMERIC"
+                                  f"({PRICE_PRECISION}, {PRICE_SCALE}) (below 10^{PRICE_PRECISION - PRICE_SCALE}, "
+                                  f"whole cents)")
             try:
                 rating = parse_rating(rating_text)
             except ValueError as exc:

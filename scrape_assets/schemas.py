@@ -25,6 +25,7 @@ import pandera.pandas as pa
 from pandera.engines import pandas_engine
 from pandera.typing import Series
 
+from scrape_assets.limits import MAX_PRODUCT_ID_CHARS, price_fits
 from scrape_assets.spec import DEFAULT_MAX_REJECTED_SHARE, PARTITION_KEY_PATTERN
 from scrape_assets.validation_report import MAX_FAILURE_CASES, ValidationReport, merge_reports  # noqa: F401 - re-exported
 
@@ -93,9 +94,11 @@ class ProductsSchema(pa.DataFrameModel):
     category: Series[Text] = pa.Field(
         str_matches=PARTITION_KEY_PATTERN, description="partition key of the category (spec `categories` key)"
     )
-    product_id: Series[Text] = pa.Field(str_length={"min_value": 1}, description="site's id, from the product URL")
+    product_id: Series[Text] = pa.Field(str_length={"min_value": 1, "max_value": MAX_PRODUCT_ID_CHARS},
+                                        description="site's id, from the product URL")
     title: Series[Text] = pa.Field(str_length={"min_value": 1}, description="full title, mojibake repaired")
-    price: Series[object] = pa.Field(description="decimal.Decimal > 0, in units of `currency` (e.g. pounds)")
+    price: Series[object] = pa.Field(description="decimal.Decimal > 0, in units of `currency` (e.g. pounds), whole "
+                                                 "cents below 10**10 (the warehouse's NUMERIC(12, 2))")
     currency: Series[Text] = pa.Field(str_matches=r"^[A-Z]{3}$", description="ISO 4217 code of `price`")
     rating: Series[int] = pa.Field(in_range={"min_value": 1, "max_value": 5}, description="stars, 1..5")
     availability: Series[Text] = pa.Field(str_length={"min_value": 1}, description='as shown, e.g. "In stock"')
@@ -114,6 +117,10 @@ class ProductsSchema(pa.DataFrameModel):
     @pa.check("price", name="is_positive_decimal")
     def _price_is_positive_decimal(cls, price: Series[object]) -> Series[bool]:
         return price.map(_is_positive_decimal).astype(bool)
+
+    @pa.check("price", name="fits_warehouse_numeric_12_2")
+    def _price_fits_the_warehouse(cls, price: Series[object]) -> Series[bool]:
+        return price.map(lambda value: not isinstance(value, Decimal) or price_fits(value)).astype(bool)
 
 
 class PagesSchema(pa.DataFrameModel):

@@ -20,6 +20,7 @@ import sqlalchemy as sa
 
 from scrape_assets.crashpoints import crashpoint
 from scrape_assets.errors import SettingsError
+from scrape_assets.limits import MAX_PRODUCT_ID_CHARS, PRICE_PRECISION, PRICE_SCALE
 from scrape_assets.storage import redact_url
 
 metadata = sa.MetaData()
@@ -28,9 +29,9 @@ products = sa.Table(
     "products",
     metadata,
     sa.Column("category", sa.String(64), primary_key=True),
-    sa.Column("product_id", sa.String(64), primary_key=True),
+    sa.Column("product_id", sa.String(MAX_PRODUCT_ID_CHARS), primary_key=True),
     sa.Column("title", sa.Text, nullable=False),
-    sa.Column("price", sa.Numeric(12, 2), nullable=False, comment="in units of `currency`"),
+    sa.Column("price", sa.Numeric(PRICE_PRECISION, PRICE_SCALE), nullable=False, comment="in units of `currency`"),
     sa.Column("currency", sa.String(3), nullable=False, comment="ISO 4217"),
     sa.Column("rating", sa.SmallInteger, nullable=False, comment="1..5 stars"),
     sa.Column("availability", sa.Text, nullable=False),
@@ -58,8 +59,8 @@ price_history = sa.Table(
     metadata,
     sa.Column("snapshot_date", sa.String(10), primary_key=True, comment="UTC date of the snapshot, YYYY-MM-DD"),
     sa.Column("category", sa.String(64), primary_key=True),
-    sa.Column("product_id", sa.String(64), primary_key=True),
-    sa.Column("price", sa.Numeric(12, 2), nullable=False, comment="in units of `currency`"),
+    sa.Column("product_id", sa.String(MAX_PRODUCT_ID_CHARS), primary_key=True),
+    sa.Column("price", sa.Numeric(PRICE_PRECISION, PRICE_SCALE), nullable=False, comment="in units of `currency`"),
     sa.Column("currency", sa.String(3), nullable=False, comment="ISO 4217"),
     sa.Column("snapshot_id", sa.String(64), nullable=False, comment="the latest snapshot of that day"),
 )
@@ -85,6 +86,10 @@ warehouse_site = sa.Table(
 )
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+#: PostgreSQL advisory lock key (any bigint) held while creating the tables.
+_DDL_LOCK_KEY = 0x5C7A9E_7AB1E5
 
 
 class Warehouse:
@@ -181,6 +186,14 @@ class Warehouse:
 
         A warehouse made with ``create=False`` creates nothing: reading a missing table raises.
         """
+        if not self._created and self.engine.dialect.name == "postgresql":
+            # Concurrent CREATE TABLEs collide in PostgreSQL's catalog (a UniqueViolation on
+            # pg_type, not "already exists"): one process at a time, holding a transaction-level
+            # advisory lock; DDL is transactional there, so the others then find the tables.
+            with self.engine.begin() as conn:
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _DDL_LOCK_KEY})
+                metadata.create_all(conn)
+            self._created = True
         if not self._created:
             if (file := self._sqlite_file()) is not None:
                 file.parent.mkdir(parents=True, exist_ok=True)

@@ -239,6 +239,24 @@ def test_a_link_that_cannot_be_resolved_is_a_reject_or_no_next_page_not_an_error
     assert parsed.pager == PagerInfo(None, None, None, None, next_link_error="'http://[bad/page-4.html' (Invalid IPv6 URL)")
 
 
+def test_cards_beyond_the_warehouses_columns_are_rejected_naming_the_limit(spec):
+    """VARCHAR(64) ids and NUMERIC(12, 2) prices: SQLite would store more, PostgreSQL refuse the
+    whole partition; both round a third decimal away. A card beyond them is rejected here."""
+    page_url = "https://books.toscrape.com/catalogue/page-3.html"
+    long_id = "9" * 65
+    parsed = parse_listing(_page(_card(href=f"long_{long_id}/index.html"), _card(href="kwd_1/index.html", price="KWD 1.999"),
+                                 _card(href="huge_2/index.html", price="£12,345,678,901.00"),
+                                 _card(href="zeros_3/index.html", price="£51.770")), spec, page_url)
+    assert [(p["product_id"], p["price"]) for p in parsed.products] == [("3", Decimal("51.770"))]
+    assert [r.reason for r in parsed.rejects] == [
+        f"product_id: 65 characters in 'https://books.toscrape.com/catalogue/long_{long_id}/index.html'; the "
+        "warehouse keeps at most 64",
+        "price: 1.999 in 'KWD 1.999' does not fit the warehouse's NUMERIC(12, 2) (below 10^10, whole cents)",
+        "price: 12345678901.00 in '£12,345,678,901.00' does not fit the warehouse's NUMERIC(12, 2) (below 10^10, "
+        "whole cents)",
+    ]
+
+
 def test_parse_listing_without_cards_returns_no_products(spec):
     parsed = parse_listing(b"<html><body><p>Under maintenance</p></body></html>", spec, LIVE_BASE)
     assert (parsed.products, parsed.rejects, parsed.cards_found) == ([], [], 0)

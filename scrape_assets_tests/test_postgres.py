@@ -1,0 +1,122 @@
+"""The warehouse on a real PostgreSQL server (pgserver: PostgreSQL's own binaries, pip-installed).
+
+SQLite is the default and the rest of the suite runs on it; PostgreSQL is what production
+uses, and it differs where it matters: declared sizes are enforced (a row SQLite would take
+can make PostgreSQL refuse a whole partition), concurrent DDL collides in its catalog, and
+the price history is written without SQLite's upsert.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import uuid
+
+import pytest
+
+from scrape_assets.warehouse import Warehouse, dead_letters, price_history, products
+from scrape_assets_tests.conftest import make_resources, materialize, run_metadata, serving
+
+# pgserver asks platformdirs for a runtime folder; without XDG_RUNTIME_DIR it falls back to /tmp and says so.
+pytestmark = pytest.mark.filterwarnings("ignore:XDG_RUNTIME_DIR is not set")
+
+
+@pytest.fixture(scope="session")
+def postgres_server(tmp_path_factory):
+    import pgserver
+
+    server = pgserver.get_server(tmp_path_factory.mktemp("pg"), cleanup_mode="stop")
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def postgres_url(postgres_server) -> str:
+    """A new, empty database on the test server, as a SQLAlchemy URL (driver psycopg 3)."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    postgres_server.psql(f"CREATE DATABASE {name};")
+    return f"postgresql+psycopg://postgres@/{name}?host={postgres_server.pgdata}"
+
+
+def _on_postgres(tmp_path, url: str, **site) -> dict:
+    from scrape_assets.defs.resources import WarehouseResource
+
+    return {**make_resources(tmp_path, **site), "warehouse": WarehouseResource(url=url)}
+
+
+def test_the_pipeline_loads_postgresql_and_a_rerun_or_the_next_day_duplicates_nothing(tmp_path, instance, postgres_url,
+                                                                                         monkeypatch):
+    from scrape_assets.demo_site import DATE_ENV_VAR, catalogue, changed_categories
+
+    keys = ["travel", "mystery", "classics", "romance", "fiction", "default"]
+    today = datetime.datetime.now(datetime.timezone.utc).date()
+    tomorrow = today + datetime.timedelta(days=1)
+    res = _on_postgres(tmp_path, postgres_url)
+    wh = Warehouse(postgres_url)
+
+    def expected(day) -> dict:
+        return {(k, str(p.id)): p.price for k in keys for p in catalogue(day).category(k).products}
+
+    monkeypatch.setenv(DATE_ENV_VAR, today.isoformat())  # the in-process demo catalogue's day
+    assert materialize(instance, res, keys).success
+    assert {(r["category"], r["product_id"]): r["price"] for r in wh.rows(products)} == expected(today)
+    again = materialize(instance, res, keys)  # the same day: every page a 304, nothing reloaded
+    assert again.success and run_metadata(again)["products_table"]["rows_loaded"] == 0
+
+    monkeypatch.setenv(DATE_ENV_VAR, tomorrow.isoformat())
+    assert materialize(instance, res, keys).success
+    rows = wh.rows(products)
+    assert {(r["category"], r["product_id"]): r["price"] for r in rows} == expected(tomorrow) != expected(today)
+    assert wh.duplicate_product_keys() == []
+    # One price_history row per product and real UTC day (all three runs ran today): the latest price.
+    history = wh.rows(price_history)
+    assert len(history) == len(rows)
+    assert {(r["category"], r["product_id"]): r["price"] for r in history} == expected(tomorrow)
+    assert {r["snapshot_date"] for r in history} == {today.isoformat()}
+    assert changed_categories(tomorrow) & set(keys)  # (the seeded schedule moved some of these prices)
+
+
+def test_a_card_beyond_the_columns_is_a_parse_dead_letter_not_a_refused_partition(tmp_path, instance, postgres_url):
+    """A 65-character id: VARCHAR(64) on PostgreSQL would refuse the whole partition's load."""
+    from scrape_assets.demo_site import DemoRequestHandler, DemoResponse, DemoServer, catalogue
+
+    travel = catalogue().category("travel")
+    first = travel.products[0]
+    link, long_link = f"/{first.slug}_{first.id}/".encode(), f"/{first.slug}_{'9' * 65}/".encode()
+
+    class Handler(DemoRequestHandler):
+        def send_demo_response(self, response):
+            body = response.body.replace(link, long_link)
+            headers = {**response.headers, "Content-Length": str(len(body))}
+            headers.pop("ETag", None)
+            super().send_demo_response(DemoResponse(response.status, headers, body))
+
+    with serving(DemoServer(("127.0.0.1", 0), Handler)) as server:
+        result = materialize(instance, _on_postgres(tmp_path, postgres_url, base_url=server.base_url), ["travel"])
+    assert result.success
+    wh = Warehouse(postgres_url)
+    assert sorted(r["product_id"] for r in wh.rows(products)) == sorted(str(p.id) for p in travel.products[1:])
+    (letter,) = wh.rows(dead_letters)
+    assert (letter["stage"], letter["category"]) == ("parse", "travel")
+    assert letter["reason"].startswith("product_id: 65 characters in") and "at most 64" in letter["reason"]
+
+
+def test_processes_creating_the_tables_at_once_all_succeed(postgres_url):
+    """PostgreSQL's catalog refuses concurrent CREATE TABLEs of one name with a UniqueViolation
+    (not "already exists"): the first runs of a backfill on a new warehouse would fail."""
+    errors: list[BaseException] = []
+
+    def create() -> None:
+        try:
+            Warehouse(postgres_url).create_tables()
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=create) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert Warehouse(postgres_url, create=False).existing_tables() == {
+        "products", "dead_letters", "price_history", "partition_loads", "warehouse_site"}

@@ -494,6 +494,10 @@ class PartitionCrawler:
             elif not _same_origin(next_url, self.fetch_base_url):
                 logger.warning("%s: next link %s leaves the site; not followed", self.category, next_url)
                 manifest.discovery_complete = True
+            elif (seen := next((n for n, e in manifest.pages.items() if e.url == next_url), None)) is not None:
+                logger.warning("%s: page %d's next link goes back to page %d (%s); the crawl ends there",
+                               self.category, last, seen, next_url)
+                manifest.discovery_complete = True
             else:
                 manifest.pages[last + 1] = PageEntry(url=next_url)
         self.progress.planned(self.category, len(manifest.pages), final=manifest.discovery_complete)

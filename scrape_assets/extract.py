@@ -61,6 +61,10 @@ def extract_snapshot(
 ) -> ParsedSnapshot:
     """Parse every ``done`` page of a snapshot.
 
+    A product listed more than once in the snapshot (it moved between pages while they were
+    fetched, or the site repeats a card on every page) keeps its first listing as its row;
+    each other listing is a reject (``already listed on page N``), counted like any other.
+
     Args:
         fetch_base_url: the base the pages were fetched from; product URLs on it are
             rewritten onto the spec's canonical ``base_url`` (a mirror does not change identity).
@@ -69,6 +73,7 @@ def extract_snapshot(
         ManifestError: a page marked done is missing from storage.
     """
     out = ParsedSnapshot(category=manifest.category, snapshot_id=manifest.snapshot_id)
+    seen: dict[str, int] = {}  # product_id -> the page it was first listed on
     for n, entry in sorted(manifest.pages.items()):
         if entry.status != "done":
             continue
@@ -84,7 +89,16 @@ def extract_snapshot(
             fetch_base_url=fetch_base_url,
             content_type=entry.content_type,
         )
+        kept = 0
         for product in page.products:
+            if (first := seen.get(product["product_id"])) is not None:
+                # Listed twice (a product that moved between pages during the crawl, a card
+                # repeated on every page): the first listing is the row, the others rejects.
+                out.rejects.append({"url": product["url"], "page_number": n,
+                                    "reason": f"product_id {product['product_id']}: already listed on page {first}"})
+                continue
+            seen[product["product_id"]] = n
+            kept += 1
             out.products.append(
                 {
                     "category": manifest.category,
@@ -101,7 +115,7 @@ def extract_snapshot(
             {
                 "category": manifest.category,
                 "page_number": n,
-                "products_parsed": len(page.products),
+                "products_parsed": kept,
                 "cards_found": page.cards_found,
                 "site_claims_products": claims,
             }

@@ -7,7 +7,10 @@ and how long to wait is decided by the pure functions of :mod:`scrape_assets.ret
 
 Outcomes of :meth:`PageFetcher.fetch`::
 
-    2xx, 304                              FetchedPage
+    200, 203, 304                         FetchedPage
+    other 2xx (202, 204, 206...), a 200   retried with backoff, then TransientFetchError
+    with an empty body                    "http_<status>" / "empty_body" (no page in it)
+    a Content-Encoding not asked for      PermanentFetchError "unsupported_content_encoding"
     robots.txt forbids / is unreachable   PermanentFetchError "robots_disallowed" / "robots_unreachable"
     other 4xx                             PermanentFetchError "http_<status>", no retry
     redirect to another scheme/host/port  PermanentFetchError "offsite_redirect"
@@ -133,12 +136,12 @@ class FetchPolicy:
 
 @dataclass(frozen=True)
 class FetchedPage:
-    """One successfully fetched page (2xx, or 304 for a conditional GET).
+    """One successfully fetched page (200 or 203, or 304 for a conditional GET).
 
     Attributes:
         url: the requested URL.
         final_url: the URL that answered, after same-origin redirects.
-        http_status: the final status (2xx or 304).
+        http_status: the final status (200, 203, or 304).
         headers: response headers, lower-case names; repeated headers joined with ``", "``.
         body: the body after content decoding (gzip...), at most ``max_body_bytes``; empty for 304.
         elapsed_ms: time spent in the successful attempt's requests, milliseconds, excluding
@@ -195,6 +198,10 @@ def build_client(
         transport=AiohttpTransport(max_connections=policy.max_concurrency + 2, proxy=proxy_url),
         mounts=mounts,
     )
+
+
+#: Statuses whose body is the page asked for (203: a proxy's transformed copy of a 200).
+_PAGE_STATUSES = frozenset({200, 203, 304})
 
 
 def sendable_validator(value: str | None) -> str | None:
@@ -289,7 +296,7 @@ class PageFetcher:
                 as a request (or the robots.txt download) ends: the attempt then finishes normally.
 
         Returns:
-            The :class:`FetchedPage` (status 2xx or 304).
+            The :class:`FetchedPage` (status 200, 203 or 304).
 
         Raises:
             PermanentFetchError: not worth retrying (see the module docstring's table); also
@@ -428,6 +435,14 @@ class PageFetcher:
                 current = target
                 continue
             decision = classify_status(status)
+            if decision == "ok" and status not in _PAGE_STATUSES:
+                # 202 (a bot check's "come back later"), 204, an unasked-for 206: no listing page
+                # in it, and taken as one it would parse to no products and empty the category.
+                raise TransientFetchError(url, f"http_{status}", f"a GET answered {status}, not 200 with the page",
+                                          http_status=status, attempts=attempt)
+            if decision == "ok" and status != 304 and not body:
+                raise TransientFetchError(url, "empty_body", f"HTTP {status} with an empty body",
+                                          http_status=status, attempts=attempt)
             if decision == "ok":
                 return FetchedPage(
                     url=url,
@@ -444,6 +459,15 @@ class PageFetcher:
                     url, f"http_{status}", http_status=status, retry_after_s=retry_after_s, attempts=attempt
                 )
             raise PermanentFetchError(url, f"http_{status}", http_status=status, attempts=attempt)
+
+    def _unsupported_codings(self, content_encoding: str) -> list[str]:
+        """The codings of a ``Content-Encoding`` value that are neither ``identity`` nor in the
+        client's ``Accept-Encoding`` (what httpx can decode: gzip, deflate, br with brotli...)."""
+        if not content_encoding:
+            return []
+        accepted = {c.split(";")[0].strip().lower() for c in self.client.headers.get("accept-encoding", "").split(",")}
+        accepted |= {"identity"} | ({"x-gzip"} if "gzip" in accepted else set())  # x-gzip: RFC 9110 §8.4.1.3
+        return [c for c in (c.strip().lower() for c in content_encoding.split(",")) if c and c not in accepted]
 
     @staticmethod
     def _redirect_target(url: str, current: httpx.URL, location: str, status: int, attempt: int) -> httpx.URL:
@@ -514,6 +538,14 @@ class PageFetcher:
         headers = {name.lower(): value for name, value in response_headers.items()}
         if status in REDIRECT_STATUSES or classify_status(status) != "ok":
             return status, headers, b""  # the body of a redirect or an error is not needed
+        if unsupported := self._unsupported_codings(headers.get("content-encoding", "")):
+            # httpx passes a coding it has no decoder for through as it is: compressed bytes that
+            # would parse to no products (RFC 9110 §8.4: we never asked for it).
+            raise PermanentFetchError(
+                url, "unsupported_content_encoding",
+                f"Content-Encoding {', '.join(unsupported)}; this client accepts "
+                f"{self.client.headers.get('accept-encoding', 'identity')}", http_status=status, attempts=attempt,
+            )
         limit = self.policy.max_body_bytes
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:

@@ -43,7 +43,8 @@ def _codec_for(label: str) -> str | None:
     """Python codec name for a charset label, or ``None`` when Python does not know it."""
     try:
         name = codecs.lookup(label.strip().strip("\"'")).name
-    except LookupError:
+        b"<".decode(name, "replace")  # base64, hex, rot13, zlib: not text encodings; idna refuses "replace"
+    except (LookupError, UnicodeError, ValueError, TypeError):
         return None
     if name not in _AS_WINDOWS_1252:
         return name
@@ -85,7 +86,10 @@ def sniff_charset(body: bytes, content_type: str | None = None) -> str:
 
 def _decode(body: bytes, content_type: str | None) -> str:
     codec = sniff_charset(body, content_type)
-    text = body.decode(codec, errors="replace")
+    try:
+        text = body.decode(codec, errors="replace")
+    except (LookupError, UnicodeError, ValueError, TypeError):  # a codec that fails on this body after all
+        text = body.decode("utf-8", errors="replace")
     return text[1:] if text.startswith("\ufeff") else text
 
 
@@ -283,6 +287,9 @@ def _compiled(pattern: str) -> re.Pattern[str]:
 
 
 _INTEGER = re.compile(r"\d[\d,.]*")
+#: Longest page number or results count read (a longer one is read as none: Python refuses to
+#: convert more than 4,300 digits, and no listing has 10**18 pages).
+_MAX_DIGITS = 18
 
 
 def _tree(html_or_tree: LexborHTMLParser | str | bytes, content_type: str | None) -> LexborHTMLParser:
@@ -317,7 +324,8 @@ def parse_pager(
     pagination = spec.pagination
     current = total = None
     if pagination.pager and (node := tree.css_first(pagination.pager)) is not None:
-        if match := _compiled(pagination.pager_regex).search(node.text()):
+        if (match := _compiled(pagination.pager_regex).search(node.text())) and max(
+                len(match.group(1)), len(match.group(2))) <= _MAX_DIGITS:  # "Page 1 of 99...9": no pager
             current, total = int(match.group(1)), int(match.group(2))
     next_url = next_link_error = None
     if pagination.next_link and (node := tree.css_first(pagination.next_link)) is not None:
@@ -328,8 +336,8 @@ def parse_pager(
             next_link_error = f"{href!r} ({exc})"
     results = None
     if pagination.results_count and (node := tree.css_first(pagination.results_count)) is not None:
-        if match := _INTEGER.search(node.text()):
-            results = int(re.sub(r"\D", "", match.group()))
+        if (match := _INTEGER.search(node.text())) and len(digits := re.sub(r"\D", "", match.group())) <= _MAX_DIGITS:
+            results = int(digits)
     return PagerInfo(current_page=current, total_pages=total, next_url=next_url, results_count=results,
                      next_link_error=next_link_error)
 
@@ -478,6 +486,8 @@ def parse_listing(
                 price, currency = parse_price(price_text, spec.currency)
             except ValueError as exc:
                 raise _FieldError(f"price: {exc}") from None
+            if price <= 0:
+                raise _FieldError(f"price: {price} in {price_text!r} is not above zero")
             if not price_fits(price):
                 raise _FieldError(f"price: {price} in {price_text!r} does not fit the warehouse's NUMERIC"
                                   f"({PRICE_PRECISION}, {PRICE_SCALE}) (below 10^{PRICE_PRECISION - PRICE_SCALE}, "

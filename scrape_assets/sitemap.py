@@ -115,7 +115,7 @@ def parse_lastmod(text: str) -> datetime.datetime | None:
             sign = 1 if zone[0] == "+" else -1
             moment -= sign * datetime.timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6]))
         return moment
-    except ValueError:  # month 13, day 31 of a short month, hour 25
+    except (ValueError, OverflowError):  # month 13, day 31 of a short month, hour 25; 9999-12-31 + 1 day
         return None
 
 

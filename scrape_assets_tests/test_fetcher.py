@@ -103,6 +103,31 @@ def test_503_503_200_succeeds_on_the_third_attempt():
     assert all(r.headers["user-agent"] == UA for r in harness.requests)
 
 
+@pytest.mark.parametrize(("response", "reason"), [
+    (httpx.Response(204), "http_204"),
+    (httpx.Response(202, text="<html>checking your browser...</html>"), "http_202"),  # a bot check
+    (httpx.Response(206, text="<html>half a"), "http_206"),  # a range nobody asked for
+    (httpx.Response(200), "empty_body"),
+])
+def test_a_success_with_no_page_in_it_is_retried_then_fails(response, reason):
+    """Taken as a page, it would parse to no products and empty the category in the table."""
+    harness = Harness(sequence(response))
+    with pytest.raises(TransientFetchError) as raised:
+        harness.fetch()
+    assert (raised.value.reason, raised.value.attempts, len(harness.requests)) == (reason, 3, 3)
+    assert Harness(sequence(response, httpx.Response(200, text="<html>ok</html>"))).fetch().http_status == 200
+
+
+@pytest.mark.parametrize("coding", ["compress", "identity, exi", "x-unknown"])
+def test_a_content_coding_the_client_did_not_accept_is_a_permanent_failure(coding):
+    """httpx would hand such bytes over undecoded (RFC 9110 §8.4: a coding we never asked for)."""
+    harness = Harness(sequence(httpx.Response(200, headers={"Content-Encoding": coding}, content=b"\x1f\x9d\x90<")))
+    with pytest.raises(PermanentFetchError) as raised:
+        harness.fetch()
+    assert raised.value.reason == "unsupported_content_encoding" and len(harness.requests) == 1
+    assert raised.value.detail.startswith(f"Content-Encoding {coding.split(', ')[-1]}; this client accepts gzip, deflate")
+
+
 def test_429_with_retry_after_waits_at_least_that_long():
     harness = Harness(sequence(httpx.Response(429, headers={"Retry-After": "7"}), httpx.Response(200, text="ok")))
     page = harness.fetch()
@@ -112,7 +137,7 @@ def test_429_with_retry_after_waits_at_least_that_long():
 
 def test_retry_after_is_capped_by_the_policy():
     policy = FetchPolicy(user_agent=UA, requests_per_second=1000, max_concurrency=1, retry_after_max_s=10.0, obey_robots_txt=False)
-    harness = Harness(sequence(httpx.Response(503, headers={"Retry-After": "86400"}), httpx.Response(200)), policy)
+    harness = Harness(sequence(httpx.Response(503, headers={"Retry-After": "86400"}), httpx.Response(200, content=b"<html>ok</html>")), policy)
     harness.fetch()
     assert harness.sleeps == [10.0]
 
@@ -157,14 +182,14 @@ def test_prior_attempts_carry_over_to_one_last_attempt():
 
 
 def test_prior_attempts_success_counts_attempts_of_this_call():
-    harness = Harness(sequence(httpx.Response(503), httpx.Response(200)))
+    harness = Harness(sequence(httpx.Response(503), httpx.Response(200, content=b"<html>ok</html>")))
     page = harness.fetch(prior_attempts=1)
     assert page.attempts == 2
     assert harness.on_attempt_calls == [2, 3]
 
 
 def test_prior_attempts_exhausted_makes_no_request():
-    harness = Harness(sequence(httpx.Response(200)))
+    harness = Harness(sequence(httpx.Response(200, content=b"<html>ok</html>")))
     with pytest.raises(TransientFetchError) as raised:
         harness.fetch(prior_attempts=3)
     assert (raised.value.reason, raised.value.attempts) == ("attempts_exhausted", 3)
@@ -199,7 +224,7 @@ def test_on_attempt_errors_propagate():
         raise RuntimeError("manifest write failed")
 
     async def main():
-        async with build_client(POLICY, mounts={"all://": httpx.MockTransport(sequence(httpx.Response(200)))}) as client:
+        async with build_client(POLICY, mounts={"all://": httpx.MockTransport(sequence(httpx.Response(200, content=b"<html>ok</html>")))}) as client:
             await PageFetcher(client, POLICY).fetch(URL, on_attempt=on_attempt)
 
     with pytest.raises(RuntimeError, match="manifest write failed"):
@@ -232,7 +257,7 @@ def test_a_cancel_gives_back_only_the_attempt_in_flight():
 
     async def never_answers(request: httpx.Request) -> httpx.Response:
         await asyncio.sleep(60)
-        return httpx.Response(200)
+        return httpx.Response(200, content=b"<html>ok</html>")
 
     async def long_backoff(seconds: float) -> None:
         await asyncio.sleep(60)
@@ -257,7 +282,7 @@ def test_a_cancel_gives_back_only_the_attempt_in_flight():
 
 @pytest.mark.parametrize("url", ["ftp://shop.test/x", "/relative/path", "http://"])
 def test_invalid_url_is_permanent(url):
-    harness = Harness(sequence(httpx.Response(200)))
+    harness = Harness(sequence(httpx.Response(200, content=b"<html>ok</html>")))
     with pytest.raises(PermanentFetchError) as raised:
         harness.fetch(url)
     assert (raised.value.reason, raised.value.attempts) == ("invalid_url", 0)
@@ -298,7 +323,7 @@ def test_explicit_default_port_is_the_same_origin():
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/a":
             return httpx.Response(301, headers={"Location": "http://shop.test:80/b"})
-        return httpx.Response(200)
+        return httpx.Response(200, content=b"<html>ok</html>")
 
     assert Harness(handler).fetch("http://shop.test/a").http_status == 200
 
@@ -328,7 +353,7 @@ def test_too_many_redirects_is_permanent():
 
 
 def test_retryable_status_after_a_redirect_retries_from_the_start():
-    answers = iter([httpx.Response(301, headers={"Location": "/new"}), httpx.Response(503), httpx.Response(301, headers={"Location": "/new"}), httpx.Response(200)])
+    answers = iter([httpx.Response(301, headers={"Location": "/new"}), httpx.Response(503), httpx.Response(301, headers={"Location": "/new"}), httpx.Response(200, content=b"<html>ok</html>")])
     harness = Harness(lambda request: next(answers))
     page = harness.fetch("http://shop.test/old")
     assert page.attempts == 2
@@ -423,7 +448,7 @@ def test_robots_txt_is_fetched_once_for_many_pages():
     async def handler(request: httpx.Request) -> httpx.Response:
         requests.append(request)
         await asyncio.sleep(0.01)
-        return httpx.Response(404) if request.url.path == "/robots.txt" else httpx.Response(200)
+        return httpx.Response(404) if request.url.path == "/robots.txt" else httpx.Response(200, content=b"<html>ok</html>")
 
     async def main():
         async with build_client(ROBOTS_POLICY, mounts={"all://": httpx.MockTransport(handler)}) as client:

@@ -84,6 +84,8 @@ def hostile_server():
         "/catalogue/category/books/mystery_3/index.html": _page_with_next("../../../../../../../tmp/%2e%2e%2fescape/page-2.html"),
         # fiction: next link no URL parser accepts (urlsplit raises "Invalid IPv6 URL")
         "/catalogue/category/books/fiction_10/index.html": _page_with_next("http://[bad/page-2.html"),
+        # poetry: next link back to the page itself (followed, it would be asked max_pages times)
+        "/catalogue/category/books/poetry_23/index.html": _page_with_next("index.html"),
     }
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -101,7 +103,7 @@ def test_links_off_site_are_not_followed_and_nothing_is_written_outside_the_root
     before = {p for p in tmp_path.parent.rglob("*")}
 
     res = make_resources(tmp_path, site=str(spec_path), base_url=hostile_server.base_url, max_attempts=1)
-    result = materialize(instance, res, ["travel", "mystery", "fiction"], selection=["raw_pages"])
+    result = materialize(instance, res, ["travel", "mystery", "fiction", "poetry"], selection=["raw_pages"])
     assert result.success
 
     store = ObjectStore(str(root))
@@ -116,8 +118,78 @@ def test_links_off_site_are_not_followed_and_nothing_is_written_outside_the_root
     fiction = latest_manifest(store, "demo", "fiction")  # a dead end, not a failed run
     assert sorted(fiction.pages) == [1] and fiction.is_complete and fiction.pages[1].status == "done"
     assert "fiction: page 1's next link 'http://[bad/page-2.html' (Invalid IPv6 URL) cannot be resolved" in caplog.text
+    poetry = latest_manifest(store, "demo", "poetry")
+    assert sorted(poetry.pages) == [1] and poetry.is_complete
+    assert hostile_server.paths.count("/catalogue/category/books/poetry_23/index.html") == 1
+    assert "poetry: page 1's next link goes back to page 1" in caplog.text
 
     created = {p for p in tmp_path.parent.rglob("*")} - before
     outside = [p for p in created if not (p == root or root in p.parents or p.name == "warehouse.db" or p.parent == tmp_path)]
     assert outside == [], outside
     assert all(p.name.startswith(("page-", "manifest", "raw_pages", "host-", ".")) for p in root.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("answer", ["empty", "br", "204"])
+def test_a_page_with_nothing_usable_in_it_keeps_the_categorys_rows(tmp_path, instance, answer):
+    """An empty 200, a body in a coding we never asked for (br, without brotli installed), a 204:
+    taken as pages they would parse to no products and empty the category in the table. They
+    are failed fetches instead (dead letters), and the rows loaded before are carried forward."""
+    from scrape_assets.demo_site import DemoRequestHandler, DemoResponse, DemoServer, catalogue
+    from scrape_assets.warehouse import Warehouse, dead_letters, products
+    from scrape_assets_tests.conftest import serving
+
+    travel = "/" + catalogue().category("travel").path
+
+    class Handler(DemoRequestHandler):
+        def send_demo_response(self, response):
+            if self.server.broken and self.path == travel:
+                headers = {"Content-Type": "text/html; charset=utf-8", "Content-Length": "0"}
+                if answer == "br":
+                    headers.update({"Content-Encoding": "br", "Content-Length": "6"})
+                response = DemoResponse(204 if answer == "204" else 200, headers, b"\x8b\x02\x80ok\x03" if answer == "br" else b"")
+            super().send_demo_response(response)
+
+    server = DemoServer(("127.0.0.1", 0), Handler)
+    server.broken = False
+    with serving(server):
+        res = make_resources(tmp_path, base_url=server.base_url, max_attempts=2)
+        assert materialize(instance, res, ["travel"]).success
+        server.broken = True
+        assert materialize(instance, res, ["travel"]).success
+    wh = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}")
+    assert len(wh.rows(products)) == len(catalogue().category("travel").products)  # carried forward
+    (letter,) = wh.rows(dead_letters)
+    assert (letter["stage"], letter["reason"]) == ("fetch", {
+        "empty": "empty_body: HTTP 200 with an empty body", "204": "http_204: a GET answered 204, not 200 with the page",
+        "br": "unsupported_content_encoding: Content-Encoding br; this client accepts gzip, deflate"}[answer])
+
+
+def test_a_product_listed_twice_keeps_its_first_listing_and_the_category_loads(tmp_path, instance):
+    """A product that moved between pages while they were fetched, or a card the site repeats:
+    one row (the first listing), the other a parse dead letter, not a failed uniqueness check."""
+    import re
+
+    from scrape_assets.demo_site import DemoRequestHandler, DemoResponse, DemoServer, catalogue
+    from scrape_assets.warehouse import Warehouse, dead_letters, products
+    from scrape_assets_tests.conftest import serving
+
+    mystery = catalogue().category("mystery")
+    first_page = respond("GET", "/" + mystery.path).body
+    card = re.search(rb'<article class="product_pod">.*?</article>', first_page, re.S).group()
+    repeated = mystery.products[0]
+    assert f"_{repeated.id}/".encode() in card
+
+    class Handler(DemoRequestHandler):
+        def send_demo_response(self, response):
+            if self.path.endswith("mystery_3/page-2.html"):
+                body = response.body.replace(b'<article class="product_pod">', card + b'<article class="product_pod">', 1)
+                response = DemoResponse(200, {**response.headers, "Content-Length": str(len(body))}, body)
+            super().send_demo_response(response)
+
+    with serving(DemoServer(("127.0.0.1", 0), Handler)) as server:
+        assert materialize(instance, make_resources(tmp_path, base_url=server.base_url), ["mystery"]).success
+    wh = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}")
+    rows = {r["product_id"]: r["page_number"] for r in wh.rows(products)}
+    assert len(rows) == len(mystery.products) and rows[str(repeated.id)] == 1
+    (letter,) = wh.rows(dead_letters)
+    assert (letter["stage"], letter["reason"]) == ("parse", f"product_id {repeated.id}: already listed on page 1")

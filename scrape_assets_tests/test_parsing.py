@@ -146,6 +146,14 @@ def test_decode_html_missing_or_unknown_charset_falls_back_to_utf8(content_type)
     assert decode_html(body, content_type) == "<p>£51.77</p>\ufffd\ufffd broken"
 
 
+@pytest.mark.parametrize("label", ["base64", "hex", "rot13", "zlib", "uu", "idna", "undefined"])
+def test_a_charset_naming_a_codec_that_is_no_text_encoding_is_ignored(label):
+    """Python knows these names, but bytes.decode refuses them (or "replace"): UTF-8 then."""
+    body = "<p>£51.77</p>".encode()
+    assert sniff_charset(body, f"text/html; charset={label}") == "utf-8"
+    assert decode_html(f'<meta charset="{label}"><p>£1</p>'.encode()).endswith("<p>£1</p>")
+
+
 def test_decode_html_wrong_charset_does_not_crash():
     body = "<p>£51.77</p>!".encode()  # 15 bytes: not even valid UTF-16
     text = decode_html(body, "text/html; charset=utf-16")
@@ -246,7 +254,8 @@ def test_cards_beyond_the_warehouses_columns_are_rejected_naming_the_limit(spec)
     long_id = "9" * 65
     parsed = parse_listing(_page(_card(href=f"long_{long_id}/index.html"), _card(href="kwd_1/index.html", price="KWD 1.999"),
                                  _card(href="huge_2/index.html", price="£12,345,678,901.00"),
-                                 _card(href="zeros_3/index.html", price="£51.770")), spec, page_url)
+                                 _card(href="zeros_3/index.html", price="£51.770"),
+                                 _card(href="free_4/index.html", price="£0.00")), spec, page_url)
     assert [(p["product_id"], p["price"]) for p in parsed.products] == [("3", Decimal("51.770"))]
     assert [r.reason for r in parsed.rejects] == [
         f"product_id: 65 characters in 'https://books.toscrape.com/catalogue/long_{long_id}/index.html'; the "
@@ -254,6 +263,7 @@ def test_cards_beyond_the_warehouses_columns_are_rejected_naming_the_limit(spec)
         "price: 1.999 in 'KWD 1.999' does not fit the warehouse's NUMERIC(12, 2) (below 10^10, whole cents)",
         "price: 12345678901.00 in '£12,345,678,901.00' does not fit the warehouse's NUMERIC(12, 2) (below 10^10, "
         "whole cents)",
+        "price: 0.00 in '£0.00' is not above zero",  # (the schema's check would hold the whole category back)
     ]
 
 
@@ -277,6 +287,15 @@ def test_parse_listing_rewrites_mirror_urls_only_with_both_bases(spec):
     assert rewritten.products[0]["url"] == LIVE_BASE + "catalogue/the-book_12/index.html"
     as_resolved = parse_listing(body, spec, page_url, canonical_base_url=LIVE_BASE)
     assert as_resolved.products[0]["url"] == MIRROR_BASE + "catalogue/the-book_12/index.html"
+
+
+def test_a_page_number_or_count_too_long_to_be_one_is_read_as_none(spec):
+    """Python refuses int() of more than 4,300 digits: such a pager would fail every run."""
+    huge = "9" * 4400
+    html = (f'<form class="form-horizontal"><strong>{huge}</strong> results</form>'
+            f'<ul class="pager"><li class="current"> Page 1 of {huge} </li></ul>')
+    assert parse_pager(html, spec, "http://h/c/page-1.html") == PagerInfo(None, None, None, None)
+    assert parse_pager(html.replace(huge, "9" * 18), spec, "http://h/") == PagerInfo(1, 10**18 - 1, None, 10**18 - 1)
 
 
 def test_parse_pager_accepts_text_and_bytes(spec):

@@ -50,6 +50,8 @@ def _catalogue_requests(server) -> list[str]:
         (" 2026-12 ", datetime.datetime(2027, 1, 1, 12, tzinfo=UTC)),
         ("2026", datetime.datetime(2027, 1, 1, 12, tzinfo=UTC)),
         ("2026-13-01", None),
+        ("9999-12-31", None),  # a common "never changes" placeholder: its end is past datetime's range
+        ("0001-01-01T00:00:00+14:00", None),
         ("2026-02-30", None),
         ("yesterday", None),
         ("", None),

@@ -184,12 +184,22 @@ def _state_key(site: str, category: str) -> str:
 
 
 def load_parse_state(store: ObjectStore, site: str, category: str) -> ParseState | None:
-    """The partition's parse state, or None before its first parse."""
+    """The partition's parse state, or None before its first parse.
+
+    Raises:
+        ManifestError: the file is not a parse state (not JSON, other keys), naming it and
+            the remedy: it is derived, so deleting it makes the next parse start afresh.
+    """
+    key = _state_key(site, category)
     try:
-        data = json.loads(store.read_bytes(_state_key(site, category)))
+        raw = store.read_bytes(key)
     except FileNotFoundError:
         return None
-    return ParseState(**data)
+    try:
+        return ParseState(**json.loads(raw))
+    except (ValueError, TypeError) as exc:  # torn by hand, or another program's file
+        raise ManifestError(f"{store.describe()}/{key}", f"unreadable parse state ({exc}); it is derived from the "
+                            "saved pages: delete it, and the next parsed_products run parses this category again") from None
 
 
 def save_parse_state(store: ObjectStore, site: str, category: str, state: ParseState) -> None:

@@ -121,10 +121,7 @@ def plan_prune(store: ObjectStore, site: str, category: str, keep: int) -> Prune
         keep_ids.update(snapshots[snapshots.index(complete[-1]) + 1:])  # in flight: the next run resumes it
     else:
         keep_ids.update(snapshots)  # nothing complete yet: nothing is old
-    try:
-        state = load_parse_state(store, site, category)
-    except (ValueError, TypeError) as exc:  # which parsed.json is current is unknown: keep everything
-        raise ManifestError(f"{site}/{category}/parse_state.json", f"unreadable parse state ({exc})") from None
+    state = load_parse_state(store, site, category)  # ManifestError when unreadable: which parsed.json is current is unknown
     for_parse = set()
     if state is not None:
         for_parse = {s for s in (state.snapshot_id, state.latest_snapshot_id) if s in manifests} - keep_ids

@@ -568,3 +568,23 @@ def test_an_unreadable_warehouse_stops_raw_pages_before_any_request_and_the_retr
         f"cannot read the warehouse at sqlite:///{other_shape} (SCRAPE_WAREHOUSE_URL): OperationalError: no such "
         "column: warehouse_site.site; nothing fetched")
     assert not (tmp_path / "objects" / "demo").exists()
+
+
+def test_a_corrupt_parse_state_stops_the_parse_naming_the_file_and_the_remedy(tmp_path, instance):
+    from scrape_assets.storage import ObjectStore
+
+    res = make_resources(tmp_path)
+    assert materialize(instance, res, ["travel"]).success
+    store = ObjectStore(str(tmp_path / "objects"))
+    store.write_bytes_atomic("demo/travel/parse_state.json", b'{"snapshot_id": "2027')  # torn by hand
+    result = materialize(instance, res, ["travel"], selection=["parsed_products"], raise_on_error=False)
+    assert not result.success
+    (failure,) = result.get_step_failure_events()
+    error = failure.event_specific_data.error
+    message = (error.cause or error).message  # Dagster wraps the step's exception
+    assert message.startswith(
+        f"scrape_assets.errors.ManifestError: {tmp_path / 'objects'}/demo/travel/parse_state.json: unreadable parse "
+        "state (")
+    assert "delete it, and the next parsed_products run parses this category again" in message
+    store.delete("demo/travel/parse_state.json")  # the remedy it names
+    assert materialize(instance, res, ["travel"], selection=["parsed_products"]).success

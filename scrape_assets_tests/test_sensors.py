@@ -216,6 +216,26 @@ def test_first_evaluation_alerts_only_collapses_still_open(tmp_path, instance, w
     ]
 
 
+def test_a_history_longer_than_one_evaluation_reads_is_replayed_silently_to_its_end(tmp_path, instance, monkeypatch):
+    """A sensor turned on (or reset) after months of runs reads BATCH events per evaluation:
+    a collapse that recovered later in the history must not alert from an early batch."""
+    from scrape_assets.defs import sensors
+
+    dead = make_resources(tmp_path / "dead", base_url=DEAD_HOST, max_attempts=1)
+    healthy = make_resources(tmp_path)
+    assert materialize(instance, dead, ["travel"], selection=["raw_pages"]).success  # collapsed...
+    assert materialize(instance, healthy, ["travel"], selection=["raw_pages"]).success  # ...recovered
+    assert materialize(instance, dead, ["mystery"], selection=["raw_pages"]).success  # still collapsed
+    monkeypatch.setattr(sensors, "BATCH", 1)  # one event per asset per evaluation
+    cursor, found = None, []
+    for _ in range(5):
+        alerts, cursor = sensors.evaluate(instance, cursor)
+        found.append(alerts)
+    # Silent while batches come back full (3 events, then one more look), then what is open, once.
+    assert found == [[], [], [], ["mystery: success rate 0% is below the floor 90%"], []]
+    assert "catching_up" not in json.loads(cursor)
+
+
 def test_a_run_whose_events_span_two_evaluations_counts_once_for_all(tmp_path, instance, monkeypatch):
     from scrape_assets.defs import sensors
 

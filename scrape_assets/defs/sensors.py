@@ -53,15 +53,20 @@ def evaluate(instance, cursor: str | None, rules: CollapseRules = RULES) -> tupl
     totals, observed once per run as ``all`` when the run covered several categories (the
     cursor remembers the last :data:`RUNS_REMEMBERED` runs observed, so a run whose events
     span two evaluations counts once). On the first evaluation (no cursor) the history only
-    builds the state: just the collapses still open at its end alert.
+    builds the state, over as many evaluations as reading it takes (:data:`BATCH` events of
+    each asset per evaluation; ``catching_up`` in the cursor): once it is read, just the
+    collapses still open at its end alert, never one that recovered within it.
     """
     data = json.loads(cursor) if cursor else {}
+    catching_up = cursor is None or bool(data.get("catching_up"))
     state = CollapseState.from_dict(data.get("state"))
     positions = dict(data.get("positions", {}))
     runs_observed = list(data.get("runs", []))
     events = []
+    more = False  # an asset has more events than this evaluation read
     for asset in ("raw_pages", "parsed_products", "products_table"):
         records, positions[asset] = _new_records(instance, asset, positions.get(asset))
+        more |= len(records) >= BATCH
         for record in records:
             if record.asset_materialization is not None:
                 metadata = {k: v.value for k, v in record.asset_materialization.metadata.items()}
@@ -86,12 +91,12 @@ def evaluate(instance, cursor: str | None, rules: CollapseRules = RULES) -> tupl
             runs_observed.append(run_id)
             alerts.append(observe_rate(state, "all", float(metadata["success_rate"]), rules))
     alerts = [a for a in alerts if a]
-    if cursor is None:  # first evaluation: alert only what is still collapsed now
+    if catching_up:  # replaying the history: once it is all read, alert only what is still collapsed
         # Keys are "rate:{subject}" or "products:{source}:{subject}"; subjects have no ":".
-        still_open = {f"{key.rsplit(':', 1)[1]}: {reason}" for key, reason in state.collapsed.items()}
-        alerts = list(dict.fromkeys(a for a in alerts if a in still_open))
+        alerts = [] if more else sorted(f"{key.rsplit(':', 1)[1]}: {reason}" for key, reason in state.collapsed.items())
     new_cursor = json.dumps(
-        {"positions": positions, "state": state.to_dict(), "runs": runs_observed[-RUNS_REMEMBERED:]}, sort_keys=True
+        {"positions": positions, "state": state.to_dict(), "runs": runs_observed[-RUNS_REMEMBERED:],
+         **({"catching_up": True} if catching_up and more else {})}, sort_keys=True
     )
     return alerts, new_cursor
 

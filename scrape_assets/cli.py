@@ -123,7 +123,7 @@ def summarize(resources: dict) -> dict:
     import sqlalchemy as sa
 
     from scrape_assets.manifest import latest_manifest
-    from scrape_assets.warehouse import Warehouse, dead_letters, products, warehouse_site
+    from scrape_assets.warehouse import Warehouse, dead_letters, partition_loads, products, warehouse_site
 
     site = resources["site"]
     spec = site.spec()
@@ -135,6 +135,7 @@ def summarize(resources: dict) -> dict:
         with wh:
             tables = wh.existing_tables()
             by_category = wh.rows_by_category(products) if products.name in tables else {}
+            carried = wh.carried_forward() if {products.name, partition_loads.name} <= tables else {}
             dead_letter_count = wh.count(dead_letters) if dead_letters.name in tables else 0
             owner = wh.site() if warehouse_site.name in tables else None
     except sa.exc.SQLAlchemyError as exc:  # unreachable, locked, not a database, or tables of another shape
@@ -166,6 +167,8 @@ def summarize(resources: dict) -> dict:
         "success_rate": done / (done + failed) if done + failed else 1.0,
         "products_loaded": products_loaded,
         "products_of_categories_not_in_spec": not_in_spec,
+        "products_carried_forward": {c: n for c, (n, _) in carried.items()},
+        "carried_forward_oldest_fetch": min((oldest for _, oldest in carried.values()), default=None),
         "dead_letters": dead_letter_count,
         "object_storage": store.describe(),
         "warehouse": wh.describe(),
@@ -241,6 +244,13 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
         f"  products loaded {summary['products_loaded']:,} (table `products`)"
         + ("" if summary.get("warehouse_exists", True) else f"; no `products` table yet in {summary['warehouse']}"),
     ]
+    if carried := summary.get("products_carried_forward"):
+        shown = ", ".join(f"{c} ({n:,})" for c, n in list(carried.items())[:10]) + (", ..." if len(carried) > 10 else "")
+        lines.append(
+            f"  carried forward {sum(carried.values()):,} of those rows were not seen in the latest snapshot (their "
+            f"pages failed; oldest fetched {summary['carried_forward_oldest_fetch']}): {shown}; the pages are in "
+            "`dead_letters`"
+        )
     stale = summary.get("products_of_categories_not_in_spec") or {}
     if stale:
         lines.append(

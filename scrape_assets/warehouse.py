@@ -400,6 +400,23 @@ class Warehouse:
                 for category, n in conn.execute(query.where(where))
             }
 
+    def carried_forward(self) -> dict[str, tuple[int, str]]:
+        """``{category: (rows, oldest fetched_at)}`` of the ``products`` rows not seen in the
+        snapshot last loaded for their category (carried forward from pages that failed since,
+        see :meth:`load_products`); categories with none are left out. Reads only: a warehouse
+        without ``partition_loads`` (older than it) has none to tell.
+        """
+        p, loads = products, partition_loads
+        query = (
+            sa.select(p.c.category, sa.func.count(), sa.func.min(p.c.fetched_at))
+            .select_from(p.join(loads, sa.and_(loads.c.table_name == p.name, loads.c.category == p.c.category)))
+            .where(p.c.snapshot_id != loads.c.snapshot_id)
+            .group_by(p.c.category)
+            .order_by(p.c.category)
+        )
+        with self.engine.connect() as conn:
+            return {category: (int(n), oldest) for category, n, oldest in conn.execute(query)}
+
     def duplicate_product_keys(self, categories: Collection[str] | None = None) -> list[tuple[str, str, int]]:
         """``(category, product_id, count)`` for keys that appear more than once (should be none).
 

@@ -365,6 +365,39 @@ def test_the_summary_creates_no_table_missing_from_an_older_warehouse(tmp_path):
     assert sa.inspect(sa.create_engine(empty_url)).get_table_names() == ["unrelated"]  # nothing created
 
 
+def test_the_summary_counts_rows_carried_forward_from_pages_that_failed(tmp_path):
+    """Rows kept from a page that failed are last-known values, not today's: the summary says
+    how many, since when, and where."""
+    import io
+
+    from scrape_assets.cli import print_summary, summarize
+    from scrape_assets.defs.resources import build_resources
+
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    wh = Warehouse(url)
+
+    def row(product_id: str, page: int, snapshot: str, fetched: str) -> dict:
+        return {"category": "travel", "product_id": product_id, "title": "T", "price": "9.99", "currency": "GBP",
+                "rating": 3, "availability": "In stock", "url": f"http://x/{product_id}", "page_number": page,
+                "snapshot_id": snapshot, "fetched_at": fetched}
+
+    day1 = "2026-12-01T08:00:00Z"
+    wh.load_products("travel", [row("1", 1, "s1", day1), row("2", 2, "s1", day1), row("3", 2, "s1", day1)],
+                     input_version="v1", snapshot_id="s1", loaded_at=day1, history_date="2026-12-01",
+                     history_snapshot_id="s1")
+    day2 = "2026-12-02T08:00:00Z"  # page 2 failed: its two rows are carried forward
+    wh.load_products("travel", [row("1", 1, "s2", day2)], input_version="v2", snapshot_id="s2", loaded_at=day2,
+                     history_date="2026-12-02", history_snapshot_id="s2", carry_page=lambda n: n == 2)
+    assert wh.carried_forward() == {"travel": (2, day1)}
+    wh.close()
+    resources = build_resources({"SCRAPE_SITE": "demo", "SCRAPE_DATA_DIR": str(tmp_path / "data"),
+                                 "SCRAPE_WAREHOUSE_URL": url}, secrets_as_env_vars=False)
+    out = io.StringIO()
+    print_summary(summarize(resources), out=out)
+    assert ("  carried forward 2 of those rows were not seen in the latest snapshot (their pages failed; oldest "
+            f"fetched {day1}): travel (2); the pages are in `dead_letters`") in out.getvalue().splitlines()
+
+
 def test_serve_demo_refuses_a_bad_port_date_or_busy_address_in_one_line(monkeypatch, capsys):
     import socket
 

@@ -413,6 +413,7 @@ class PartitionCrawler:
         entry.status, entry.http_status, entry.content_hash = "done", old.http_status, old.content_hash
         entry.bytes, entry.content_type, entry.fetched_at = old.bytes, old.content_type, old.fetched_at
         entry.etag, entry.last_modified, entry.body_key = old.etag, old.last_modified, previous.body_key(m)
+        entry.final_url = old.final_url
         entry.assumed_unchanged = True
 
     def _recent(self, old: PageEntry) -> bool:
@@ -531,7 +532,7 @@ class PartitionCrawler:
     def _pager(self, n: int):
         entry = self.manifest.pages[n]
         body = self.store.read_bytes(self.manifest.body_key(n))
-        return parse_pager(body, self.spec, entry.url, content_type=entry.content_type)
+        return parse_pager(body, self.spec, entry.final_url or entry.url, content_type=entry.content_type)
 
     # -- fetching ---------------------------------------------------------------------------
     def _fail_for_good(self, n: int, reason: str) -> None:
@@ -613,6 +614,7 @@ class PartitionCrawler:
             self._bytes += entry.bytes
         entry.status = "done"
         entry.http_status = page.http_status
+        entry.final_url = page.final_url if page.final_url != entry.url.split("#", 1)[0] else None
         entry.content_hash = content_hash
         entry.fetched_at = utc_now_iso()
         entry.last_error = None

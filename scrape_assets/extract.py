@@ -84,7 +84,7 @@ def extract_snapshot(
         page = parse_listing(
             body,
             spec,
-            entry.url,
+            entry.final_url or entry.url,  # relative links are relative to where the page was served
             canonical_base_url=spec.base_url,
             fetch_base_url=fetch_base_url,
             content_type=entry.content_type,

@@ -111,6 +111,9 @@ class PageEntry:
         assumed_unchanged: adopted from the previous snapshot without a request, because
             page 1 was unchanged and the spec says ``incremental.revalidate: first_page``, or
             the site's sitemap dates the page no later than its saved copy (``sitemap``).
+        final_url: the URL that answered after same-origin redirects, when it is not
+            ``url`` (a category moved with a 301): the page's relative links are resolved
+            against it, as a browser does. ``None`` when the page was not redirected.
     """
 
     url: str
@@ -127,6 +130,7 @@ class PageEntry:
     body_key: str | None = None
     not_modified: bool = False
     assumed_unchanged: bool = False
+    final_url: str | None = None
 
 
 _ENTRY_FIELDS = tuple(f.name for f in fields(PageEntry))

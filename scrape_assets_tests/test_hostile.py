@@ -193,3 +193,34 @@ def test_a_product_listed_twice_keeps_its_first_listing_and_the_category_loads(t
     assert len(rows) == len(mystery.products) and rows[str(repeated.id)] == 1
     (letter,) = wh.rows(dead_letters)
     assert (letter["stage"], letter["reason"]) == ("parse", f"product_id {repeated.id}: already listed on page 1")
+
+
+def test_a_page_moved_with_a_redirect_resolves_its_links_against_where_it_now_is(tmp_path, instance):
+    """Travel's page 1 moved one folder deeper (301), its relative links written for the new
+    place: resolved against the old URL they would name products that do not exist."""
+    from scrape_assets.demo_site import DemoRequestHandler, DemoResponse, DemoServer, catalogue
+    from scrape_assets.warehouse import Warehouse, products
+    from scrape_assets_tests.conftest import serving
+
+    travel = catalogue().category("travel")
+    old_path = "/" + travel.path
+    new_path = old_path.replace("/index.html", "/v2/index.html")
+
+    class Handler(DemoRequestHandler):
+        def send_demo_response(self, response):
+            if self.path == old_path:
+                response = DemoResponse(301, {"Location": new_path, "Content-Length": "0"}, b"")
+            elif self.path == new_path:
+                body = respond("GET", old_path).body.replace(b'href="../../../', b'href="../../../../')
+                response = DemoResponse(200, {"Content-Type": "text/html; charset=utf-8",
+                                              "Content-Length": str(len(body))}, body)
+            super().send_demo_response(response)
+
+    with serving(DemoServer(("127.0.0.1", 0), Handler)) as server:
+        res = make_resources(tmp_path, base_url=server.base_url)
+        assert materialize(instance, res, ["travel"]).success
+    entry = latest_manifest(ObjectStore(str(tmp_path / "objects")), "demo", "travel").pages[1]
+    assert entry.final_url == server.base_url + new_path.lstrip("/")
+    wh = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}")
+    assert sorted(r["url"] for r in wh.rows(products)) == sorted(
+        f"http://demo.scrape-assets.invalid/{p.path}" for p in travel.products)

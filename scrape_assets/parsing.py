@@ -163,15 +163,25 @@ def _amount(raw: str) -> str:
     return raw
 
 
+@lru_cache(maxsize=512)
+def _is_iso_4217(code: str) -> bool:
+    """Whether ``code`` is an ISO 4217 currency code (pycountry's copy of the list; imported
+    on the first price that has a code next to it, ~50 ms)."""
+    import pycountry
+
+    return pycountry.currencies.get(alpha_3=code) is not None
+
+
 def parse_price(text: str, default_currency: str) -> tuple[Decimal, str]:
     """Parse a displayed price into an exact amount and an ISO 4217 currency code.
 
     The first number in ``text`` is the amount. Of ``,`` and ``.``, the one appearing last is
     the decimal mark when both appear; a lone ``,`` followed by other than 3 digits is a
     decimal mark (``"€3,50"``), otherwise a thousands separator (``"$1,234"``). The currency is
-    a 3-letter upper-case code right before or after the amount (``"GBP 12.00"``,
-    ``"12.00 EUR"``; not ``"RRP £12"``; any such word counts, it is not looked up in
-    ISO 4217), else a symbol (£ GBP, $ USD, € EUR, ¥ JPY), else ``default_currency``.
+    an ISO 4217 code right before or after the amount (``"GBP 12.00"``, ``"12.00 EUR"``,
+    ``"$12 CAD"``; not ``"RRP £12"``, and a 3-letter word that is no such code, as in
+    ``"£12.00 VAT"``, is not one), else a symbol (£ GBP, $ USD, € EUR, ¥ JPY), else
+    ``default_currency``.
     Mojibake before the symbol (``"Â£51.77"``) is ignored.
 
     Args:
@@ -192,8 +202,9 @@ def parse_price(text: str, default_currency: str) -> tuple[Decimal, str]:
         amount = Decimal(_amount(match.group()))
     except InvalidOperation:  # defensive: _AMOUNT only matches digit runs
         raise ValueError(f"cannot read the amount {match.group()!r} in {text!r}") from None
-    if code := _CODE_BEFORE.search(text, 0, match.start()) or _CODE_AFTER.match(text, match.end()):
-        return amount, code.group(1)
+    for code in (_CODE_BEFORE.search(text, 0, match.start()), _CODE_AFTER.match(text, match.end())):
+        if code and _is_iso_4217(code.group(1)):  # not "£12.00 VAT", "NOW 12.00"
+            return amount, code.group(1)
     if symbol := _SYMBOL.search(text):
         return amount, _CURRENCY_SYMBOLS[symbol.group()]
     return amount, default_currency

@@ -59,6 +59,9 @@ def spec():
         ("  £ 7 ", (Decimal("7"), "GBP")),
         ("RRP £12", (Decimal("12"), "GBP")),
         ("USD12", (Decimal("12"), "USD")),
+        ("$12.00 CAD", (Decimal("12.00"), "CAD")),  # the code says which dollar
+        ("£12.00 VAT", (Decimal("12.00"), "GBP")),  # 3 capitals, but no ISO 4217 code: the symbol says
+        ("NOW 12.00", (Decimal("12.00"), "EUR")),  # nor is NOW: the default currency
     ],
 )
 def test_parse_price(text, expected):

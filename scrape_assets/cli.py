@@ -352,12 +352,44 @@ def run_demo(new_snapshot: bool = False) -> int:
             },
             raise_on_error=False,
         )
+        held_back = None if result.success else _load_held_back(defs, instance, result.run_id, resources, keys)
     summary = summarize(resources)
     print_summary(summary, run_figures(result))
+    if held_back:
+        print(held_back)
     if not result.success:
         print(f"\nrun {result.run_id} did not succeed; see `{summary['ui_command']}` for the failed step", file=sys.stderr)
         return 1
     return 0
+
+
+def _load_held_back(defs, instance, run_id: str, resources: dict, keys: list[str]) -> str | None:
+    """After a run whose blocking schema check failed (which holds back the load of every
+    category in it), load the categories that passed, as ``held_back_load_sensor`` does for
+    the daemon's runs; return the lines saying so (None when nothing was held back).
+    """
+    from scrape_assets.defs.jobs import partition_range_tags
+    from scrape_assets.defs.sensors import HELD_BACK_TAG, consecutive_ranges, held_back_by_schema_check, split_by_schema
+
+    parsed = held_back_by_schema_check(instance, instance.get_run_by_id(run_id))
+    if not parsed:
+        return None
+    passed, failed, unreadable = split_by_schema(parsed, resources["site"].spec().name, resources["store"].store())
+    lines = ["", f"Schema check failed for {', '.join(failed) or 'no category readable as failed'}: its rows are not "
+                 "loaded (the log above and `dead_letters` say why; the table keeps their earlier rows)"]
+    lines += [f"  parse state of {c} unreadable ({e}): not loaded" for c, e in unreadable.items()]
+    job = defs.resolve_job_def("load_job")
+    loaded = []
+    for first, last in consecutive_ranges([c for c in passed if c in keys], keys):
+        load = job.execute_in_process(instance=instance, raise_on_error=False,
+                                      tags={**partition_range_tags(first, last), HELD_BACK_TAG: run_id},
+                                      run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
+        span = first if first == last else f"{first}...{last}"
+        loaded.append(span if load.success else f"{span} (FAILED: run {load.run_id})")
+    if loaded:
+        lines.append(f"  loaded the {counted(len(passed), 'category')} that passed it, held back with them: "
+                     + ", ".join(loaded))
+    return "\n".join(lines)
 
 
 def run_prune(keep: int, dry_run: bool, out=None) -> int:

@@ -600,3 +600,27 @@ def test_the_demo_says_up_front_which_run_holds_the_host_pool_it_will_wait_for(i
         "stop it: kill it)")
     instance.event_log_storage.free_concurrency_slots_for_run("0f0f0f0f-dead-run")
     assert pool_holders_notice(instance, pool) is None
+
+
+def test_demo_loads_the_categories_that_passed_when_one_fails_the_schema_check(tmp_path):
+    """One run holds back every category's load when one fails its blocking check; the command
+    then loads those that passed (as held_back_load_sensor does for the daemon's runs) and says
+    which one failed."""
+    from scrape_assets.faults import FaultSpec, make_fault_server
+    from scrape_assets_tests.conftest import serving
+
+    spec = FaultSpec.model_validate({"rules": [{"match": "fiction_10/", "fault": "layout_changed"}]})
+    with serving(make_fault_server(spec, "127.0.0.1", 0)) as server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SCRAPE_") and k != "DAGSTER_HOME"}
+        env.update(SCRAPE_DATA_DIR=str(tmp_path / "data"), SCRAPE_BASE_URL=server.base_url,
+                   DAGSTER_HOME=str(tmp_path / "home"))
+        cli = Path(sys.executable).with_name("scrape-assets")
+        done = subprocess.run([str(cli), "demo"], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert ("Schema check failed for fiction: its rows are not loaded (the log above and `dead_letters` say why; the "
+            "table keeps their earlier rows)") in lines
+    assert ("  loaded the 11 categories that passed it, held back with them: travel...romance, "
+            "default...sequential-art") in lines
+    rows = Warehouse(f"sqlite:///{tmp_path / 'data' / 'warehouse.db'}").rows_by_category(products)
+    assert "fiction" not in rows and sum(rows.values()) == 678 - 65 and len(rows) == 11

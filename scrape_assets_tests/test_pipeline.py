@@ -588,3 +588,26 @@ def test_a_corrupt_parse_state_stops_the_parse_naming_the_file_and_the_remedy(tm
     assert "delete it, and the next parsed_products run parses this category again" in message
     store.delete("demo/travel/parse_state.json")  # the remedy it names
     assert materialize(instance, res, ["travel"], selection=["parsed_products"]).success
+
+
+def test_each_partition_carries_its_own_figures_beside_the_runs_totals(tmp_path, instance):
+    """The UI plots a partition's numbers: category_* are that category's, the others the run's."""
+    from scrape_assets.demo_site import catalogue
+
+    result = materialize(instance, make_resources(tmp_path), ["travel", "mystery"])
+    assert result.success
+    figures: dict[tuple[str, str], dict] = {}
+    for event in result.get_asset_materialization_events():
+        m = event.materialization
+        figures[(m.asset_key.to_user_string(), m.partition)] = {k: v.value for k, v in m.metadata.items()}
+    for category in ("travel", "mystery"):
+        expected = catalogue().category(category)
+        raw = figures[("raw_pages", category)]
+        assert (raw["category_pages_done"], raw["category_pages_failed"], raw["category_success_rate"]) == (
+            expected.page_count, 0, 1.0)
+        assert raw["pages_done"] == 3  # the run's: travel's 1 page and mystery's 2
+        assert figures[("parsed_products", category)]["category_products"] == len(expected.products)
+        table = figures[("products_table", category)]
+        assert table["category_rows"] == table["category_rows_loaded"] == len(expected.products)
+        assert figures[("dead_letters", category)]["category_dead_letters"] == 0
+    assert not any(k.startswith("category_") for md in run_metadata(result).values() for k in md)  # not merged

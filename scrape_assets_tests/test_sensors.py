@@ -402,7 +402,7 @@ def test_held_back_load_sensor_skips_what_it_cannot_load_and_loads_the_rest(tmp_
     (tmp_path / "objects" / "demo" / "classics" / "parse_state.json").write_text("{not json")
     assert ranges() == [("travel", "travel")]
     [alert] = webhook_server.received
-    assert "classics (JSONDecodeError" in alert["text"] and "load them with load_job if they passed" in alert["text"]
+    assert "classics (ManifestError" in alert["text"] and "load them with load_job if they passed" in alert["text"]
 
 
 def test_consecutive_ranges_follow_the_spec_order():

@@ -105,7 +105,7 @@ def dead_letters(
             if rows:
                 context.log.warning(f"{category}: {len(rows)} dead letter(s): " + "; ".join(f"{r['url']} ({r['reason']})" for r in rows[:5]))
 
-    add_per_category(context, {"by_category": counts})
+    add_per_category(context, {"by_category": counts}, {"dead_letters": counts})
     return dg.MaterializeResult(
         metadata={
             "dead_letters": sum(counts.values()),

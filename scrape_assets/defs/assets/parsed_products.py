@@ -84,7 +84,8 @@ def parsed_products(
             "partitions_checked": len(reports),
         },
     )
-    add_per_category(context, {"by_category": per_category})
+    add_per_category(context, {"by_category": per_category},
+                     {"products": {c: row["products"] for c, row in per_category.items()}})
     return dg.MaterializeResult(
         metadata={
             "products": totals["products"],

@@ -125,7 +125,8 @@ def products_table(
     with store.locks(context, name), warehouse.for_site(name, owns=has_snapshot(store.store(), name)) as wh:
         totals, loaded, in_table, problems = load_categories(context, categories, site, store, wh)
         total_rows = wh.count(products)
-    add_per_category(context, {"rows_by_category": in_table, "rows_loaded_by_category": loaded})
+    add_per_category(context, {"rows_by_category": in_table, "rows_loaded_by_category": loaded},
+                     {"rows": in_table, "rows_loaded": loaded})
     return dg.MaterializeResult(
         metadata={
             **totals,

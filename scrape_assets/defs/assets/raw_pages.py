@@ -307,7 +307,9 @@ def raw_pages(
             f"{counted(r.requests_made, 'request')}, {r.duration_s:.1f}s"
         )
     metadata, by_category = crawl_metadata(reports, sitemaps[0] if sitemaps else None)
-    add_per_category(context, {"by_category": by_category})
+    add_per_category(context, {"by_category": by_category}, {
+        name: {c: row[name] for c, row in by_category.items()}
+        for name in ("success_rate", "pages_done", "pages_failed", "requests_made")})
     log.close(
         f"{counted(len(reports), 'category')}: {counted(metadata['pages_done'], 'page')} done "
         f"({metadata['pages_not_modified']:,} not modified: 304), "

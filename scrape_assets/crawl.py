@@ -614,7 +614,7 @@ class PartitionCrawler:
             self._bytes += entry.bytes
         entry.status = "done"
         entry.http_status = page.http_status
-        entry.final_url = page.final_url if page.final_url != entry.url.split("#", 1)[0] else None
+        entry.final_url = page.final_url if page.redirected else None
         entry.content_hash = content_hash
         entry.fetched_at = utc_now_iso()
         entry.last_error = None

@@ -27,9 +27,12 @@ from scrape_assets.spec import SiteSpec
 from scrape_assets.storage import ObjectStore
 
 #: Bump when the parsing rules change: it is the ``code_version`` of ``parsed_products``.
-#: 2: cards beyond the warehouse's columns (scrape_assets/limits.py) and product links that
-#: are no URL are rejected (a parse dead letter) instead of loaded or failing the step.
-PARSER_VERSION = "2"
+#: 3: cards beyond the warehouse's columns (scrape_assets/limits.py), product links that are
+#: no URL and prices not above zero are rejects (parse dead letters) instead of loaded or
+#: failing the step; a product listed twice keeps its first listing; a redirected page's
+#: links resolve against its final URL; a 3-letter word next to a price is its currency
+#: only if ISO 4217 lists it (and it suits the symbol, if any).
+PARSER_VERSION = "3"
 
 
 @dataclass
@@ -63,7 +66,9 @@ def extract_snapshot(
 
     A product listed more than once in the snapshot (it moved between pages while they were
     fetched, or the site repeats a card on every page) keeps its first listing as its row;
-    each other listing is a reject (``already listed on page N``), counted like any other.
+    each other listing is recorded in ``rejects`` (``already listed on page N``: a parse dead
+    letter, to see), but counts as parsed on its page: not in the rejected share, not a page
+    without products for the layout guard.
 
     Args:
         fetch_base_url: the base the pages were fetched from; product URLs on it are
@@ -89,7 +94,6 @@ def extract_snapshot(
             fetch_base_url=fetch_base_url,
             content_type=entry.content_type,
         )
-        kept = 0
         for product in page.products:
             if (first := seen.get(product["product_id"])) is not None:
                 # Listed twice (a product that moved between pages during the crawl, a card
@@ -98,7 +102,6 @@ def extract_snapshot(
                                     "reason": f"product_id {product['product_id']}: already listed on page {first}"})
                 continue
             seen[product["product_id"]] = n
-            kept += 1
             out.products.append(
                 {
                     "category": manifest.category,
@@ -115,7 +118,7 @@ def extract_snapshot(
             {
                 "category": manifest.category,
                 "page_number": n,
-                "products_parsed": kept,
+                "products_parsed": len(page.products),  # a product listed again is parsed, not a rejected card
                 "cards_found": page.cards_found,
                 "site_claims_products": claims,
             }

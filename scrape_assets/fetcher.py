@@ -10,7 +10,7 @@ Outcomes of :meth:`PageFetcher.fetch`::
     200, 203, 304                         FetchedPage
     other 2xx (202, 204, 206...), a 200   retried with backoff, then TransientFetchError
     with an empty body                    "http_<status>" / "empty_body" (no page in it)
-    a Content-Encoding not asked for      PermanentFetchError "unsupported_content_encoding"
+    a compression not asked for (br...)   PermanentFetchError "unsupported_content_encoding"
     robots.txt forbids / is unreachable   PermanentFetchError "robots_disallowed" / "robots_unreachable"
     other 4xx                             PermanentFetchError "http_<status>", no retry
     redirect to another scheme/host/port  PermanentFetchError "offsite_redirect"
@@ -148,6 +148,8 @@ class FetchedPage:
             waits for a politeness slot.
         attempts: attempts made in this call (``1`` when the first one succeeded); prior
             attempts of an interrupted run are not included.
+        redirected: whether a redirect was followed (``final_url`` is then another URL;
+            without one it is ``url`` as httpx normalises it: lower-case host, no default port).
     """
 
     url: str
@@ -157,6 +159,7 @@ class FetchedPage:
     body: bytes
     elapsed_ms: float
     attempts: int
+    redirected: bool = False
 
 
 def build_client(
@@ -200,6 +203,10 @@ def build_client(
     )
 
 
+#: Content codings that compress (IANA HTTP Content Coding Registry): a body in one the client
+#: did not offer cannot be read.
+_COMPRESSIONS = frozenset({"gzip", "x-gzip", "deflate", "br", "zstd", "compress", "x-compress", "dcb", "dcz", "exi",
+                           "pack200-gzip"})
 #: Statuses whose body is the page asked for (203: a proxy's transformed copy of a 200).
 _PAGE_STATUSES = frozenset({200, 203, 304})
 
@@ -452,6 +459,7 @@ class PageFetcher:
                     body=body,
                     elapsed_ms=elapsed_s * 1000.0,
                     attempts=attempts_in_call,
+                    redirected=redirects > 0,
                 )
             if decision == "retry":
                 retry_after_s = parse_retry_after(headers.get("retry-after"), datetime.now(timezone.utc))
@@ -461,13 +469,16 @@ class PageFetcher:
             raise PermanentFetchError(url, f"http_{status}", http_status=status, attempts=attempt)
 
     def _unsupported_codings(self, content_encoding: str) -> list[str]:
-        """The codings of a ``Content-Encoding`` value that are neither ``identity`` nor in the
-        client's ``Accept-Encoding`` (what httpx can decode: gzip, deflate, br with brotli...)."""
+        """The compressions in a ``Content-Encoding`` value that the client's ``Accept-Encoding``
+        did not offer (what httpx can decode: gzip, deflate, br with brotli...). A value that
+        names no compression (``identity``, or a server's nonsense such as ``UTF-8``) is
+        ignored, as httpx and aiohttp ignore it: the body is then what was sent."""
         if not content_encoding:
             return []
         accepted = {c.split(";")[0].strip().lower() for c in self.client.headers.get("accept-encoding", "").split(",")}
-        accepted |= {"identity"} | ({"x-gzip"} if "gzip" in accepted else set())  # x-gzip: RFC 9110 §8.4.1.3
-        return [c for c in (c.strip().lower() for c in content_encoding.split(",")) if c and c not in accepted]
+        accepted |= {"x-gzip"} if "gzip" in accepted else set()  # x-gzip: RFC 9110 §8.4.1.3
+        codings = (c.strip().lower() for c in content_encoding.split(","))
+        return [c for c in codings if c in _COMPRESSIONS and c not in accepted]
 
     @staticmethod
     def _redirect_target(url: str, current: httpx.URL, location: str, status: int, attempt: int) -> httpx.URL:
@@ -538,7 +549,7 @@ class PageFetcher:
         headers = {name.lower(): value for name, value in response_headers.items()}
         if status in REDIRECT_STATUSES or classify_status(status) != "ok":
             return status, headers, b""  # the body of a redirect or an error is not needed
-        if unsupported := self._unsupported_codings(headers.get("content-encoding", "")):
+        if status != 304 and (unsupported := self._unsupported_codings(headers.get("content-encoding", ""))):
             # httpx passes a coding it has no decoder for through as it is: compressed bytes that
             # would parse to no products (RFC 9110 §8.4: we never asked for it).
             raise PermanentFetchError(

@@ -137,8 +137,15 @@ _ENTRY_FIELDS = tuple(f.name for f in fields(PageEntry))
 
 
 def _entry_dict(entry: PageEntry) -> dict:
-    """The entry's fields as a dict (what ``dataclasses.asdict`` gives, without its deep copies)."""
-    return {name: getattr(entry, name) for name in _ENTRY_FIELDS}
+    """The entry's fields as a dict (what ``dataclasses.asdict`` gives, without its deep copies).
+
+    ``final_url`` only when set (a redirected page): manifests of pages never redirected stay
+    readable by versions that predate the field.
+    """
+    out = {name: getattr(entry, name) for name in _ENTRY_FIELDS}
+    if out["final_url"] is None:
+        del out["final_url"]
+    return out
 
 
 def _json_kind(value: object) -> str:
@@ -216,8 +223,13 @@ class Manifest:
 
     @property
     def data_version(self) -> str:
-        """SHA-256 over (page number, content hash) of done pages: equal iff the content is equal."""
-        parts = [f"{n}:{p.content_hash}" for n, p in sorted(self.pages.items()) if p.status == "done"]
+        """SHA-256 over (page number, content hash) of done pages: equal iff the content is equal.
+
+        A redirected page's ``final_url`` counts too (its links are resolved against it); for
+        pages never redirected the version is what it was before that field existed.
+        """
+        parts = [f"{n}:{p.content_hash}" + (f"@{p.final_url}" if p.final_url else "")
+                 for n, p in sorted(self.pages.items()) if p.status == "done"]
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
     # -- state --------------------------------------------------------------------------

@@ -163,13 +163,20 @@ def _amount(raw: str) -> str:
     return raw
 
 
+#: The codes each symbol stands for besides its own (the dollars: any code ending in D).
+_SYMBOL_CODES = {"£": ("GBP", "GIP", "FKP", "SHP", "EGP"), "€": ("EUR",), "¥": ("JPY", "CNY")}
+#: ISO 4217 codes that are no money a shop prices in: testing, no currency, precious metals, units.
+_NOT_PRICES = frozenset({"XXX", "XTS", "XAU", "XAG", "XPT", "XPD", "XBA", "XBB", "XBC", "XBD", "XDR", "XSU", "XUA"})
+
+
 @lru_cache(maxsize=512)
 def _is_iso_4217(code: str) -> bool:
-    """Whether ``code`` is an ISO 4217 currency code (pycountry's copy of the list; imported
-    on the first price that has a code next to it, ~50 ms)."""
+    """Whether ``code`` is an ISO 4217 currency code shops price in (pycountry's copy of the
+    list, imported on the first price that has a code next to it, ~50 ms). Codes that are also
+    words (ALL, TOP, TRY...) count: next to a symbol they must suit it (:func:`_suits`)."""
     import pycountry
 
-    return pycountry.currencies.get(alpha_3=code) is not None
+    return code not in _NOT_PRICES and pycountry.currencies.get(alpha_3=code) is not None
 
 
 def parse_price(text: str, default_currency: str) -> tuple[Decimal, str]:
@@ -179,9 +186,11 @@ def parse_price(text: str, default_currency: str) -> tuple[Decimal, str]:
     the decimal mark when both appear; a lone ``,`` followed by other than 3 digits is a
     decimal mark (``"€3,50"``), otherwise a thousands separator (``"$1,234"``). The currency is
     an ISO 4217 code right before or after the amount (``"GBP 12.00"``, ``"12.00 EUR"``,
-    ``"$12 CAD"``; not ``"RRP £12"``, and a 3-letter word that is no such code, as in
-    ``"£12.00 VAT"``, is not one), else a symbol (£ GBP, $ USD, € EUR, ¥ JPY), else
-    ``default_currency``.
+    ``"$12 CAD"``; not ``"RRP £12"``; a 3-letter word that is no such code, as in
+    ``"£12.00 VAT"``, is not one, nor a code that does not suit the symbol beside it, as in
+    ``"£12.00 TOP"``), else a symbol (£ GBP, $ USD, € EUR, ¥ JPY), else ``default_currency``.
+    Limit: without a symbol, a word that is also a code (``"ALL 12.00"``: Albanian lek) is
+    read as that currency.
     Mojibake before the symbol (``"Â£51.77"``) is ignored.
 
     Args:
@@ -202,12 +211,19 @@ def parse_price(text: str, default_currency: str) -> tuple[Decimal, str]:
         amount = Decimal(_amount(match.group()))
     except InvalidOperation:  # defensive: _AMOUNT only matches digit runs
         raise ValueError(f"cannot read the amount {match.group()!r} in {text!r}") from None
+    symbol = _SYMBOL.search(text)
     for code in (_CODE_BEFORE.search(text, 0, match.start()), _CODE_AFTER.match(text, match.end())):
-        if code and _is_iso_4217(code.group(1)):  # not "£12.00 VAT", "NOW 12.00"
+        # Not "£12.00 VAT", "NOW 12.00" (no such code), nor "£12.00 TOP" (a code, but not a pound)
+        if code and _is_iso_4217(code.group(1)) and (symbol is None or _suits(code.group(1), symbol.group())):
             return amount, code.group(1)
-    if symbol := _SYMBOL.search(text):
+    if symbol:
         return amount, _CURRENCY_SYMBOLS[symbol.group()]
     return amount, default_currency
+
+
+def _suits(code: str, symbol: str) -> bool:
+    """Whether currency ``code`` may be written with ``symbol`` ("$12 CAD": yes; "£12 TOP": no)."""
+    return code in _SYMBOL_CODES.get(symbol, ()) or (symbol == "$" and code.endswith("D"))
 
 
 _RATING_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5}

@@ -128,7 +128,8 @@ class PagesSchema(pa.DataFrameModel):
 
     category: Series[Text] = pa.Field(str_matches=PARTITION_KEY_PATTERN, description="partition key of the category")
     page_number: Series[int] = pa.Field(ge=1, description="1-based listing page number")
-    products_parsed: Series[int] = pa.Field(ge=0, description="product rows parsed from the page")
+    products_parsed: Series[int] = pa.Field(ge=0, description="products parsed from the page (one listed on an "
+                                                             "earlier page too counts here; its row is the first)")
     cards_found: Series[int] = pa.Field(ge=0, description="elements matching the spec's product selector")
     site_claims_products: Series[bool] = pa.Field(
         description="the site says this page lists products (pager or results count > 0)"

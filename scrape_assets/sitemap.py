@@ -36,6 +36,7 @@ import asyncio
 import datetime
 import hashlib
 import json
+import logging
 import re
 import zlib
 from collections.abc import Iterable
@@ -48,9 +49,10 @@ from xml.sax.saxutils import escape
 import defusedxml.ElementTree as SafeET
 from defusedxml import DefusedXmlException
 
-from scrape_assets.errors import FetchError
+from scrape_assets.errors import FetchError, StorageError
 from scrape_assets.fetcher import sendable_validator
 
+logger = logging.getLogger(__name__)
 _NS = "{http://www.sitemaps.org/schemas/sitemap/0.9}"
 #: Children of a sitemap index read at most (sitemaps.org allows 50,000; each is one request).
 MAX_CHILD_SITEMAPS = 100
@@ -254,6 +256,9 @@ class Sitemap:
         return children
 
 
+_COPY_NAME = re.compile(r"[0-9a-f]{24}\.(?:body|json)")
+
+
 class SitemapCopies:
     """Kept copies of sitemap documents, for conditional GETs of them (RFC 9110 §13.1).
 
@@ -310,11 +315,19 @@ class SitemapCopies:
             StorageError: the write failed (an earlier copy, if any, is intact or unused).
         """
         etag, last_modified = (sendable_validator(headers.get(name)) or "" for name in ("etag", "last-modified"))
-        if not etag and not last_modified:
-            return False
         body_key, meta_key = self._keys(url)
-        meta = {"url": url, "etag": etag, "last_modified": last_modified,
-                "sha256": hashlib.sha256(body).hexdigest(), "bytes": len(body),
+        if not etag and not last_modified:  # the kept copy, if any, is not this document: never ask with it again
+            self.store.delete(meta_key)
+            return False
+        digest = hashlib.sha256(body).hexdigest()
+        try:
+            kept = json.loads(self.store.read_bytes(meta_key))
+        except (FileNotFoundError, ValueError):
+            kept = {}
+        if (kept.get("url"), kept.get("sha256"), kept.get("etag"), kept.get("last_modified")) == (
+                url, digest, etag, last_modified) and self.store.exists(body_key):
+            return True  # the same document again (a 200 where a 304 would do): nothing to write
+        meta = {"url": url, "etag": etag, "last_modified": last_modified, "sha256": digest, "bytes": len(body),
                 "fetched_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
         self.store.write_bytes_atomic(body_key, body)
         self.store.write_bytes_atomic(meta_key, json.dumps(meta, indent=1).encode("utf-8"))
@@ -322,7 +335,7 @@ class SitemapCopies:
 
     def keep_only(self, urls: Iterable[str]) -> int:
         """Delete every kept copy but those of ``urls`` (a child an index no longer lists, a
-        sitemap the spec no longer names, a temp file a crash left); return the objects deleted.
+        sitemap the spec no longer names); return the objects deleted.
 
         Raises:
             StorageError: listing or deleting failed.
@@ -332,7 +345,8 @@ class SitemapCopies:
             files = self.store.list_files(self.prefix)
         except FileNotFoundError:  # nothing kept yet
             return 0
-        stale = [key for key, _size in files if key not in wanted]
+        # Copies only: a temp file may be another run's write in flight (sweep_temp_files ages them).
+        stale = [key for key, _size in files if key not in wanted and _COPY_NAME.fullmatch(key.rsplit("/", 1)[1])]
         for key in stale:
             self.store.delete_listed(key)
         return len(stale)
@@ -353,12 +367,12 @@ async def load_sitemap(fetcher, url: str, *, origins: Iterable[str] = (), copies
         url: absolute URL of the sitemap (or sitemap index).
         origins: ``host[:port]`` whose URLs are accepted besides the sitemap's own (the site's
             base URL when the sitemap is fetched from a mirror).
-        copies: where documents are kept between runs (None: always fetched whole).
+        copies: where documents are kept between runs (None: always fetched whole). A
+            storage error on them is logged and costs only the copy.
 
     Raises:
         SitemapError: the sitemap itself could not be fetched or read; ``reason`` says why.
             A child that cannot be is skipped instead (``skipped``, ``problems``).
-        StorageError: ``copies`` could not be read or written.
     """
     sitemap = Sitemap(url=url)
     allowed = {urlsplit(url).netloc, *origins}
@@ -366,8 +380,16 @@ async def load_sitemap(fetcher, url: str, *, origins: Iterable[str] = (), copies
     async def count(_attempt: int) -> None:
         sitemap.requests += 1
 
+    async def on_copies(operation, *args):
+        """A call on ``copies``; a storage error costs only the copy (logged), never the run."""
+        try:
+            return await asyncio.to_thread(operation, *args)
+        except StorageError as exc:
+            logger.warning("sitemap copy not used: %s", exc)
+            return None
+
     async def read(doc_url: str) -> list[str]:
-        kept = await asyncio.to_thread(copies.load, doc_url) if copies is not None else None
+        kept = await on_copies(copies.load, doc_url) if copies is not None else None
         try:
             page = await fetcher.fetch(doc_url, on_attempt=count, headers=kept[1] if kept else None)
         except FetchError as exc:
@@ -379,7 +401,7 @@ async def load_sitemap(fetcher, url: str, *, origins: Iterable[str] = (), copies
             return sitemap.add(kept[0], doc_url, allowed)
         children = sitemap.add(page.body, doc_url, allowed)  # kept only once it reads as a sitemap
         if copies is not None:
-            await asyncio.to_thread(copies.save, doc_url, page.body, page.headers)
+            await on_copies(copies.save, doc_url, page.body, page.headers)
         return children
 
     try:
@@ -397,7 +419,7 @@ async def load_sitemap(fetcher, url: str, *, origins: Iterable[str] = (), copies
             continue
         sitemap.skipped += len(nested)  # an index listed by an index: not read (the protocol nests no deeper)
     if copies is not None:
-        await asyncio.to_thread(copies.keep_only, [url, *children[:MAX_CHILD_SITEMAPS]])
+        await on_copies(copies.keep_only, [url, *children[:MAX_CHILD_SITEMAPS]])
     return sitemap
 
 

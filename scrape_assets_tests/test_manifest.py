@@ -150,12 +150,19 @@ def test_manifest_round_trip_and_corruption_is_reported(tmp_path):
     # One field per line, one page entry per line: readable and diffable by hand.
     manifest.pages[1].last_error = "timeout: read \u2026"
     manifest.pages[2] = PageEntry(url="http://x/t/page-2.html", status="done", attempts=1, content_hash="sha256:ab")
+    manifest.pages[3] = PageEntry(url="http://x/t/page-3.html", status="done", final_url="http://x/moved/page-3.html")
     text = manifest.to_json().decode()
+
+    def entry(p: PageEntry) -> dict:  # final_url only when set: older versions read the rest
+        return {k: v for k, v in dataclasses.asdict(p).items() if k != "final_url" or v is not None}
+
     assert json.loads(text) == json.loads(json.dumps(dataclasses.asdict(manifest) | {
-        "pages": {str(n): dataclasses.asdict(p) for n, p in manifest.pages.items()}}))
+        "pages": {str(n): entry(p) for n, p in manifest.pages.items()}}))
     page_lines = [line for line in text.splitlines() if line.startswith('  "')]
     assert [json.loads("{" + line.rstrip(",") + "}") for line in page_lines] == [
-        {str(n): dataclasses.asdict(p)} for n, p in sorted(manifest.pages.items())]
+        {str(n): entry(p)} for n, p in sorted(manifest.pages.items())]
+    assert ["final_url" in line for line in page_lines] == [False, False, True]
+    assert Manifest.from_json(manifest.to_json(), "m").pages == manifest.pages
     store.write_bytes_atomic(manifest.key, raw[: len(raw) // 2])
     with pytest.raises(ManifestError, match="unreadable manifest"):
         load_manifest(store, "demo", "travel", manifest.snapshot_id)

@@ -62,6 +62,9 @@ def spec():
         ("$12.00 CAD", (Decimal("12.00"), "CAD")),  # the code says which dollar
         ("£12.00 VAT", (Decimal("12.00"), "GBP")),  # 3 capitals, but no ISO 4217 code: the symbol says
         ("NOW 12.00", (Decimal("12.00"), "EUR")),  # nor is NOW: the default currency
+        ("£12.00 TOP", (Decimal("12.00"), "GBP")),  # TOP is a code (pa'anga), but not a pound's
+        ("€5 XXX", (Decimal("5"), "EUR")),  # ISO's "no currency"
+        ("12.00 XXX", (Decimal("12.00"), "EUR")),
     ],
 )
 def test_parse_price(text, expected):

@@ -257,10 +257,16 @@ def test_a_kept_sitemap_is_asked_for_with_a_conditional_get_and_read_from_its_co
         assert dict(_ConditionalLoggingHandler.seen)["/pages.xml"] is None  # a torn copy: asked whole
         assert fifth.lastmod == third.lastmod
 
+        in_flight = "demo/sitemap.copies/.0123456789abcdef01234567.body.1f2e.tmp"  # another run's write
+        (tmp_path / "objects" / in_flight).write_bytes(b"<urlset")  # (temp names are no valid keys)
         (folder / "index.xml").write_text(f"<sitemapindex {NS}></sitemapindex>")  # the child is no longer listed
         assert load().urls == 0
         assert [key.rsplit("/", 1)[1] for key, _ in store.list_files("demo/sitemap.copies")] == sorted(
-            key.rsplit("/", 1)[1] for key in copies._keys(base + "index.xml"))  # the child's copy deleted
+            [*(key.rsplit("/", 1)[1] for key in copies._keys(base + "index.xml")), in_flight.rsplit("/", 1)[1]])
+
+        # A document served without validators: its old copy is not this document, never asked with again.
+        assert copies.save(base + "index.xml", b"<sitemapindex/>", {}) is False
+        assert copies.load(base + "index.xml") is None
     finally:
         server.shutdown()
         server.server_close()

@@ -709,5 +709,16 @@ async def all_or_cancel(coros, on_other_error: Callable[[BaseException], None] |
 
 
 def _same_origin(url: str, base_url: str) -> bool:
-    a, b = urlsplit(url), urlsplit(base_url)
-    return (a.scheme, a.netloc) == (b.scheme, b.netloc)
+    """Same scheme, host and port (RFC 6454 §4: case-insensitive host, default ports filled
+    in): ``http://Shop.example:80/a`` and ``http://shop.example/b`` are one origin."""
+    origin = _origin_of(url)
+    return origin is not None and origin == _origin_of(base_url)
+
+
+def _origin_of(url: str) -> tuple[str, str, int | None] | None:
+    try:
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        return scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(scheme)
+    except ValueError:  # a port that is no number
+        return None

@@ -118,7 +118,7 @@ def test_a_success_with_no_page_in_it_is_retried_then_fails(response, reason):
     assert Harness(sequence(response, httpx.Response(200, text="<html>ok</html>"))).fetch().http_status == 200
 
 
-@pytest.mark.parametrize("coding", ["compress", "identity, exi", "zstd"])
+@pytest.mark.parametrize("coding", ["compress", "identity, exi", "x-compress"])
 def test_a_compression_the_client_did_not_accept_is_a_permanent_failure(coding):
     """httpx would hand such bytes over undecoded (RFC 9110 §8.4: a coding we never asked for)."""
     harness = Harness(sequence(httpx.Response(200, headers={"Content-Encoding": coding}, content=b"\x1f\x9d\x90<")))

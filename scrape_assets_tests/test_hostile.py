@@ -129,9 +129,10 @@ def test_links_off_site_are_not_followed_and_nothing_is_written_outside_the_root
     assert all(p.name.startswith(("page-", "manifest", "raw_pages", "host-", ".")) for p in root.rglob("*") if p.is_file())
 
 
-@pytest.mark.parametrize("answer", ["empty", "br", "204"])
+@pytest.mark.parametrize("answer", ["empty", "compress", "204"])
 def test_a_page_with_nothing_usable_in_it_keeps_the_categorys_rows(tmp_path, instance, answer):
-    """An empty 200, a body in a coding we never asked for (br, without brotli installed), a 204:
+    """An empty 200, a body in a compression we never offered (compress: LZW, which httpx never
+    decodes, so the test holds with brotli installed too, as `make bench` installs it), a 204:
     taken as pages they would parse to no products and empty the category in the table. They
     are failed fetches instead (dead letters), and the rows loaded before are carried forward."""
     from scrape_assets.demo_site import DemoRequestHandler, DemoResponse, DemoServer, catalogue
@@ -144,9 +145,10 @@ def test_a_page_with_nothing_usable_in_it_keeps_the_categorys_rows(tmp_path, ins
         def send_demo_response(self, response):
             if self.server.broken and self.path == travel:
                 headers = {"Content-Type": "text/html; charset=utf-8", "Content-Length": "0"}
-                if answer == "br":
-                    headers.update({"Content-Encoding": "br", "Content-Length": "6"})
-                response = DemoResponse(204 if answer == "204" else 200, headers, b"\x8b\x02\x80ok\x03" if answer == "br" else b"")
+                if answer == "compress":
+                    headers.update({"Content-Encoding": "compress", "Content-Length": "6"})
+                response = DemoResponse(204 if answer == "204" else 200, headers,
+                                        b"\x1f\x9d\x90ok\x03" if answer == "compress" else b"")
             super().send_demo_response(response)
 
     server = DemoServer(("127.0.0.1", 0), Handler)
@@ -159,9 +161,10 @@ def test_a_page_with_nothing_usable_in_it_keeps_the_categorys_rows(tmp_path, ins
     wh = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}")
     assert len(wh.rows(products)) == len(catalogue().category("travel").products)  # carried forward
     (letter,) = wh.rows(dead_letters)
-    assert (letter["stage"], letter["reason"]) == ("fetch", {
+    assert letter["stage"] == "fetch" and letter["reason"].startswith({  # (", br" follows with brotli installed)
         "empty": "empty_body: HTTP 200 with an empty body", "204": "http_204: a GET answered 204, not 200 with the page",
-        "br": "unsupported_content_encoding: Content-Encoding br; this client accepts gzip, deflate"}[answer])
+        "compress": "unsupported_content_encoding: Content-Encoding compress; this client accepts gzip, deflate"}[
+            answer])
 
 
 def test_a_product_listed_twice_keeps_its_first_listing_and_the_category_loads(tmp_path, instance):
@@ -242,3 +245,29 @@ def test_an_unredirected_page_keeps_no_final_url_however_httpx_spells_its_url(tm
     assert materialize(instance, res, ["fiction"], selection=["raw_pages"]).success
     fiction = latest_manifest(ObjectStore(str(tmp_path / "objects")), "demo", "fiction")
     assert len(fiction.pages) == 4 and all(p.final_url is None for p in fiction.pages.values())
+
+
+def test_a_next_link_spelling_the_sites_host_in_another_case_stays_on_the_site(tmp_path, instance):
+    """Hosts are case-insensitive and a default port is the same port (RFC 6454): an absolute
+    next link to http://localhost:PORT/ from a base URL of http://LOCALHOST:PORT/ is on the site."""
+    from scrape_assets.demo_site import DemoRequestHandler, DemoResponse, DemoServer
+    from scrape_assets_tests.conftest import serving
+
+    class Handler(DemoRequestHandler):
+        def send_demo_response(self, response):
+            if self.path.endswith("fiction_10/index.html"):
+                absolute = f'href="http://localhost:{self.server.server_address[1]}/catalogue/category/books/fiction_10/'
+                body = response.body.replace(b'href="page-2.html"', (absolute + 'page-2.html"').encode())
+                response = DemoResponse(200, {**response.headers, "Content-Length": str(len(body))}, body)
+            super().send_demo_response(response)
+
+    data = _demo_spec()
+    data["pagination"].pop("page_url")
+    spec_path = tmp_path / "next_links.yaml"
+    spec_path.write_text(yaml.safe_dump(data))
+    with serving(DemoServer(("127.0.0.1", 0), Handler)) as server:
+        base_url = server.base_url.replace("127.0.0.1", "LOCALHOST")
+        assert materialize(instance, make_resources(tmp_path, site=str(spec_path), base_url=base_url), ["fiction"],
+                           selection=["raw_pages"]).success
+    fiction = latest_manifest(ObjectStore(str(tmp_path / "objects")), "demo", "fiction")
+    assert len(fiction.pages) == 4 and fiction.pages[2].url.startswith("http://localhost:")

@@ -28,7 +28,7 @@ from urllib.parse import urljoin, urlsplit
 from scrape_assets.batched_log import LOG_EVERY_S
 from scrape_assets.crashpoints import crashpoint
 from scrape_assets.errors import FetchError, PermanentFetchError, StorageError
-from scrape_assets.fetcher import PageFetcher, sendable_validator
+from scrape_assets.fetcher import PageFetcher, same_origin, sendable_validator
 from scrape_assets.manifest import (
     UNREAD,
     Manifest,
@@ -492,7 +492,7 @@ class PartitionCrawler:
             self._warn_dead_next_link(last, pager)
             if next_url is None or last >= self.spec.pagination.max_pages:
                 manifest.discovery_complete = True
-            elif not _same_origin(next_url, self.fetch_base_url):
+            elif not same_origin(next_url, self.fetch_base_url):
                 logger.warning("%s: next link %s leaves the site; not followed", self.category, next_url)
                 manifest.discovery_complete = True
             elif (seen := next((n for n, e in manifest.pages.items() if e.url == next_url), None)) is not None:
@@ -706,19 +706,3 @@ async def all_or_cancel(coros, on_other_error: Callable[[BaseException], None] |
                 on_other_error(other)
         raise errors[0]
     return [task.result() for task in tasks]
-
-
-def _same_origin(url: str, base_url: str) -> bool:
-    """Same scheme, host and port (RFC 6454 §4: case-insensitive host, default ports filled
-    in): ``http://Shop.example:80/a`` and ``http://shop.example/b`` are one origin."""
-    origin = _origin_of(url)
-    return origin is not None and origin == _origin_of(base_url)
-
-
-def _origin_of(url: str) -> tuple[str, str, int | None] | None:
-    try:
-        parts = urlsplit(url)
-        scheme = parts.scheme.lower()
-        return scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(scheme)
-    except ValueError:  # a port that is no number
-        return None

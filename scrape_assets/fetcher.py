@@ -229,6 +229,17 @@ def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
     return url.scheme, url.host, url.port or _DEFAULT_PORTS.get(url.scheme)
 
 
+def same_origin(url: str, other: str) -> bool:
+    """Whether two absolute URLs share scheme, host and port (RFC 6454 §4), compared as the
+    fetcher compares a redirect's target: host case and an explicit default port do not
+    matter (``http://Shop.example:80/a`` and ``http://shop.example/b`` are one origin).
+    False when either is no URL (a port that is no number)."""
+    try:
+        return _origin(httpx.URL(url)) == _origin(httpx.URL(other))
+    except httpx.InvalidURL:
+        return False
+
+
 @dataclass
 class _Progress:
     """What one request got before it failed (filled in from inside the deadline)."""
@@ -442,15 +453,15 @@ class PageFetcher:
                 current = target
                 continue
             decision = classify_status(status)
-            if decision == "ok" and status not in _PAGE_STATUSES:
-                # 202 (a bot check's "come back later"), 204, an unasked-for 206: no listing page
-                # in it, and taken as one it would parse to no products and empty the category.
-                raise TransientFetchError(url, f"http_{status}", f"a GET answered {status}, not 200 with the page",
-                                          http_status=status, attempts=attempt)
-            if decision == "ok" and status != 304 and not body:
-                raise TransientFetchError(url, "empty_body", f"HTTP {status} with an empty body",
-                                          http_status=status, attempts=attempt)
             if decision == "ok":
+                if status not in _PAGE_STATUSES:
+                    # 202 (a bot check's "come back later"), 204, an unasked-for 206: no listing page
+                    # in it, and taken as one it would parse to no products and empty the category.
+                    raise TransientFetchError(url, f"http_{status}", f"a GET answered {status}, not 200 with the page",
+                                              http_status=status, attempts=attempt)
+                if status != 304 and not body:
+                    raise TransientFetchError(url, "empty_body", f"HTTP {status} with an empty body",
+                                              http_status=status, attempts=attempt)
                 return FetchedPage(
                     url=url,
                     final_url=str(current),

@@ -295,9 +295,7 @@ class SitemapCopies:
         try:
             meta = json.loads(self.store.read_bytes(meta_key))
             body = self.store.read_bytes(body_key)
-        except FileNotFoundError:
-            return None
-        except (ValueError, UnicodeDecodeError):  # a torn or edited JSON: fetch the document whole
+        except (FileNotFoundError, ValueError):  # none kept, or a torn or edited JSON: fetch the document whole
             return None
         if not isinstance(meta, dict) or meta.get("url") != url or meta.get("sha256") != hashlib.sha256(body).hexdigest():
             return None

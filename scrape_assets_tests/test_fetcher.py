@@ -335,6 +335,18 @@ def test_explicit_default_port_is_the_same_origin():
     assert Harness(handler).fetch("http://shop.test/a").http_status == 200
 
 
+@pytest.mark.parametrize(("url", "other", "same"), [
+    ("HTTP://Shop.Example:80/a", "http://shop.example/b", True),  # host case, an explicit default port
+    ("https://shop.example/a", "http://shop.example/a", False),
+    ("http://shop.example:81/", "http://shop.example/", False),
+    ("http://shop.example:x/", "http://shop.example/", False),  # a port that is no number: no origin
+])
+def test_same_origin_compares_as_the_redirect_check_does(url, other, same):
+    from scrape_assets.fetcher import same_origin
+
+    assert same_origin(url, other) is same
+
+
 def test_redirect_loop_is_permanent():
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(302, headers={"Location": "/b" if request.url.path == "/a" else "/a"})

@@ -32,7 +32,10 @@ from scrape_assets.storage import ObjectStore
 #: failing the step; a product listed twice keeps its first listing; a redirected page's
 #: links resolve against its final URL; a 3-letter word next to a price is its currency
 #: only if ISO 4217 lists it (and it suits the symbol, if any).
-PARSER_VERSION = "3"
+#: 4: a page with no product card and none of the listing's elements (pager, next link,
+#: results count) fails the schema's unrecognised_page check when the spec names a results
+#: count, instead of emptying its category (a bot check or an error page served as 200).
+PARSER_VERSION = "4"
 
 
 @dataclass
@@ -42,7 +45,7 @@ class ParsedSnapshot:
     Attributes:
         products: one dict per product with the columns of ``schemas.PRODUCT_COLUMNS``.
         pages: one dict per done page: ``category, page_number, products_parsed, cards_found,
-            site_claims_products`` (the layout guard's input).
+            site_claims_products, listing_recognised`` (the layout guards' input).
         rejects: product cards that could not be parsed: ``url, page_number, reason``.
     """
 
@@ -114,6 +117,9 @@ def extract_snapshot(
         for reject in page.rejects:
             out.rejects.append({"url": reject.url or entry.url, "page_number": n, "reason": reject.reason})
         claims = page.pager.total_pages is not None or bool(page.pager.results_count)
+        # A bot check or an error page served as 200 has no card and none of the listing's
+        # elements; without a results count in the spec an empty listing may show none either.
+        recognised = page.cards_found > 0 or page.pager.shows_listing or not spec.pagination.results_count
         out.pages.append(
             {
                 "category": manifest.category,
@@ -121,6 +127,7 @@ def extract_snapshot(
                 "products_parsed": len(page.products),  # a product listed again is parsed, not a rejected card
                 "cards_found": page.cards_found,
                 "site_claims_products": claims,
+                "listing_recognised": recognised,
             }
         )
     return out

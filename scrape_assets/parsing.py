@@ -264,6 +264,9 @@ class PagerInfo:
             ``None`` when the spec names no such element or the page lacks it.
         next_link_error: why the ``next`` link's ``href`` could not be resolved (``next_url``
             is then ``None``), e.g. ``"'http://[bad/' (Invalid IPv6 URL)"``; ``None`` otherwise.
+        shows_listing: the page has one of the spec's pagination elements (pager, ``next``
+            link, results count), whatever its text: "0 results" or "No results" is an
+            empty listing; a page with none of them and no product card is no listing page.
     """
 
     current_page: int | None
@@ -271,6 +274,7 @@ class PagerInfo:
     next_url: str | None
     results_count: int | None
     next_link_error: str | None = None
+    shows_listing: bool = False
 
 
 @dataclass(frozen=True)
@@ -350,12 +354,15 @@ def parse_pager(
     tree = _tree(html_or_tree, content_type)
     pagination = spec.pagination
     current = total = None
+    shows_listing = False
     if pagination.pager and (node := tree.css_first(pagination.pager)) is not None:
+        shows_listing = True
         if (match := _compiled(pagination.pager_regex).search(node.text())) and max(
                 len(match.group(1)), len(match.group(2))) <= _MAX_DIGITS:  # "Page 1 of 99...9": no pager
             current, total = int(match.group(1)), int(match.group(2))
     next_url = next_link_error = None
     if pagination.next_link and (node := tree.css_first(pagination.next_link)) is not None:
+        shows_listing = True
         href = (node.attributes.get("href") or "").strip()
         try:
             next_url = urljoin(page_url, href) if href else None
@@ -363,10 +370,11 @@ def parse_pager(
             next_link_error = f"{href!r} ({exc})"
     results = None
     if pagination.results_count and (node := tree.css_first(pagination.results_count)) is not None:
+        shows_listing = True
         if (match := _INTEGER.search(node.text())) and len(digits := re.sub(r"\D", "", match.group())) <= _MAX_DIGITS:
             results = int(digits)
     return PagerInfo(current_page=current, total_pages=total, next_url=next_url, results_count=results,
-                     next_link_error=next_link_error)
+                     next_link_error=next_link_error, shows_listing=shows_listing)
 
 
 #: Characters of a plain path: no query, fragment, params (";", which urlparse splits off),

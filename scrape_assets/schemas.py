@@ -8,7 +8,7 @@ Frames and dtypes (pandas 3, the line the project pins: ``str`` is
   holding ``decimal.Decimal`` (exact, never float); ``rating`` and ``page_number`` ``int64``.
 * pages, built by :func:`pages_frame`: one row per fetched listing page, columns
   :data:`PAGE_COLUMNS`: ``products_parsed``
-  and ``cards_found`` ``int64``, ``site_claims_products`` ``bool``.
+  and ``cards_found`` ``int64``, ``site_claims_products`` and ``listing_recognised`` ``bool``.
 
 :func:`validate_parsed` validates both with ``lazy=True`` and returns a JSON-serialisable
 :class:`ValidationReport` holding every failure case; it never raises for data problems.
@@ -42,13 +42,21 @@ PRODUCT_COLUMNS: tuple[str, ...] = (
     "snapshot_id",
     "fetched_at",
 )
-PAGE_COLUMNS: tuple[str, ...] = ("category", "page_number", "products_parsed", "cards_found", "site_claims_products")
+PAGE_COLUMNS: tuple[str, ...] = ("category", "page_number", "products_parsed", "cards_found", "site_claims_products",
+                                 "listing_recognised")
+_BOOL_PAGE_COLUMNS = ("site_claims_products", "listing_recognised")
 
 _STR_COLUMNS = ("category", "product_id", "title", "currency", "availability", "url", "snapshot_id", "fetched_at")
 _INT_COLUMNS = ("rating", "page_number")
 #: UTC timestamps as written by ``datetime.now(timezone.utc).isoformat()`` (or with ``Z``).
 FETCHED_AT_PATTERN = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(Z|\+00:00)$"
 LAYOUT_GUARD_MESSAGE = "page parsed to zero products while the site says it has some: the layout may have changed"
+UNRECOGNISED_PAGE_CHECK = "unrecognised_page"
+UNRECOGNISED_PAGE_MESSAGE = (
+    "page has no product card and none of the listing's elements (pager, next link, the spec's "
+    "pagination.results_count, which even an empty listing shows): not a listing page (a bot check or an "
+    "error page served with status 200, or a redesign); the category's earlier rows are kept"
+)
 #: A partition fails when more than this share of its product cards were rejected (a field
 #: unreadable) and more than :data:`REJECTS_ALWAYS_ALLOWED` of them: a selector that stopped
 #: matching some cards (a redesign, an A/B test) must not silently drop those products.
@@ -134,6 +142,10 @@ class PagesSchema(pa.DataFrameModel):
     site_claims_products: Series[bool] = pa.Field(
         description="the site says this page lists products (pager or results count > 0)"
     )
+    listing_recognised: Series[bool] = pa.Field(
+        description="the page has a product card or one of the listing's elements (pager, next link, results "
+                    "count), or the spec names no results count (then an empty listing cannot be told apart)"
+    )
 
     class Config:
         strict = True
@@ -142,6 +154,10 @@ class PagesSchema(pa.DataFrameModel):
     @pa.dataframe_check(name="layout_guard", error=LAYOUT_GUARD_MESSAGE)
     def _layout_guard(cls, pages: pd.DataFrame) -> Series[bool]:
         return ~pages["site_claims_products"].astype(bool) | (pages["products_parsed"] > 0)
+
+    @pa.dataframe_check(name=UNRECOGNISED_PAGE_CHECK, error=UNRECOGNISED_PAGE_MESSAGE)
+    def _listing_recognised(cls, pages: pd.DataFrame) -> Series[bool]:
+        return pages["listing_recognised"].astype(bool)
 
     @pa.dataframe_check(name="parsed_at_most_cards", error="more products parsed than product cards found")
     def _parsed_at_most_cards(cls, pages: pd.DataFrame) -> Series[bool]:
@@ -210,7 +226,7 @@ def pages_frame(rows: list[dict], *, max_rejected_share: float = DEFAULT_MAX_REJ
 
     Returns:
         A frame with :data:`PAGE_COLUMNS` in order: ``category`` ``str``, the counts
-        ``int64``, ``site_claims_products`` ``bool`` (a column holding other values stays
+        ``int64``, ``site_claims_products`` and ``listing_recognised`` ``bool`` (a column holding other values stays
         ``object`` for :func:`validate_parsed` to report).
 
     Raises:
@@ -222,9 +238,9 @@ def pages_frame(rows: list[dict], *, max_rejected_share: float = DEFAULT_MAX_REJ
         values = [row[name] for row in rows]
         if name == "category":
             columns[name] = pd.Series(values, dtype="str")
-        elif name == "site_claims_products" and all(isinstance(v, (bool, np.bool_)) for v in values):
+        elif name in _BOOL_PAGE_COLUMNS and all(isinstance(v, (bool, np.bool_)) for v in values):
             columns[name] = pd.Series(values, dtype="bool")
-        elif name != "site_claims_products" and all(_is_int(v) for v in values):
+        elif name not in _BOOL_PAGE_COLUMNS and all(_is_int(v) for v in values):
             columns[name] = pd.Series(values, dtype="int64")
         else:
             columns[name] = pd.Series(values, dtype=object)

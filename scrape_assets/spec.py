@@ -87,7 +87,11 @@ class Pagination(_Strict):
     pager_regex: str = r"Page\s+(\d+)\s+of\s+(\d+)"
     next_link: str | None = Field(default=None, description="<a> whose href is the next page")
     page_url: str | None = None
-    results_count: str | None = Field(default=None, description='element whose text is the number of results ("32")')
+    results_count: str | None = Field(
+        default=None,
+        description='element whose text is the number of results ("32"), on every listing page, an empty one too '
+                    '("0 results"): a page with neither it nor a product card fails the unrecognised_page check',
+    )
     max_pages: int = Field(default=1000, ge=1, le=100_000)
 
     @field_validator("pager_regex")

@@ -167,6 +167,51 @@ def test_a_page_with_nothing_usable_in_it_keeps_the_categorys_rows(tmp_path, ins
             answer])
 
 
+@pytest.mark.parametrize("spec_counts_results", [True, False])
+def test_a_bot_check_served_as_200_holds_the_category_back_instead_of_emptying_it(tmp_path, instance,
+                                                                                   spec_counts_results):
+    """A challenge page answered with status 200 has no product card, no pager and no results
+    count: parsed as an empty listing it would replace the category's rows with none. With a
+    results count in the spec (which even an empty listing shows), the page fails the blocking
+    check and the earlier rows stay; without one the guard cannot tell it from an empty
+    category (the documented limit), and the category empties as the site asked."""
+    from scrape_assets.demo_site import DemoRequestHandler, DemoResponse, DemoServer, catalogue
+    from scrape_assets.warehouse import Warehouse, products
+    from scrape_assets_tests.conftest import serving
+
+    travel = "/" + catalogue().category("travel").path  # one page, 11 products
+    challenge = b"<html><head><title>Just a moment...</title></head><body><p>Checking your browser</p></body></html>"
+
+    class Handler(DemoRequestHandler):
+        def send_demo_response(self, response):
+            if self.server.challenge and self.path == travel:
+                response = DemoResponse(200, {"Content-Type": "text/html; charset=utf-8",
+                                              "Content-Length": str(len(challenge))}, challenge)
+            super().send_demo_response(response)
+
+    spec = _demo_spec()
+    if not spec_counts_results:
+        del spec["pagination"]["results_count"]
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    server = DemoServer(("127.0.0.1", 0), Handler)
+    server.challenge = False
+    with serving(server):
+        res = make_resources(tmp_path, base_url=server.base_url, site=str(tmp_path / "spec.yaml"))
+        assert materialize(instance, res, ["travel"]).success
+        server.challenge = True
+        result = materialize(instance, res, ["travel"], raise_on_error=False)
+    check = {c.check_name: c for c in result.get_asset_check_evaluations()}["parsed_products_match_schema"]
+    rows = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(products)
+    if spec_counts_results:
+        assert check.passed is False
+        (case,) = check.metadata["failure_cases"].value
+        assert case["check"] == "unrecognised_page" and "bot check" in case["message"]
+        assert case["failure_case"]["category"] == "travel" and case["failure_case"]["page_number"] == 1
+        assert len(rows) == 11  # the rows loaded the day before stay
+    else:
+        assert check.passed is True and rows == []
+
+
 def test_a_product_listed_twice_keeps_its_first_listing_and_the_category_loads(tmp_path, instance):
     """Cards the site repeats on every page (or products that moved between pages while they
     were fetched): one row each (the first listing), the others parse dead letters; they are

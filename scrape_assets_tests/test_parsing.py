@@ -250,7 +250,8 @@ def test_a_link_that_cannot_be_resolved_is_a_reject_or_no_next_page_not_an_error
     assert [p["product_id"] for p in parsed.products] == ["12"]
     assert parsed.rejects == [Reject(url=page_url, reason="url: 'http://[bad/x_1/index.html' cannot be resolved "
                                                           "against the page (Invalid IPv6 URL)")]
-    assert parsed.pager == PagerInfo(None, None, None, None, next_link_error="'http://[bad/page-4.html' (Invalid IPv6 URL)")
+    assert parsed.pager == PagerInfo(None, None, None, None, next_link_error="'http://[bad/page-4.html' (Invalid IPv6 URL)",
+                                    shows_listing=True)
 
 
 def test_cards_beyond_the_warehouses_columns_are_rejected_naming_the_limit(spec):
@@ -300,8 +301,8 @@ def test_a_page_number_or_count_too_long_to_be_one_is_read_as_none(spec):
     huge = "9" * 4400
     html = (f'<form class="form-horizontal"><strong>{huge}</strong> results</form>'
             f'<ul class="pager"><li class="current"> Page 1 of {huge} </li></ul>')
-    assert parse_pager(html, spec, "http://h/c/page-1.html") == PagerInfo(None, None, None, None)
-    assert parse_pager(html.replace(huge, "9" * 18), spec, "http://h/") == PagerInfo(1, 10**18 - 1, None, 10**18 - 1)
+    assert parse_pager(html, spec, "http://h/c/page-1.html") == PagerInfo(None, None, None, None, shows_listing=True)
+    assert parse_pager(html.replace(huge, "9" * 18), spec, "http://h/") == PagerInfo(1, 10**18 - 1, None, 10**18 - 1, shows_listing=True)
 
 
 def test_parse_pager_accepts_text_and_bytes(spec):
@@ -310,13 +311,23 @@ def test_parse_pager_accepts_text_and_bytes(spec):
         '<ul class="pager"><li class="current"> Page 3 of 52 </li>'
         '<li class="next"><a href="page-4.html">next</a></li></ul>'
     )
-    expected = PagerInfo(3, 52, "http://h/c/page-4.html", 1032)
+    expected = PagerInfo(3, 52, "http://h/c/page-4.html", 1032, shows_listing=True)
     assert parse_pager(html, spec, "http://h/c/page-3.html") == expected
     assert parse_pager(html.encode(), spec, "http://h/c/page-3.html") == expected
     utf16 = html.encode("utf-16-le")
     assert parse_pager(utf16, spec, "http://h/c/page-3.html", content_type="text/html; charset=utf-16le") == expected
     unmatched = '<ul class="pager"><li class="current">Seite 3</li></ul>'
-    assert parse_pager(unmatched, spec, "http://h/") == PagerInfo(None, None, None, None)
+    assert parse_pager(unmatched, spec, "http://h/") == PagerInfo(None, None, None, None, shows_listing=True)
+
+
+@pytest.mark.parametrize(("html", "shows"), [
+    ('<form class="form-horizontal"><strong>0</strong> results</form>', True),  # an empty listing
+    ('<form class="form-horizontal"><strong>No</strong> results</form>', True),  # no digits: still the element
+    ('<ul class="pager"><li class="next"><a href="page-2.html">next</a></li></ul>', True),
+    ("<html><title>Just a moment...</title><p>Checking your browser</p></html>", False),  # a bot check
+])
+def test_a_page_shows_a_listing_when_it_has_any_of_the_listings_elements(spec, html, shows):
+    assert parse_pager(html, spec, "http://h/c/index.html").shows_listing is shows
 
 
 # --- the real saved pages -------------------------------------------------------------------
@@ -379,18 +390,19 @@ def test_real_pages_match_expected(spec, expected, listing, base):
 def test_real_pagers(spec, expected, base):
     first_all, *_, last_all = _parse_listing_files(spec, LISTINGS["all"], base)
     assert expected["all"]["pager_text_on_first_page"] == "Page 1 of 50"
-    assert first_all.pager == PagerInfo(1, 50, base + "catalogue/page-2.html", 1000)
-    assert last_all.pager == PagerInfo(50, 50, None, 1000)
+    assert first_all.pager == PagerInfo(1, 50, base + "catalogue/page-2.html", 1000, shows_listing=True)
+    assert last_all.pager == PagerInfo(50, 50, None, 1000, shows_listing=True)
 
     (mystery,) = _parse_listing_files(spec, LISTINGS["mystery_3"], base)
     assert expected["mystery_3"]["pager_text_on_first_page"] == "Page 1 of 2"
     # next_url stays on the host the page came from: the crawler fetches it there
-    assert mystery.pager == PagerInfo(1, 2, base + "catalogue/category/books/mystery_3/page-2.html", 32)
+    assert mystery.pager == PagerInfo(1, 2, base + "catalogue/category/books/mystery_3/page-2.html", 32,
+                                     shows_listing=True)
     assert mystery.pager.next_url.endswith("mystery_3/page-2.html")
 
     (travel,) = _parse_listing_files(spec, LISTINGS["travel_2"], base)
     assert expected["travel_2"]["pager_text_on_first_page"] is None
-    assert travel.pager == PagerInfo(None, None, None, 11)
+    assert travel.pager == PagerInfo(None, None, None, 11, shows_listing=True)
 
 
 @needs_realdata

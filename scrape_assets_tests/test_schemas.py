@@ -13,6 +13,7 @@ from scrape_assets.schemas import (
     PAGE_COLUMNS,
     PRODUCT_COLUMNS,
     REJECTED_SHARE_MESSAGE,
+    UNRECOGNISED_PAGE_MESSAGE,
     pages_frame,
     products_frame,
     validate_parsed,
@@ -48,13 +49,15 @@ def _pages(**overrides) -> pd.DataFrame:
     return pages_frame([_page_row(**overrides)])
 
 
-def _page_row(category="mystery", page_number=1, products_parsed=2, cards_found=2, site_claims_products=True) -> dict:
+def _page_row(category="mystery", page_number=1, products_parsed=2, cards_found=2, site_claims_products=True,
+              listing_recognised=True) -> dict:
     return {
         "category": category,
         "page_number": page_number,
         "products_parsed": products_parsed,
         "cards_found": cards_found,
         "site_claims_products": site_claims_products,
+        "listing_recognised": listing_recognised,
     }
 
 
@@ -86,7 +89,7 @@ def test_products_frame_rejects_rows_with_wrong_keys():
 def test_pages_frame_columns_and_dtypes():
     frame = _pages()
     assert tuple(frame.columns) == PAGE_COLUMNS
-    assert frame.dtypes.astype(str).tolist() == ["str", "int64", "int64", "int64", "bool"]
+    assert frame.dtypes.astype(str).tolist() == ["str", "int64", "int64", "int64", "bool", "bool"]
 
 
 def test_valid_frames_pass():
@@ -201,7 +204,24 @@ def test_layout_guard_fails_page_with_zero_products_the_site_claims():
         "products_parsed": 0,
         "cards_found": 0,
         "site_claims_products": True,
+        "listing_recognised": True,
     }
+
+
+def test_a_page_that_is_no_listing_fails_its_partition():
+    """A bot check served as 200 (no card, no pager, no results count) must not empty the category."""
+    pages = pages_frame(
+        [
+            _page_row(page_number=1, products_parsed=0, cards_found=0, site_claims_products=False,
+                      listing_recognised=False),
+            _page_row(category="empty", products_parsed=0, cards_found=0, site_claims_products=False),
+        ]
+    )
+    report = validate_parsed(products_frame([]), pages)
+    assert not report.passed and report.by_check == {"pages: unrecognised_page": 1}
+    case = report.failure_cases[0]
+    assert case["index"] == 0 and case["message"] == UNRECOGNISED_PAGE_MESSAGE
+    assert case["failure_case"]["category"] == "mystery" and case["failure_case"]["listing_recognised"] is False
 
 
 @pytest.mark.parametrize(

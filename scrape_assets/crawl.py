@@ -371,6 +371,9 @@ class PartitionCrawler:
         pattern = self.spec.pagination.page_url
         if pager.total_pages is not None and pattern:
             total = min(pager.total_pages, self.spec.pagination.max_pages)
+            if total < pager.total_pages:
+                logger.warning("%s: the site lists %d pages; the spec's pagination.max_pages stops the crawl at %d",
+                               self.category, pager.total_pages, total)
             manifest.total_pages = total
             for n in range(2, total + 1):
                 manifest.pages.setdefault(n, PageEntry(url=self._page_url(n)))
@@ -491,6 +494,9 @@ class PartitionCrawler:
             next_url = pager.next_url
             self._warn_dead_next_link(last, pager)
             if next_url is None or last >= self.spec.pagination.max_pages:
+                if next_url is not None:
+                    logger.warning("%s: page %d has a next link; the spec's pagination.max_pages stops the crawl there",
+                                   self.category, last)
                 manifest.discovery_complete = True
             elif not same_origin(next_url, self.fetch_base_url):
                 logger.warning("%s: next link %s leaves the site; not followed", self.category, next_url)

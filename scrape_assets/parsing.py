@@ -30,28 +30,61 @@ from scrape_assets.spec import Field_, SiteSpec
 
 _BOMS = ((codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
 _HEADER_CHARSET = re.compile(r"""charset\s*=\s*["']?\s*([^"';,\s]+)""", re.IGNORECASE)
-_META_CHARSET = re.compile(rb"""<meta[^>]*?charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.IGNORECASE)
 #: How far into the body to look for <meta charset> (the WHATWG prescan looks at 1024 bytes;
-#: real pages start with blank lines and comments, so allow more).
+#: real pages start with blank lines and comments, so allow more). A tag must end within it.
 _META_SCAN_BYTES = 4096
+_COMMENT = re.compile(rb"<!--.*?-->", re.DOTALL)
+_META_TAG = re.compile(rb"<meta[\s/][^>]*>", re.IGNORECASE)
+_ATTRIBUTE = re.compile(rb"""([^\s=/>]+)(?:\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>]*)))?""")
+_CHARSET_IN_CONTENT = re.compile(rb"""charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.IGNORECASE)
 #: Python codec names decoded as windows-1252 with the C1 gaps kept, as the WHATWG Encoding
 #: Standard does for these labels: lossless, so ftfy can still undo mojibake afterwards.
 _AS_WINDOWS_1252 = {"ascii", "iso8859-1", "latin-1", "cp1252"}
+#: Labels a browser decodes with a larger codec than Python's codec of that name (WHATWG
+#: Encoding Standard, section 4.2 "Names and labels"): GBK is read by the gb18030 decoder,
+#: Shift_JIS is Windows-31J, EUC-KR is windows-949, ISO-8859-9 is windows-1254, TIS-620
+#: and ISO-8859-11 are windows-874, Big5 includes HKSCS. Keys: Python codec names, or
+#: labels Python does not know.
+_WHATWG_CODECS = {"gb2312": "gb18030", "gbk": "gb18030", "x-gbk": "gb18030", "shift_jis": "cp932",
+                  "windows-31j": "cp932", "x-sjis": "cp932", "euc_kr": "cp949", "iso8859-9": "cp1254",
+                  "tis-620": "cp874", "iso8859-11": "cp874", "windows-874": "cp874", "big5": "big5hkscs"}
 
 
 def _codec_for(label: str) -> str | None:
     """Python codec name for a charset label, or ``None`` when Python does not know it."""
+    label = label.strip().strip("\"'").lower()
     try:
-        name = codecs.lookup(label.strip().strip("\"'")).name
+        name = _WHATWG_CODECS.get(label) or codecs.lookup(label).name
+        name = _WHATWG_CODECS.get(name, name)
         b"<".decode(name, "replace")  # base64, hex, rot13, zlib: not text encodings; idna refuses "replace"
     except (LookupError, UnicodeError, ValueError, TypeError):
         return None
     if name not in _AS_WINDOWS_1252:
         return name
+    return _sloppy_windows_1252()
+
+
+def _sloppy_windows_1252() -> str:
     # ftfy (~40 ms to import) only when a page needs its codec or a repair, not in every process
     import ftfy.bad_codecs  # noqa: F401  registers the lossless "sloppy-windows-1252" codec
 
     return "sloppy-windows-1252"
+
+
+def _meta_charset(body: bytes) -> bytes | None:
+    """The label of the first ``<meta charset>`` or ``<meta http-equiv="Content-Type"
+    content="...; charset=...">`` that ends within the first 4 KiB, outside comments
+    (after the WHATWG prescan: only these two attributes count, not ``charset=`` in another)."""
+    head = _COMMENT.sub(b"", body[:_META_SCAN_BYTES])
+    for tag in _META_TAG.finditer(head):
+        attributes = {m.group(1).lower(): m.group(2) or m.group(3) or m.group(4) or b""
+                      for m in _ATTRIBUTE.finditer(tag.group(), 5, len(tag.group()) - 1)}
+        if charset := attributes.get(b"charset", b"").strip():
+            return charset
+        if attributes.get(b"http-equiv", b"").strip().lower() == b"content-type":
+            if match := _CHARSET_IN_CONTENT.search(attributes.get(b"content", b"")):
+                return match.group(1)
+    return None
 
 
 def sniff_charset(body: bytes, content_type: str | None = None) -> str:
@@ -59,10 +92,13 @@ def sniff_charset(body: bytes, content_type: str | None = None) -> str:
 
     Order (after the WHATWG HTML "determining the character encoding" algorithm, simplified):
     a byte-order mark, then the ``charset`` parameter of the ``Content-Type`` header
-    (RFC 9110 section 8.3), then ``<meta charset>`` / ``<meta http-equiv>`` in the first 4 KiB,
-    else UTF-8. Unknown labels are skipped; a ``<meta>`` claiming UTF-16 means UTF-8 (the meta
-    tag itself was readable as ASCII). ISO-8859-1, US-ASCII and windows-1252 all decode as
-    windows-1252 with the undefined bytes kept as C1 controls (lossless).
+    (RFC 9110 section 8.3), then ``<meta charset>`` / ``<meta http-equiv>`` ending in the
+    first 4 KiB (not in a comment), else UTF-8. Unknown labels are skipped; a ``<meta>``
+    claiming UTF-16 means UTF-8 (the meta tag itself was readable as ASCII). Labels map to
+    codecs as browsers map them (WHATWG Encoding Standard): ISO-8859-1, US-ASCII and
+    windows-1252 all decode as windows-1252 with the undefined bytes kept as C1 controls
+    (lossless); GB2312 as GB18030, Shift_JIS as cp932, EUC-KR as cp949, ISO-8859-9 as
+    windows-1254, TIS-620 as windows-874, Big5 as Big5-HKSCS.
 
     Args:
         body: the raw response body.
@@ -78,14 +114,19 @@ def sniff_charset(body: bytes, content_type: str | None = None) -> str:
         match = _HEADER_CHARSET.search(content_type)
         if match and (codec := _codec_for(match.group(1))):
             return codec
-    match = _META_CHARSET.search(body, 0, _META_SCAN_BYTES)
-    if match and (codec := _codec_for(match.group(1).decode("ascii"))):
+    label = _meta_charset(body)
+    if label and (codec := _codec_for(label.decode("ascii", "replace"))):
         return "utf-8" if codec.startswith("utf-16") else codec
     return "utf-8"
 
 
 def _decode(body: bytes, content_type: str | None) -> str:
     codec = sniff_charset(body, content_type)
+    if codec == "utf-8" and not body.startswith(codecs.BOM_UTF8):
+        try:
+            return body.decode("utf-8")
+        except UnicodeDecodeError:  # not UTF-8, whatever the label says: see decode_html
+            codec = _sloppy_windows_1252()
     try:
         text = body.decode(codec, errors="replace")
     except (LookupError, UnicodeError, ValueError, TypeError):  # a codec that fails on this body after all
@@ -121,7 +162,10 @@ def decode_html(body: bytes, content_type: str | None = None) -> str:
     """Decode an HTML body to text and repair mojibake.
 
     The charset is chosen by :func:`sniff_charset`; bytes invalid in it become U+FFFD, so a
-    wrong or missing charset never raises. The whole document then goes through
+    wrong or missing charset never raises. A body that is no valid UTF-8 where UTF-8 was
+    chosen (labelled so, or not labelled) is decoded as windows-1252 instead (lossless), and
+    the repair below restores the parts that were UTF-8: a legacy page labelled UTF-8 reads
+    "Crème" and "€" where a browser would show U+FFFD. The whole document then goes through
     :func:`repair_text` (about 10 ms for a 50 KB page with mojibake; :func:`parse_listing`
     repairs extracted fields only, which is much faster).
 
@@ -138,28 +182,49 @@ def decode_html(body: bytes, content_type: str | None = None) -> str:
 # --- field parsers --------------------------------------------------------------------------
 
 _CURRENCY_SYMBOLS = {"£": "GBP", "$": "USD", "€": "EUR", "¥": "JPY"}
-_SYMBOL = re.compile("[£$€¥]")
+#: Dollars named by their prefix ("C$12.99", "US$ 5"): the prefix says which dollar.
+_DOLLAR_PREFIXES = {"US": "USD", "C": "CAD", "CA": "CAD", "A": "AUD", "AU": "AUD", "NZ": "NZD", "HK": "HKD",
+                    "S": "SGD", "SG": "SGD", "NT": "TWD", "MX": "MXN", "R": "BRL"}
+_SYMBOL = re.compile(r"(?<![A-Za-z])(US|CA|AU|NZ|HK|SG|NT|MX|C|A|S|R)?\$|[£€¥]")
 _CODE_BEFORE = re.compile(r"(?<![A-Za-z])([A-Z]{3})\s*$")
 _CODE_AFTER = re.compile(r"\s*([A-Z]{3})(?![A-Za-z])")
-# digits, optionally grouped by , . ' NBSP or narrow NBSP, ending in a digit
-_AMOUNT = re.compile(r"-?\d(?:[\d.,'\u00a0\u202f]*\d)?")
-_GROUPING = str.maketrans("", "", "'\u00a0\u202f")
+#: Digit-group separators: ' NBSP, narrow NBSP, thin space, ’ (Swiss "1’234.50").
+_GROUP_MARKS = "'\u00a0\u202f\u2009\u2019"
+#: An amount: digits, optionally grouped by , . or a separator above (a plain space only
+#: before exactly three digits: "1 234,50"), ending in a digit; or cents alone (".99").
+_AMOUNT = re.compile(rf"\d(?:(?:[\d.,{_GROUP_MARKS}]| (?=\d{{3}}(?!\d)))*\d)?|[.,]\d\d(?!\d)")
+_GROUPING = str.maketrans("", "", _GROUP_MARKS + " ")
+#: A minus sign (ASCII or U+2212) right before the amount, maybe with a symbol or code between.
+_MINUS_BEFORE = re.compile(r"[-\u2212]\s*(?:[A-Z]{3}|[A-Z]{0,2}\$|[£€¥])?\s*$")
+#: Minor units right after the amount: "99p" (pence), "99¢" (cents).
+_MINOR_AFTER = re.compile(r"\s*([p¢])(?![A-Za-z])")
+#: ISO 4217 currencies with three decimal digits: "1.250 KWD" is one dinar and a quarter.
+_THREE_DECIMALS = frozenset({"BHD", "IQD", "JOD", "KWD", "LYD", "OMR", "TND"})
 
 
-def _amount(raw: str) -> str:
-    """Normalise a matched amount to Decimal syntax: decide which of , and . is the decimal mark."""
+def _amount(raw: str, *, three_decimals: bool = False, decimal_mark: str | None = None) -> str:
+    """Normalise a matched amount to Decimal syntax: decide which of , and . is the decimal mark.
+
+    ``decimal_mark`` (the spec's) decides. Unset, a lone mark followed by exactly three
+    digits after a non-zero integer part groups thousands ("1,234", "1.250" as German shops
+    write 1250), unless ``three_decimals`` (the currency has three decimal digits) makes a
+    lone "." its decimal mark.
+    """
     raw = raw.translate(_GROUPING)
+    if decimal_mark is not None:
+        grouping = "." if decimal_mark == "," else ","
+        return raw.replace(grouping, "").replace(decimal_mark, ".")
     if "," in raw and "." in raw:
         decimal_mark = "," if raw.rfind(",") > raw.rfind(".") else "."
         grouping = "." if decimal_mark == "," else ","
         return raw.replace(grouping, "").replace(decimal_mark, ".")
-    if "," in raw:
-        integer, _, fraction = raw.rpartition(",")
-        if raw.count(",") == 1 and len(fraction) != 3:  # "3,50" is 3.50; "1,234" is 1234
-            return f"{integer}.{fraction}"
-        return raw.replace(",", "")
-    if raw.count(".") > 1:  # "1.234.567"
-        return raw.replace(".", "")
+    for mark in ",.":
+        if raw.count(mark) > 1:  # "1.234.567", "1,234,567"
+            return raw.replace(mark, "")
+        if raw.count(mark) == 1:
+            integer, _, fraction = raw.partition(mark)
+            groups = len(fraction) == 3 and integer.strip("0") != "" and not (mark == "." and three_decimals)
+            return integer + fraction if groups else f"{integer}.{fraction}"
     return raw
 
 
@@ -179,23 +244,38 @@ def _is_iso_4217(code: str) -> bool:
     return code not in _NOT_PRICES and pycountry.currencies.get(alpha_3=code) is not None
 
 
-def parse_price(text: str, default_currency: str) -> tuple[Decimal, str]:
+def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = None) -> tuple[Decimal, str]:
     """Parse a displayed price into an exact amount and an ISO 4217 currency code.
 
-    The first number in ``text`` is the amount. Of ``,`` and ``.``, the one appearing last is
-    the decimal mark when both appear; a lone ``,`` followed by other than 3 digits is a
-    decimal mark (``"€3,50"``), otherwise a thousands separator (``"$1,234"``). The currency is
-    an ISO 4217 code right before or after the amount (``"GBP 12.00"``, ``"12.00 EUR"``,
-    ``"$12 CAD"``; not ``"RRP £12"``; a 3-letter word that is no such code, as in
-    ``"£12.00 VAT"``, is not one, nor a code that does not suit the symbol beside it, as in
-    ``"£12.00 TOP"``), else a symbol (£ GBP, $ USD, € EUR, ¥ JPY), else ``default_currency``.
-    Limit: without a symbol, a word that is also a code (``"ALL 12.00"``: Albanian lek) is
-    read as that currency.
+    The first number in ``text`` is the amount. Its decimal mark is ``decimal_mark`` when
+    given (the spec's), the other of ``,`` and ``.`` grouping thousands. Otherwise it is
+    guessed: of ``,`` and ``.``, the one appearing last is
+    the decimal mark when both appear; a lone one followed by exactly 3 digits groups
+    thousands (``"$1,234"``, ``"€1.250"`` as German shops write 1250; but ``"0.125"``, and
+    ``"1.250 KWD"`` in a currency with three decimal digits), otherwise it is the decimal
+    mark (``"€3,50"``, ``"£.99"``). Digits may be grouped by ``'``, ``’``, a no-break, narrow
+    or thin space, or a plain space before exactly three digits (``"1 234,50 €"``). A minus
+    sign before the amount (``"-£5.00"``, ``"−5 €"``) or parentheses around the whole text
+    (``"(£5.00)"``) make it negative; ``"99p"`` and ``"99¢"`` are pence and cents (0.99).
+
+    The currency is, in this order: an ISO 4217 code right before or after the amount
+    (``"GBP 12.00"``, ``"12.00 EUR"``, ``"$12 CAD"``; not ``"RRP £12"``; a 3-letter word that
+    is no such code, as in ``"£12.00 VAT"``, is not one, nor a code that does not suit the
+    symbol beside it, as in ``"£12.00 TOP"``); a prefixed dollar (``"C$"``/``"CA$"`` CAD,
+    ``"A$"``/``"AU$"`` AUD, ``"NZ$"``, ``"HK$"``, ``"S$"``/``"SG$"``, ``"NT$"``, ``"MX$"``,
+    ``"R$"`` BRL, ``"US$"`` USD); a symbol: ``default_currency`` when it suits the symbol
+    (``"$12.99"`` on a CAD site is CAD, ``"¥"`` on a CNY site CNY), else £ GBP, $ USD, € EUR,
+    ¥ JPY (pence GBP, cents USD); else ``default_currency``.
+    Limits: without a symbol, a word that is also a code (``"ALL 12.00"``: Albanian lek) is
+    read as that currency; only the first amount counts (``"Was £20 Now £12"`` is 20: point
+    the spec's price selector at the current price); a price split over elements
+    (``"$12<sup>99</sup>"``) reads as its digits run together (1299).
     Mojibake before the symbol (``"Â£51.77"``) is ignored.
 
     Args:
         text: the price as displayed, e.g. ``"£51.77"``.
         default_currency: ISO 4217 code used when the text names no currency (the spec's).
+        decimal_mark: ``"."``, ``","`` or ``None`` (guess per price; the spec's ``decimal_mark``).
 
     Returns:
         ``(amount, currency)``, e.g. ``(Decimal("51.77"), "GBP")``; the amount keeps the
@@ -207,18 +287,34 @@ def parse_price(text: str, default_currency: str) -> tuple[Decimal, str]:
     match = _AMOUNT.search(text)
     if match is None:
         raise ValueError(f"no number in {text!r} (expected an amount such as '£51.77')")
-    try:
-        amount = Decimal(_amount(match.group()))
-    except InvalidOperation:  # defensive: _AMOUNT only matches digit runs
-        raise ValueError(f"cannot read the amount {match.group()!r} in {text!r}") from None
     symbol = _SYMBOL.search(text)
+    minor = _MINOR_AFTER.match(text, match.end())
+    currency = None
     for code in (_CODE_BEFORE.search(text, 0, match.start()), _CODE_AFTER.match(text, match.end())):
         # Not "£12.00 VAT", "NOW 12.00" (no such code), nor "£12.00 TOP" (a code, but not a pound)
-        if code and _is_iso_4217(code.group(1)) and (symbol is None or _suits(code.group(1), symbol.group())):
-            return amount, code.group(1)
-    if symbol:
-        return amount, _CURRENCY_SYMBOLS[symbol.group()]
-    return amount, default_currency
+        if code and _is_iso_4217(code.group(1)) and (symbol is None or _suits(code.group(1), symbol.group()[-1])):
+            currency = code.group(1)
+            break
+    if currency is None and symbol is not None:
+        sign = symbol.group()[-1]
+        if symbol.group(1):
+            currency = _DOLLAR_PREFIXES[symbol.group(1)]
+        else:
+            currency = default_currency if _suits(default_currency, sign) else _CURRENCY_SYMBOLS[sign]
+    if currency is None and minor is not None:
+        sign = "£" if minor.group(1) == "p" else "$"
+        currency = default_currency if _suits(default_currency, sign) else _CURRENCY_SYMBOLS[sign]
+    currency = currency or default_currency
+    try:
+        amount = Decimal(_amount(match.group(), three_decimals=currency in _THREE_DECIMALS, decimal_mark=decimal_mark))
+    except InvalidOperation:  # "1.234.56" with decimal_mark ","
+        raise ValueError(f"cannot read the amount {match.group()!r} in {text!r}") from None
+    if minor is not None and symbol is None:
+        amount = amount.scaleb(-2)  # 99p -> 0.99
+    stripped = text.strip()
+    if _MINUS_BEFORE.search(text, 0, match.start()) or (stripped.startswith("(") and stripped.endswith(")")):
+        amount = -amount
+    return amount, currency
 
 
 def _suits(code: str, symbol: str) -> bool:
@@ -318,6 +414,9 @@ def _compiled(pattern: str) -> re.Pattern[str]:
 
 
 _INTEGER = re.compile(r"\d[\d,.]*")
+#: A digit-group separator inside a number ("1,234", "1.234", "1 234", "1’234"), to drop
+#: before the spec's pager_regex reads "Page 1 of 1,234" (its \d+ would read 1).
+_DIGIT_GROUP_MARK = re.compile(r"(?<=\d)[,.'\u00a0\u202f\u2009\u2019 ](?=\d{3}(?!\d))")
 #: Longest page number or results count read (a longer one is read as none: Python refuses to
 #: convert more than 4,300 digits, and no listing has 10**18 pages).
 _MAX_DIGITS = 18
@@ -347,7 +446,8 @@ def parse_pager(
         content_type: the ``Content-Type`` header, for the charset when given bytes.
 
     Returns:
-        The :class:`PagerInfo`. A pager element whose text does not match ``pager_regex``
+        The :class:`PagerInfo`. Digit-group separators are dropped first (``"Page 1 of
+        1,234"`` and ``"1 234 results"`` read 1234). A pager element whose text does not match ``pager_regex``
         counts as no pager (``None``, ``None``); a results element without digits gives
         ``results_count=None``.
     """
@@ -357,7 +457,7 @@ def parse_pager(
     shows_listing = False
     if pagination.pager and (node := tree.css_first(pagination.pager)) is not None:
         shows_listing = True
-        if (match := _compiled(pagination.pager_regex).search(node.text())) and max(
+        if (match := _compiled(pagination.pager_regex).search(_DIGIT_GROUP_MARK.sub("", node.text()))) and max(
                 len(match.group(1)), len(match.group(2))) <= _MAX_DIGITS:  # "Page 1 of 99...9": no pager
             current, total = int(match.group(1)), int(match.group(2))
     next_url = next_link_error = None
@@ -371,7 +471,8 @@ def parse_pager(
     results = None
     if pagination.results_count and (node := tree.css_first(pagination.results_count)) is not None:
         shows_listing = True
-        if (match := _INTEGER.search(node.text())) and len(digits := re.sub(r"\D", "", match.group())) <= _MAX_DIGITS:
+        if (match := _INTEGER.search(_DIGIT_GROUP_MARK.sub("", node.text()))) and len(
+                digits := re.sub(r"\D", "", match.group())) <= _MAX_DIGITS:
             results = int(digits)
     return PagerInfo(current_page=current, total_pages=total, next_url=next_url, results_count=results,
                      next_link_error=next_link_error, shows_listing=shows_listing)
@@ -429,9 +530,13 @@ class _FieldError(ValueError):
 def _read(
     card: LexborNode, name: str, field: Field_, cache: dict[str, LexborNode | None], *, allow_empty: bool = False
 ) -> str:
-    """Text or attribute of ``field`` inside ``card``, whitespace-stripped and mojibake-repaired.
+    """Text or attribute of ``field`` inside ``card``, whitespace-collapsed and mojibake-repaired.
 
     ``cache`` maps CSS selectors to the card's matching node (title and url share one).
+    Text fields read their elements' text nodes with a space between them ("In stock<br>Ships
+    in 2 days" is "In stock Ships in 2 days"), except the price, whose digits may be split
+    over elements (``£<span>51</span>.77``). An attribute's whitespace is collapsed too (a
+    ``title`` spanning lines), except the url's (stripped only).
     """
     if field.css not in cache:
         cache[field.css] = card.css_first(field.css)
@@ -439,22 +544,42 @@ def _read(
     if node is None:
         raise _FieldError(f"{name}: no element matches {field.css!r}")
     if field.attr is None:
-        value = " ".join(node.text().split())
+        value = " ".join(node.text(separator="" if name == "price" else " ").split())
     else:
         raw = node.attributes.get(field.attr)
         if raw is None:
             raise _FieldError(f"{name}: element {field.css!r} has no attribute {field.attr!r}")
-        value = raw.strip()
+        value = raw.strip() if name == "url" else " ".join(raw.split())
     if not value and not allow_empty:
         where = f"attribute {field.attr!r}" if field.attr else "text"
         raise _FieldError(f"{name}: empty {where} in {field.css!r}")
     return repair_text(value)
 
 
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
 def _canonical(url: str, fetch_base_url: str | None, canonical_base_url: str | None) -> str:
-    if fetch_base_url and canonical_base_url and url.startswith(fetch_base_url):
+    """``url`` moved from the mirror it was fetched from onto the canonical base URL.
+
+    A URL under ``fetch_base_url`` (same origin, RFC 6454: host case and an explicit default
+    port do not matter, as after a redirect; path under the base's) gets that prefix
+    replaced by ``canonical_base_url``; any other URL is returned as is.
+    """
+    if not (fetch_base_url and canonical_base_url):
+        return url
+    if url.startswith(fetch_base_url):
         return canonical_base_url + url[len(fetch_base_url) :]
-    return url
+    parts, base = urlsplit(url), urlsplit(fetch_base_url)
+    try:
+        same_origin = (parts.scheme.lower(), parts.hostname, parts.port or _DEFAULT_PORTS.get(parts.scheme.lower())) == (
+            base.scheme.lower(), base.hostname, base.port or _DEFAULT_PORTS.get(base.scheme.lower()))
+    except ValueError:  # a port that is no number
+        return url
+    if not same_origin or not parts.path.startswith(base.path):
+        return url
+    rest = parts._replace(scheme="", netloc="", path=parts.path[len(base.path):]).geturl()
+    return canonical_base_url + rest
 
 
 def parse_listing(
@@ -517,8 +642,12 @@ def parse_listing(
             title = _read(card, "title", selectors.title, nodes)
             price_text = _read(card, "price", selectors.price, nodes, allow_empty=True)
             rating_text = _read(card, "rating", selectors.rating, nodes)
+            if "\ufffd" in price_text:  # the lost character may have been the currency symbol
+                raise _FieldError(f"price: {price_text!r} has a character the page's charset "
+                                  f"({sniff_charset(body, content_type)}) cannot decode (U+FFFD); is its charset "
+                                  f"label wrong?")
             try:
-                price, currency = parse_price(price_text, spec.currency)
+                price, currency = parse_price(price_text, spec.currency, decimal_mark=spec.decimal_mark)
             except ValueError as exc:
                 raise _FieldError(f"price: {exc}") from None
             if price <= 0:

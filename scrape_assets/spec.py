@@ -220,6 +220,11 @@ class SiteSpec(_Strict):
     name: Annotated[str, StringConstraints(pattern=PARTITION_KEY_PATTERN)]
     base_url: str
     currency: str = Field(default="GBP", pattern=r"^[A-Z]{3}$", description="ISO 4217 code when a price has no symbol")
+    decimal_mark: Literal[".", ","] | None = Field(
+        default=None,
+        description='the decimal mark of the site\'s prices; the other of "." and "," groups thousands. Unset: '
+                    'guessed per price (a lone mark before exactly 3 digits groups thousands: "1.250" is 1250)',
+    )
     categories: dict[PartitionKey, str] = Field(min_length=1)
     selectors: Selectors
     pagination: Pagination = Pagination()

@@ -316,3 +316,20 @@ def test_a_next_link_spelling_the_sites_host_in_another_case_stays_on_the_site(t
                            selection=["raw_pages"]).success
     fiction = latest_manifest(ObjectStore(str(tmp_path / "objects")), "demo", "fiction")
     assert len(fiction.pages) == 4 and fiction.pages[2].url.startswith("http://localhost:")
+
+
+@pytest.mark.parametrize("mode", ["pager", "next_links"])
+def test_a_category_longer_than_max_pages_stops_there_with_a_warning(tmp_path, instance, caplog, mode):
+    """max_pages is a safety limit: hitting it drops the later pages' products, so it says so."""
+    data = _demo_spec()
+    data["pagination"]["max_pages"] = 3
+    if mode == "next_links":
+        data["pagination"].pop("page_url")
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(data))
+    res = make_resources(tmp_path, site=str(tmp_path / "spec.yaml"))
+    assert materialize(instance, res, ["default"], selection=["raw_pages"]).success  # 12 pages on the site
+    manifest = latest_manifest(ObjectStore(str(tmp_path / "objects")), "demo", "default")
+    assert sorted(manifest.pages) == [1, 2, 3] and manifest.is_complete
+    assert {"pager": "default: the site lists 12 pages; the spec's pagination.max_pages stops the crawl at 3",
+            "next_links": "default: page 3 has a next link; the spec's pagination.max_pages stops the crawl there",
+            }[mode] in caplog.text

@@ -65,10 +65,74 @@ def spec():
         ("£12.00 TOP", (Decimal("12.00"), "GBP")),  # TOP is a code (pa'anga), but not a pound's
         ("€5 XXX", (Decimal("5"), "EUR")),  # ISO's "no currency"
         ("12.00 XXX", (Decimal("12.00"), "EUR")),
+        # thousands and decimal marks as shops write them
+        ("€1.250", (Decimal("1250"), "EUR")),  # German: a lone "." before 3 digits groups thousands
+        ("1.999 €", (Decimal("1999"), "EUR")),
+        ("0.125", (Decimal("0.125"), "EUR")),  # not after a zero
+        ("1.250 KWD", (Decimal("1.250"), "KWD")),  # the dinar has three decimal digits
+        ("£ 1 234,50", (Decimal("1234.50"), "GBP")),  # a plain space before exactly 3 digits
+        ("1\u2009234,50 €", (Decimal("1234.50"), "EUR")),  # thin space
+        ("CHF 1\u2019234.50", (Decimal("1234.50"), "CHF")),  # Swiss apostrophe
+        ("£.99", (Decimal("0.99"), "GBP")),
+        ("$,99", (Decimal("0.99"), "USD")),
+        ("12,-", (Decimal("12"), "EUR")),
+        # pence and cents
+        ("99p", (Decimal("0.99"), "GBP")),
+        ("99 p", (Decimal("0.99"), "GBP")),
+        ("99¢", (Decimal("0.99"), "USD")),
+        ("12 pcs", (Decimal("12"), "EUR")),  # a word, not pence
+        # negative: rejected by the caller as not above zero
+        ("-£5.00", (Decimal("-5.00"), "GBP")),
+        ("\u2212£5.00", (Decimal("-5.00"), "GBP")),
+        ("(£5.00)", (Decimal("-5.00"), "GBP")),
+        ("- 5 EUR", (Decimal("-5"), "EUR")),
+        # dollars named by a prefix
+        ("C$12.99", (Decimal("12.99"), "CAD")),
+        ("CA$ 12.99", (Decimal("12.99"), "CAD")),
+        ("A$5", (Decimal("5"), "AUD")),
+        ("R$ 12,90", (Decimal("12.90"), "BRL")),
+        ("US$5", (Decimal("5"), "USD")),
     ],
 )
 def test_parse_price(text, expected):
     assert parse_price(text, "EUR") == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "default", "expected"),
+    [
+        ("$12.99", "CAD", (Decimal("12.99"), "CAD")),  # a Canadian shop's $ is the Canadian dollar
+        ("$12.99", "EUR", (Decimal("12.99"), "USD")),  # an EUR shop's $ is not the euro
+        ("US$12.99", "CAD", (Decimal("12.99"), "USD")),  # the prefix says which dollar
+        ("¥1,000", "CNY", (Decimal("1000"), "CNY")),
+        ("¥1,000", "GBP", (Decimal("1000"), "JPY")),
+        ("£5", "GIP", (Decimal("5"), "GIP")),
+        ("99¢", "AUD", (Decimal("0.99"), "AUD")),
+        ("99p", "EUR", (Decimal("0.99"), "GBP")),
+    ],
+)
+def test_a_symbol_is_the_sites_own_currency_when_it_suits_it(text, default, expected):
+    assert parse_price(text, default) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "mark", "expected"),
+    [
+        ("€1.250", ",", Decimal("1250")),
+        ("£1.250", ".", Decimal("1.250")),  # an English site's third decimal (then rejected: whole cents)
+        ("1,250 €", ",", Decimal("1.250")),
+        ("1,250", ".", Decimal("1250")),
+        ("1.234.567,89 €", ",", Decimal("1234567.89")),
+        ("$1,234,567.89", ".", Decimal("1234567.89")),
+    ],
+)
+def test_the_specs_decimal_mark_settles_what_a_lone_mark_is(text, mark, expected):
+    assert parse_price(text, "EUR", decimal_mark=mark)[0] == expected
+
+
+def test_an_amount_the_specs_decimal_mark_cannot_read_names_it():
+    with pytest.raises(ValueError, match=r"cannot read the amount '1\.234\.56' in '€1\.234\.56'"):
+        parse_price("€1.234.56", "EUR", decimal_mark=".")
 
 
 def test_parse_price_keeps_exact_digits():
@@ -147,9 +211,47 @@ def test_ftfy_is_imported_on_first_need_and_its_codec_then_works():
     "content_type",
     [None, "text/html", "text/html; charset=", "text/html; charset=no-such-charset", 'text/html; charset="utf-8"'],
 )
-def test_decode_html_missing_or_unknown_charset_falls_back_to_utf8(content_type):
+def test_decode_html_missing_or_unknown_charset_reads_utf8_else_windows_1252(content_type):
+    assert decode_html("<p>£51.77</p>".encode(), content_type) == "<p>£51.77</p>"
+    # not valid UTF-8: windows-1252 (lossless), the UTF-8 parts repaired; no U+FFFD
     body = "<p>£51.77</p>".encode() + b"\xff\xfe broken"
-    assert decode_html(body, content_type) == "<p>£51.77</p>\ufffd\ufffd broken"
+    assert decode_html(body, content_type) == "<p>£51.77</p>ÿþ broken"
+
+
+def test_a_legacy_page_labelled_utf8_reads_as_the_site_meant_it(spec):
+    """windows-1252 bytes behind "charset=utf-8": U+FFFD in the title and a price whose € was
+    lost (so it took the spec's currency); now the text and the currency are the site's."""
+    body = f"<html><body>{_card(title='Crème brûlée', price='€12,50')}</body></html>".encode("cp1252")
+    parsed = parse_listing(body, spec, "https://books.toscrape.com/catalogue/page-3.html",
+                           content_type="text/html; charset=utf-8")
+    (product,) = parsed.products
+    assert (product["title"], product["price"], product["currency"]) == ("Crème brûlée", Decimal("12.50"), "EUR")
+
+
+@pytest.mark.parametrize(("label", "text"), [
+    ("gb2312", "朱镕基"),  # 镕 is GBK, not GB2312: browsers read GB2312 as GBK
+    ("shift_jis", "①"),  # cp932 (Windows-31J)
+    ("euc-kr", "똠"),  # cp949
+    ("iso-8859-9", "“Türkçe”"),  # windows-1254
+    ("tis-620", "“ไทย”"),  # windows-874
+    ("big5", "嘅"),  # HKSCS
+])
+def test_legacy_labels_decode_as_browsers_decode_them(label, text):
+    codec = {"gb2312": "gb18030", "shift_jis": "cp932", "euc-kr": "cp949", "iso-8859-9": "cp1254",
+             "tis-620": "cp874", "big5": "big5hkscs"}[label]
+    body = f"<p>{text}</p>".encode(codec)
+    assert decode_html(body, f"text/html; charset={label}") == f"<p>{text}</p>"
+    assert decode_html(f'<meta charset="{label}">'.encode() + body).endswith(f"<p>{text}</p>")
+
+
+@pytest.mark.parametrize("head", [
+    '<!-- <meta charset="koi8-r"> --><meta charset="utf-8">',  # a commented-out tag does not count
+    '<meta name="description" content="charset=koi8-r"><meta charset="utf-8">',  # nor charset= in another
+    " " * 4080 + '<meta charset="koi8-r">',  # nor a tag that does not end within the first 4 KiB
+])
+def test_only_a_real_meta_charset_counts(head):
+    assert sniff_charset((head + "<p>Café “Noël”</p>").encode()) == "utf-8"
+    assert decode_html((head + "<p>Café “Noël”</p>").encode()).endswith("<p>Café “Noël”</p>")
 
 
 @pytest.mark.parametrize("label", ["base64", "hex", "rot13", "zlib", "uu", "idna", "undefined"])
@@ -198,6 +300,28 @@ def _page(*cards: str, extra: str = "") -> bytes:
 
 def _card(href="the-book_12/index.html", title="The Book", price="£10.00", rating="Two") -> str:
     return CARD.format(href=href, title=title, price=price, rating=rating)
+
+
+def test_a_price_with_an_undecodable_character_is_rejected_not_given_the_default_currency(spec):
+    """"\ufffd12,50": the page's charset label is wrong (bytes invalid in a codec other than
+    UTF-8, which falls back on its own); the lost character may have been the currency's."""
+    body = "<html><body>" + _card(price="€12,50") + "</body></html>"
+    parsed = parse_listing(body.encode("cp1252"), spec, "https://books.toscrape.com/catalogue/page-3.html",
+                           content_type="text/html; charset=euc-jp")
+    assert parsed.products == []
+    assert [r.reason for r in parsed.rejects] == [
+        "price: '\ufffd12,50' has a character the page's charset (euc_jp) cannot decode (U+FFFD); is its "
+        "charset label wrong?"]
+
+
+def test_text_fields_keep_words_apart_and_titles_lose_stray_whitespace(spec):
+    """A line break between two texts was "In stockShips"; a title attribute kept its newlines."""
+    card = (_card(title="  The\n   Book\u00a0of\tDays ", price="£<span>51</span>.77")
+            .replace("In   stock </p>", "In stock<br>Ships in 2 days</p>"))
+    (product,) = parse_listing(_page(card), spec, "https://books.toscrape.com/catalogue/page-3.html").products
+    assert product["title"] == "The Book of Days"
+    assert product["availability"] == "In stock Ships in 2 days"
+    assert product["price"] == Decimal("51.77")  # a price's digits split over elements stay together
 
 
 def test_parse_listing_bad_cards_become_rejects(spec):
@@ -261,9 +385,9 @@ def test_cards_beyond_the_warehouses_columns_are_rejected_naming_the_limit(spec)
     long_id = "9" * 65
     parsed = parse_listing(_page(_card(href=f"long_{long_id}/index.html"), _card(href="kwd_1/index.html", price="KWD 1.999"),
                                  _card(href="huge_2/index.html", price="£12,345,678,901.00"),
-                                 _card(href="zeros_3/index.html", price="£51.770"),
+                                 _card(href="zeros_3/index.html", price="£51.7700"),
                                  _card(href="free_4/index.html", price="£0.00")), spec, page_url)
-    assert [(p["product_id"], p["price"]) for p in parsed.products] == [("3", Decimal("51.770"))]
+    assert [(p["product_id"], p["price"]) for p in parsed.products] == [("3", Decimal("51.7700"))]
     assert [r.reason for r in parsed.rejects] == [
         f"product_id: 65 characters in 'https://books.toscrape.com/catalogue/long_{long_id}/index.html'; the "
         "warehouse keeps at most 64",
@@ -296,6 +420,21 @@ def test_parse_listing_rewrites_mirror_urls_only_with_both_bases(spec):
     assert as_resolved.products[0]["url"] == MIRROR_BASE + "catalogue/the-book_12/index.html"
 
 
+@pytest.mark.parametrize(("fetch_base", "href", "expected"), [
+    ("HTTP://127.0.0.1:9/", "the-book_12/index.html", LIVE_BASE + "catalogue/the-book_12/index.html"),
+    ("http://Mirror.Example/", "http://mirror.example:80/catalogue/the-book_12/index.html",
+     LIVE_BASE + "catalogue/the-book_12/index.html"),  # one origin however it is spelled (RFC 6454)
+    ("http://127.0.0.1:9/", "http://127.0.0.1:10/catalogue/the-book_12/index.html",
+     "http://127.0.0.1:10/catalogue/the-book_12/index.html"),  # another port: another site, kept
+    ("http://127.0.0.1:9/shop/", "/catalogue/the-book_12/index.html",
+     "http://127.0.0.1:9/catalogue/the-book_12/index.html"),  # outside the mirror's folder: kept
+])
+def test_mirror_urls_are_recognised_by_origin_not_by_spelling(spec, fetch_base, href, expected):
+    page_url = "http://127.0.0.1:9/catalogue/page-1.html"
+    parsed = parse_listing(_page(_card(href=href)), spec, page_url, fetch_base_url=fetch_base, canonical_base_url=LIVE_BASE)
+    assert parsed.products[0]["url"] == expected
+
+
 def test_a_page_number_or_count_too_long_to_be_one_is_read_as_none(spec):
     """Python refuses int() of more than 4,300 digits: such a pager would fail every run."""
     huge = "9" * 4400
@@ -318,6 +457,14 @@ def test_parse_pager_accepts_text_and_bytes(spec):
     assert parse_pager(utf16, spec, "http://h/c/page-3.html", content_type="text/html; charset=utf-16le") == expected
     unmatched = '<ul class="pager"><li class="current">Seite 3</li></ul>'
     assert parse_pager(unmatched, spec, "http://h/") == PagerInfo(None, None, None, None, shows_listing=True)
+
+
+@pytest.mark.parametrize("grouped", ["1,234", "1.234", "1 234", "1\u00a0234", "1\u2019234"])
+def test_a_pager_and_count_with_grouped_digits_read_the_whole_number(spec, grouped):
+    """"Page 1 of 1,234" read by the spec's \\d+ was page 1 of 1: the crawl stopped after page 1."""
+    html = (f'<form class="form-horizontal"><strong>{grouped}</strong> results</form>'
+            f'<ul class="pager"><li class="current"> Page 1 of {grouped} </li></ul>')
+    assert parse_pager(html, spec, "http://h/c/index.html") == PagerInfo(1, 1234, None, 1234, shows_listing=True)
 
 
 @pytest.mark.parametrize(("html", "shows"), [

@@ -384,7 +384,7 @@ def _load_held_back(defs, instance, run_id: str, resources: dict, keys: list[str
         return None
     passed, failed, unreadable = split_by_schema(parsed, resources["site"].spec().name, resources["store"].store())
     lines = ["", f"Schema check failed for {', '.join(failed) or 'no category readable as failed'}: its rows are not "
-                 "loaded (the log above and `dead_letters` say why; the table keeps their earlier rows)"]
+                 "loaded (the error above says why, per category; the table keeps their earlier rows)"]
     lines += [f"  parse state of {c} unreadable ({e}): not loaded" for c, e in unreadable.items()]
     job = defs.resolve_job_def("load_job")
     loaded, loadable = [], [c for c in passed if c in keys]  # (a category since removed from the spec has no partition)

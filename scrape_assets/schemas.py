@@ -27,7 +27,12 @@ from pandera.typing import Series
 
 from scrape_assets.limits import MAX_PRODUCT_ID_CHARS, price_fits
 from scrape_assets.spec import DEFAULT_MAX_REJECTED_SHARE, PARTITION_KEY_PATTERN
-from scrape_assets.validation_report import MAX_FAILURE_CASES, ValidationReport, merge_reports  # noqa: F401 - re-exported
+from scrape_assets.validation_report import (  # noqa: F401 - re-exported
+    MAX_FAILURE_CASES,
+    ValidationReport,
+    check_key,
+    merge_reports,
+)
 
 PRODUCT_COLUMNS: tuple[str, ...] = (
     "category",
@@ -330,9 +335,7 @@ def validate_parsed(products: pd.DataFrame, pages: pd.DataFrame) -> ValidationRe
             cases.extend(_cases(schema_name, schema, exc.failure_cases))
     by_check: dict[str, int] = {}
     for case in cases:
-        row_wide = case["schema_context"] == "DataFrameSchema" or case["column"] is None
-        where = case["schema"] if row_wide else f"{case['schema']}.{case['column']}"
-        key = f"{where}: {case['check']}"
+        key = check_key(case)
         by_check[key] = by_check.get(key, 0) + 1
     return ValidationReport(
         passed=not cases, failure_count=len(cases), failure_cases=cases[:MAX_FAILURE_CASES], by_check=by_check

@@ -38,6 +38,14 @@ class ValidationReport:
     by_check: dict[str, int] = field(default_factory=dict)
 
 
+def check_key(case: dict) -> str:
+    """The :attr:`ValidationReport.by_check` key of a failure case: ``"<schema>.<column>: <check>"``
+    for a column check, ``"<schema>: <check>"`` for a frame-wide one."""
+    row_wide = case["schema_context"] == "DataFrameSchema" or case["column"] is None
+    where = case["schema"] if row_wide else f"{case['schema']}.{case['column']}"
+    return f"{where}: {case['check']}"
+
+
 def merge_reports(reports: list[ValidationReport]) -> ValidationReport:
     """One report for several partitions validated one by one (cases capped at :data:`MAX_FAILURE_CASES`)."""
     merged = ValidationReport(passed=all(r.passed for r in reports), failure_count=sum(r.failure_count for r in reports))
@@ -46,3 +54,32 @@ def merge_reports(reports: list[ValidationReport]) -> ValidationReport:
         for name, count in report.by_check.items():
             merged.by_check[name] = merged.by_check.get(name, 0) + count
     return merged
+
+
+def describe_failures(report: ValidationReport, *, limit: int = 3) -> str:
+    """One line saying why a partition failed the schema, from its report's kept cases.
+
+    Per check: its case count, its message (a frame-wide check's, e.g. the layout guard's),
+    the pages it names, and the partition's most common reject reasons where the check
+    carries them (``rejected_share``); at most ``limit`` pages and reasons each. Example:
+    ``pages: rejected_share x2 (pages 1, 2; reject reasons: "price: no element matches
+    'p.price_color'" x32)``.
+    """
+    parts = []
+    for name, count in report.by_check.items():
+        cases = [c for c in report.failure_cases if check_key(c) == name]
+        details = []
+        if cases and cases[0].get("message"):
+            details.append(cases[0]["message"])
+        pages = sorted({c["failure_case"]["page_number"] for c in cases
+                        if isinstance(c.get("failure_case"), dict) and "page_number" in c["failure_case"]})
+        if pages:
+            details.append("page" + ("s " if len(pages) > 1 else " ") + ", ".join(map(str, pages[:limit]))
+                           + (", ..." if len(pages) > limit else ""))
+        elif cases and not isinstance(cases[0].get("failure_case"), dict):
+            details.append("e.g. " + ", ".join(repr(c["failure_case"]) for c in cases[:limit]))
+        reasons = next((c["reject_reasons"] for c in cases if c.get("reject_reasons")), None)
+        if reasons:
+            details.append("reject reasons: " + ", ".join(f"{r!r} x{n}" for r, n in list(reasons.items())[:limit]))
+        parts.append(f"{name} x{count}" + (f" ({'; '.join(details)})" if details else ""))
+    return "; ".join(parts)

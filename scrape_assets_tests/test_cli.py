@@ -618,8 +618,12 @@ def test_demo_loads_the_categories_that_passed_when_one_fails_the_schema_check(t
         done = subprocess.run([str(cli), "demo"], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-3000:]
     lines = done.stdout.splitlines()
-    assert ("Schema check failed for fiction: its rows are not loaded (the log above and `dead_letters` say why; the "
+    assert ("Schema check failed for fiction: its rows are not loaded (the error above says why, per category; the "
             "table keeps their earlier rows)") in lines
+    # ... and it does: which checks, on which pages, and what stopped parsing (not only counts)
+    why = next(line for line in (done.stdout + done.stderr).splitlines() if line.startswith("  fiction: pages: "))
+    assert "pages: layout_guard x" in why and "the layout may have changed" in why and "pages 1, 2, 3, ..." in why
+    assert "reject reasons: \"price: no element matches 'p.price_color'\" x" in why
     assert ("  loaded the 11 categories that passed it, held back with them: travel...romance, "
             "default...sequential-art") in lines
     rows = Warehouse(f"sqlite:///{tmp_path / 'data' / 'warehouse.db'}").rows_by_category(products)

@@ -166,6 +166,33 @@ def test_run_failure_sensor_posts_without_leaking_the_webhook(tmp_path, instance
     assert "SECRET-TOKEN" not in caplog.text
 
 
+def test_a_run_failed_by_the_schema_check_is_alerted_with_the_categories_and_why(tmp_path, instance, webhook_server):
+    """"Steps failed: ['parsed_products']" alone sends the operator to the UI to learn which
+    category failed and why; the alert says both."""
+    from scrape_assets.faults import FaultSpec
+    from scrape_assets_tests.fault_scenarios import fault_server
+
+    spec = FaultSpec.model_validate({"rules": [{"match": "mystery_3/", "fault": "layout_changed"}]})
+    with fault_server(spec) as server:
+        result = materialize(instance, make_resources(tmp_path, base_url=server.base_url), ["travel", "mystery"],
+                             raise_on_error=False)
+    assert not result.success
+    (check,) = result.get_asset_check_evaluations()
+    failed = check.metadata["failed_categories"].value
+    assert list(failed) == ["mystery"] and failed["mystery"].startswith("pages: layout_guard x2 (")
+    failure = [e for e in result.all_events if e.event_type_value in ("STEP_FAILURE", "RUN_FAILURE")][-1]
+    context = dg.build_run_status_sensor_context(
+        sensor_name="run_failure_alert_sensor", dagster_instance=instance,
+        dagster_run=instance.get_run_by_id(result.run_id), dagster_event=failure,
+        resources={"alerts": AlertsResource(webhook_url=webhook_server.url)},
+    ).for_run_failure()
+    run_failure_alert_sensor(context)
+    (alert,) = webhook_server.received
+    assert "; parsed_products_match_schema failed for mystery (pages: layout_guard x2 (page parsed to zero products" \
+        in alert["text"]
+    assert alert["text"].endswith("...)") and len(alert["text"]) < 600
+
+
 def test_daily_schedule_launches_one_run_for_all_categories():
     context = dg.build_schedule_context(scheduled_execution_time=datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc))
     request = daily_scrape_schedule(context)
@@ -211,7 +238,7 @@ def test_first_evaluation_alerts_only_collapses_still_open(tmp_path, instance, w
     _tick(instance, None, webhook_server.url)
     [message] = webhook_server.received
     assert sorted(message["alerts"]) == [
-        "classics: products parsed fell to zero (layout change or empty site?)",
+        "classics: no products parsed so far (its pages failed, or the spec's selectors do not match the site?)",
         "mystery: success rate 0% is below the floor 90%",
     ]
 

@@ -147,14 +147,34 @@ def success_rate_collapse_sensor(context: dg.SensorEvaluationContext, alerts: Al
 
 @dg.run_failure_sensor(default_status=dg.DefaultSensorStatus.RUNNING)
 def run_failure_alert_sensor(context: dg.RunFailureSensorContext, alerts: AlertsResource):
-    """Alert when a run fails (crash, storage error, refused resume...)."""
+    """Alert when a run fails (crash, storage error, refused resume...); when its schema check
+    failed, the alert names the failing categories and why (the check's ``failed_categories``)."""
     run = context.dagster_run
     message = context.failure_event.message or "run failed"
+    if why := schema_check_failures(context.instance, run.run_id):
+        message += f"; {SCHEMA_CHECK} failed for " + "; ".join(
+            f"{category} ({_shortened(text, 300)})" for category, text in why.items())
     send_alert(
         f"scrape_assets run {run.run_id[:8]} of {run.job_name} failed: {message}",
         webhook_url=alerts.webhook_url,
         fields={"kind": "run_failure", "run_id": run.run_id, "job": run.job_name},
     )
+
+
+def schema_check_failures(instance, run_id: str) -> dict[str, str]:
+    """Category -> why, from the run's failed ``parsed_products_match_schema`` evaluations
+    (their ``failed_categories`` metadata); empty when the check passed or did not run."""
+    why: dict[str, str] = {}
+    for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION):
+        data = entry.dagster_event.event_specific_data
+        if data.check_name == SCHEMA_CHECK and not data.passed:
+            value = getattr(data.metadata.get("failed_categories"), "value", None)
+            why.update(value if isinstance(value, dict) else {})
+    return why
+
+
+def _shortened(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 #: Tag of the runs ``held_back_load_sensor`` launches: the failed run whose load they finish.

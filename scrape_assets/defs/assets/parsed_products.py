@@ -9,7 +9,7 @@ from scrape_assets.defs.assets.partition_metadata import add_per_category
 from scrape_assets.defs.partitions import category_partitions, run_categories
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
 from scrape_assets.extract import PARSER_VERSION
-from scrape_assets.validation_report import ValidationReport, merge_reports
+from scrape_assets.validation_report import ValidationReport, describe_failures, merge_reports
 
 SCHEMA_CHECK = "parsed_products_match_schema"
 
@@ -53,7 +53,7 @@ def parsed_products(
 
     spec = site.spec()
     object_store = store.store()
-    reports, per_category = [], {}
+    reports, per_category, why = [], {}, []
     workers = config.parse_workers or default_workers()
     log = BatchedLog(context.log.info)
     with store.locks(context, spec.name):
@@ -61,6 +61,8 @@ def parsed_products(
             per_category[result.category] = result.figures
             if result.report is not None:
                 reports.append(result.report)
+                if not result.report.passed:
+                    why.append((result.category, describe_failures(result.report)))
             log.add(result.line)
     totals = {key: sum(c[key] for c in per_category.values()) for key in ("products", "pages_parsed", "unchanged", "rejects")}
     log.close(
@@ -72,13 +74,17 @@ def parsed_products(
 
     report = merge_reports(reports) if reports else ValidationReport(passed=True, failure_count=0)
     if not report.passed:
-        context.log.error(f"{SCHEMA_CHECK} failed: {report.failure_count} failure case(s): {report.by_check}")
+        context.log.error(f"{SCHEMA_CHECK} failed: {report.failure_count} failure case(s) in "
+                          f"{counted(len(why), 'category')}, whose rows are not loaded (the table keeps the earlier "
+                          "ones; every case is in the check's failure_cases, in the UI):\n"
+                          + "\n".join(f"  {category}: {text}" for category, text in why))
     check = dg.AssetCheckResult(
         check_name=SCHEMA_CHECK,
         passed=report.passed,
         metadata={
             "failure_count": report.failure_count,
             "failures_by_check": dg.MetadataValue.json(report.by_check),
+            "failed_categories": dg.MetadataValue.json(dict(why)),
             "failure_cases": dg.MetadataValue.json(report.failure_cases),
             "rows_checked": sum(c["products"] for c in per_category.values() if not c["unchanged"]),
             "partitions_checked": len(reports),

@@ -23,6 +23,7 @@ from urllib.parse import urljoin, urlsplit, uses_relative
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
+from scrape_assets.currencies import is_price_currency
 from scrape_assets.limits import MAX_PRODUCT_ID_CHARS, PRICE_PRECISION, PRICE_SCALE, price_fits
 from scrape_assets.spec import Field_, SiteSpec
 
@@ -230,18 +231,13 @@ def _amount(raw: str, *, three_decimals: bool = False, decimal_mark: str | None 
 
 #: The codes each symbol stands for besides its own (the dollars: any code ending in D).
 _SYMBOL_CODES = {"£": ("GBP", "GIP", "FKP", "SHP", "EGP"), "€": ("EUR",), "¥": ("JPY", "CNY")}
-#: ISO 4217 codes that are no money a shop prices in: testing, no currency, precious metals, units.
-_NOT_PRICES = frozenset({"XXX", "XTS", "XAU", "XAG", "XPT", "XPD", "XBA", "XBB", "XBC", "XBD", "XDR", "XSU", "XUA"})
 
 
-@lru_cache(maxsize=512)
 def _is_iso_4217(code: str) -> bool:
     """Whether ``code`` is an ISO 4217 currency code shops price in (pycountry's copy of the
-    list, imported on the first price that has a code next to it, ~50 ms). Codes that are also
-    words (ALL, TOP, TRY...) count: next to a symbol they must suit it (:func:`_suits`)."""
-    import pycountry
-
-    return code not in _NOT_PRICES and pycountry.currencies.get(alpha_3=code) is not None
+    list, :mod:`scrape_assets.currencies`). Codes that are also words (ALL, TOP, TRY...)
+    count: next to a symbol they must suit it (:func:`_suits`)."""
+    return is_price_currency(code)
 
 
 def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = None) -> tuple[Decimal, str]:

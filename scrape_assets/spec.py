@@ -20,6 +20,7 @@ from urllib.parse import urljoin, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
+from scrape_assets.currencies import is_price_currency
 from scrape_assets.errors import SpecError, UnknownSiteError
 from scrape_assets.yaml_models import parse_yaml_model, read_text_file
 
@@ -232,6 +233,13 @@ class SiteSpec(_Strict):
     politeness: Politeness = Politeness()
     incremental: Incremental = Incremental()
     validation: Validation = Validation()
+
+    @field_validator("currency")
+    @classmethod
+    def _iso_4217(cls, value: str) -> str:
+        if not is_price_currency(value):
+            raise ValueError("expected an ISO 4217 currency code such as 'EUR' or 'GBP'")
+        return value
 
     @field_validator("base_url")
     @classmethod

@@ -22,6 +22,34 @@ Model = TypeVar("Model", bound=BaseModel)
 #: accepts; their errors name the same line and column in other words, and a few documents
 #: outside YAML 1.1's rules (a tab after ``key:``) are accepted by one only.
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _UniqueKeyLoader(_SafeLoader):  # type: ignore[misc, valid-type]
+    """The safe loader, refusing a key given twice in one mapping.
+
+    PyYAML keeps the last of two equal keys without a word (YAML 1.2 says keys must be
+    unique): a second ``travel:`` in ``categories`` would silently point the partition at
+    another page, a second ``politeness:`` replace the first. The error names the key and
+    both lines.
+    """
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first_line: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    if key in first_line:
+                        raise yaml.constructor.ConstructorError(
+                            "while reading a mapping", node.start_mark,
+                            f"found the key {key!r} a second time (first on line {first_line[key] + 1})",
+                            key_node.start_mark)
+                    first_line[key] = key_node.start_mark.line
+                except TypeError:  # an unhashable key: the base class says so
+                    break
+        return super().construct_mapping(node, deep=deep)
 #: Given the first pydantic error, return ``(key, detail)`` to override the defaults, or None.
 Explain = Callable[[dict, str | None], "tuple[str | None, str] | None"]
 
@@ -56,7 +84,7 @@ def parse_yaml_model(
             first problem (a misspelt key first), then up to :data:`MAX_MORE` others.
     """
     try:
-        data = yaml.load(text, Loader=_SafeLoader)  # noqa: S506 - a safe loader
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a safe loader
     except (yaml.YAMLError, UnicodeEncodeError) as exc:  # (libyaml encodes the text: a lone surrogate)
         raise SpecError(source, None, f"not valid YAML: {exc}") from exc
     if data is None and empty_is_mapping:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,6 +103,24 @@ def test_malformed_yaml_and_unknown_site(tmp_path, monkeypatch):
     assert str(info.value) == f"{empty}: expected a mapping at the top level, got an empty document (or null)"
 
 
+@pytest.mark.parametrize(("extra", "key", "first", "again"), [
+    ("  travel: catalogue/category/books/mystery_3/index.html\n", "travel", 28, 40),  # a partition's page
+    ("politeness: {obey_robots_txt: false}\n", "politeness", 7, 40),  # a whole block replaced
+])
+def test_a_key_given_twice_is_refused_naming_both_lines(extra, key, first, again):
+    """PyYAML keeps the last of two equal keys without a word: a second `travel:` would store
+    mystery's products as travel's, a second `politeness:` drop robots.txt."""
+    text = (Path(__file__).parents[1] / "scrape_assets" / "sites" / "demo.yaml").read_text("utf-8")
+    assert text.splitlines()[first - 1].lstrip().startswith(f"{key}:") and len(text.splitlines()) == again - 1
+    with pytest.raises(SpecError) as info:
+        parse_spec(text + extra, "my_shop.yaml")
+    message = str(info.value)
+    assert message.startswith("my_shop.yaml: not valid YAML")
+    assert f"found the key {key!r} a second time (first on line {first})" in message and f"line {again}," in message
+    with pytest.raises(SpecError, match="found the key 'x' a second time"):
+        parse_spec("name: demo\nflow: {x: 1, x: 2}\n", "flow.yaml")  # on one line too
+
+
 def test_a_page_url_pattern_may_format_n_and_escape_braces():
     from scrape_assets.spec import Pagination
 
@@ -134,3 +154,27 @@ def test_every_problem_of_a_spec_is_named_in_one_error(tmp_path):
                     "selectors.product: required key is missing"):
         assert problem in message, (problem, message)
     assert message.index("unknown key") < message.index("required key is missing")  # the misspelling first
+
+
+@pytest.mark.parametrize("code", ["ABC", "XXX", "XAU"])
+def test_the_sites_currency_must_be_an_iso_4217_code_shops_price_in(code):
+    text = (Path(__file__).parents[1] / "scrape_assets" / "sites" / "demo.yaml").read_text("utf-8")
+    assert "currency: GBP\n" in text
+    with pytest.raises(SpecError) as info:
+        parse_spec(text.replace("currency: GBP\n", f"currency: {code}\n"), "my_shop.yaml")
+    assert str(info.value) == (f"my_shop.yaml: currency: expected an ISO 4217 currency code such as 'EUR' or 'GBP' "
+                               f"(got {code!r})")
+
+
+def test_the_currency_list_is_pycountrys_read_without_importing_it():
+    """pycountry's import costs ~50 ms in every process loading the definitions; its data file ~1 ms."""
+    import pycountry
+
+    from scrape_assets.currencies import NOT_PRICES, price_currencies
+
+    assert price_currencies() == {c.alpha_3 for c in pycountry.currencies} - NOT_PRICES
+    assert {"EUR", "GBP", "USD", "JPY", "KWD", "CHF"} <= price_currencies() and len(price_currencies()) > 150
+    code = ("import sys\nfrom scrape_assets.spec import load_spec\nload_spec('demo')\n"
+            "from scrape_assets.parsing import parse_price\nassert parse_price('12 CHF', 'EUR')[1] == 'CHF'\n"
+            "assert 'pycountry' not in sys.modules\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

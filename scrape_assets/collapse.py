@@ -5,7 +5,8 @@ A *collapse* of a subject (a category, or ``all`` for a whole run) is any of:
 - its page success rate is below ``floor`` (default 0.9);
 - its rate dropped by more than ``max_drop`` (default 0.3) below the median of its
   last ``history_size`` rates (needs ``min_history`` earlier observations);
-- the products parsed for it, or the rows of it in the table, fell to zero (two
+- the products parsed for it, or the rows of it in the table, fell to zero, or are zero
+  on its first observations (two
   separate collapses: a category whose pages fail parses nothing while its table still
   holds the rows carried forward, and neither observation may clear the other).
 
@@ -39,9 +40,12 @@ class CollapseState:
 
     history: dict[str, list[float]] = field(default_factory=dict)
     collapsed: dict[str, str] = field(default_factory=dict)
+    #: Product-count keys (``products:<source>:<subject>``) once seen above zero: a zero
+    #: there "fell"; a subject never seen with products has "none so far".
+    nonzero: set[str] = field(default_factory=set)
 
     def to_dict(self) -> dict:
-        return {"history": self.history, "collapsed": self.collapsed}
+        return {"history": self.history, "collapsed": self.collapsed, "nonzero": sorted(self.nonzero)}
 
     @classmethod
     def from_dict(cls, data: dict | None) -> CollapseState:
@@ -53,7 +57,7 @@ class CollapseState:
                 collapsed.update({f"products:{source}:{subject}": reason for source in PRODUCT_SOURCES})
             else:
                 collapsed[key] = reason
-        return cls(history=dict(data.get("history", {})), collapsed=collapsed)
+        return cls(history=dict(data.get("history", {})), collapsed=collapsed, nonzero=set(data.get("nonzero", [])))
 
 
 def observe_rate(state: CollapseState, subject: str, rate: float, rules: CollapseRules) -> str | None:
@@ -75,8 +79,15 @@ def observe_products(state: CollapseState, subject: str, products: int, source: 
     if source not in PRODUCT_SOURCES:
         raise ValueError(f"source must be one of {PRODUCT_SOURCES}, got {source!r}")
     what = "products parsed" if source == "parsed" else "rows in the products table"
-    reason = f"{what} fell to zero (layout change or empty site?)" if products == 0 else None
-    return _transition(state, f"products:{source}:{subject}", reason, subject)
+    key = f"products:{source}:{subject}"
+    reason = None
+    if products > 0:
+        state.nonzero.add(key)
+    elif key in state.nonzero:
+        reason = f"{what} fell to zero (layout change or empty site?)"
+    else:  # a first run whose pages failed, or selectors that never matched
+        reason = f"no {what} so far (its pages failed, or the spec's selectors do not match the site?)"
+    return _transition(state, key, reason, subject)
 
 
 def _transition(state: CollapseState, key: str, reason: str | None, subject: str) -> str | None:

@@ -35,9 +35,22 @@ def test_products_to_zero_and_state_round_trip():
     assert restored.collapsed == {}
 
 
+def test_a_subject_never_seen_with_products_has_none_so_far_rather_than_a_fall():
+    """A first run whose pages all failed (404s on a mirror) has nothing that fell."""
+    state = CollapseState()
+    assert observe_products(state, "academic", 0, "loaded") == (
+        "academic: no rows in the products table so far (its pages failed, or the spec's selectors do not match "
+        "the site?)")
+    assert observe_products(state, "academic", 12, "loaded") is None
+    assert observe_products(state, "academic", 0, "loaded") == (
+        "academic: rows in the products table fell to zero (layout change or empty site?)")
+    assert CollapseState.from_dict(state.to_dict()).nonzero == {"products:loaded:academic"}
+
+
 def test_parsed_and_loaded_counts_are_separate_collapses():
     """Pages failing for days: nothing parsed, the table keeps carried rows; one alert, not one a day."""
     state = CollapseState()
+    assert observe_products(state, "travel", 11, "parsed") is None  # a healthy first day
     for day in range(3):
         parsed = observe_products(state, "travel", 0, "parsed")
         assert parsed == ("travel: products parsed fell to zero (layout change or empty site?)" if day == 0 else None)

@@ -35,11 +35,12 @@ from scrape_assets.storage import ObjectStore
 #: 4: a page with no product card and none of the listing's elements (pager, next link,
 #: results count) fails the schema's unrecognised_page check when the spec names a results
 #: count, instead of emptying its category (a bot check or an error page served as 200).
-#: 5: prices: "1.250" groups thousands (the spec's decimal_mark can say otherwise), "99p",
-#: "£.99", "1 234,50", "1’234", a minus sign, "C$"-style dollars, a symbol the spec's
-#: currency is written with ("$" on a CAD site) is that currency, a price with U+FFFD is a
-#: reject; "Page 1 of 1,234"; browsers' codecs for legacy labels, a body invalid in UTF-8 is
-#: read as windows-1252; text fields keep words apart; mirror URLs matched by origin.
+#: 5: prices: "1.250" is ambiguous (a reject; the spec's decimal_mark settles it), "99p",
+#: "£.99", "1 234,50 €", "1’234", a minus sign, "C$"/"US $"-style dollars, a symbol the
+#: spec's currency is written with ("$" on a CAD site) is that currency, a price with
+#: U+FFFD is a reject; "Page 1 of 1,234"; browsers' codecs for legacy labels, bytes
+#: invalid in UTF-8 read as windows-1252; line breaks separate words in text fields;
+#: mirror URLs matched by origin.
 PARSER_VERSION = "5"
 
 

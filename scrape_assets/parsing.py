@@ -62,10 +62,6 @@ def _codec_for(label: str) -> str | None:
         return None
     if name not in _AS_WINDOWS_1252:
         return name
-    return _sloppy_windows_1252()
-
-
-def _sloppy_windows_1252() -> str:
     # ftfy (~40 ms to import) only when a page needs its codec or a repair, not in every process
     import ftfy.bad_codecs  # noqa: F401  registers the lossless "sloppy-windows-1252" codec
 
@@ -74,15 +70,18 @@ def _sloppy_windows_1252() -> str:
 
 def _meta_charset(body: bytes) -> bytes | None:
     """The label of the first ``<meta charset>`` or ``<meta http-equiv="Content-Type"
-    content="...; charset=...">`` that ends within the first 4 KiB, outside comments
-    (after the WHATWG prescan: only these two attributes count, not ``charset=`` in another)."""
+    content="...; charset=...">`` (or ``name="Content-Type"``, which browsers ignore but
+    pages write) that ends within the first 4 KiB, outside comments (after the WHATWG
+    prescan: ``charset=`` in another meta's content does not count)."""
     head = _COMMENT.sub(b"", body[:_META_SCAN_BYTES])
     for tag in _META_TAG.finditer(head):
         attributes = {m.group(1).lower(): m.group(2) or m.group(3) or m.group(4) or b""
                       for m in _ATTRIBUTE.finditer(tag.group(), 5, len(tag.group()) - 1)}
         if charset := attributes.get(b"charset", b"").strip():
             return charset
-        if attributes.get(b"http-equiv", b"").strip().lower() == b"content-type":
+        # http-equiv as the standard says; name= as some pages write it (not charset= in another meta)
+        if b"content-type" in (attributes.get(b"http-equiv", b"").strip().lower(),
+                               attributes.get(b"name", b"").strip().lower()):
             if match := _CHARSET_IN_CONTENT.search(attributes.get(b"content", b"")):
                 return match.group(1)
     return None
@@ -121,15 +120,25 @@ def sniff_charset(body: bytes, content_type: str | None = None) -> str:
     return "utf-8"
 
 
+#: Each byte of windows-1252, the five it leaves undefined kept as C1 controls (lossless).
+_WINDOWS_1252 = tuple(bytes([b]).decode("cp1252", "ignore") or chr(b) for b in range(256))
+
+
+def _invalid_utf8_as_windows_1252(error: UnicodeDecodeError) -> tuple[str, int]:
+    """``codecs`` error handler: bytes invalid in UTF-8 read as windows-1252, one by one."""
+    return "".join(_WINDOWS_1252[b] for b in error.object[error.start : error.end]), error.end
+
+
+codecs.register_error("scrape_assets.windows-1252", _invalid_utf8_as_windows_1252)
+
+
 def _decode(body: bytes, content_type: str | None) -> str:
     codec = sniff_charset(body, content_type)
-    if codec == "utf-8" and not body.startswith(codecs.BOM_UTF8):
-        try:
-            return body.decode("utf-8")
-        except UnicodeDecodeError:  # not UTF-8, whatever the label says: see decode_html
-            codec = _sloppy_windows_1252()
+    # Bytes invalid in UTF-8 (a legacy page labelled UTF-8, a stray latin-1 byte in a
+    # footer) read as windows-1252 each, not U+FFFD; valid sequences stay UTF-8.
+    errors = "scrape_assets.windows-1252" if codec == "utf-8" else "replace"
     try:
-        text = body.decode(codec, errors="replace")
+        text = body.decode(codec, errors=errors)
     except (LookupError, UnicodeError, ValueError, TypeError):  # a codec that fails on this body after all
         text = body.decode("utf-8", errors="replace")
     return text[1:] if text.startswith("\ufeff") else text
@@ -163,10 +172,10 @@ def decode_html(body: bytes, content_type: str | None = None) -> str:
     """Decode an HTML body to text and repair mojibake.
 
     The charset is chosen by :func:`sniff_charset`; bytes invalid in it become U+FFFD, so a
-    wrong or missing charset never raises. A body that is no valid UTF-8 where UTF-8 was
-    chosen (labelled so, or not labelled) is decoded as windows-1252 instead (lossless), and
-    the repair below restores the parts that were UTF-8: a legacy page labelled UTF-8 reads
-    "Crème" and "€" where a browser would show U+FFFD. The whole document then goes through
+    wrong or missing charset never raises; but where UTF-8 was chosen (labelled so, or not
+    labelled), each byte invalid in it is read as windows-1252 instead, the valid sequences
+    staying UTF-8: a legacy page labelled UTF-8 reads "Crème" and "€" where a browser
+    would show U+FFFD, and one stray latin-1 byte spoils nothing else. The whole document then goes through
     :func:`repair_text` (about 10 ms for a 50 KB page with mojibake; :func:`parse_listing`
     repairs extracted fields only, which is much faster).
 
@@ -183,22 +192,32 @@ def decode_html(body: bytes, content_type: str | None = None) -> str:
 # --- field parsers --------------------------------------------------------------------------
 
 _CURRENCY_SYMBOLS = {"£": "GBP", "$": "USD", "€": "EUR", "¥": "JPY"}
-#: Dollars named by their prefix ("C$12.99", "US$ 5"): the prefix says which dollar.
+#: Dollars (and pesos) named by letters before the "$" ("C$12.99", "US $5"); an ISO 4217
+#: code there names its own ("USD$12.99", "AUD $5").
 _DOLLAR_PREFIXES = {"US": "USD", "C": "CAD", "CA": "CAD", "A": "AUD", "AU": "AUD", "NZ": "NZD", "HK": "HKD",
-                    "S": "SGD", "SG": "SGD", "NT": "TWD", "MX": "MXN", "R": "BRL"}
-_SYMBOL = re.compile(r"(?<![A-Za-z])(US|CA|AU|NZ|HK|SG|NT|MX|C|A|S|R)?\$|[£€¥]")
+                    "S": "SGD", "SG": "SGD", "NT": "TWD", "MX": "MXN", "R": "BRL", "RD": "DOP"}
+_SYMBOL = re.compile(r"(?<![A-Za-z])(?:([A-Z]{1,3}) ?)?\$|[£€¥]")
 _CODE_BEFORE = re.compile(r"(?<![A-Za-z])([A-Z]{3})\s*$")
 _CODE_AFTER = re.compile(r"\s*([A-Z]{3})(?![A-Za-z])")
 #: Digit-group separators: ' NBSP, narrow NBSP, thin space, ’ (Swiss "1’234.50").
 _GROUP_MARKS = "'\u00a0\u202f\u2009\u2019"
-#: An amount: digits, optionally grouped by , . or a separator above (a plain space only
-#: before exactly three digits: "1 234,50"), ending in a digit; or cents alone (".99").
-_AMOUNT = re.compile(rf"\d(?:(?:[\d.,{_GROUP_MARKS}]| (?=\d{{3}}(?!\d)))*\d)?|[.,]\d\d(?!\d)")
+#: An amount: digits, optionally grouped by , . or a separator above, ending in a digit;
+#: or cents alone (".99").
+_AMOUNT = re.compile(rf"\d(?:[\d.,{_GROUP_MARKS}]*\d)?|[.,]\d\d(?!\d)")
 _GROUPING = str.maketrans("", "", _GROUP_MARKS + " ")
-#: A minus sign (ASCII or U+2212) right before the amount, maybe with a symbol or code between.
-_MINUS_BEFORE = re.compile(r"[-\u2212]\s*(?:[A-Z]{3}|[A-Z]{0,2}\$|[£€¥])?\s*$")
-#: Minor units right after the amount: "99p" (pence), "99¢" (cents).
-_MINOR_AFTER = re.compile(r"\s*([p¢])(?![A-Za-z])")
+#: Groups of three digits after plain spaces ("1 234,50"): part of the amount only when
+#: nothing but a currency follows ("£10 500g" is £10, "£4 100 points" £4).
+_SPACE_GROUPS = re.compile(r"(?: \d{3})+(?:[.,]\d{1,2})?(?![\d.,])")
+_ONLY_CURRENCY_AFTER = re.compile(r"\s*(?:[£$€¥]|[A-Z]{3})?\s*$")
+#: A minus sign (ASCII or U+2212) against the amount or its symbol: "-£5", "−5 €", "-USD 5";
+#: not "Sale - £12.99".
+_MINUS_BEFORE = re.compile(r"[-\u2212](?:[A-Z]{3} ?|[A-Z]{0,2}\$ ?|[£€¥] ?)?$")
+#: Accounting parentheses around nothing but the amount and its currency: "(£5.00)".
+_PARENTHESES = re.compile(rf"\s*\(\s*(?:[A-Z]{{0,3}} ?\$|[£€¥]|[A-Z]{{3}})?\s*[\d.,{_GROUP_MARKS} ]+\s*(?:[£€¥]|[A-Z]{{3}})?\s*\)\s*")
+#: Minor units right after the amount: "99p" (pence), "99¢" (cents); not "25 p.p." (per person).
+_MINOR_AFTER = re.compile(r"\s*([p¢])(?![A-Za-z.])")
+#: The common case, read directly: an optional symbol, digits, maybe a "." and two decimals.
+_SIMPLE_PRICE = re.compile(r"\s*([£$€¥]?)\s*(\d+(?:\.\d\d)?)\s*")
 #: ISO 4217 currencies with three decimal digits: "1.250 KWD" is one dinar and a quarter.
 _THREE_DECIMALS = frozenset({"BHD", "IQD", "JOD", "KWD", "LYD", "OMR", "TND"})
 
@@ -206,10 +225,15 @@ _THREE_DECIMALS = frozenset({"BHD", "IQD", "JOD", "KWD", "LYD", "OMR", "TND"})
 def _amount(raw: str, *, three_decimals: bool = False, decimal_mark: str | None = None) -> str:
     """Normalise a matched amount to Decimal syntax: decide which of , and . is the decimal mark.
 
-    ``decimal_mark`` (the spec's) decides. Unset, a lone mark followed by exactly three
-    digits after a non-zero integer part groups thousands ("1,234", "1.250" as German shops
-    write 1250), unless ``three_decimals`` (the currency has three decimal digits) makes a
-    lone "." its decimal mark.
+    ``decimal_mark`` (the spec's) decides. Unset: when both appear, the last; a lone ","
+    before exactly three digits (after a non-zero integer part) groups thousands
+    ("1,234"), else it is the decimal mark ("3,50"); a lone "." is the decimal mark, but
+    before exactly three digits after a non-zero integer part it is ambiguous ("1.250":
+    1250 in German, 1.25 in English) unless ``three_decimals`` (the currency has three
+    decimal digits) settles it.
+
+    Raises:
+        ValueError: an ambiguous "." (the message says what to set).
     """
     raw = raw.translate(_GROUPING)
     if decimal_mark is not None:
@@ -224,13 +248,19 @@ def _amount(raw: str, *, three_decimals: bool = False, decimal_mark: str | None 
             return raw.replace(mark, "")
         if raw.count(mark) == 1:
             integer, _, fraction = raw.partition(mark)
-            groups = len(fraction) == 3 and integer.strip("0") != "" and not (mark == "." and three_decimals)
-            return integer + fraction if groups else f"{integer}.{fraction}"
+            if len(fraction) != 3 or integer.strip("0") == "" or (mark == "." and three_decimals):
+                return f"{integer}.{fraction}"
+            if mark == ",":
+                return integer + fraction
+            raise ValueError(f"{raw!r} may be {integer}{fraction} ('.' grouping thousands) or {integer}.{fraction}: "
+                             "set the spec's decimal_mark")
     return raw
 
 
-#: The codes each symbol stands for besides its own (the dollars: any code ending in D).
-_SYMBOL_CODES = {"£": ("GBP", "GIP", "FKP", "SHP", "EGP"), "€": ("EUR",), "¥": ("JPY", "CNY")}
+#: The codes each symbol stands for besides its own (the dollars: any code ending in D, and
+#: the pesos written with "$").
+_SYMBOL_CODES = {"£": ("GBP", "GIP", "FKP", "SHP", "EGP"), "€": ("EUR",), "¥": ("JPY", "CNY"),
+                 "$": ("MXN", "ARS", "CLP", "COP", "CUP", "DOP", "UYU")}
 
 
 def _is_iso_4217(code: str) -> bool:
@@ -245,23 +275,26 @@ def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = 
 
     The first number in ``text`` is the amount. Its decimal mark is ``decimal_mark`` when
     given (the spec's), the other of ``,`` and ``.`` grouping thousands. Otherwise it is
-    guessed: of ``,`` and ``.``, the one appearing last is
-    the decimal mark when both appear; a lone one followed by exactly 3 digits groups
-    thousands (``"$1,234"``, ``"€1.250"`` as German shops write 1250; but ``"0.125"``, and
-    ``"1.250 KWD"`` in a currency with three decimal digits), otherwise it is the decimal
-    mark (``"€3,50"``, ``"£.99"``). Digits may be grouped by ``'``, ``’``, a no-break, narrow
-    or thin space, or a plain space before exactly three digits (``"1 234,50 €"``). A minus
-    sign before the amount (``"-£5.00"``, ``"−5 €"``) or parentheses around the whole text
-    (``"(£5.00)"``) make it negative; ``"99p"`` and ``"99¢"`` are pence and cents (0.99).
+    guessed: of ``,`` and ``.``, the one appearing last when both appear; a lone ``,``
+    before exactly 3 digits groups thousands (``"$1,234"``), else it is the decimal mark
+    (``"€3,50"``); a lone ``.`` is the decimal mark (``"£.99"``, ``"0.125"``, ``"1.250 KWD"``
+    in a currency with three decimal digits), but ``"€1.250"`` is ambiguous (1250 as German
+    shops write it, or 1.25): a ValueError asks for the spec's ``decimal_mark``. Digits
+    may be grouped by ``'``, ``’``, a no-break, narrow or thin space, or plain spaces when
+    nothing but a currency follows (``"1 234,50 €"``; ``"£10 500g"`` is 10). A minus sign
+    against the amount or its symbol (``"-£5.00"``, ``"−5 €"``; not ``"Sale - £5"``) or
+    accounting parentheses around nothing but the price (``"(£5.00)"``) make it negative;
+    ``"99p"`` and ``"99¢"`` are pence and cents (0.99).
 
     The currency is, in this order: an ISO 4217 code right before or after the amount
     (``"GBP 12.00"``, ``"12.00 EUR"``, ``"$12 CAD"``; not ``"RRP £12"``; a 3-letter word that
     is no such code, as in ``"£12.00 VAT"``, is not one, nor a code that does not suit the
-    symbol beside it, as in ``"£12.00 TOP"``); a prefixed dollar (``"C$"``/``"CA$"`` CAD,
-    ``"A$"``/``"AU$"`` AUD, ``"NZ$"``, ``"HK$"``, ``"S$"``/``"SG$"``, ``"NT$"``, ``"MX$"``,
-    ``"R$"`` BRL, ``"US$"`` USD); a symbol: ``default_currency`` when it suits the symbol
-    (``"$12.99"`` on a CAD site is CAD, ``"¥"`` on a CNY site CNY), else £ GBP, $ USD, € EUR,
-    ¥ JPY (pence GBP, cents USD); else ``default_currency``.
+    symbol beside it, as in ``"£12.00 TOP"``); the dollar letters before ``$`` name
+    (``"C$"``/``"CA$"`` CAD, ``"A$"``/``"AU$"`` AUD, ``"NZ$"``, ``"HK$"``, ``"S$"``/``"SG$"``,
+    ``"NT$"``, ``"MX$"``, ``"R$"`` BRL, ``"RD$"`` DOP, ``"US$"``/``"US $"`` USD, or a code:
+    ``"USD$"``, ``"AUD $"``); a symbol: ``default_currency`` when it is written with that
+    symbol (``"$12.99"`` on a CAD or MXN site, ``"¥"`` on a CNY site), else £ GBP, $ USD,
+    € EUR, ¥ JPY (pence GBP, cents USD); else ``default_currency``.
     Limits: without a symbol, a word that is also a code (``"ALL 12.00"``: Albanian lek) is
     read as that currency; only the first amount counts (``"Was £20 Now £12"`` is 20: point
     the spec's price selector at the current price); a price split over elements
@@ -278,37 +311,50 @@ def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = 
         digits shown (no float rounding).
 
     Raises:
-        ValueError: no number in ``text``; the message quotes ``text``.
+        ValueError: no number in ``text``, an ambiguous amount, or one ``decimal_mark``
+            cannot read; the message quotes ``text``.
     """
+    if (simple := _SIMPLE_PRICE.fullmatch(text)) and not (decimal_mark == "," and "." in simple.group(2)):
+        # "£51.77", "12.00": what the general path below gives, without its dozen regex steps
+        sign = simple.group(1)
+        currency = default_currency if not sign or _suits(default_currency, sign) else _CURRENCY_SYMBOLS[sign]
+        return Decimal(simple.group(2)), currency
     match = _AMOUNT.search(text)
     if match is None:
         raise ValueError(f"no number in {text!r} (expected an amount such as '£51.77')")
+    raw, end = match.group(), match.end()
+    if raw.isdigit() and len(raw) <= 3 and (groups := _SPACE_GROUPS.match(text, end)) and \
+            _ONLY_CURRENCY_AFTER.match(text, groups.end()):
+        raw, end = raw + groups.group(), groups.end()  # "1 234,50 €"
     symbol = _SYMBOL.search(text)
-    minor = _MINOR_AFTER.match(text, match.end())
+    minor = _MINOR_AFTER.match(text, end) if raw.isdigit() else None  # "99p", not "12.99 p/kg"
     currency = None
-    for code in (_CODE_BEFORE.search(text, 0, match.start()), _CODE_AFTER.match(text, match.end())):
+    for code in (_CODE_BEFORE.search(text, 0, match.start()), _CODE_AFTER.match(text, end)):
         # Not "£12.00 VAT", "NOW 12.00" (no such code), nor "£12.00 TOP" (a code, but not a pound)
         if code and _is_iso_4217(code.group(1)) and (symbol is None or _suits(code.group(1), symbol.group()[-1])):
             currency = code.group(1)
             break
     if currency is None and symbol is not None:
-        sign = symbol.group()[-1]
-        if symbol.group(1):
-            currency = _DOLLAR_PREFIXES[symbol.group(1)]
-        else:
+        sign, letters = symbol.group()[-1], symbol.group(1)
+        if letters in _DOLLAR_PREFIXES:
+            currency = _DOLLAR_PREFIXES[letters]
+        elif letters and len(letters) == 3 and _is_iso_4217(letters) and _suits(letters, sign):
+            currency = letters  # "USD$12.99", "AUD $5"
+        else:  # "$12.99", "RRP $12.99"
             currency = default_currency if _suits(default_currency, sign) else _CURRENCY_SYMBOLS[sign]
     if currency is None and minor is not None:
         sign = "£" if minor.group(1) == "p" else "$"
         currency = default_currency if _suits(default_currency, sign) else _CURRENCY_SYMBOLS[sign]
     currency = currency or default_currency
     try:
-        amount = Decimal(_amount(match.group(), three_decimals=currency in _THREE_DECIMALS, decimal_mark=decimal_mark))
-    except InvalidOperation:  # "1.234.56" with decimal_mark ","
-        raise ValueError(f"cannot read the amount {match.group()!r} in {text!r}") from None
+        amount = Decimal(_amount(raw, three_decimals=currency in _THREE_DECIMALS, decimal_mark=decimal_mark))
+    except InvalidOperation:  # "1.234.56" with decimal_mark "."
+        raise ValueError(f"cannot read the amount {raw!r} in {text!r}") from None
+    except ValueError as exc:  # ambiguous
+        raise ValueError(f"in {text!r}, {exc}") from None
     if minor is not None and symbol is None:
         amount = amount.scaleb(-2)  # 99p -> 0.99
-    stripped = text.strip()
-    if _MINUS_BEFORE.search(text, 0, match.start()) or (stripped.startswith("(") and stripped.endswith(")")):
+    if _MINUS_BEFORE.search(text, 0, match.start()) or _PARENTHESES.fullmatch(text):
         amount = -amount
     return amount, currency
 
@@ -410,9 +456,10 @@ def _compiled(pattern: str) -> re.Pattern[str]:
 
 
 _INTEGER = re.compile(r"\d[\d,.]*")
-#: A digit-group separator inside a number ("1,234", "1.234", "1 234", "1’234"), to drop
+#: A digit-group separator inside a number ("1,234", "1.234", "1’234"; not a plain space:
+#: "Page 1 of 3 120 books" is 3 pages), to drop
 #: before the spec's pager_regex reads "Page 1 of 1,234" (its \d+ would read 1).
-_DIGIT_GROUP_MARK = re.compile(r"(?<=\d)[,.'\u00a0\u202f\u2009\u2019 ](?=\d{3}(?!\d))")
+_DIGIT_GROUP_MARK = re.compile(r"(?<=\d)[,.'\u00a0\u202f\u2009\u2019](?=\d{3}(?!\d))")
 #: Longest page number or results count read (a longer one is read as none: Python refuses to
 #: convert more than 4,300 digits, and no listing has 10**18 pages).
 _MAX_DIGITS = 18
@@ -443,7 +490,7 @@ def parse_pager(
 
     Returns:
         The :class:`PagerInfo`. Digit-group separators are dropped first (``"Page 1 of
-        1,234"`` and ``"1 234 results"`` read 1234). A pager element whose text does not match ``pager_regex``
+        1,234"`` and ``"1.234 results"`` read 1234; not plain spaces). A pager element whose text does not match ``pager_regex``
         counts as no pager (``None``, ``None``); a results element without digits gives
         ``results_count=None``.
     """
@@ -523,16 +570,33 @@ class _FieldError(ValueError):
     """A card field could not be read; ``str()`` is the reject reason."""
 
 
+#: Elements a browser starts on a new line: their start separates the text around them.
+_BREAKING_TAGS = frozenset({"br", "p", "div", "li", "ul", "ol", "dl", "dt", "dd", "tr", "td", "th", "table", "h1",
+                            "h2", "h3", "h4", "h5", "h6", "section", "article", "header", "footer", "hr"})
+
+
+def _visible_text(node: LexborNode) -> str:
+    """``node``'s text, with a space where a line break or a block element starts."""
+    parts = []
+    for child in node.traverse(include_text=True):
+        tag = child.tag
+        if tag == "-text":
+            parts.append(child.text_content or "")
+        elif tag in _BREAKING_TAGS:
+            parts.append(" ")
+    return "".join(parts)
+
+
 def _read(
     card: LexborNode, name: str, field: Field_, cache: dict[str, LexborNode | None], *, allow_empty: bool = False
 ) -> str:
     """Text or attribute of ``field`` inside ``card``, whitespace-collapsed and mojibake-repaired.
 
     ``cache`` maps CSS selectors to the card's matching node (title and url share one).
-    Text fields read their elements' text nodes with a space between them ("In stock<br>Ships
-    in 2 days" is "In stock Ships in 2 days"), except the price, whose digits may be split
-    over elements (``£<span>51</span>.77``). An attribute's whitespace is collapsed too (a
-    ``title`` spanning lines), except the url's (stripped only).
+    Text fields put a space where a line break or a block element starts ("In stock<br>Ships
+    in 2 days" is "In stock Ships in 2 days"; inline markup joins as shown: "H<sub>2</sub>O"
+    is "H2O"). An attribute's whitespace is collapsed too (a ``title`` spanning lines),
+    except the url's (stripped only).
     """
     if field.css not in cache:
         cache[field.css] = card.css_first(field.css)
@@ -540,7 +604,7 @@ def _read(
     if node is None:
         raise _FieldError(f"{name}: no element matches {field.css!r}")
     if field.attr is None:
-        value = " ".join(node.text(separator="" if name == "price" else " ").split())
+        value = " ".join((node.text() if name == "price" else _visible_text(node)).split())
     else:
         raw = node.attributes.get(field.attr)
         if raw is None:

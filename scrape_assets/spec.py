@@ -224,7 +224,7 @@ class SiteSpec(_Strict):
     decimal_mark: Literal[".", ","] | None = Field(
         default=None,
         description='the decimal mark of the site\'s prices; the other of "." and "," groups thousands. Unset: '
-                    'guessed per price (a lone mark before exactly 3 digits groups thousands: "1.250" is 1250)',
+                    'guessed per price ("1,250" is 1250; "1.250" is ambiguous and rejects the card)',
     )
     categories: dict[PartitionKey, str] = Field(min_length=1)
     selectors: Selectors

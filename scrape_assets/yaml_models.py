@@ -33,23 +33,32 @@ class _UniqueKeyLoader(_SafeLoader):  # type: ignore[misc, valid-type]
     both lines.
     """
 
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            first_line: dict = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=True)
-                try:
+    def construct_document(self, node):
+        # Checked on the composed document, before construction: merging (<<) rewrites a
+        # mapping's node in place, and an alias constructs the same node again.
+        seen: set[int] = set()
+        stack = [node]
+        while stack:
+            current = stack.pop()
+            if id(current) in seen:
+                continue
+            seen.add(id(current))
+            if isinstance(current, yaml.MappingNode):
+                first_line: dict = {}
+                for key_node, value_node in current.value:
+                    stack += [key_node, value_node]
+                    if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    key = (key_node.tag, key_node.value)
                     if key in first_line:
                         raise yaml.constructor.ConstructorError(
-                            "while reading a mapping", node.start_mark,
-                            f"found the key {key!r} a second time (first on line {first_line[key] + 1})",
+                            "while reading a mapping", current.start_mark,
+                            f"found the key {key_node.value!r} a second time (first on line {first_line[key] + 1})",
                             key_node.start_mark)
                     first_line[key] = key_node.start_mark.line
-                except TypeError:  # an unhashable key: the base class says so
-                    break
-        return super().construct_mapping(node, deep=deep)
+            elif isinstance(current, yaml.SequenceNode):
+                stack += current.value
+        return super().construct_document(node)
 #: Given the first pydantic error, return ``(key, detail)`` to override the defaults, or None.
 Explain = Callable[[dict, str | None], "tuple[str | None, str] | None"]
 

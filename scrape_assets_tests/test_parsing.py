@@ -66,11 +66,13 @@ def spec():
         ("€5 XXX", (Decimal("5"), "EUR")),  # ISO's "no currency"
         ("12.00 XXX", (Decimal("12.00"), "EUR")),
         # thousands and decimal marks as shops write them
-        ("€1.250", (Decimal("1250"), "EUR")),  # German: a lone "." before 3 digits groups thousands
-        ("1.999 €", (Decimal("1999"), "EUR")),
-        ("0.125", (Decimal("0.125"), "EUR")),  # not after a zero
+        ("0.125", (Decimal("0.125"), "EUR")),  # a lone "." after a zero: decimals
         ("1.250 KWD", (Decimal("1.250"), "KWD")),  # the dinar has three decimal digits
-        ("£ 1 234,50", (Decimal("1234.50"), "GBP")),  # a plain space before exactly 3 digits
+        ("£ 1 234,50", (Decimal("1234.50"), "GBP")),  # plain spaces, then only a currency
+        ("1 234 567,89 EUR", (Decimal("1234567.89"), "EUR")),
+        ("£10 500g", (Decimal("10"), "GBP")),  # not when something else follows
+        ("£4 100 Nectar points", (Decimal("4"), "GBP")),
+        ("£1.50 500g", (Decimal("1.50"), "GBP")),
         ("1\u2009234,50 €", (Decimal("1234.50"), "EUR")),  # thin space
         ("CHF 1\u2019234.50", (Decimal("1234.50"), "CHF")),  # Swiss apostrophe
         ("£.99", (Decimal("0.99"), "GBP")),
@@ -81,17 +83,27 @@ def spec():
         ("99 p", (Decimal("0.99"), "GBP")),
         ("99¢", (Decimal("0.99"), "USD")),
         ("12 pcs", (Decimal("12"), "EUR")),  # a word, not pence
+        ("25 p.p.", (Decimal("25"), "EUR")),  # per person
+        ("12.99 p/kg", (Decimal("12.99"), "EUR")),  # an amount with decimals is no number of pence
         # negative: rejected by the caller as not above zero
         ("-£5.00", (Decimal("-5.00"), "GBP")),
         ("\u2212£5.00", (Decimal("-5.00"), "GBP")),
         ("(£5.00)", (Decimal("-5.00"), "GBP")),
-        ("- 5 EUR", (Decimal("-5"), "EUR")),
+        ("-5 EUR", (Decimal("-5"), "EUR")),
+        ("-USD 5", (Decimal("-5"), "USD")),
+        ("Sale - £12.99", (Decimal("12.99"), "GBP")),  # a dash with a space after it: no minus sign
+        ("(£12.99 inc. VAT)", (Decimal("12.99"), "GBP")),  # parentheses around more than the price
         # dollars named by a prefix
         ("C$12.99", (Decimal("12.99"), "CAD")),
         ("CA$ 12.99", (Decimal("12.99"), "CAD")),
         ("A$5", (Decimal("5"), "AUD")),
         ("R$ 12,90", (Decimal("12.90"), "BRL")),
         ("US$5", (Decimal("5"), "USD")),
+        ("US $12.99", (Decimal("12.99"), "USD")),  # eBay's way
+        ("USD$12.99", (Decimal("12.99"), "USD")),
+        ("AUD $5", (Decimal("5"), "AUD")),
+        ("RD$5", (Decimal("5"), "DOP")),
+        ("RRP $12.99", (Decimal("12.99"), "USD")),  # letters that name no dollar
     ],
 )
 def test_parse_price(text, expected):
@@ -109,10 +121,21 @@ def test_parse_price(text, expected):
         ("£5", "GIP", (Decimal("5"), "GIP")),
         ("99¢", "AUD", (Decimal("0.99"), "AUD")),
         ("99p", "EUR", (Decimal("0.99"), "GBP")),
+        ("$1,299.00", "MXN", (Decimal("1299.00"), "MXN")),  # the peso is written with "$" too
+        ("US $12.99", "CAD", (Decimal("12.99"), "USD")),
+        ("RRP $12.99", "CAD", (Decimal("12.99"), "CAD")),
     ],
 )
 def test_a_symbol_is_the_sites_own_currency_when_it_suits_it(text, default, expected):
     assert parse_price(text, default) == expected
+
+
+@pytest.mark.parametrize("default", ["GBP", "USD", "CAD", "EUR", "CNY", "JPY"])
+@pytest.mark.parametrize("mark", [None, ".", ","])
+def test_the_common_prices_short_cut_reads_as_the_general_rules_do(default, mark):
+    """"£51.77" takes a short cut; a ";" after it forces the general path: same answer."""
+    for text in ["£51.77", "$12.99", "€ 5", "¥1000", "12.00", " 7 ", "£0.10", "1234"]:
+        assert parse_price(text, default, decimal_mark=mark) == parse_price(text + ";", default, decimal_mark=mark), text
 
 
 @pytest.mark.parametrize(
@@ -128,6 +151,17 @@ def test_a_symbol_is_the_sites_own_currency_when_it_suits_it(text, default, expe
 )
 def test_the_specs_decimal_mark_settles_what_a_lone_mark_is(text, mark, expected):
     assert parse_price(text, "EUR", decimal_mark=mark)[0] == expected
+
+
+@pytest.mark.parametrize("text", ["€1.250", "1.999 €", "£1.459"])
+def test_a_lone_point_before_three_digits_is_ambiguous_until_the_spec_says(text):
+    """1250 in a German shop, 1.25 (or a per-litre 1.459) in an English one: guessing either
+    way writes a price 1000 times off without a word; the card is rejected, saying what to set."""
+    with pytest.raises(ValueError, match=r"may be \d+ \('\.' grouping thousands\) or \d\.\d{3}: set the spec's "
+                                         r"decimal_mark") as info:
+        parse_price(text, "EUR")
+    assert repr(text) in str(info.value)
+    assert parse_price(text, "EUR", decimal_mark=",")[0] == Decimal(text.strip("€£ ").replace(".", ""))
 
 
 def test_an_amount_the_specs_decimal_mark_cannot_read_names_it():
@@ -317,10 +351,10 @@ def test_a_price_with_an_undecodable_character_is_rejected_not_given_the_default
 def test_text_fields_keep_words_apart_and_titles_lose_stray_whitespace(spec):
     """A line break between two texts was "In stockShips"; a title attribute kept its newlines."""
     card = (_card(title="  The\n   Book\u00a0of\tDays ", price="£<span>51</span>.77")
-            .replace("In   stock </p>", "In stock<br>Ships in 2 days</p>"))
+            .replace("In   stock </p>", "In stock<br>Ships in <b>2</b> days<br>H<sub>2</sub>O</p>"))
     (product,) = parse_listing(_page(card), spec, "https://books.toscrape.com/catalogue/page-3.html").products
     assert product["title"] == "The Book of Days"
-    assert product["availability"] == "In stock Ships in 2 days"
+    assert product["availability"] == "In stock Ships in 2 days H2O"  # inline markup joins as shown
     assert product["price"] == Decimal("51.77")  # a price's digits split over elements stay together
 
 
@@ -459,12 +493,14 @@ def test_parse_pager_accepts_text_and_bytes(spec):
     assert parse_pager(unmatched, spec, "http://h/") == PagerInfo(None, None, None, None, shows_listing=True)
 
 
-@pytest.mark.parametrize("grouped", ["1,234", "1.234", "1 234", "1\u00a0234", "1\u2019234"])
+@pytest.mark.parametrize("grouped", ["1,234", "1.234", "1\u00a0234", "1\u2019234"])
 def test_a_pager_and_count_with_grouped_digits_read_the_whole_number(spec, grouped):
     """"Page 1 of 1,234" read by the spec's \\d+ was page 1 of 1: the crawl stopped after page 1."""
     html = (f'<form class="form-horizontal"><strong>{grouped}</strong> results</form>'
             f'<ul class="pager"><li class="current"> Page 1 of {grouped} </li></ul>')
     assert parse_pager(html, spec, "http://h/c/index.html") == PagerInfo(1, 1234, None, 1234, shows_listing=True)
+    books = '<ul class="pager"><li class="current"> Page 1 of 3 120 books </li></ul>'  # a plain space: no group
+    assert parse_pager(books, spec, "http://h/c/index.html").total_pages == 3
 
 
 @pytest.mark.parametrize(("html", "shows"), [

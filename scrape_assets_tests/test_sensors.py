@@ -179,7 +179,7 @@ def test_a_run_failed_by_the_schema_check_is_alerted_with_the_categories_and_why
     assert not result.success
     (check,) = result.get_asset_check_evaluations()
     failed = check.metadata["failed_categories"].value
-    assert list(failed) == ["mystery"] and failed["mystery"].startswith("pages: layout_guard x2 (")
+    assert list(failed) == ["mystery"] and failed["mystery"].startswith("pages: layout_guard x2 (pages 1, 2; ")
     failure = [e for e in result.all_events if e.event_type_value in ("STEP_FAILURE", "RUN_FAILURE")][-1]
     context = dg.build_run_status_sensor_context(
         sensor_name="run_failure_alert_sensor", dagster_instance=instance,
@@ -188,7 +188,10 @@ def test_a_run_failed_by_the_schema_check_is_alerted_with_the_categories_and_why
     ).for_run_failure()
     run_failure_alert_sensor(context)
     (alert,) = webhook_server.received
-    assert "; parsed_products_match_schema failed for mystery (pages: layout_guard x2 (page parsed to zero products" \
+    assert "; parsed_products_match_schema failed for mystery (pages: layout_guard x2 (pages 1, 2; page parsed to " \
+        "zero products" in alert["text"]
+    # the cause survives the alert's shortening: the reject reasons come before the long message
+    assert "pages: rejected_share x2 (reject reasons: \"price: no element matches 'p.price_color'\" x32; " \
         in alert["text"]
     assert alert["text"].endswith("...)") and len(alert["text"]) < 600
 

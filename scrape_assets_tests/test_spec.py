@@ -121,6 +121,14 @@ def test_a_key_given_twice_is_refused_naming_both_lines(extra, key, first, again
         parse_spec("name: demo\nflow: {x: 1, x: 2}\n", "flow.yaml")  # on one line too
 
 
+def test_merge_keys_overriding_a_merged_key_are_no_duplicate():
+    """`<<: *base` then `x: 2` overrides the merged x, as YAML allows; merged again elsewhere too."""
+    from scrape_assets import yaml_models
+
+    text = "defaults: {base: &b {x: 1}, p: &p {<<: *b, x: 2}}\ntop: {<<: *p}\nlist: [{<<: *b}, *p]\n"
+    assert yaml.load(text, Loader=yaml_models._UniqueKeyLoader) == yaml.safe_load(text)
+
+
 def test_a_page_url_pattern_may_format_n_and_escape_braces():
     from scrape_assets.spec import Pagination
 

@@ -68,12 +68,16 @@ class PartitionParse:
         report: the schema's verdict; None when the input was unchanged since a parse that
             passed (nothing validated).
         line: one human-readable log line.
+        products_expected: the results count the site shows on page 1 (e.g. "32 results"),
+            when every page of the snapshot was fetched; None otherwise, or when the spec
+            names no results count.
     """
 
     category: str
     figures: dict
     report: ValidationReport | None
     line: str
+    products_expected: int | None = None
 
 
 @dataclass(frozen=True)
@@ -192,14 +196,15 @@ def parse_partitions(
         top_up()
         for category, manifest, version, state, parse in plans:
             if not parse:
-                yield _reuse(store, spec, category, manifest, version, state)
-                continue
-            if pool is not None:
-                encoded = pending.popleft().result()
-                top_up()
+                result = _reuse(store, spec, category, manifest, version, state)
             else:
-                encoded = _parse_and_validate(store, manifest, spec)
-            yield _save(store, spec, category, manifest, version, encoded)
+                if pool is not None:
+                    encoded = pending.popleft().result()
+                    top_up()
+                else:
+                    encoded = _parse_and_validate(store, manifest, spec)
+                result = _save(store, spec, category, manifest, version, encoded)
+            yield replace(result, products_expected=manifest.products_expected if manifest.sees_every_page else None)
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import shutil
 import sqlite3
 from collections import Counter
@@ -39,7 +40,8 @@ def test_whole_graph_loads_expected_rows_and_rerun_gives_same_table(tmp_path, in
     materialized = Counter(e.asset_key.path[0] for e in result.get_asset_materialization_events())
     assert materialized == {"raw_pages": 3, "parsed_products": 3, "products_table": 3, "dead_letters": 3}
     checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
-    assert checks == {"parsed_products_match_schema": True, "products_table_matches_parsed": True}
+    assert checks == {"parsed_products_match_schema": True, "parsed_products_match_site_count": True,
+                      "products_table_matches_parsed": True}
 
     # Each partition's materialization carries the run totals and only its own category's
     # row of the per-category tables (the event log grows with N categories, not N²).
@@ -124,6 +126,24 @@ def _broken_spec(tmp_path, field: str = "price", css: str = "p.price_tag") -> st
     path = tmp_path / f"demo_changed_{field}.yaml"
     path.write_text(yaml.safe_dump(data))
     return str(path)
+
+
+def test_a_category_with_fewer_cards_than_its_site_counts_is_a_warning_not_a_failure(tmp_path, instance):
+    """max_pages (or a pager the spec misreads) stops the crawl early: the rows load, but the
+    non-blocking count check says the site shows more results than the pages held."""
+    data = yaml.safe_load(importlib_resources.files("scrape_assets.sites").joinpath("demo.yaml").read_text())
+    data["pagination"]["max_pages"] = 3
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(data))
+    result = materialize(instance, make_resources(tmp_path, site=str(tmp_path / "spec.yaml")), ["default"])
+    assert result.success
+    check = {c.check_name: c for c in result.get_asset_check_evaluations()}["parsed_products_match_site_count"]
+    assert (check.passed, check.severity) == (False, dg.AssetCheckSeverity.WARN)
+    assert check.metadata["mismatched"].value == {"default": {"cards_found": 60, "site_says": 232}}
+    assert check.metadata["categories_compared"].value == 1
+    assert len(_table(tmp_path)) == 60  # loaded all the same
+    warnings = [e.user_message for e in instance.all_logs(result.run_id) if e.level == logging.WARNING]
+    assert ("default: 60 product cards found on its pages, the site says 232 results: pages the crawl did not reach "
+            "(pagination, the spec's max_pages)?") in warnings
 
 
 def test_blocking_check_stops_products_table_and_earlier_rows_stay(tmp_path, instance):
@@ -292,7 +312,8 @@ def test_a_failed_fetch_never_deletes_rows_loaded_earlier(tmp_path, instance):
     letters = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(dead_letters)
     assert sorted((r["category"], r["http_status"]) for r in letters) == [("mystery", 404), ("travel", 500)]
     checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
-    assert checks == {"parsed_products_match_schema": True, "products_table_matches_parsed": True}
+    assert checks == {"parsed_products_match_schema": True, "parsed_products_match_site_count": True,
+                      "products_table_matches_parsed": True}
 
 
 def test_dead_letters_leaves_a_partition_without_dead_letters_as_it_is(tmp_path, instance, monkeypatch):

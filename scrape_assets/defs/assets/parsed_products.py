@@ -12,6 +12,7 @@ from scrape_assets.extract import PARSER_VERSION
 from scrape_assets.validation_report import ValidationReport, describe_failures, merge_reports
 
 SCHEMA_CHECK = "parsed_products_match_schema"
+COUNT_CHECK = "parsed_products_match_site_count"
 
 
 class ParsedProductsConfig(dg.Config):
@@ -35,7 +36,14 @@ class ParsedProductsConfig(dg.Config):
             asset="parsed_products",
             blocking=True,
             description="pandera: types, required fields, price > 0, rating 1-5, unique keys, layout guard",
-        )
+        ),
+        dg.AssetCheckSpec(
+            COUNT_CHECK,
+            asset="parsed_products",
+            blocking=False,
+            description="a warning: the product cards found in a category differ from the results count its site "
+                        "shows (every page fetched): pages the crawl did not reach (pagination, max_pages)?",
+        ),
     ],
 )
 def parsed_products(
@@ -53,12 +61,14 @@ def parsed_products(
 
     spec = site.spec()
     object_store = store.store()
-    reports, per_category, why = [], {}, []
+    reports, per_category, why, counts = [], {}, [], {}
     workers = config.parse_workers or default_workers()
     log = BatchedLog(context.log.info)
     with store.locks(context, spec.name):
         for result in parse_partitions(object_store, spec, run_categories(context), workers=workers):
             per_category[result.category] = result.figures
+            if result.products_expected is not None:
+                counts[result.category] = (result.figures["products"] + result.figures["rejects"], result.products_expected)
             if result.report is not None:
                 reports.append(result.report)
                 if not result.report.passed:
@@ -90,6 +100,17 @@ def parsed_products(
             "partitions_checked": len(reports),
         },
     )
+    mismatched = {c: {"cards_found": found, "site_says": says} for c, (found, says) in counts.items() if found != says}
+    for category, figures in mismatched.items():
+        context.log.warning(f"{category}: {counted(figures['cards_found'], 'product card')} found on its pages, the site "
+                            f"says {figures['site_says']} results: pages the crawl did not reach (pagination, the "
+                            "spec's max_pages)?")
+    count_check = dg.AssetCheckResult(
+        check_name=COUNT_CHECK,
+        passed=not mismatched,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={"mismatched": dg.MetadataValue.json(mismatched), "categories_compared": len(counts)},
+    )
     add_per_category(context, {"by_category": per_category},
                      {"products": {c: row["products"] for c, row in per_category.items()}})
     return dg.MaterializeResult(
@@ -99,5 +120,5 @@ def parsed_products(
             "partitions_unchanged": totals["unchanged"],
             "parser_version": PARSER_VERSION,
         },
-        check_results=[check],
+        check_results=[check, count_check],
     )

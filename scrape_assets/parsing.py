@@ -70,21 +70,22 @@ def _codec_for(label: str) -> str | None:
 
 def _meta_charset(body: bytes) -> bytes | None:
     """The label of the first ``<meta charset>`` or ``<meta http-equiv="Content-Type"
-    content="...; charset=...">`` (or ``name="Content-Type"``, which browsers ignore but
-    pages write) that ends within the first 4 KiB, outside comments (after the WHATWG
-    prescan: ``charset=`` in another meta's content does not count)."""
+    content="...; charset=...">`` that ends within the first 4 KiB, outside comments (after
+    the WHATWG prescan: ``charset=`` in another meta's content does not count); failing
+    those, ``<meta name="Content-Type" content="...">``, which browsers ignore but pages write."""
     head = _COMMENT.sub(b"", body[:_META_SCAN_BYTES])
+    by_name = None  # <meta name="Content-Type" ...>: browsers ignore it, so it counts only when nothing else does
     for tag in _META_TAG.finditer(head):
         attributes = {m.group(1).lower(): m.group(2) or m.group(3) or m.group(4) or b""
                       for m in _ATTRIBUTE.finditer(tag.group(), 5, len(tag.group()) - 1)}
         if charset := attributes.get(b"charset", b"").strip():
             return charset
-        # http-equiv as the standard says; name= as some pages write it (not charset= in another meta)
-        if b"content-type" in (attributes.get(b"http-equiv", b"").strip().lower(),
-                               attributes.get(b"name", b"").strip().lower()):
-            if match := _CHARSET_IN_CONTENT.search(attributes.get(b"content", b"")):
-                return match.group(1)
-    return None
+        match = _CHARSET_IN_CONTENT.search(attributes.get(b"content", b""))
+        if match and attributes.get(b"http-equiv", b"").strip().lower() == b"content-type":
+            return match.group(1)
+        if match and by_name is None and attributes.get(b"name", b"").strip().lower() == b"content-type":
+            by_name = match.group(1)
+    return by_name
 
 
 def sniff_charset(body: bytes, content_type: str | None = None) -> str:
@@ -205,10 +206,12 @@ _GROUP_MARKS = "'\u00a0\u202f\u2009\u2019"
 #: or cents alone (".99").
 _AMOUNT = re.compile(rf"\d(?:[\d.,{_GROUP_MARKS}]*\d)?|[.,]\d\d(?!\d)")
 _GROUPING = str.maketrans("", "", _GROUP_MARKS + " ")
-#: Groups of three digits after plain spaces ("1 234,50"): part of the amount only when
-#: nothing but a currency follows ("£10 500g" is £10, "£4 100 points" £4).
-_SPACE_GROUPS = re.compile(r"(?: \d{3})+(?:[.,]\d{1,2})?(?![\d.,])")
-_ONLY_CURRENCY_AFTER = re.compile(r"\s*(?:[£$€¥]|[A-Z]{3})?\s*$")
+#: Groups of three digits after spaces ("1 234,50 €", "1 299 kr"; the fields' whitespace
+#: is collapsed to plain spaces before this), maybe with decimals: part of the amount
+#: unless a unit is glued to the last group ("£10 500g" is £10, "£12 100% cotton" £12).
+_SPACE_GROUPS = re.compile(r"(?: \d{3})+(?:[.,]\d{1,2}|[.,:]-)?(?![\d.,%]|[^\W\d_])")
+#: A dash for the decimals ("1.299,-", "1 299:-"): the mark before it is the decimal mark.
+_DASH_DECIMALS = re.compile(r"([,:])[-\u2013]")
 #: A minus sign (ASCII or U+2212) against the amount or its symbol: "-£5", "−5 €", "-USD 5";
 #: not "Sale - £12.99".
 _MINUS_BEFORE = re.compile(r"[-\u2212](?:[A-Z]{3} ?|[A-Z]{0,2}\$ ?|[£€¥] ?)?$")
@@ -220,24 +223,35 @@ _MINOR_AFTER = re.compile(r"\s*([p¢])(?![A-Za-z.])")
 _SIMPLE_PRICE = re.compile(r"\s*([£$€¥]?)\s*(\d+(?:\.\d\d)?)\s*")
 #: ISO 4217 currencies with three decimal digits: "1.250 KWD" is one dinar and a quarter.
 _THREE_DECIMALS = frozenset({"BHD", "IQD", "JOD", "KWD", "LYD", "OMR", "TND"})
+#: Currencies priced without decimals (ISO 4217 minor unit 0, and the rupiah, whose cents
+#: no shop shows): "Rp 125.000", "12.900 ₫", "$1.299" on a CLP site group thousands.
+_NO_DECIMALS = frozenset({"BIF", "CLP", "DJF", "GNF", "IDR", "ISK", "JPY", "KMF", "KRW", "PYG", "RWF", "UGX",
+                          "UYI", "VND", "VUV", "XAF", "XOF", "XPF"})
+_STRICT_GROUPS = {mark: re.compile(rf"\{mark}(?!\d{{3}}(?:\D|$))") for mark in ",."}
 
 
-def _amount(raw: str, *, three_decimals: bool = False, decimal_mark: str | None = None) -> str:
+def _amount(raw: str, *, three_decimals: bool = False, no_decimals: bool = False,
+            decimal_mark: str | None = None) -> str:
     """Normalise a matched amount to Decimal syntax: decide which of , and . is the decimal mark.
 
-    ``decimal_mark`` (the spec's) decides. Unset: when both appear, the last; a lone ","
-    before exactly three digits (after a non-zero integer part) groups thousands
-    ("1,234"), else it is the decimal mark ("3,50"); a lone "." is the decimal mark, but
-    before exactly three digits after a non-zero integer part it is ambiguous ("1.250":
-    1250 in German, 1.25 in English) unless ``three_decimals`` (the currency has three
-    decimal digits) settles it.
+    ``decimal_mark`` (the spec's) decides: the other mark must group exactly three digits
+    ("51.77" with ``decimal_mark=","`` is refused, not read 5177). Unset: when both appear,
+    the last; a lone "," before exactly three digits (after a non-zero integer part) groups
+    thousands ("1,234"), else it is the decimal mark ("3,50"); a lone "." is the decimal
+    mark, but before exactly three digits after a non-zero integer part it is ambiguous
+    ("1.250": 1250 in German, 1.25 in English) unless the currency settles it: three
+    decimal digits (``three_decimals``: a decimal mark) or none (``no_decimals``: grouping).
 
     Raises:
-        ValueError: an ambiguous "." (the message says what to set).
+        ValueError: an ambiguous ".", or grouping that does not fit ``decimal_mark`` (the
+            message says what to set or what was expected).
     """
     raw = raw.translate(_GROUPING)
     if decimal_mark is not None:
         grouping = "." if decimal_mark == "," else ","
+        if _STRICT_GROUPS[grouping].search(raw):
+            raise ValueError(f"{raw!r} does not fit the spec's decimal_mark {decimal_mark!r} (its "
+                             f"{grouping!r} should group thousands, three digits each)")
         return raw.replace(grouping, "").replace(decimal_mark, ".")
     if "," in raw and "." in raw:
         decimal_mark = "," if raw.rfind(",") > raw.rfind(".") else "."
@@ -250,7 +264,7 @@ def _amount(raw: str, *, three_decimals: bool = False, decimal_mark: str | None 
             integer, _, fraction = raw.partition(mark)
             if len(fraction) != 3 or integer.strip("0") == "" or (mark == "." and three_decimals):
                 return f"{integer}.{fraction}"
-            if mark == ",":
+            if mark == "," or no_decimals:
                 return integer + fraction
             raise ValueError(f"{raw!r} may be {integer}{fraction} ('.' grouping thousands) or {integer}.{fraction}: "
                              "set the spec's decimal_mark")
@@ -278,10 +292,12 @@ def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = 
     guessed: of ``,`` and ``.``, the one appearing last when both appear; a lone ``,``
     before exactly 3 digits groups thousands (``"$1,234"``), else it is the decimal mark
     (``"€3,50"``); a lone ``.`` is the decimal mark (``"£.99"``, ``"0.125"``, ``"1.250 KWD"``
-    in a currency with three decimal digits), but ``"€1.250"`` is ambiguous (1250 as German
-    shops write it, or 1.25): a ValueError asks for the spec's ``decimal_mark``. Digits
-    may be grouped by ``'``, ``’``, a no-break, narrow or thin space, or plain spaces when
-    nothing but a currency follows (``"1 234,50 €"``; ``"£10 500g"`` is 10). A minus sign
+    in a currency with three decimal digits), groups thousands in a currency priced without
+    decimals (``"Rp 125.000"``, ``"$1.299"`` on a CLP site) or before a dash for the
+    decimals (``"1.299,-"``), but ``"€1.250"`` is ambiguous (1250 as German shops write it,
+    or 1.25): a ValueError asks for the spec's ``decimal_mark``. Digits may be grouped by
+    ``'``, ``’``, or spaces of any kind (``"1 234,50 €"``, ``"1 299 kr"``), unless a unit is
+    glued to the last group (``"£10 500g"`` is 10; but ``"£4 100 points"`` reads 4100). A minus sign
     against the amount or its symbol (``"-£5.00"``, ``"−5 €"``; not ``"Sale - £5"``) or
     accounting parentheses around nothing but the price (``"(£5.00)"``) make it negative;
     ``"99p"`` and ``"99¢"`` are pence and cents (0.99).
@@ -323,9 +339,10 @@ def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = 
     if match is None:
         raise ValueError(f"no number in {text!r} (expected an amount such as '£51.77')")
     raw, end = match.group(), match.end()
-    if raw.isdigit() and len(raw) <= 3 and (groups := _SPACE_GROUPS.match(text, end)) and \
-            _ONLY_CURRENCY_AFTER.match(text, groups.end()):
-        raw, end = raw + groups.group(), groups.end()  # "1 234,50 €"
+    if raw.isdigit() and len(raw) <= 3 and (groups := _SPACE_GROUPS.match(text, end)):
+        raw, end = raw + groups.group().rstrip(",.:-"), groups.end()  # "1 234,50 €", "2 499,-"
+    elif dash := _DASH_DECIMALS.match(text, end):  # "1.299,- €": the "," is the decimal mark
+        decimal_mark = decimal_mark or ("," if dash.group(1) == "," else None)
     symbol = _SYMBOL.search(text)
     minor = _MINOR_AFTER.match(text, end) if raw.isdigit() else None  # "99p", not "12.99 p/kg"
     currency = None
@@ -347,10 +364,11 @@ def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = 
         currency = default_currency if _suits(default_currency, sign) else _CURRENCY_SYMBOLS[sign]
     currency = currency or default_currency
     try:
-        amount = Decimal(_amount(raw, three_decimals=currency in _THREE_DECIMALS, decimal_mark=decimal_mark))
+        amount = Decimal(_amount(raw, three_decimals=currency in _THREE_DECIMALS, no_decimals=currency in _NO_DECIMALS,
+                                 decimal_mark=decimal_mark))
     except InvalidOperation:  # "1.234.56" with decimal_mark "."
         raise ValueError(f"cannot read the amount {raw!r} in {text!r}") from None
-    except ValueError as exc:  # ambiguous
+    except ValueError as exc:  # ambiguous, or not as the spec's decimal_mark says
         raise ValueError(f"in {text!r}, {exc}") from None
     if minor is not None and symbol is None:
         amount = amount.scaleb(-2)  # 99p -> 0.99
@@ -460,6 +478,9 @@ _INTEGER = re.compile(r"\d[\d,.]*")
 #: "Page 1 of 3 120 books" is 3 pages), to drop
 #: before the spec's pager_regex reads "Page 1 of 1,234" (its \d+ would read 1).
 _DIGIT_GROUP_MARK = re.compile(r"(?<=\d)[,.'\u00a0\u202f\u2009\u2019](?=\d{3}(?!\d))")
+#: The same in a results count, plain spaces too ("1 234 results": 1,000+ results are common,
+#: a count followed by another 3-digit number is not).
+_COUNT_GROUP_MARK = re.compile(r"(?<=\d)[,.'\u00a0\u202f\u2009\u2019 ](?=\d{3}(?!\d))")
 #: Longest page number or results count read (a longer one is read as none: Python refuses to
 #: convert more than 4,300 digits, and no listing has 10**18 pages).
 _MAX_DIGITS = 18
@@ -490,7 +511,8 @@ def parse_pager(
 
     Returns:
         The :class:`PagerInfo`. Digit-group separators are dropped first (``"Page 1 of
-        1,234"`` and ``"1.234 results"`` read 1234; not plain spaces). A pager element whose text does not match ``pager_regex``
+        1,234"`` and ``"1 234 results"`` read 1234; a plain space groups digits only in the
+        count: ``"Page 1 of 3 120 books"`` is 3 pages). A pager element whose text does not match ``pager_regex``
         counts as no pager (``None``, ``None``); a results element without digits gives
         ``results_count=None``.
     """
@@ -514,7 +536,7 @@ def parse_pager(
     results = None
     if pagination.results_count and (node := tree.css_first(pagination.results_count)) is not None:
         shows_listing = True
-        if (match := _INTEGER.search(_DIGIT_GROUP_MARK.sub("", node.text()))) and len(
+        if (match := _INTEGER.search(_COUNT_GROUP_MARK.sub("", node.text()))) and len(
                 digits := re.sub(r"\D", "", match.group())) <= _MAX_DIGITS:
             results = int(digits)
     return PagerInfo(current_page=current, total_pages=total, next_url=next_url, results_count=results,

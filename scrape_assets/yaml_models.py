@@ -49,11 +49,15 @@ class _UniqueKeyLoader(_SafeLoader):  # type: ignore[misc, valid-type]
                     stack += [key_node, value_node]
                     if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
                         continue
-                    key = (key_node.tag, key_node.value)
+                    key = self.construct_object(key_node)  # the value: 0x1 is 1, yes is True
+                    try:
+                        hash(key)
+                    except TypeError:
+                        continue
                     if key in first_line:
                         raise yaml.constructor.ConstructorError(
                             "while reading a mapping", current.start_mark,
-                            f"found the key {key_node.value!r} a second time (first on line {first_line[key] + 1})",
+                            f"found the key {key!r} a second time (first on line {first_line[key] + 1})",
                             key_node.start_mark)
                     first_line[key] = key_node.start_mark.line
             elif isinstance(current, yaml.SequenceNode):

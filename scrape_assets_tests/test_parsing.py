@@ -6,6 +6,7 @@ import itertools
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -70,9 +71,19 @@ def spec():
         ("1.250 KWD", (Decimal("1.250"), "KWD")),  # the dinar has three decimal digits
         ("£ 1 234,50", (Decimal("1234.50"), "GBP")),  # plain spaces, then only a currency
         ("1 234 567,89 EUR", (Decimal("1234567.89"), "EUR")),
-        ("£10 500g", (Decimal("10"), "GBP")),  # not when something else follows
-        ("£4 100 Nectar points", (Decimal("4"), "GBP")),
+        ("£10 500g", (Decimal("10"), "GBP")),  # not when a unit is glued to the last group
+        ("£12 100% cotton", (Decimal("12"), "GBP")),
         ("£1.50 500g", (Decimal("1.50"), "GBP")),
+        ("1 299,00 € TTC", (Decimal("1299.00"), "EUR")),  # whatever follows
+        ("1 299 kr", (Decimal("1299"), "EUR")),
+        ("1 299 руб.", (Decimal("1299"), "EUR")),
+        ("£1 299 + VAT", (Decimal("1299"), "GBP")),
+        ("1 234 €/kg", (Decimal("1234"), "EUR")),
+        ("1\u00a0299,00\u00a0zł", (Decimal("1299.00"), "EUR")),
+        # a dash for the decimals
+        ("2 499,- Kč", (Decimal("2499"), "EUR")),
+        ("1 299:-", (Decimal("1299"), "EUR")),
+        ("1.299,- €", (Decimal("1299"), "EUR")),  # the "," before the dash is the decimal mark
         ("1\u2009234,50 €", (Decimal("1234.50"), "EUR")),  # thin space
         ("CHF 1\u2019234.50", (Decimal("1234.50"), "CHF")),  # Swiss apostrophe
         ("£.99", (Decimal("0.99"), "GBP")),
@@ -134,8 +145,14 @@ def test_a_symbol_is_the_sites_own_currency_when_it_suits_it(text, default, expe
 @pytest.mark.parametrize("mark", [None, ".", ","])
 def test_the_common_prices_short_cut_reads_as_the_general_rules_do(default, mark):
     """"£51.77" takes a short cut; a ";" after it forces the general path: same answer."""
+    def outcome(text):
+        try:
+            return parse_price(text, default, decimal_mark=mark)
+        except ValueError:  # "51.77" with decimal_mark ","
+            return ValueError
+
     for text in ["£51.77", "$12.99", "€ 5", "¥1000", "12.00", " 7 ", "£0.10", "1234"]:
-        assert parse_price(text, default, decimal_mark=mark) == parse_price(text + ";", default, decimal_mark=mark), text
+        assert outcome(text) == outcome(text + ";"), text
 
 
 @pytest.mark.parametrize(
@@ -162,6 +179,23 @@ def test_a_lone_point_before_three_digits_is_ambiguous_until_the_spec_says(text)
         parse_price(text, "EUR")
     assert repr(text) in str(info.value)
     assert parse_price(text, "EUR", decimal_mark=",")[0] == Decimal(text.strip("€£ ").replace(".", ""))
+
+
+@pytest.mark.parametrize(("text", "currency", "expected"), [
+    ("Rp 125.000", "IDR", Decimal("125000")),  # priced without decimals: "." groups thousands
+    ("12.900 ₫", "VND", Decimal("12900")),
+    ("$1.299", "CLP", Decimal("1299")),
+    ("¥1.000", "JPY", Decimal("1000")),
+])
+def test_a_currency_without_decimals_settles_a_lone_point(text, currency, expected):
+    assert parse_price(text, currency) == (expected, currency)
+
+
+@pytest.mark.parametrize(("text", "mark"), [("51.77", ","), ("€1.5", ","), ("1,5", ".")])
+def test_grouping_that_does_not_fit_the_specs_decimal_mark_is_refused_not_misread(text, mark):
+    """With decimal_mark "," a "." groups thousands: "51.77" is no 5177, but a page the spec misjudges."""
+    with pytest.raises(ValueError, match=f"does not fit the spec's decimal_mark '{re.escape(mark)}'"):
+        parse_price(text, "EUR", decimal_mark=mark)
 
 
 def test_an_amount_the_specs_decimal_mark_cannot_read_names_it():
@@ -278,6 +312,13 @@ def test_legacy_labels_decode_as_browsers_decode_them(label, text):
     assert decode_html(f'<meta charset="{label}">'.encode() + body).endswith(f"<p>{text}</p>")
 
 
+def test_a_meta_named_content_type_counts_only_when_nothing_else_names_a_charset():
+    """Browsers ignore <meta name="Content-Type">; pages write it. Alone it is all there is to go by."""
+    named = b'<meta name="Content-Type" content="text/html; charset=windows-1251">'
+    assert decode_html(named + "Война и мир".encode("cp1251")).endswith("Война и мир")
+    assert decode_html(named + b'<meta charset="utf-8">' + "Книга Café £51.77".encode()).endswith("Книга Café £51.77")
+
+
 @pytest.mark.parametrize("head", [
     '<!-- <meta charset="koi8-r"> --><meta charset="utf-8">',  # a commented-out tag does not count
     '<meta name="description" content="charset=koi8-r"><meta charset="utf-8">',  # nor charset= in another
@@ -356,6 +397,14 @@ def test_text_fields_keep_words_apart_and_titles_lose_stray_whitespace(spec):
     assert product["title"] == "The Book of Days"
     assert product["availability"] == "In stock Ships in 2 days H2O"  # inline markup joins as shown
     assert product["price"] == Decimal("51.77")  # a price's digits split over elements stay together
+
+
+@pytest.mark.parametrize(("shown", "expected"), [("1\u00a0299,00\u00a0zł", "1299.00"), ("12\u00a0990\u00a0Ft", "12990"),
+                                                ("1\u202f299,00\u00a0€ TTC", "1299.00")])
+def test_a_price_grouped_by_no_break_spaces_reads_whole_through_the_card(spec, shown, expected):
+    """The card's whitespace is collapsed to plain spaces before the price is read: "1 299" is still 1299."""
+    (product,) = parse_listing(_page(_card(price=shown)), spec, "https://books.toscrape.com/catalogue/page-3.html").products
+    assert product["price"] == Decimal(expected)
 
 
 def test_parse_listing_bad_cards_become_rejects(spec):
@@ -501,6 +550,8 @@ def test_a_pager_and_count_with_grouped_digits_read_the_whole_number(spec, group
     assert parse_pager(html, spec, "http://h/c/index.html") == PagerInfo(1, 1234, None, 1234, shows_listing=True)
     books = '<ul class="pager"><li class="current"> Page 1 of 3 120 books </li></ul>'  # a plain space: no group
     assert parse_pager(books, spec, "http://h/c/index.html").total_pages == 3
+    plain = '<form class="form-horizontal"><strong>1 234</strong> results</form>'  # but in a count it is
+    assert parse_pager(plain, spec, "http://h/c/index.html").results_count == 1234
 
 
 @pytest.mark.parametrize(("html", "shows"), [

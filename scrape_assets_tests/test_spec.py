@@ -119,6 +119,8 @@ def test_a_key_given_twice_is_refused_naming_both_lines(extra, key, first, again
     assert f"found the key {key!r} a second time (first on line {first})" in message and f"line {again}," in message
     with pytest.raises(SpecError, match="found the key 'x' a second time"):
         parse_spec("name: demo\nflow: {x: 1, x: 2}\n", "flow.yaml")  # on one line too
+    with pytest.raises(SpecError, match="found the key 1 a second time"):
+        parse_spec("name: demo\nflow: {1: a, 0x1: b}\n", "flow.yaml")  # the same value, spelled differently
 
 
 def test_merge_keys_overriding_a_merged_key_are_no_duplicate():

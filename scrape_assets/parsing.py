@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import codecs
 import re
+import unicodedata
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
@@ -204,14 +205,49 @@ _CODE_AFTER = re.compile(r"\s*([A-Z]{3})(?![A-Za-z])")
 _GROUP_MARKS = "'\u00a0\u202f\u2009\u2019"
 #: An amount: digits, optionally grouped by , . or a separator above, ending in a digit;
 #: or cents alone (".99").
-_AMOUNT = re.compile(rf"\d(?:[\d.,{_GROUP_MARKS}]*\d)?|[.,]\d\d(?!\d)")
+_AMOUNT = re.compile(rf"\d(?:[\d.,{_GROUP_MARKS}]*\d)?|(?<![^\W\d_])[.,]\d\d(?!\d)")
 _GROUPING = str.maketrans("", "", _GROUP_MARKS + " ")
-#: Groups of three digits after spaces ("1 234,50 €", "1 299 kr"; the fields' whitespace
-#: is collapsed to plain spaces before this), maybe with decimals: part of the amount
-#: unless a unit is glued to the last group ("£10 500g" is £10, "£12 100% cotton" £12).
-_SPACE_GROUPS = re.compile(r"(?: \d{3})+(?:[.,]\d{1,2}|[.,:]-)?(?![\d.,%]|[^\W\d_])")
-#: A dash for the decimals ("1.299,-", "1 299:-"): the mark before it is the decimal mark.
-_DASH_DECIMALS = re.compile(r"([,:])[-\u2013]")
+#: Groups of three digits after spaces ("1 234,50 €", "1 299 kr"; the fields' whitespace is
+#: collapsed to plain spaces before this), maybe with decimals or a dash for them.
+_SPACE_GROUPS = re.compile(r"(?: \d{3}(?!\d))+(?P<decimals>[.,]\d{1,3}(?!\d)|[.,:][-\u2013\u2014])?")
+#: A dash for the decimals ("1.299,-", "1 299:-", "CHF 12.–"): the mark before it is the decimal mark.
+_DASH_DECIMALS = re.compile(r"([.,:])[-\u2013\u2014]")
+#: The word or sign after space-grouped digits: a currency there makes them one amount.
+_NEXT_TOKEN = re.compile(r"( *)([^\W\d_]+|\S)?")
+#: Currency names written after amounts that are no ISO 4217 code (compared in lower case).
+_CURRENCY_WORDS = frozenset({"kr", "kn", "zł", "zl", "kč", "kc", "ft", "lei", "tl", "din", "rs", "fr", "sfr", "руб",
+                             "р", "лв", "грн", "tk", "euro", "euros", "eur"})
+#: Cents written after the symbol, as French shops do: "12€99" is 12.99.
+_SIGN_CENTS = re.compile(r"([£$€¥])(\d\d)(?!\d)")
+
+
+def _is_currency_marker(token: str) -> bool:
+    """A currency sign (Unicode category Sc: $ £ € ₹ ₽ ...), an ISO 4217 code, or a currency word."""
+    if len(token) == 1 and unicodedata.category(token) == "Sc":
+        return True
+    return (len(token) == 3 and token.isupper() and is_price_currency(token)) or token.lower() in _CURRENCY_WORDS
+
+
+def _space_grouped_end(text: str, end: int) -> int | None:
+    """Where the amount ends if the 1-3 digits ending at ``end`` go on in space-separated
+    groups of three ("1 299"), or None when those groups are something else: a quantity
+    or a unit after the price ("£10 500g", "£3 250 ml", "£12 120 reviews", "$20 500+ sold").
+
+    They are one amount when decimals (or a dash for them) follow the groups ("1 234,50"),
+    when nothing does, or when the next word or sign is a currency ("1 299 kr", "1 299SEK",
+    "1 234 €/kg") or punctuation other than % and + ("£1 299 + VAT" is spaced, so counts).
+    """
+    groups = _SPACE_GROUPS.match(text, end)
+    if groups is None:
+        return None
+    if groups.group("decimals"):
+        return groups.end()
+    gap, token = _NEXT_TOKEN.match(text, groups.end()).groups()
+    if not token or _is_currency_marker(token):
+        return groups.end()
+    if token.isalpha() or token in "%+" and not gap or token == "%":
+        return None  # a unit or a word: "500g", "250 ml", "500+", "100 %"
+    return groups.end()
 #: A minus sign (ASCII or U+2212) against the amount or its symbol: "-£5", "−5 €", "-USD 5";
 #: not "Sale - £12.99".
 _MINUS_BEFORE = re.compile(r"[-\u2212](?:[A-Z]{3} ?|[A-Z]{0,2}\$ ?|[£€¥] ?)?$")
@@ -227,7 +263,10 @@ _THREE_DECIMALS = frozenset({"BHD", "IQD", "JOD", "KWD", "LYD", "OMR", "TND"})
 #: no shop shows): "Rp 125.000", "12.900 ₫", "$1.299" on a CLP site group thousands.
 _NO_DECIMALS = frozenset({"BIF", "CLP", "DJF", "GNF", "IDR", "ISK", "JPY", "KMF", "KRW", "PYG", "RWF", "UGX",
                           "UYI", "VND", "VUV", "XAF", "XOF", "XPF"})
-_STRICT_GROUPS = {mark: re.compile(rf"\{mark}(?!\d{{3}}(?:\D|$))") for mark in ",."}
+#: How digits may be grouped before the decimal mark: in threes, or India's lakh and crore
+#: ("1,23,45,678": twos, then the last three).
+_VALID_GROUPING = {",": re.compile(r"\d{1,3}(?:,\d{3})*|\d{1,2}(?:,\d{2})*,\d{3}"),
+                   ".": re.compile(r"\d{1,3}(?:\.\d{3})*")}
 
 
 def _amount(raw: str, *, three_decimals: bool = False, no_decimals: bool = False,
@@ -249,7 +288,8 @@ def _amount(raw: str, *, three_decimals: bool = False, no_decimals: bool = False
     raw = raw.translate(_GROUPING)
     if decimal_mark is not None:
         grouping = "." if decimal_mark == "," else ","
-        if _STRICT_GROUPS[grouping].search(raw):
+        integer, _, fraction = raw.partition(decimal_mark)
+        if grouping in fraction or (grouping in integer and not _VALID_GROUPING[grouping].fullmatch(integer)):
             raise ValueError(f"{raw!r} does not fit the spec's decimal_mark {decimal_mark!r} (its "
                              f"{grouping!r} should group thousands, three digits each)")
         return raw.replace(grouping, "").replace(decimal_mark, ".")
@@ -295,9 +335,12 @@ def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = 
     in a currency with three decimal digits), groups thousands in a currency priced without
     decimals (``"Rp 125.000"``, ``"$1.299"`` on a CLP site) or before a dash for the
     decimals (``"1.299,-"``), but ``"€1.250"`` is ambiguous (1250 as German shops write it,
-    or 1.25): a ValueError asks for the spec's ``decimal_mark``. Digits may be grouped by
-    ``'``, ``’``, or spaces of any kind (``"1 234,50 €"``, ``"1 299 kr"``), unless a unit is
-    glued to the last group (``"£10 500g"`` is 10; but ``"£4 100 points"`` reads 4100). A minus sign
+    or 1.25): a ValueError asks for the spec's ``decimal_mark``, which, when set, also
+    refuses grouping not written its way (``"51.77"`` with ``","``; India's ``"1,23,456"``
+    fits ``"."``). Digits may be grouped by ``'``, ``’``, or spaces of any kind (``"1 234,50
+    €"``, ``"1 299 kr"``, ``"1 299SEK"``), unless a quantity or unit follows the groups
+    (``"£10 500g"``, ``"£3 250 ml"``, ``"£12 120 reviews"`` are 10, 3 and 12; see
+    :func:`_space_grouped_end`). ``"12€99"`` is 12.99. A minus sign
     against the amount or its symbol (``"-£5.00"``, ``"−5 €"``; not ``"Sale - £5"``) or
     accounting parentheses around nothing but the price (``"(£5.00)"``) make it negative;
     ``"99p"`` and ``"99¢"`` are pence and cents (0.99).
@@ -339,10 +382,17 @@ def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = 
     if match is None:
         raise ValueError(f"no number in {text!r} (expected an amount such as '£51.77')")
     raw, end = match.group(), match.end()
-    if raw.isdigit() and len(raw) <= 3 and (groups := _SPACE_GROUPS.match(text, end)):
-        raw, end = raw + groups.group().rstrip(",.:-"), groups.end()  # "1 234,50 €", "2 499,-"
-    elif dash := _DASH_DECIMALS.match(text, end):  # "1.299,- €": the "," is the decimal mark
-        decimal_mark = decimal_mark or ("," if dash.group(1) == "," else None)
+    if raw.isdigit() and len(raw) <= 3 and (grouped := _space_grouped_end(text, end)) is not None:
+        raw, end = text[match.start():grouped], grouped  # "1 234,50 €", "1 299 kr", "2 499,-"
+    if dash := _DASH_DECIMALS.match(raw, len(raw) - 2) or _DASH_DECIMALS.match(text, end):
+        # "1.299,- €", "2 499,–": the mark before the dash is the decimal mark
+        raw = raw[:-2] if _DASH_DECIMALS.match(raw, len(raw) - 2) else raw
+        if dash.group(1) != ":" and decimal_mark not in (None, dash.group(1)):
+            raise ValueError(f"in {text!r}, {dash.group(1)!r} before the dash is a decimal mark, but the spec's "
+                             f"decimal_mark is {decimal_mark!r}")
+        decimal_mark = dash.group(1) if dash.group(1) != ":" else decimal_mark
+    elif cents := _SIGN_CENTS.match(text, end) if raw.translate(_GROUPING).isdigit() else None:
+        raw, end = f"{raw}{decimal_mark or '.'}{cents.group(2)}", cents.end()  # "12€99"
     symbol = _SYMBOL.search(text)
     minor = _MINOR_AFTER.match(text, end) if raw.isdigit() else None  # "99p", not "12.99 p/kg"
     currency = None

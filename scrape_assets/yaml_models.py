@@ -98,7 +98,9 @@ def parse_yaml_model(
     """
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a safe loader
-    except (yaml.YAMLError, UnicodeEncodeError) as exc:  # (libyaml encodes the text: a lone surrogate)
+    # (libyaml encodes the text: a lone surrogate; PyYAML raises ValueError for a value its
+    # resolver took for a date or a number, {2001-13-01: a}, {!!int abc: a})
+    except (yaml.YAMLError, UnicodeEncodeError, ValueError) as exc:
         raise SpecError(source, None, f"not valid YAML: {exc}") from exc
     if data is None and empty_is_mapping:
         data = {}

@@ -84,6 +84,24 @@ def spec():
         ("2 499,- Kč", (Decimal("2499"), "EUR")),
         ("1 299:-", (Decimal("1299"), "EUR")),
         ("1.299,- €", (Decimal("1299"), "EUR")),  # the "," before the dash is the decimal mark
+        ("2 499,\u2013 Kč", (Decimal("2499"), "EUR")),  # en dash
+        ("CHF 1 299.\u2013", (Decimal("1299"), "CHF")),
+        ("1 299.", (Decimal("1299"), "EUR")),  # a full stop after the groups
+        # a currency glued to the groups, as a card's <abbr>SEK</abbr> reads once joined
+        ("1 299SEK", (Decimal("1299"), "SEK")),
+        ("1 299,00zł", (Decimal("1299.00"), "EUR")),
+        ("2 499Kč", (Decimal("2499"), "EUR")),
+        # a quantity or unit after the price is not part of it
+        ("£3 250 ml", (Decimal("3"), "GBP")),
+        ("£10 100 GB", (Decimal("10"), "GBP")),
+        ("$20 500+ sold", (Decimal("20"), "USD")),
+        ("£12 120 reviews", (Decimal("12"), "GBP")),
+        ("£12 100 % cotton", (Decimal("12"), "GBP")),
+        ("£4 100 Nectar points", (Decimal("4"), "GBP")),
+        # cents after the symbol, French style
+        ("12€99", (Decimal("12.99"), "EUR")),
+        ("1 299€99", (Decimal("1299.99"), "EUR")),
+        ("Rs.99", (Decimal("99"), "EUR")),  # "Rs." then 99, not cents alone
         ("1\u2009234,50 €", (Decimal("1234.50"), "EUR")),  # thin space
         ("CHF 1\u2019234.50", (Decimal("1234.50"), "CHF")),  # Swiss apostrophe
         ("£.99", (Decimal("0.99"), "GBP")),
@@ -191,10 +209,20 @@ def test_a_currency_without_decimals_settles_a_lone_point(text, currency, expect
     assert parse_price(text, currency) == (expected, currency)
 
 
-@pytest.mark.parametrize(("text", "mark"), [("51.77", ","), ("€1.5", ","), ("1,5", ".")])
+@pytest.mark.parametrize(("text", "mark", "expected"), [
+    ("₹1,23,456", ".", Decimal("123456")),  # lakh and crore grouping
+    ("₹1,00,000.00", ".", Decimal("100000.00")),
+    ("Rs. 12,34,567", ".", Decimal("1234567")),
+    ("1.234.567,89 €", ",", Decimal("1234567.89")),
+])
+def test_grouping_the_specs_decimal_mark_allows(text, mark, expected):
+    assert parse_price(text, "INR", decimal_mark=mark)[0] == expected
+
+
+@pytest.mark.parametrize(("text", "mark"), [("51.77", ","), ("€1.5", ","), ("1,5", "."), ("1.299,-", ".")])
 def test_grouping_that_does_not_fit_the_specs_decimal_mark_is_refused_not_misread(text, mark):
     """With decimal_mark "," a "." groups thousands: "51.77" is no 5177, but a page the spec misjudges."""
-    with pytest.raises(ValueError, match=f"does not fit the spec's decimal_mark '{re.escape(mark)}'"):
+    with pytest.raises(ValueError, match=f"(does not fit the spec's|the spec's) decimal_mark (is )?'{re.escape(mark)}'"):
         parse_price(text, "EUR", decimal_mark=mark)
 
 

@@ -119,6 +119,8 @@ def test_a_key_given_twice_is_refused_naming_both_lines(extra, key, first, again
     assert f"found the key {key!r} a second time (first on line {first})" in message and f"line {again}," in message
     with pytest.raises(SpecError, match="found the key 'x' a second time"):
         parse_spec("name: demo\nflow: {x: 1, x: 2}\n", "flow.yaml")  # on one line too
+    with pytest.raises(SpecError, match="flow.yaml: not valid YAML: month must be in 1..12"):
+        parse_spec("name: demo\nflow: {2001-13-01: a}\n", "flow.yaml")  # a key PyYAML takes for a date
     with pytest.raises(SpecError, match="found the key 1 a second time"):
         parse_spec("name: demo\nflow: {1: a, 0x1: b}\n", "flow.yaml")  # the same value, spelled differently
 

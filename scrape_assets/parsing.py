@@ -245,9 +245,11 @@ def _space_grouped_end(text: str, end: int) -> int | None:
     gap, token = _NEXT_TOKEN.match(text, groups.end()).groups()
     if not token or _is_currency_marker(token):
         return groups.end()
-    if token.isalpha() or token in "%+" and not gap or token == "%":
-        return None  # a unit or a word: "500g", "250 ml", "500+", "100 %"
+    if token.isalpha() or token == "%" or (token == "+" and not gap):
+        return None  # a unit or a word: "500g", "250 ml", "100 %", "500+"
     return groups.end()
+
+
 #: A minus sign (ASCII or U+2212) against the amount or its symbol: "-£5", "−5 €", "-USD 5";
 #: not "Sale - £12.99".
 _MINUS_BEFORE = re.compile(r"[-\u2212](?:[A-Z]{3} ?|[A-Z]{0,2}\$ ?|[£€¥] ?)?$")
@@ -317,13 +319,6 @@ _SYMBOL_CODES = {"£": ("GBP", "GIP", "FKP", "SHP", "EGP"), "€": ("EUR",), "¥
                  "$": ("MXN", "ARS", "CLP", "COP", "CUP", "DOP", "UYU")}
 
 
-def _is_iso_4217(code: str) -> bool:
-    """Whether ``code`` is an ISO 4217 currency code shops price in (pycountry's copy of the
-    list, :mod:`scrape_assets.currencies`). Codes that are also words (ALL, TOP, TRY...)
-    count: next to a symbol they must suit it (:func:`_suits`)."""
-    return is_price_currency(code)
-
-
 def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = None) -> tuple[Decimal, str]:
     """Parse a displayed price into an exact amount and an ISO 4217 currency code.
 
@@ -384,9 +379,10 @@ def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = 
     raw, end = match.group(), match.end()
     if raw.isdigit() and len(raw) <= 3 and (grouped := _space_grouped_end(text, end)) is not None:
         raw, end = text[match.start():grouped], grouped  # "1 234,50 €", "1 299 kr", "2 499,-"
-    if dash := _DASH_DECIMALS.match(raw, len(raw) - 2) or _DASH_DECIMALS.match(text, end):
+    dash_in_raw = _DASH_DECIMALS.match(raw, len(raw) - 2)  # "2 499,-": the groups took the dash along
+    if dash := dash_in_raw or _DASH_DECIMALS.match(text, end):
         # "1.299,- €", "2 499,–": the mark before the dash is the decimal mark
-        raw = raw[:-2] if _DASH_DECIMALS.match(raw, len(raw) - 2) else raw
+        raw = raw[:-2] if dash_in_raw else raw
         if dash.group(1) != ":" and decimal_mark not in (None, dash.group(1)):
             raise ValueError(f"in {text!r}, {dash.group(1)!r} before the dash is a decimal mark, but the spec's "
                              f"decimal_mark is {decimal_mark!r}")
@@ -397,15 +393,16 @@ def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = 
     minor = _MINOR_AFTER.match(text, end) if raw.isdigit() else None  # "99p", not "12.99 p/kg"
     currency = None
     for code in (_CODE_BEFORE.search(text, 0, match.start()), _CODE_AFTER.match(text, end)):
-        # Not "£12.00 VAT", "NOW 12.00" (no such code), nor "£12.00 TOP" (a code, but not a pound)
-        if code and _is_iso_4217(code.group(1)) and (symbol is None or _suits(code.group(1), symbol.group()[-1])):
+        # Not "£12.00 VAT", "NOW 12.00" (no such code), nor "£12.00 TOP" (a code, but not a pound):
+        # codes that are also words (ALL, TOP, TRY...) count, but beside a symbol must suit it
+        if code and is_price_currency(code.group(1)) and (symbol is None or _suits(code.group(1), symbol.group()[-1])):
             currency = code.group(1)
             break
     if currency is None and symbol is not None:
         sign, letters = symbol.group()[-1], symbol.group(1)
         if letters in _DOLLAR_PREFIXES:
             currency = _DOLLAR_PREFIXES[letters]
-        elif letters and len(letters) == 3 and _is_iso_4217(letters) and _suits(letters, sign):
+        elif letters and len(letters) == 3 and is_price_currency(letters) and _suits(letters, sign):
             currency = letters  # "USD$12.99", "AUD $5"
         else:  # "$12.99", "RRP $12.99"
             currency = default_currency if _suits(default_currency, sign) else _CURRENCY_SYMBOLS[sign]
@@ -691,6 +688,15 @@ def _read(
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
+def _origin(parts) -> tuple[str, str | None, int | None]:
+    """``(scheme, host, port)`` of a ``urlsplit`` result as RFC 6454 compares them (host in
+    lower case, a default port made explicit). Raises ValueError for a port that is no number.
+    The fetcher's ``_origin`` does the same on httpx URLs; the parser does not import httpx
+    (parse workers and re-parse backfills never fetch)."""
+    scheme = parts.scheme.lower()
+    return scheme, parts.hostname, parts.port or _DEFAULT_PORTS.get(scheme)
+
+
 def _canonical(url: str, fetch_base_url: str | None, canonical_base_url: str | None) -> str:
     """``url`` moved from the mirror it was fetched from onto the canonical base URL.
 
@@ -704,8 +710,7 @@ def _canonical(url: str, fetch_base_url: str | None, canonical_base_url: str | N
         return canonical_base_url + url[len(fetch_base_url) :]
     parts, base = urlsplit(url), urlsplit(fetch_base_url)
     try:
-        same_origin = (parts.scheme.lower(), parts.hostname, parts.port or _DEFAULT_PORTS.get(parts.scheme.lower())) == (
-            base.scheme.lower(), base.hostname, base.port or _DEFAULT_PORTS.get(base.scheme.lower()))
+        same_origin = _origin(parts) == _origin(base)
     except ValueError:  # a port that is no number
         return url
     if not same_origin or not parts.path.startswith(base.path):

@@ -96,10 +96,11 @@ def parse_yaml_model(
         SpecError: malformed document, or a key missing, unknown or of the wrong value: the
             first problem (a misspelt key first), then up to :data:`MAX_MORE` others.
     """
+    # Besides YAMLError: libyaml encodes the text (UnicodeEncodeError: a lone surrogate), and
+    # PyYAML raises ValueError for a value its resolver took for a date or a number
+    # ({2001-13-01: a}, {!!int abc: a}).
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a safe loader
-    # (libyaml encodes the text: a lone surrogate; PyYAML raises ValueError for a value its
-    # resolver took for a date or a number, {2001-13-01: a}, {!!int abc: a})
     except (yaml.YAMLError, UnicodeEncodeError, ValueError) as exc:
         raise SpecError(source, None, f"not valid YAML: {exc}") from exc
     if data is None and empty_is_mapping:

@@ -66,7 +66,7 @@ SIDEBAR_CATEGORIES = 20
 CHANGED_EVERY = 10
 BASE_DAY = datetime.date(2026, 1, 1)
 CHANGED_DAY = datetime.date(2026, 1, 2)
-ROBOTS_TXT = demo_markup.ROBOTS_TXT + "Disallow: /_bench/\n"
+ROBOTS_TXT = demo_markup.ROBOTS_RULES + "Disallow: /_bench/\n"  # no Sitemap: line: the spec's default sitemap.xml
 
 # Same flavour as the demo: mostly ASCII, about one word in twenty with an accent.
 _ADJECTIVES = ("Silent", "Crimson", "Hidden", "Last", "Broken", "Golden", "Midnight", "Wandering", "Forgotten",

@@ -640,19 +640,32 @@ async def load_run_sitemap(
     """The run's sitemap for ``incremental.revalidate: sitemap``; when it cannot be used, an
     empty one whose ``error`` says why (and a line to ``warn``): give no page its word then.
 
-    Fetched from ``spec.incremental.sitemap`` on ``fetch_base_url`` through the run's fetcher
-    (robots.txt, limits and retries apply); its entries may name the fetch origin or the
-    spec's. A sitemap that cannot be fetched or read is not an error: every page is then
-    revalidated with a conditional GET, as with ``every_page``; that line goes to ``warn``.
-    With ``copies``, documents kept by the previous run are asked for with a conditional GET.
+    Which sitemap: ``spec.incremental.sitemap`` when the spec names one; else the
+    ``Sitemap:`` lines of the site's robots.txt (read anyway when ``obey_robots_txt``: no
+    extra request) that are on the fetch origin or the spec's (a mirror serves the site's
+    own: fetched from ``fetch_base_url``), read together as one index; else ``sitemap.xml``.
+    Fetched through the run's fetcher (robots.txt, limits and retries apply); its entries
+    may name the fetch origin or the spec's. A sitemap that cannot be fetched or read is not
+    an error: every page is then revalidated with a conditional GET, as with
+    ``every_page``; that line goes to ``warn``. With ``copies``, documents kept by the
+    previous run are asked for with a conditional GET.
     """
-    url = urljoin(fetch_base_url, spec.incremental.sitemap)
     started = time.monotonic()
+    urls = [urljoin(fetch_base_url, spec.incremental.sitemap)]
+    if "sitemap" not in spec.incremental.model_fields_set and fetcher.policy.obey_robots_txt:
+        listed = await fetcher.robots.sitemaps(fetcher.client, fetch_base_url, fetcher.policy.user_agent)
+        on_site = [u for u in (_on_fetch_origin(u, fetch_base_url, spec.base_url) for u in listed) if u]
+        if on_site:
+            urls = on_site
+        if len(on_site) < len(listed):
+            emit(f"robots.txt Sitemap: lines on another origin than the site's ignored: "
+                 f"{', '.join(u for u in listed if not _on_fetch_origin(u, fetch_base_url, spec.base_url))}")
+    url = " ".join(urls)
     # Same client, limiter and robots.txt cache; only the body cap is the protocol's (50 MB), not a page's.
     reader = PageFetcher(fetcher.client, dataclasses.replace(fetcher.policy, max_body_bytes=MAX_SITEMAP_BYTES),
                          limiter=fetcher.limiter, robots=fetcher.robots)
     try:
-        sitemap = await load_sitemap(reader, url, origins=[urlsplit(spec.base_url).netloc], copies=copies)
+        sitemap = await load_sitemap(reader, urls, origins=[urlsplit(spec.base_url).netloc], copies=copies)
     except SitemapError as exc:
         (warn or emit)(f"{exc}: not used, every page is revalidated with a conditional GET")
         return Sitemap(url=url, error=exc.reason, requests=exc.requests)
@@ -667,6 +680,20 @@ async def load_run_sitemap(
     for problem in sitemap.problems[:5]:
         (warn or emit)(f"child sitemap skipped (its pages are revalidated): {problem}")
     return sitemap
+
+
+def _on_fetch_origin(url: str, fetch_base_url: str, site_base_url: str) -> str | None:
+    """``url`` (a robots.txt ``Sitemap:`` line) as fetched: unchanged on the fetch origin,
+    moved onto ``fetch_base_url`` when under the site's base URL (a mirror), else None."""
+    try:
+        parts, fetch = urlsplit(url), urlsplit(fetch_base_url)
+    except ValueError:  # "http://[bad/"
+        return None
+    if parts.scheme.lower() == fetch.scheme.lower() and parts.netloc.lower() == fetch.netloc.lower():
+        return url
+    if url.startswith(site_base_url):
+        return fetch_base_url + url[len(site_base_url):]
+    return None
 
 
 def sitemap_checks_line(reports: list[CrawlReport]) -> str | None:

@@ -15,14 +15,17 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from scrape_assets.demo_site import DemoCatalogue, DemoCategory, DemoProduct
 
-#: RFC 9309 robots.txt. The Disallow rules never cover ``/catalogue/``.
-ROBOTS_TXT = """\
+#: The rules of the demo's robots.txt (RFC 9309); they never cover ``/catalogue/``.
+ROBOTS_RULES = """\
 # robots.txt of the scrape-assets demo catalogue (RFC 9309)
 User-agent: *
 Disallow: /basket/
 Disallow: /accounts/
 Allow: /catalogue/
 """
+#: The demo's robots.txt: :data:`ROBOTS_RULES` and a ``Sitemap:`` line naming the sitemap on
+#: the site's canonical origin, as a real site names it (a mirror serves it too).
+ROBOTS_TXT = ROBOTS_RULES + "\nSitemap: http://demo.scrape-assets.invalid/sitemap.xml\n"
 
 _WARNING = (
     '<div class="alert alert-warning" role="alert"><strong>Warning!</strong> This is a demo website '

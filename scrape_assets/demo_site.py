@@ -7,7 +7,7 @@ sockets (:func:`make_server`, :func:`serve_forever`).
 
 URL layout (paths relative to the base URL)::
 
-    robots.txt                                        User-agent: *, Disallow /basket/ and /accounts/
+    robots.txt                                        User-agent: *, Disallow /basket/ and /accounts/; Sitemap: line
     sitemap.xml                                       every listing page with its lastmod (sitemaps.org 0.9)
     index.html (and /)                                home page listing the categories
     catalogue/category/books/{key}_{num}/index.html   page 1 of a category (keys as in sites/demo.yaml)

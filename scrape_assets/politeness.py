@@ -148,7 +148,32 @@ class RobotsCache:
         Raises:
             httpx.InvalidURL: ``url`` cannot be parsed.
         """
-        robots_url = robots_url_for(url if parsed is None else parsed)
+        robots = await self._file(client, robots_url_for(url if parsed is None else parsed), user_agent)
+        robots_url = robots.robots_url
+        if robots.state == "unreachable":
+            return RobotsDecision(False, "robots_unreachable", robots_url, robots.detail)
+        if robots.state == "unavailable" or robots.parser is None:
+            return RobotsDecision(True, None, robots_url, robots.detail)
+        if robots.parser.can_fetch(url, user_agent):
+            return RobotsDecision(True, None, robots_url, "allowed by robots.txt")
+        return RobotsDecision(False, "robots_disallowed", robots_url, f"disallowed by {robots_url}")
+
+    async def sitemaps(self, client: httpx.AsyncClient, url: str, user_agent: str) -> list[str]:
+        """The ``Sitemap:`` URLs of the robots.txt of ``url``'s origin, in file order, fetching it on first use.
+
+        The sitemaps.org protocol's "Specifying the Sitemap location in your robots.txt
+        file" (https://www.sitemaps.org/protocol.html#submit_robots): absolute URLs,
+        outside any ``User-agent`` group. ``[]`` when the file lists none or could not be
+        fetched (never raises for network problems or HTTP statuses).
+
+        Raises:
+            httpx.InvalidURL: ``url`` cannot be parsed.
+        """
+        robots = await self._file(client, robots_url_for(url), user_agent)
+        return list(robots.parser.sitemaps) if robots.parser is not None else []
+
+    async def _file(self, client: httpx.AsyncClient, robots_url: str, user_agent: str) -> _RobotsFile:
+        """The origin's robots.txt, fetched once per run (concurrent callers wait for the one request)."""
         robots = self._files.get(robots_url)
         if robots is None:
             lock = self._locks.setdefault(robots_url, asyncio.Lock())
@@ -157,13 +182,7 @@ class RobotsCache:
                 if robots is None:
                     robots = await self._fetch(client, robots_url, user_agent)
                     self._files[robots_url] = robots
-        if robots.state == "unreachable":
-            return RobotsDecision(False, "robots_unreachable", robots_url, robots.detail)
-        if robots.state == "unavailable" or robots.parser is None:
-            return RobotsDecision(True, None, robots_url, robots.detail)
-        if robots.parser.can_fetch(url, user_agent):
-            return RobotsDecision(True, None, robots_url, "allowed by robots.txt")
-        return RobotsDecision(False, "robots_disallowed", robots_url, f"disallowed by {robots_url}")
+        return robots
 
     async def _fetch(self, client: httpx.AsyncClient, robots_url: str, user_agent: str) -> _RobotsFile:
         host = httpx.URL(robots_url).host

@@ -23,7 +23,9 @@ caught only through page 1 of each category, which is always revalidated (see
 sitemap's or the site's are ignored; child sitemaps are fetched from the sitemap's own
 origin (a mirror serves them too); at most :data:`MAX_CHILD_SITEMAPS` children of an index
 are read, and a child that cannot be fetched or read is skipped (its pages count as not
-listed). robots.txt ``Sitemap:`` lines are not read: the spec names the sitemap.
+listed). Which sitemap: the spec's ``incremental.sitemap`` when it names one, else the
+robots.txt ``Sitemap:`` lines on the site's origin, else ``sitemap.xml`` (see
+:func:`~scrape_assets.crawl.load_run_sitemap`).
 
 Each document served with an ``ETag`` or ``Last-Modified`` is kept (:class:`SitemapCopies`),
 and the next run asks for it with a conditional GET: a 304 reads the kept copy, so an
@@ -39,7 +41,7 @@ import json
 import logging
 import re
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from urllib.parse import urljoin, urlsplit
@@ -159,7 +161,7 @@ class Sitemap:
     """The ``lastmod`` of every URL a sitemap (and its children) lists.
 
     Attributes:
-        url: the sitemap's URL.
+        url: the sitemap's URL (several separated by spaces: a robots.txt's ``Sitemap:`` lines).
         lastmod: ``path[?query]`` -> latest instant its ``lastmod`` may mean (UTC), over all
             its entries; URLs listed without a (valid) ``lastmod`` are absent.
         urls: ``<url>`` entries read (with and without ``lastmod``).
@@ -350,7 +352,9 @@ class SitemapCopies:
         return len(stale)
 
 
-async def load_sitemap(fetcher, url: str, *, origins: Iterable[str] = (), copies: SitemapCopies | None = None) -> Sitemap:
+async def load_sitemap(
+    fetcher, url: str | Sequence[str], *, origins: Iterable[str] = (), copies: SitemapCopies | None = None
+) -> Sitemap:
     """Fetch and read the sitemap at ``url`` (and, for an index, up to :data:`MAX_CHILD_SITEMAPS` children).
 
     Every document goes through ``fetcher`` (a :class:`~scrape_assets.fetcher.PageFetcher`):
@@ -360,20 +364,29 @@ async def load_sitemap(fetcher, url: str, *, origins: Iterable[str] = (), copies
     copy on a 304 (``not_modified``); a document read whole is kept for the next run, and
     copies of documents no longer listed are deleted.
 
+    Several URLs (a robots.txt's ``Sitemap:`` lines) are read as one sitemap index: each
+    one's entries and children count, one that cannot be fetched or read is skipped, and
+    the load fails only when none can be.
+
     Args:
         fetcher: a page fetcher of the run.
-        url: absolute URL of the sitemap (or sitemap index).
+        url: absolute URL of the sitemap (or sitemap index), or a non-empty list of them.
         origins: ``host[:port]`` whose URLs are accepted besides the sitemap's own (the site's
             base URL when the sitemap is fetched from a mirror).
         copies: where documents are kept between runs (None: always fetched whole). A
             storage error on them is logged and costs only the copy.
 
     Raises:
-        SitemapError: the sitemap itself could not be fetched or read; ``reason`` says why.
-            A child that cannot be is skipped instead (``skipped``, ``problems``).
+        SitemapError: the sitemap itself (every one of several) could not be fetched or read;
+            ``reason`` says why (the first one's). A child that cannot be is skipped instead
+            (``skipped``, ``problems``).
+        ValueError: ``url`` is an empty list.
     """
-    sitemap = Sitemap(url=url)
-    allowed = {urlsplit(url).netloc, *origins}
+    roots = [url] if isinstance(url, str) else list(dict.fromkeys(url))
+    if not roots:
+        raise ValueError("load_sitemap needs at least one sitemap URL")
+    sitemap = Sitemap(url=" ".join(roots))
+    allowed = {*(urlsplit(root).netloc for root in roots), *origins}
 
     async def count(_attempt: int) -> None:
         sitemap.requests += 1
@@ -402,11 +415,22 @@ async def load_sitemap(fetcher, url: str, *, origins: Iterable[str] = (), copies
             await on_copies(copies.save, doc_url, page.body, page.headers)
         return children
 
-    try:
-        children = await read(url)
-    except SitemapError as exc:
-        exc.requests = sitemap.requests  # spent on it all the same: the metadata counts them
-        raise
+    children: list[str] = []
+    failures: list[SitemapError] = []
+    for root in roots:
+        try:
+            children += [child for child in await read(root) if child not in roots]
+        except SitemapError as exc:
+            failures.append(exc)
+    if len(failures) == len(roots):
+        error = failures[0] if len(roots) == 1 else SitemapError(
+            sitemap.url, "; ".join(f"{exc.url}: {exc.reason}" for exc in failures))
+        error.requests = sitemap.requests  # spent on it all the same: the metadata counts them
+        raise error
+    for exc in failures:  # some of several: skipped like a child
+        sitemap.skipped += 1
+        sitemap.problems.append(f"{exc.url}: {exc.reason}")
+    children = list(dict.fromkeys(children))
     sitemap.skipped += max(0, len(children) - MAX_CHILD_SITEMAPS)
     for child in children[:MAX_CHILD_SITEMAPS]:
         try:
@@ -417,7 +441,7 @@ async def load_sitemap(fetcher, url: str, *, origins: Iterable[str] = (), copies
             continue
         sitemap.skipped += len(nested)  # an index listed by an index: not read (the protocol nests no deeper)
     if copies is not None:
-        await on_copies(copies.keep_only, [url, *children[:MAX_CHILD_SITEMAPS]])
+        await on_copies(copies.keep_only, [*roots, *children[:MAX_CHILD_SITEMAPS]])
     return sitemap
 
 

@@ -157,7 +157,8 @@ class Incremental(_Strict):
     and ``page_url`` (pages known from page 1); next-link crawls ask every page.
 
     ``sitemap``: the site's XML sitemap (``sitemap``: a path relative to the base URL, or
-    from the site's root with a leading ``/``; the sitemaps.org protocol, see
+    from the site's root with a leading ``/``; when the spec names none, the ``Sitemap:``
+    lines of the site's robots.txt, else ``sitemap.xml``; the sitemaps.org protocol, see
     :mod:`scrape_assets.sitemap`) is fetched once per run (with a conditional GET when an
     earlier run kept it), and a saved page whose URL it
     lists with a ``lastmod`` no later than the saved copy (its ``Last-Modified``, else an
@@ -179,7 +180,8 @@ class Incremental(_Strict):
     revalidate: Literal["every_page", "first_page", "sitemap"] = "every_page"
     sitemap: str = Field(default="sitemap.xml", min_length=1,
                          description="the sitemap (or sitemap index): relative to base_url, or /path from the "
-                                     "site's root; for revalidate: sitemap")
+                                     "site's root; for revalidate: sitemap. Unset: the robots.txt's Sitemap: "
+                                     "lines, else sitemap.xml")
     max_days_without_request: int = Field(default=7, ge=1, le=365)
 
     @field_validator("sitemap")

@@ -9,6 +9,7 @@ import gzip
 import http.server
 import io
 import threading
+import urllib.request
 from email.utils import format_datetime, parsedate_to_datetime
 from pathlib import Path
 
@@ -526,6 +527,68 @@ def test_a_sitemap_index_naming_the_sites_origin_is_read_from_the_mirror_and_cou
     assert _logged(instance, result, f"child sitemap skipped (its pages are revalidated): {base_url}maps/gone.xml: http_404")
     assert ("  requests        2 (2 not modified: 304; 2 pages kept without a request; 3 more requests for the "
             "sitemap), 0 pages failed for good") in _summary_lines(result)
+
+
+def _robots_with_sitemaps(*urls: str) -> bytes:
+    return ("User-agent: *\nDisallow: /basket/\n\n" + "".join(f"Sitemap: {u}\n" for u in urls)).encode()
+
+
+def test_without_a_sitemap_in_the_spec_the_robots_txt_sitemap_lines_are_read_together(tmp_path, instance):
+    """Two Sitemap: lines on the site's origin (read from the mirror), one elsewhere (ignored,
+    said), one that fails (skipped, said): pages dated by either readable one are adopted, and
+    the default sitemap.xml is not asked for."""
+    site = "http://demo.scrape-assets.invalid/"
+    pages = [f"catalogue/category/books/fiction_10/{name}" for name in ("index.html", "page-2.html", "page-3.html",
+                                                                       "page-4.html")]
+
+    def documents(_base_url, saved):
+        dated = [(site + path, parsedate_to_datetime(saved.pages[n].last_modified).isoformat())
+                 for n, path in enumerate(pages, 1)]
+        return {"/robots.txt": _robots_with_sitemaps(site + "maps/a.xml", "http://cdn.example.invalid/all.xml",
+                                                     site + "maps/gone.xml", site + "maps/b.xml"),
+                "/maps/a.xml": _urlset(dated[:2]), "/maps/b.xml": _urlset(dated[2:3])}  # page 4 not listed
+
+    base_url, asked, result = _second_run_with_documents(tmp_path, instance, "", documents)
+    assert "/sitemap.xml" not in asked
+    assert asked.count("/maps/a.xml") == asked.count("/maps/b.xml") == asked.count("/maps/gone.xml") == 1
+    assert _catalogue_requests_of(asked) == ["/" + pages[0], "/" + pages[3]]
+    md = run_metadata(result)["raw_pages"]
+    assert (md["sitemap_requests"], md["sitemap_urls_dated"], md["pages_assumed_unchanged"]) == (3, 3, 2)
+    assert _logged(instance, result, "robots.txt Sitemap: lines on another origin than the site's ignored: "
+                                     "http://cdn.example.invalid/all.xml")
+    assert _logged(instance, result, f"child sitemap skipped (its pages are revalidated): {base_url}maps/gone.xml: "
+                                     "http_404")
+
+
+def test_a_sitemap_named_in_the_spec_wins_over_robots_txt_and_failing_robots_sitemaps_say_which(tmp_path, instance):
+    site = "http://demo.scrape-assets.invalid/"
+
+    def named(base_url, saved):
+        return {"/robots.txt": _robots_with_sitemaps(site + "maps/a.xml"),
+                "/maps/b.xml": _urlset([(base_url + "catalogue/category/books/fiction_10/index.html",
+                                         parsedate_to_datetime(saved.pages[1].last_modified).isoformat())])}
+
+    (tmp_path / "named").mkdir()
+    (tmp_path / "failing").mkdir()
+    _, asked, _ = _second_run_with_documents(tmp_path / "named", instance, "  sitemap: maps/b.xml\n", named)
+    assert "/maps/b.xml" in asked and "/maps/a.xml" not in asked
+
+    def failing(_base_url, _saved):
+        return {"/robots.txt": _robots_with_sitemaps(site + "maps/a.xml", site + "maps/b.xml")}
+
+    base_url, asked, result = _second_run_with_documents(tmp_path / "failing", instance, "", failing)
+    assert len(_catalogue_requests_of(asked)) == 4  # no sitemap: every page revalidated
+    assert run_metadata(result)["raw_pages"]["sitemap_error"] == (
+        f"{base_url}maps/a.xml {base_url}maps/b.xml: {base_url}maps/a.xml: http_404; {base_url}maps/b.xml: http_404")
+
+
+def test_the_demo_robots_txt_names_its_sitemap_on_the_canonical_origin(demo_server):
+    from protego import Protego
+
+    from scrape_assets.demo_site import DEMO_BASE_URL
+
+    with urllib.request.urlopen(demo_server.base_url + "robots.txt") as response:
+        assert list(Protego.parse(response.read().decode()).sitemaps) == [DEMO_BASE_URL + "sitemap.xml"]
 
 
 def test_the_summary_names_why_the_sitemap_was_not_used():

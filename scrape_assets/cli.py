@@ -118,10 +118,14 @@ def summarize(resources: dict) -> dict:
     """Figures of the latest complete snapshot of every category, and the table sizes.
 
     ``categories`` counts the categories whose latest complete snapshot has a page done;
-    ``categories_without_pages`` names those whose every page failed for good.
+    ``categories_without_pages`` names those whose every page failed for good;
+    ``categories_failing_schema`` maps those whose latest parse failed the schema check (so
+    ``products`` still holds rows of an earlier snapshot) to that parse's snapshot id.
     """
     import sqlalchemy as sa
 
+    from scrape_assets.errors import ManifestError
+    from scrape_assets.extract import load_parse_state
     from scrape_assets.manifest import latest_manifest
     from scrape_assets.warehouse import Warehouse, dead_letters, partition_loads, products, warehouse_site
 
@@ -145,11 +149,17 @@ def summarize(resources: dict) -> dict:
     not_in_spec = {} if owner not in (None, spec.name) else {c: n for c, n in by_category.items()
                                                              if c not in spec.categories}
     done = failed = 0
-    categories, without_pages = 0, []
+    categories, without_pages, failing_schema = 0, [], {}
     for category in spec.categories:
         manifest = latest_manifest(store, spec.name, category, complete=True)
         if manifest is None:
             continue
+        try:
+            state = load_parse_state(store, spec.name, category)
+        except ManifestError:  # unreadable: the next parse rewrites it
+            state = None
+        if state is not None and not state.validated:
+            failing_schema[category] = state.snapshot_id
         counts = manifest.counts()
         done += counts["done"]
         failed += counts["failed"]
@@ -161,6 +171,7 @@ def summarize(resources: dict) -> dict:
         "site": spec.name,
         "categories": categories,
         "categories_without_pages": without_pages,
+        "categories_failing_schema": failing_schema,
         "categories_configured": len(spec.categories),
         "pages_done": done,
         "pages_failed": failed,
@@ -237,6 +248,10 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
         f"  categories      {summary['categories']}/{summary['categories_configured']}" + (
             f" ({len(empty)} whose latest snapshot has no page done: {', '.join(empty)})"
             if (empty := summary.get("categories_without_pages")) else ""),
+        *([f"  schema failed   {len(failing)} whose latest parse failed the schema check, `products` keeping "
+           f"their earlier rows: " + ", ".join(f"{c} (snapshot {s})" for c, s in list(failing.items())[:10])
+           + (", ..." if len(failing) > 10 else "") + " (why: the parsed_products_match_schema check in the UI)"]
+          if (failing := summary.get("categories_failing_schema")) else []),
         f"  pages           {summary['pages_done']:,} done, {summary['pages_failed']:,} failed",
         "  success rate    " + (f"{summary['success_rate']:.1%}" if summary["pages_done"] + summary["pages_failed"]
                                   else f"n/a (no complete snapshot of {summary['site']} in {summary['object_storage']}"

@@ -263,6 +263,7 @@ def test_the_summary_does_not_count_a_category_whose_every_page_failed(tmp_path,
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "books_home"))  # ...by runs on another instance
     summary = summarize(resources)
     assert (summary["categories"], summary["categories_without_pages"]) == (1, ["travel"])
+    assert summary["categories_failing_schema"] == {}
     assert (summary["pages_done"], summary["pages_failed"]) == (1, 1)
     out = io.StringIO()
     print_summary(summary, out=out)
@@ -628,3 +629,15 @@ def test_demo_loads_the_categories_that_passed_when_one_fails_the_schema_check(t
             "default...sequential-art") in lines
     rows = Warehouse(f"sqlite:///{tmp_path / 'data' / 'warehouse.db'}").rows_by_category(products)
     assert "fiction" not in rows and sum(rows.values()) == 678 - 65 and len(rows) == 11
+    # ... and the summary (of this run, and `scrape-assets summary` on later days) says which one is failing
+    assert [line for line in lines if line.startswith("  schema failed ")] == [
+        "  schema failed   1 whose latest parse failed the schema check, `products` keeping their earlier rows: "
+        f"fiction (snapshot {_latest_snapshot(tmp_path / 'data' / 'objects', 'fiction')}) (why: the "
+        "parsed_products_match_schema check in the UI)"]
+
+
+def _latest_snapshot(objects: Path, category: str) -> str:
+    from scrape_assets.manifest import latest_manifest
+    from scrape_assets.storage import ObjectStore
+
+    return latest_manifest(ObjectStore(str(objects)), "demo", category, complete=True).snapshot_id

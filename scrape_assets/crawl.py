@@ -27,15 +27,17 @@ from urllib.parse import urljoin, urlsplit
 
 from scrape_assets.batched_log import LOG_EVERY_S
 from scrape_assets.crashpoints import crashpoint
-from scrape_assets.errors import FetchError, PermanentFetchError, StorageError
-from scrape_assets.fetcher import PageFetcher, same_origin, sendable_validator
+from scrape_assets.errors import FetchError, ManifestError, PermanentFetchError, StorageError
+from scrape_assets.fetcher import PageFetcher, same_origin, sendable_validator, validators_differ
 from scrape_assets.manifest import (
     UNREAD,
     Manifest,
     PageEntry,
     latest_manifest,
+    load_manifest,
     open_snapshot,
     snapshot_folders,
+    snapshot_sort_key,
     utc_now_iso,
 )
 from scrape_assets.parsing import UrlJoiner, parse_pager
@@ -48,6 +50,9 @@ logger = logging.getLogger(__name__)
 ProgressCallback = Callable[[str], None]
 #: Pages that failed for good get a log line each up to this many per run; then only a count.
 MAX_FAILURE_LINES = 20
+#: Complete snapshots before the latest searched for the saved copy of a page that failed in
+#: the latest one (an outage day), so the next day still asks with a conditional GET.
+PREVIOUS_SNAPSHOTS_SEARCHED = 7
 
 
 class CrawlProgress:
@@ -235,6 +240,7 @@ class PartitionCrawler:
         self._assumed = 0
         self._bytes = 0
         self._previous: dict[str, tuple[Manifest, int]] = {}
+        self._saved: dict[str, int] = {}  # storage key -> size of the saved copies in _previous
 
     async def run(self, *, new_snapshot: bool = False) -> CrawlReport:
         """Crawl (or resume) the partition; return its report.
@@ -262,6 +268,8 @@ class PartitionCrawler:
             swept += self.store.sweep_temp_files(manifest.prefix)
         self._previous = self._previous_pages(manifest)
         self._latest = UNREAD  # used: a later run() reads again
+        if not manifest.is_complete:
+            await self._list_saved_copies()
         lost = self._requeue_lost_bodies(manifest) if resumed and not manifest.is_complete else 0
         c = manifest.counts()
         if resumed:
@@ -403,8 +411,13 @@ class PartitionCrawler:
         sources = [self._previous.get(manifest.pages[n].url) for n in others]
         if not others or any(source is None for source in sources) or len(sources[0][0].pages) != len(manifest.pages):
             return
+        latest = self._previous.get(first.url)
+        if latest is None or any(source[0] is not latest[0] for source in sources) or not latest[0].sees_every_page:
+            return  # the previous snapshot missed pages (older copies stand in for them): ask every page
         if not all(self._recent(previous.pages[m]) for previous, m in sources):
             return  # a page kept without a request for max_days_without_request: ask every page again
+        if not all(self._saved_copy_ok(previous, m) for previous, m in sources):
+            return  # a saved copy is lost or cut short: ask every page again
         for n, (previous, m) in zip(others, sources):
             self._adopt(n, previous, m)
         self._assumed += len(others)
@@ -467,7 +480,8 @@ class PartitionCrawler:
             source = self._previous.get(self.manifest.pages[n].url) if n != 1 else None
             if source is not None:
                 old = source[0].pages[source[1]]
-                if self._recent(old) and self.sitemap.unchanged_since(old.url, old.last_modified, old.fetched_at):
+                if (self._recent(old) and self.sitemap.unchanged_since(old.url, old.last_modified, old.fetched_at)
+                        and self._saved_copy_ok(*source)):
                     self._adopt(n, *source)
                     adopted.append(n)
                     continue
@@ -520,7 +534,11 @@ class PartitionCrawler:
         return self._page_urls(self.spec.pagination.page_url.format(n=n))
 
     def _previous_pages(self, manifest: Manifest) -> dict[str, tuple[Manifest, int]]:
-        """Done pages of the latest earlier complete snapshot, by URL (validators and hashes)."""
+        """Saved copies by URL (validators and hashes): the done pages of the latest earlier
+        complete snapshot; when some of its pages failed (an outage day: failed, or never
+        reached), also each other page's newest copy in the complete snapshots before it (at
+        most :data:`PREVIOUS_SNAPSHOTS_SEARCHED`, back to one that saw every page), so the
+        next day still asks with a conditional GET and stores nothing twice."""
         known = self._latest
         if isinstance(known, Manifest) and known.is_complete:  # the latest snapshot is the latest complete one
             previous = known
@@ -528,7 +546,51 @@ class PartitionCrawler:
             previous = latest_manifest(self.store, manifest.site, manifest.category, complete=True)
         if previous is None or previous.snapshot_id == manifest.snapshot_id:
             return {}
-        return {e.url: (previous, n) for n, e in previous.pages.items() if e.status == "done"}
+        pages = {e.url: (previous, n) for n, e in previous.pages.items() if e.status == "done"}
+        if not previous.sees_every_page:  # pages failed (and those its discovery never reached)
+            older = [i for i in snapshot_folders(self.store, manifest.site, manifest.category)
+                     if snapshot_sort_key(i) < snapshot_sort_key(previous.snapshot_id)]
+            searched = 0
+            for snapshot_id in reversed(older):
+                if searched >= PREVIOUS_SNAPSHOTS_SEARCHED:
+                    break
+                try:
+                    earlier = load_manifest(self.store, manifest.site, manifest.category, snapshot_id)
+                except ManifestError:  # no manifest (a crash in its first write), or not readable
+                    continue
+                if not earlier.is_complete:
+                    continue
+                searched += 1
+                for n, e in earlier.pages.items():
+                    if e.status == "done" and e.url not in pages:
+                        pages[e.url] = (earlier, n)
+                if earlier.sees_every_page:  # older copies than a complete set are not needed
+                    break
+        return pages
+
+    async def _list_saved_copies(self) -> None:
+        """List the folders holding the saved copies in :attr:`_previous` (one listing each: on
+        S3 one request, not one per page), for :meth:`_saved_copy_ok`."""
+        folders = {previous.body_key(m).rsplit("/", 1)[0] for previous, m in self._previous.values()}
+
+        def listing() -> dict[str, int]:
+            sizes: dict[str, int] = {}
+            for folder in sorted(folders):
+                try:
+                    sizes.update(self.store.list_files(folder))
+                except FileNotFoundError:  # pruned, or lost: none of its copies can be reused
+                    pass
+            return sizes
+
+        self._saved = await asyncio.to_thread(listing) if folders else {}
+
+    def _saved_copy_ok(self, previous: Manifest, m: int) -> bool:
+        """Whether page ``m`` of ``previous`` still has its body in storage, of the size recorded:
+        a 304, a byte-identical page or an adopted page reuses it, so a copy that was lost or
+        cut short (a disk filled up, a hand edit, a pruned snapshot) is fetched again instead."""
+        size = self._saved.get(previous.body_key(m))
+        recorded = previous.pages[m].bytes
+        return size is not None and (recorded is None or size == recorded)
 
     def _warn_dead_next_link(self, n: int, pager) -> None:
         if pager.next_link_error:
@@ -573,9 +635,9 @@ class PartitionCrawler:
             self._requests += 1
 
         previous = self._previous.get(entry.url)
+        old = previous[0].pages[previous[1]] if previous else None
         conditional = {}
-        if previous is not None:  # conditional GET (RFC 9110 §13.1): validators of the last snapshot
-            old = previous[0].pages[previous[1]]
+        if old is not None:  # conditional GET (RFC 9110 §13.1): validators of the saved copy
             if sendable_validator(old.etag):
                 conditional["If-None-Match"] = old.etag
             if sendable_validator(old.last_modified):
@@ -584,21 +646,38 @@ class PartitionCrawler:
             page = await self.fetcher.fetch(
                 entry.url, prior_attempts=entry.attempts, on_attempt=on_attempt, headers=conditional or None,
                 on_attempt_cancelled=lambda _attempt: self._give_back_attempt(n),  # in flight when cancelled
+                # The copy's validators go to the URL it came from (its redirect target), no other (RFC 9110 §15.4).
+                validators_url=(old.final_url or old.url) if conditional else None,
             )
-            if page.http_status == 304 and previous is None:
+            if page.http_status == 304 and conditional:
+                unusable = validators_differ(page.headers, old) or (
+                    None if self._saved_copy_ok(*previous) else "the saved copy is missing or cut short")
+                if unusable:
+                    # RFC 9111 §4.3.4: a 304 that does not identify the saved copy, or a copy we no
+                    # longer have, cannot be reused: ask for the page whole (this attempt is given back).
+                    logger.info("%s: page %d: 304 not usable (%s); fetching it whole", self.category, n, unusable)
+                    self._give_back_attempt(n)
+                    conditional = {}
+                    page = await self.fetcher.fetch(
+                        entry.url, prior_attempts=entry.attempts, on_attempt=on_attempt,
+                        on_attempt_cancelled=lambda _attempt: self._give_back_attempt(n),
+                    )
+            if page.http_status == 304 and not conditional:
                 raise PermanentFetchError(entry.url, "unexpected_304", "304 Not Modified without a conditional request", http_status=304)
         except FetchError as exc:
             entry.http_status = exc.http_status
             self._fail_for_good(n, exc.reason + (f": {exc.detail}" if exc.detail else ""))
             return
-        old = previous[0].pages[previous[1]] if previous else None
         content_hash = old.content_hash if page.http_status == 304 else "sha256:" + hashlib.sha256(page.body).hexdigest()
-        same = old is not None and content_hash == old.content_hash
+        same = old is not None and content_hash == old.content_hash and (
+            page.http_status == 304 or self._saved_copy_ok(*previous))  # else the new body is stored
         if same:
             # Not modified (304) or byte-identical: point at the stored body, store nothing.
             entry.body_key = previous[0].body_key(previous[1])
             entry.bytes = old.bytes
-            entry.content_type = old.content_type
+            # A 304 may omit the metadata; a 200's is the representation's (a corrected charset
+            # label on the same bytes changes how they read: RFC 9110 §8.3).
+            entry.content_type = old.content_type if page.http_status == 304 else page.headers.get("content-type")
             entry.not_modified = page.http_status == 304
             self._not_modified += entry.not_modified
             self._unchanged += not entry.not_modified

@@ -84,7 +84,9 @@ def extract_snapshot(
             rewritten onto the spec's canonical ``base_url`` (a mirror does not change identity).
 
     Raises:
-        ManifestError: a page marked done is missing from storage.
+        ManifestError: a page marked done is missing from storage, or its saved body is not
+            the size the manifest recorded (the next ``raw_pages`` run fetches such a page
+            again, see :class:`~scrape_assets.crawl.PartitionCrawler`).
     """
     out = ParsedSnapshot(category=manifest.category, snapshot_id=manifest.snapshot_id)
     seen: dict[str, int] = {}  # product_id -> the page it was first listed on
@@ -94,7 +96,12 @@ def extract_snapshot(
         try:
             body = store.read_bytes(manifest.body_key(n))
         except FileNotFoundError:
-            raise ManifestError(manifest.key, f"page {n} is marked done but {manifest.body_key(n)} is missing") from None
+            raise ManifestError(manifest.key, f"page {n} is marked done but {manifest.body_key(n)} is missing; "
+                                "the next raw_pages run fetches it again") from None
+        if entry.bytes is not None and len(body) != entry.bytes:  # cut short (a full disk, a copy by hand)
+            raise ManifestError(manifest.key, f"page {n}'s saved body {manifest.body_key(n)} is {len(body):,} bytes, "
+                                f"the manifest recorded {entry.bytes:,}: damaged; the next raw_pages run fetches it "
+                                "again (never reusing a copy of the wrong size)")
         page = parse_listing(
             body,
             spec,
@@ -190,8 +197,11 @@ class ParseState:
 
 def input_version(manifest: Manifest, spec: SiteSpec) -> str:
     """What a parse depends on: the pages' content (data version), the parser's code
-    (:data:`PARSER_VERSION`) and the spec's parsing rules (selectors, ids, currency, base URL)."""
+    (:data:`PARSER_VERSION`) and the spec's parsing rules (selectors, ids, currency and its
+    decimal mark, base URL)."""
     rules = spec.model_dump_json(include={"base_url", "currency", "selectors", "pagination", "product_id"})
+    if spec.decimal_mark is not None:  # (unset, the version is what it was before the field existed)
+        rules += f"|decimal_mark={spec.decimal_mark}"
     return f"{manifest.data_version}+parser{PARSER_VERSION}+spec{hashlib.sha256(rules.encode()).hexdigest()[:12]}"
 
 

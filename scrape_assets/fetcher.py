@@ -38,6 +38,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
@@ -225,6 +226,56 @@ def sendable_validator(value: str | None) -> str | None:
     return None
 
 
+#: Request headers that make a GET conditional on a saved copy (RFC 9110 §13.1), lower case.
+_CONDITIONAL_HEADERS = frozenset({"if-none-match", "if-modified-since", "if-match", "if-unmodified-since", "if-range"})
+
+
+def _without_fragment(url: str) -> str | None:
+    """``url`` as the fetcher writes a request's URL (httpx's normal form, no fragment); None
+    when it is no URL (then it matches no request)."""
+    try:
+        return str(httpx.URL(url).copy_with(fragment=None))
+    except httpx.InvalidURL:
+        return None
+
+
+def _opaque_tag(etag: str) -> str:
+    """An entity tag without its weakness indicator, for the weak comparison (RFC 9110 §8.8.3.2)."""
+    etag = etag.strip()
+    return etag[2:] if etag[:2] in ("W/", "w/") else etag
+
+
+def validators_differ(headers: Mapping[str, str], saved) -> str | None:
+    """Why a 304 does not identify the saved copy, or None when it does (or says nothing).
+
+    RFC 9111 §4.3.4: a 304 that carries an entity tag identifies the stored response with
+    that tag (compared weakly here, RFC 9110 §8.8.3.2: a server may weaken a tag on the
+    way); without one (or when the saved copy kept none: a tag that cannot be sent back is
+    not kept), a ``Last-Modified`` must equal the saved copy's (as instants). A 304
+    carrying neither is taken for the copy it was asked about. A mismatch (a server
+    that honours ``If-Modified-Since`` only, a page changed within the same second) means
+    the page changed: it must be fetched whole, not reused.
+
+    Args:
+        headers: the 304's headers, lower-case names.
+        saved: the saved copy's manifest entry (``etag``, ``last_modified``).
+    """
+    etag = headers.get("etag")
+    if etag and saved.etag:
+        if _opaque_tag(etag) != _opaque_tag(saved.etag):
+            return f"its ETag {etag} is not the saved copy's ({saved.etag})"
+        return None
+    last_modified = headers.get("last-modified")
+    if last_modified and saved.last_modified and last_modified != saved.last_modified:
+        try:
+            same = parsedate_to_datetime(last_modified) == parsedate_to_datetime(saved.last_modified)
+        except (TypeError, ValueError):
+            same = False
+        if not same:
+            return f"its Last-Modified {last_modified} is not the saved copy's ({saved.last_modified})"
+    return None
+
+
 def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
     return url.scheme, url.host, url.port or _DEFAULT_PORTS.get(url.scheme)
 
@@ -291,6 +342,7 @@ class PageFetcher:
         on_attempt: Callable[[int], Awaitable[None]] | None = None,
         headers: Mapping[str, str] | None = None,
         on_attempt_cancelled: Callable[[int], None] | None = None,
+        validators_url: str | None = None,
     ) -> FetchedPage:
         """Fetch ``url`` with GET, following same-origin redirects, retrying transient failures.
 
@@ -303,6 +355,10 @@ class PageFetcher:
                 persist the count in the manifest; an attempt still waiting for a slot is not
                 counted. Its exceptions propagate.
             headers: extra request headers, e.g. ``If-None-Match`` for a conditional GET.
+            validators_url: the URL whose saved copy the conditional headers (``If-None-Match``,
+                ``If-Modified-Since``) describe: they are sent only on the request (hop) to
+                that URL, so a page saved from its redirect target is asked there, and a redirect
+                elsewhere is followed without them (RFC 9110 §15.4). None: ``url`` itself.
             on_attempt_cancelled: called (not awaited; it should not raise) with the attempt's
                 number when the task is cancelled while that attempt is in flight: after
                 ``on_attempt`` returned for it and before its outcome (the site answered
@@ -327,7 +383,8 @@ class PageFetcher:
         if prior_attempts < 0:
             raise ValueError(f"prior_attempts must be >= 0, got {prior_attempts}")
         try:
-            return await self._fetch(url, prior_attempts, on_attempt, dict(headers or {}), on_attempt_cancelled)
+            return await self._fetch(url, prior_attempts, on_attempt, dict(headers or {}), on_attempt_cancelled,
+                                     validators_url)
         except FetchError as exc:
             # INFO: the error is raised to the caller, who reports it (the crawler: one line per
             # page failed for good, and the dead letters); a WARNING here printed it twice.
@@ -347,6 +404,7 @@ class PageFetcher:
         on_attempt: Callable[[int], Awaitable[None]] | None,
         extra_headers: dict[str, str],
         on_attempt_cancelled: Callable[[int], None] | None = None,
+        validators_url: str | None = None,
     ) -> FetchedPage:
         try:
             parsed = httpx.URL(url)
@@ -369,7 +427,8 @@ class PageFetcher:
             attempt += 1
             try:
                 return await self._attempt(
-                    url, parsed, attempt, attempt - prior_attempts, extra_headers, on_attempt, on_attempt_cancelled
+                    url, parsed, attempt, attempt - prior_attempts, extra_headers, on_attempt, on_attempt_cancelled,
+                    validators_url,
                 )
             except TransientFetchError as exc:
                 if attempt >= max_attempts:
@@ -397,6 +456,7 @@ class PageFetcher:
         self, url: str, parsed: httpx.URL, attempt: int, attempts_in_call: int, extra_headers: dict[str, str],
         on_attempt: Callable[[int], Awaitable[None]] | None = None,
         on_attempt_cancelled: Callable[[int], None] | None = None,
+        validators_url: str | None = None,
     ) -> FetchedPage:
         """One attempt (``parsed`` is ``url`` parsed): the request and its same-origin redirects.
 
@@ -411,7 +471,8 @@ class PageFetcher:
             counted = True
 
         try:
-            return await self._attempt_hops(url, parsed, attempt, attempts_in_call, extra_headers, count)
+            return await self._attempt_hops(url, parsed, attempt, attempts_in_call, extra_headers, count,
+                                            validators_url)
         except asyncio.CancelledError:
             if counted and on_attempt_cancelled is not None:
                 on_attempt_cancelled(attempt)  # in flight when cancelled: its outcome is not the site's
@@ -420,6 +481,7 @@ class PageFetcher:
     async def _attempt_hops(
         self, url: str, parsed: httpx.URL, attempt: int, attempts_in_call: int, extra_headers: dict[str, str],
         on_attempt: Callable[[int], Awaitable[None]] | None,
+        validators_url: str | None = None,
     ) -> FetchedPage:
         # httpx gives fragment == "" for both "a" and "a#": look at the string for the "#".
         current = parsed.copy_with(fragment=None) if "#" in url else parsed
@@ -427,8 +489,12 @@ class PageFetcher:
         visited = {str(current)}
         redirects = 0
         elapsed_s = 0.0
+        conditional = [name for name in extra_headers if name.lower() in _CONDITIONAL_HEADERS]
+        validators_at = str(current) if validators_url is None else _without_fragment(validators_url)
+        unconditional = {k: v for k, v in extra_headers.items() if k not in conditional} if conditional else extra_headers
         while True:
-            status, headers, body, took_s = await self._request(url, current, attempt, extra_headers, on_attempt)
+            hop_headers = extra_headers if str(current) == validators_at else unconditional
+            status, headers, body, took_s = await self._request(url, current, attempt, hop_headers, on_attempt)
             on_attempt = None  # counted once per attempt, on its first hop
             elapsed_s += took_s
             location = headers.get("location")

@@ -136,6 +136,16 @@ class PageEntry:
 _ENTRY_FIELDS = tuple(f.name for f in fields(PageEntry))
 
 
+_CHARSET = re.compile(r"""charset\s*=\s*["']?([^"';\s]+)""", re.IGNORECASE)
+
+
+def _charset_mark(content_type: str | None) -> str:
+    """``";<charset>"`` for a ``Content-Type`` declaring a charset other than UTF-8, else ``""``."""
+    match = _CHARSET.search(content_type) if content_type else None
+    charset = match[1].lower() if match else ""
+    return "" if charset in ("", "utf-8", "utf8") else f";{charset}"
+
+
 def _entry_dict(entry: PageEntry) -> dict:
     """The entry's fields as a dict (what ``dataclasses.asdict`` gives, without its deep copies).
 
@@ -225,10 +235,13 @@ class Manifest:
     def data_version(self) -> str:
         """SHA-256 over (page number, content hash) of done pages: equal iff the content is equal.
 
-        A redirected page's ``final_url`` counts too (its links are resolved against it); for
-        pages never redirected the version is what it was before that field existed.
+        A redirected page's ``final_url`` counts too (its links are resolved against it), and
+        so does a charset its ``Content-Type`` declares other than UTF-8 (the same bytes read
+        otherwise: a site that corrects its label changes the version). For pages never
+        redirected and served as UTF-8 (or without a charset), the version is what it was
+        before those counted.
         """
-        parts = [f"{n}:{p.content_hash}" + (f"@{p.final_url}" if p.final_url else "")
+        parts = [f"{n}:{p.content_hash}" + (f"@{p.final_url}" if p.final_url else "") + _charset_mark(p.content_type)
                  for n, p in sorted(self.pages.items()) if p.status == "done"]
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
@@ -485,7 +498,9 @@ def open_snapshot(
         adopt_complete: asked about the latest snapshot when it is *complete* and has this
             run's fetch config; True resumes it as it is (nothing left to fetch) instead of
             starting a new one. ``raw_pages`` says True for a snapshot completed by a run
-            that died before recording it, so a restart does not fetch it all again.
+            that died before recording it, so a restart does not fetch it all again. Not
+            when it was created longer ago than ``resume_max_age`` (a run killed yesterday
+            must not stand for today's pages): ``on_abandon`` is told, and a new one starts.
         latest: the partition's latest snapshot (:func:`latest_manifest`, None for none) when
             the caller has just read it and nothing can have written the partition since
             (``raw_pages`` holds its lock): saves reading it again, a GET on remote storage.
@@ -514,7 +529,10 @@ def open_snapshot(
         return _reopen(store, latest, run_id), True
     if latest is not None and not new_snapshot and adopt_complete is not None:
         if latest.fetch_config_hash == digest and adopt_complete(latest):
-            return latest, True  # complete: left as it is (its run_id names the run that completed it)
+            if resume_max_age is None or now - latest.created_datetime() <= resume_max_age:
+                return latest, True  # complete: left as it is (its run_id names the run that completed it)
+            if on_abandon is not None:  # its pages are as old as its start: today's run fetches today's
+                on_abandon(latest)
     snapshot_id = new_snapshot_id(now)
     if latest is not None and snapshot_sort_key(snapshot_id) <= snapshot_sort_key(latest.snapshot_id):
         snapshot_id = _after(latest.snapshot_id)

@@ -52,7 +52,7 @@ import defusedxml.ElementTree as SafeET
 from defusedxml import DefusedXmlException
 
 from scrape_assets.errors import FetchError, StorageError
-from scrape_assets.fetcher import sendable_validator
+from scrape_assets.fetcher import sendable_validator, validators_differ
 
 logger = logging.getLogger(__name__)
 _NS = "{http://www.sitemaps.org/schemas/sitemap/0.9}"
@@ -307,6 +307,14 @@ class SitemapCopies:
             return body, {"If-Modified-Since": last_modified}
         return None
 
+    def validators(self, url: str) -> tuple[str | None, str | None]:
+        """``(etag, last_modified)`` of the kept copy of ``url`` (call after :meth:`load` found it)."""
+        try:
+            meta = json.loads(self.store.read_bytes(self._keys(url)[1]))
+        except (FileNotFoundError, ValueError):
+            return None, None
+        return sendable_validator(meta.get("etag")), sendable_validator(meta.get("last_modified"))
+
     def save(self, url: str, body: bytes, headers: dict[str, str]) -> bool:
         """Keep ``body`` (as served) for ``url`` when ``headers`` (lower-case names) have a
         validator; return whether it was kept.
@@ -350,6 +358,12 @@ class SitemapCopies:
         for key in stale:
             self.store.delete_listed(key)
         return len(stale)
+
+
+@dataclass(frozen=True)
+class _Validators:
+    etag: str | None
+    last_modified: str | None
 
 
 async def load_sitemap(
@@ -399,17 +413,28 @@ async def load_sitemap(
             logger.warning("sitemap copy not used: %s", exc)
             return None
 
-    async def read(doc_url: str) -> list[str]:
-        kept = await on_copies(copies.load, doc_url) if copies is not None else None
+    async def get(doc_url: str, headers: dict[str, str] | None = None):
         try:
-            page = await fetcher.fetch(doc_url, on_attempt=count, headers=kept[1] if kept else None)
+            return await fetcher.fetch(doc_url, on_attempt=count, headers=headers)
         except FetchError as exc:
             raise SitemapError(doc_url, exc.reason + (f" ({exc.detail})" if exc.detail else "")) from None
+
+    async def read(doc_url: str) -> list[str]:
+        kept = await on_copies(copies.load, doc_url) if copies is not None else None
+        page = await get(doc_url, kept[1] if kept else None)
+        if page.http_status == 304 and kept is not None:
+            etag, last_modified = await on_copies(copies.validators, doc_url) or (None, None)
+            if validators_differ(page.headers, _Validators(etag, last_modified)):
+                page = await get(doc_url)  # not the kept document (RFC 9111 §4.3.4): ask for it whole
+            else:
+                sitemap.not_modified += 1
+                children = sitemap.add(kept[0], doc_url, allowed)
+                new = (page.headers.get("etag") or etag, page.headers.get("last-modified") or last_modified)
+                if new != (etag, last_modified):  # the 304 updates the kept copy's validators (RFC 9111 §4.3.4)
+                    await on_copies(copies.save, doc_url, kept[0], {"etag": new[0] or "", "last-modified": new[1] or ""})
+                return children
         if page.http_status == 304:
-            if kept is None:
-                raise SitemapError(doc_url, "http_304 to a request that was not conditional")
-            sitemap.not_modified += 1
-            return sitemap.add(kept[0], doc_url, allowed)
+            raise SitemapError(doc_url, "http_304 to a request that was not conditional")
         children = sitemap.add(page.body, doc_url, allowed)  # kept only once it reads as a sitemap
         if copies is not None:
             await on_copies(copies.save, doc_url, page.body, page.headers)

@@ -127,6 +127,24 @@ def test_an_incomplete_snapshot_older_than_resume_max_age_is_left_and_a_new_one_
     assert _open(store, fetch_config={**CONFIG, "max_attempts": 9}, now=T0 + timedelta(days=9))[0].snapshot_id == fresh.snapshot_id
 
 
+def test_a_complete_snapshot_of_a_dead_run_is_adopted_only_within_resume_max_age(tmp_path):
+    """A run killed after completing a category but before recording it: the restart the
+    same day takes the snapshot as it is; a run days later must fetch today's pages."""
+    store = ObjectStore(str(tmp_path))
+    done, _ = _open(store, fetch_config=CONFIG, now=T0)
+    done.completed_at = "2026-11-30T08:46:00Z"
+    done.save(store)
+    max_age = timedelta(hours=20)
+    adopted, resumed = _open(store, fetch_config=CONFIG, now=T0 + timedelta(hours=3), resume_max_age=max_age,
+                             adopt_complete=lambda m: True)
+    assert resumed is True and adopted.snapshot_id == done.snapshot_id
+    abandoned = []
+    fresh, resumed = _open(store, fetch_config=CONFIG, now=T0 + timedelta(days=7), resume_max_age=max_age,
+                           adopt_complete=lambda m: True, on_abandon=abandoned.append)
+    assert resumed is False and fresh.snapshot_id == "2026-12-07T084512Z"
+    assert [m.snapshot_id for m in abandoned] == [done.snapshot_id]
+
+
 def test_complete_snapshot_starts_a_new_one_and_latest_complete_is_found(tmp_path):
     store = ObjectStore(str(tmp_path))
     first, _ = _open(store, fetch_config=CONFIG, now=T0)

@@ -1,0 +1,469 @@
+"""Conditional GETs at the edges of RFC 9110 / 9111, against a scripted server on 127.0.0.1.
+
+Each test answers every request the way a real (sometimes misconfigured) site does and
+checks what the pipeline asked, stored and loaded: a 304 is reused only for a saved copy
+it identifies and that is still in storage, validators go only to the URL they came from,
+an outage day does not cost the next day its conditional GETs, and a corrected charset
+label on the same bytes is parsed again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from email.utils import parsedate_to_datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from scrape_assets.fetcher import validators_differ
+from scrape_assets.manifest import list_snapshots, load_manifest
+from scrape_assets.storage import ObjectStore
+from scrape_assets_tests.conftest import make_resources, materialize, run_metadata
+
+SPEC = """name: rev
+base_url: http://rev.example/
+currency: {currency}
+{extra_top}politeness: {{requests_per_second: 500.0, max_concurrency: 4, obey_robots_txt: false}}
+selectors:
+  product: article.product_pod
+  title: {{css: h3 > a, attr: title}}
+  url: {{css: h3 > a, attr: href}}
+  price: {{css: p.price_color}}
+  rating: {{css: p.star-rating, attr: class}}
+  availability: {{css: p.availability}}
+pagination:
+  pager: ul.pager li.current
+  pager_regex: 'Page\\s+(\\d+)\\s+of\\s+(\\d+)'
+  next_link: ul.pager li.next a
+  page_url: page-{{n}}.html
+  results_count: form.form-horizontal strong
+product_id: {{source: url, regex: '_(\\d+)/index\\.html$'}}
+categories:
+  travel: cat/index.html
+{extra}"""
+
+
+class Site:
+    """A scripted site: ``routes`` maps a path to ``f(request headers, lower-case) -> (status, headers, body)``;
+    ``log`` records ``(path, request headers, status)``."""
+
+    def __init__(self):
+        self.routes: dict = {}
+        self.log: list[tuple[str, dict, int]] = []
+
+    def asked(self, prefix: str = "/cat"):
+        return [(path, status) for path, _, status in self.log if path.startswith(prefix)]
+
+    def sent(self, header: str, prefix: str = "/cat"):
+        return [(path, headers.get(header)) for path, headers, _ in self.log if path.startswith(prefix)]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        site = self.server.site
+        request = {k.lower(): v for k, v in self.headers.items()}
+        route = site.routes.get(self.path)
+        status, headers, body = route(request) if route else (404, {"Content-Type": "text/plain"}, b"not found")
+        site.log.append((self.path, request, status))
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", "0" if status == 304 else str(len(body)))
+        self.end_headers()
+        if status != 304:
+            self.wfile.write(body)
+
+
+@contextlib.contextmanager
+def serve(site: Site):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    server.daemon_threads = True
+    server.site = site
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def card(pid: int, title: str, price: str) -> str:
+    return (f'<li><article class="product_pod"><h3><a href="../book-{pid}_{pid}/index.html" title="{title}">{title}</a>'
+            f'</h3><p class="price_color">{price}</p><p class="star-rating Three"></p>'
+            f'<p class="availability">In stock</p></article></li>')
+
+
+def listing(n: int, total: int, cards: list[str]) -> bytes:
+    following = f'<li class="next"><a href="page-{n + 1}.html">next</a></li>' if n < total else ""
+    pager = f'<ul class="pager"><li class="current">Page {n} of {total}</li>{following}</ul>' if total > 1 else ""
+    return (f'<html><head></head><body><form class="form-horizontal"><strong>{len(cards) * total}</strong> results'
+            f"</form><ol>{''.join(cards)}</ol>{pager}</body></html>").encode()
+
+
+def compliant(body: bytes, etag: str | None = None, last_modified: str | None = None,
+              content_type: str = "text/html; charset=utf-8"):
+    """A route answering conditional GETs as RFC 9110 §13.2.2 says (If-None-Match first)."""
+
+    def route(request):
+        headers = {"Content-Type": content_type, **({"ETag": etag} if etag else {}),
+                   **({"Last-Modified": last_modified} if last_modified else {})}
+        if "if-none-match" in request:
+            tags = [t.strip().removeprefix("W/") for t in request["if-none-match"].split(",")]
+            return (304, headers, b"") if etag and etag.removeprefix("W/") in tags else (200, headers, body)
+        if last_modified and "if-modified-since" in request:
+            if parsedate_to_datetime(last_modified) <= parsedate_to_datetime(request["if-modified-since"]):
+                return 304, headers, b""
+        return 200, headers, body
+
+    return route
+
+
+class Runs:
+    """Runs of the whole pipeline (or a selection) over ``travel`` from the scripted site, day after day."""
+
+    def __init__(self, instance, folder: Path, base_url: str, *, extra: str = "", currency: str = "GBP",
+                 extra_top: str = "", **site):
+        spec = folder / "rev.yaml"
+        spec.write_text(SPEC.format(extra=extra, currency=currency, extra_top=extra_top))
+        self.instance, self.folder = instance, folder
+        self.resources = make_resources(folder, site=str(spec), base_url=base_url, **site)
+
+    def run(self, **kwargs):
+        result = materialize(self.instance, self.resources, ["travel"], **kwargs)
+        assert result.success
+        return run_metadata(result)
+
+    def products(self) -> list[tuple[str, str, float]]:
+        with contextlib.closing(sqlite3.connect(self.folder / "warehouse.db")) as db:
+            return db.execute("select product_id, title, price from products order by product_id").fetchall()
+
+    def manifests(self):
+        store = ObjectStore(str(self.folder / "objects"))
+        return [load_manifest(store, "rev", "travel", s) for s in list_snapshots(store, "rev", "travel")]
+
+
+# -- which 304 identifies the saved copy (RFC 9111 §4.3.4) -----------------------------------------
+@pytest.mark.parametrize(
+    ("headers", "saved", "differs"),
+    [
+        ({"etag": '"a"'}, ('"a"', None), False),
+        ({"etag": 'W/"a"'}, ('"a"', None), False),  # weak comparison: a server may weaken a tag
+        ({"etag": '"b"'}, ('"a"', None), True),
+        ({"etag": '"b"'}, (None, "Tue, 01 Dec 2026 10:00:00 GMT"), False),  # no tag kept: the date decides
+        ({"last-modified": "Tue, 01 Dec 2026 10:00:00 GMT"}, (None, "Tue, 01 Dec 2026 10:00:00 GMT"), False),
+        ({"last-modified": "Tuesday, 01-Dec-26 10:00:00 GMT"}, (None, "Tue, 01 Dec 2026 10:00:00 GMT"), False),
+        ({"last-modified": "Tue, 01 Dec 2026 10:00:01 GMT"}, (None, "Tue, 01 Dec 2026 10:00:00 GMT"), True),
+        ({}, ('"a"', "Tue, 01 Dec 2026 10:00:00 GMT"), False),  # a 304 naming nothing: the copy asked about
+    ],
+)
+def test_a_304_identifies_the_saved_copy_by_its_validators(headers, saved, differs):
+    reason = validators_differ(headers, SimpleNamespace(etag=saved[0], last_modified=saved[1]))
+    assert (reason is not None) == differs
+
+
+def test_a_304_naming_another_etag_is_not_reused_and_the_page_is_fetched_whole(tmp_path, instance):
+    """A server honouring If-Modified-Since only; the page changed within the same second
+    (Last-Modified unchanged, ETag "a" -> "b"): its 304 is for another copy than ours."""
+    modified = "Mon, 30 Nov 2026 10:00:00 GMT"
+    state = {"body": listing(1, 1, [card(1, "Book one", "£10.00"), card(2, "Book two", "£20.00")]), "etag": '"a"'}
+
+    def page(request):
+        headers = {"Content-Type": "text/html; charset=utf-8", "ETag": state["etag"], "Last-Modified": modified}
+        return (304, headers, b"") if request.get("if-modified-since") == modified else (200, headers, state["body"])
+
+    site = Site()
+    site.routes["/cat/index.html"] = page
+    with serve(site) as base:
+        runs = Runs(instance, tmp_path, base)
+        runs.run()
+        state["body"], state["etag"] = listing(1, 1, [card(1, "Book one", "£10.00"), card(2, "Book two", "£25.00")]), '"b"'
+        site.log.clear()
+        md = runs.run()
+    assert site.asked() == [("/cat/index.html", 304), ("/cat/index.html", 200)]
+    assert site.sent("if-none-match") == [("/cat/index.html", '"a"'), ("/cat/index.html", None)]
+    assert (md["raw_pages"]["requests_made"], md["raw_pages"]["pages_not_modified"]) == (2, 0)
+    page1 = runs.manifests()[-1].pages[1]
+    assert (page1.http_status, page1.etag, page1.body_key, page1.attempts) == (200, '"b"', None, 1)
+    assert runs.products() == [("1", "Book one", 10), ("2", "Book two", 25)]
+
+
+def test_a_304_to_an_unconditional_request_is_a_dead_letter_not_the_old_page(tmp_path, instance):
+    """No validators were kept (the site sent none), so a 304 (a misconfigured cache) cannot
+    stand for the saved copy: the page fails for good and its earlier rows are carried."""
+    state = {"day": 1}
+
+    def page(request):
+        if state["day"] == 2:
+            return 304, {}, b""
+        return 200, {"Content-Type": "text/html"}, listing(1, 1, [card(1, "Book one", "£10.00")])
+
+    site = Site()
+    site.routes["/cat/index.html"] = page
+    with serve(site) as base:
+        runs = Runs(instance, tmp_path, base)
+        runs.run()
+        state["day"] = 2
+        md = runs.run()
+    assert md["raw_pages"]["pages_not_modified"] == 0
+    page1 = runs.manifests()[-1].pages[1]
+    assert (page1.status, page1.http_status) == ("failed", 304)
+    assert page1.last_error.startswith("unexpected_304")
+    assert md["dead_letters"]["dead_letters"] == 1
+    assert runs.products() == [("1", "Book one", 10)]  # kept from the page's last good copy
+
+
+@pytest.mark.parametrize("damage", ["deleted", "cut short"])
+def test_a_304_for_a_saved_copy_no_longer_in_storage_fetches_the_page_whole(tmp_path, instance, damage):
+    """A 304 lets us reuse a copy we have (RFC 9111 §4.3.3): a body deleted or cut short
+    since (a full disk, a hand edit) is fetched again, not pointed at day after day."""
+    site = Site()
+    site.routes["/cat/index.html"] = compliant(listing(1, 2, [card(1, "Book one", "£10.00")]), etag='"p1"')
+    site.routes["/cat/page-2.html"] = compliant(
+        listing(2, 2, [card(2, "Book two", "£20.00"), card(3, "Book three", "£30.00")]), etag='"p2"')
+    with serve(site) as base:
+        runs = Runs(instance, tmp_path, base)
+        runs.run()
+        body = tmp_path / "objects" / runs.manifests()[-1].page_key(2)
+        if damage == "deleted":
+            body.unlink()
+        else:
+            body.write_bytes(body.read_bytes()[:200])
+        site.log.clear()
+        md = runs.run()
+        assert site.asked() == [("/cat/index.html", 304), ("/cat/page-2.html", 304), ("/cat/page-2.html", 200)]
+        latest = runs.manifests()[-1]
+        assert latest.pages[2].body_key is None and (tmp_path / "objects" / latest.page_key(2)).exists()
+        assert md["raw_pages"]["pages_not_modified"] == 1
+        assert runs.products() == [("1", "Book one", 10), ("2", "Book two", 20), ("3", "Book three", 30)]
+        site.log.clear()
+        runs.run()  # healed: the next day reuses the new copy
+    assert site.asked() == [("/cat/index.html", 304), ("/cat/page-2.html", 304)]
+
+
+def test_a_byte_identical_page_whose_saved_copy_is_gone_is_stored_again(tmp_path, instance):
+    site = Site()
+    site.routes["/cat/index.html"] = lambda _request: (200, {"Content-Type": "text/html"},
+                                                       listing(1, 1, [card(1, "Book one", "£10.00")]))
+    with serve(site) as base:
+        runs = Runs(instance, tmp_path, base)
+        runs.run()
+        (tmp_path / "objects" / runs.manifests()[-1].page_key(1)).unlink()
+        md = runs.run()
+    latest = runs.manifests()[-1]
+    assert latest.pages[1].body_key is None and (tmp_path / "objects" / latest.page_key(1)).exists()
+    assert md["raw_pages"]["pages_unchanged"] == 0
+    assert runs.products() == [("1", "Book one", 10)]
+
+
+def test_a_parse_refuses_a_saved_body_of_the_wrong_size(tmp_path, instance):
+    from scrape_assets.errors import ManifestError
+    from scrape_assets.extract import extract_snapshot
+    from scrape_assets.spec import load_spec
+
+    site = Site()
+    site.routes["/cat/index.html"] = compliant(listing(1, 1, [card(1, "Book one", "£10.00"), card(2, "Book two", "£2")]))
+    with serve(site) as base:
+        runs = Runs(instance, tmp_path, base)
+        runs.run(selection=["raw_pages"])
+    manifest = runs.manifests()[-1]
+    body = tmp_path / "objects" / manifest.page_key(1)
+    body.write_bytes(body.read_bytes()[:-300])  # the second card lost: it must not vanish silently
+    with pytest.raises(ManifestError, match=r"page 1's saved body .* is [\d,]+ bytes, the manifest recorded [\d,]+: damaged"):
+        extract_snapshot(ObjectStore(str(tmp_path / "objects")), manifest, load_spec(str(tmp_path / "rev.yaml")),
+                         fetch_base_url=base)
+
+
+# -- redirects -----------------------------------------------------------------------------------
+def test_validators_are_not_sent_to_a_redirect_target_they_do_not_describe(tmp_path, instance):
+    """RFC 9110 §15.4: page 2 now redirects to another page, older than our copy; our
+    If-Modified-Since must not reach it (it would answer 304 for a page we never saved)."""
+    site = Site()
+    site.routes["/cat/index.html"] = compliant(listing(1, 2, [card(1, "Book one", "£10.00")]),
+                                               last_modified="Tue, 01 Dec 2026 09:00:00 GMT")
+    site.routes["/cat/page-2.html"] = compliant(listing(2, 2, [card(2, "Book two", "£20.00")]),
+                                                last_modified="Tue, 01 Dec 2026 10:00:00 GMT")
+    with serve(site) as base:
+        runs = Runs(instance, tmp_path, base)
+        runs.run()
+        site.routes["/cat/page-2.html"] = lambda _request: (301, {"Location": "/cat-new/page-2.html"}, b"")
+        site.routes["/cat-new/page-2.html"] = compliant(listing(2, 2, [card(3, "Book three", "£30.00")]),
+                                                        last_modified="Mon, 30 Nov 2026 08:00:00 GMT")
+        site.log.clear()
+        runs.run()
+    assert site.sent("if-modified-since") == [("/cat/index.html", "Tue, 01 Dec 2026 09:00:00 GMT"),
+                                             ("/cat/page-2.html", "Tue, 01 Dec 2026 10:00:00 GMT"),
+                                             ("/cat-new/page-2.html", None)]
+    assert runs.products() == [("1", "Book one", 10), ("3", "Book three", 30)]
+
+
+def test_a_page_saved_from_its_redirect_target_is_revalidated_there(tmp_path, instance):
+    """The saved copy came from /cat-new/: its ETag goes on the hop to /cat-new/, not to the
+    URL that redirects, and the 304 from there reuses it."""
+    site = Site()
+    site.routes["/cat/index.html"] = compliant(listing(1, 2, [card(1, "Book one", "£10.00")]), etag='"p1"')
+    site.routes["/cat/page-2.html"] = lambda _request: (301, {"Location": "/cat-new/page-2.html"}, b"")
+    site.routes["/cat-new/page-2.html"] = compliant(listing(2, 2, [card(2, "Book two", "£20.00")]), etag='"p2"')
+    with serve(site) as base:
+        runs = Runs(instance, tmp_path, base)
+        runs.run()
+        site.log.clear()
+        md = runs.run()
+    assert site.sent("if-none-match") == [("/cat/index.html", '"p1"'), ("/cat/page-2.html", None),
+                                         ("/cat-new/page-2.html", '"p2"')]
+    assert site.asked()[-1] == ("/cat-new/page-2.html", 304)
+    assert (md["raw_pages"]["pages_not_modified"], md["parsed_products"]["pages_parsed"]) == (2, 0)
+
+
+# -- what a page's version covers --------------------------------------------------------------------
+def test_a_corrected_charset_label_on_the_same_bytes_is_parsed_again(tmp_path, instance):
+    """Day 1 the site labels its windows-1251 page windows-1252 (mojibake); day 2 it fixes
+    the header, same bytes: the label is stored and the page parsed again (RFC 9110 §8.3)."""
+    body = listing(1, 1, [card(1, "Книга", "10.00")]).decode().encode("cp1251")  # (no £ in windows-1251)
+    state = {"type": "text/html; charset=windows-1252", "etag": '"v1"'}
+    site = Site()
+    site.routes["/cat/index.html"] = lambda request: compliant(body, etag=state["etag"], content_type=state["type"])(request)
+    with serve(site) as base:
+        runs = Runs(instance, tmp_path, base)
+        runs.run()
+        assert runs.products() == [("1", "Êíèãà", 10)]
+        state["type"], state["etag"] = "text/html; charset=windows-1251", '"v2"'
+        md = runs.run()
+    assert runs.manifests()[-1].pages[1].content_type == "text/html; charset=windows-1251"
+    assert (md["raw_pages"]["pages_unchanged"], md["parsed_products"]["pages_parsed"]) == (1, 1)
+    assert runs.products() == [("1", "Книга", 10)]
+
+
+def test_setting_the_specs_decimal_mark_parses_the_saved_pages_again(tmp_path, instance):
+    """"€1.250" is a reject asking for decimal_mark; once the spec sets it, the same saved
+    pages are parsed again (the rules are part of the input version) and the product loads."""
+    site = Site()
+    site.routes["/cat/index.html"] = compliant(listing(1, 1, [card(1, "Buch eins", "€1.250"), card(2, "Buch zwei", "€5,00")]),
+                                               etag='"x"')
+    with serve(site) as base:
+        runs = Runs(instance, tmp_path, base, currency="EUR", extra="validation: {max_rejected_share: 0.9}\n")
+        runs.run()
+        assert runs.products() == [("2", "Buch zwei", 5)]
+        runs = Runs(instance, tmp_path, base, currency="EUR", extra_top='decimal_mark: ","\n',
+                    extra="validation: {max_rejected_share: 0.9}\n")
+        md = runs.run()
+    assert (md["raw_pages"]["pages_not_modified"], md["parsed_products"]["pages_parsed"]) == (1, 1)
+    assert runs.products() == [("1", "Buch eins", 1250), ("2", "Buch zwei", 5)]
+
+
+def test_the_input_version_is_unchanged_for_a_spec_without_decimal_mark():
+    """Adding decimal_mark to the version must not re-parse every existing partition."""
+    import hashlib
+
+    from scrape_assets.extract import PARSER_VERSION, input_version
+    from scrape_assets.spec import load_spec
+
+    spec = load_spec("demo")
+    manifest = SimpleNamespace(data_version="dv")
+    rules = spec.model_dump_json(include={"base_url", "currency", "selectors", "pagination", "product_id"})
+    assert input_version(manifest, spec) == f"dv+parser{PARSER_VERSION}+spec{hashlib.sha256(rules.encode()).hexdigest()[:12]}"
+    assert input_version(manifest, spec.model_copy(update={"decimal_mark": ","})) != input_version(manifest, spec)
+
+
+# -- an outage day ---------------------------------------------------------------------------------------
+def test_after_an_outage_day_pages_are_revalidated_against_their_older_copies(tmp_path, instance):
+    """Day 2 every page fails (503); day 3 the site is back unchanged: the copies of day 1
+    are asked for with their validators, nothing is stored again and nothing re-parsed."""
+    state = {"down": False}
+    pages = {"/cat/index.html": compliant(listing(1, 2, [card(1, "Book one", "£10.00")]), etag='"p1"'),
+             "/cat/page-2.html": compliant(listing(2, 2, [card(2, "Book two", "£20.00")]), etag='"p2"')}
+    site = Site()
+    for path, route in pages.items():
+        site.routes[path] = lambda request, route=route: (503, {}, b"down") if state["down"] else route(request)
+    with serve(site) as base:
+        runs = Runs(instance, tmp_path, base, max_attempts=1)
+        runs.run()
+        state["down"] = True
+        runs.run()
+        state["down"] = False
+        site.log.clear()
+        md = runs.run()
+    assert site.sent("if-none-match") == [("/cat/index.html", '"p1"'), ("/cat/page-2.html", '"p2"')]
+    assert site.asked() == [("/cat/index.html", 304), ("/cat/page-2.html", 304)]
+    assert (md["raw_pages"]["bytes_stored"], md["raw_pages"]["pages_not_modified"]) == (0, 2)
+    first, _, third = runs.manifests()
+    assert [third.pages[n].body_key for n in (1, 2)] == [first.page_key(1), first.page_key(2)]
+    assert runs.products() == [("1", "Book one", 10), ("2", "Book two", 20)]
+
+
+def test_first_page_does_not_adopt_pages_after_an_outage_day(tmp_path, instance):
+    """revalidate: first_page adopts pages 2..N only from a snapshot that saw them all: after
+    a day on which page 1 changed and page 2 failed, page 2 is asked (a 304 against its
+    older copy), not adopted."""
+    state = {"down": False, "page1": compliant(listing(1, 2, [card(1, "Book one", "£10.00")]), etag='"p1"')}
+    page2 = compliant(listing(2, 2, [card(2, "Book two", "£20.00")]), etag='"p2"')
+    site = Site()
+    site.routes["/cat/index.html"] = lambda request: state["page1"](request)
+    site.routes["/cat/page-2.html"] = lambda request: (503, {}, b"down") if state["down"] else page2(request)
+    with serve(site) as base:
+        runs = Runs(instance, tmp_path, base, max_attempts=1, extra="incremental:\n  revalidate: first_page\n")
+        runs.run()
+        state["down"], state["page1"] = True, compliant(listing(1, 2, [card(1, "Book one", "£11.00")]), etag='"p1b"')
+        runs.run()
+        assert runs.manifests()[-1].pages[2].status == "failed"
+        state["down"] = False
+        site.log.clear()
+        md = runs.run()
+    assert site.asked() == [("/cat/index.html", 304), ("/cat/page-2.html", 304)]
+    assert md["raw_pages"]["pages_assumed_unchanged"] == 0
+    assert runs.products() == [("1", "Book one", 11), ("2", "Book two", 20)]
+
+
+# -- the sitemap's kept copies ----------------------------------------------------------------------
+def test_a_sitemap_304_updates_the_kept_copys_validators_or_is_not_reused(tmp_path):
+    """A 304 carrying a new Last-Modified for the same tag updates the kept copy (RFC 9111
+    §4.3.4), so the next run asks with it; a 304 naming another tag is not the kept document:
+    it is fetched whole."""
+    import asyncio
+
+    from scrape_assets.fetcher import FetchPolicy, PageFetcher, build_client
+    from scrape_assets.sitemap import SitemapCopies, load_sitemap
+
+    document = (b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"><url><loc>http://rev.example/a.html</loc>'
+                b"<lastmod>2026-11-01</lastmod></url></urlset>")
+    state = {"answer": None}
+
+    def sitemap(request):
+        if state["answer"] and "if-none-match" in request:
+            return state["answer"]
+        return 200, {"Content-Type": "application/xml", "ETag": '"s1"', "Last-Modified": "Tue, 01 Dec 2026 10:00:00 GMT"}, document
+
+    site = Site()
+    site.routes["/sitemap.xml"] = sitemap
+    copies = SitemapCopies(ObjectStore(str(tmp_path / "objects")), "rev/sitemap.copies")
+
+    def load(base):
+        async def run():
+            policy = FetchPolicy(user_agent="scrape-assets-test", requests_per_second=500, max_concurrency=2,
+                                 max_attempts=1, obey_robots_txt=False)
+            async with build_client(policy) as client:
+                return await load_sitemap(PageFetcher(client, policy), base + "sitemap.xml", copies=copies,
+                                          origins=["rev.example"])
+        return asyncio.run(run())
+
+    with serve(site) as base:
+        load(base)
+        assert copies.validators(base + "sitemap.xml") == ('"s1"', "Tue, 01 Dec 2026 10:00:00 GMT")
+        state["answer"] = (304, {"ETag": '"s1"', "Last-Modified": "Wed, 02 Dec 2026 10:00:00 GMT"}, b"")
+        second = load(base)
+        assert (second.requests, second.not_modified, len(second.lastmod)) == (1, 1, 1)
+        assert copies.validators(base + "sitemap.xml") == ('"s1"', "Wed, 02 Dec 2026 10:00:00 GMT")
+        state["answer"] = (304, {"ETag": '"s2"'}, b"")  # not our copy: ask for it whole
+        site.log.clear()
+        third = load(base)
+    assert [(path, headers.get("if-none-match"), status) for path, headers, status in site.log] == [
+        ("/sitemap.xml", '"s1"', 304), ("/sitemap.xml", None, 200)]
+    assert (third.requests, third.not_modified, len(third.lastmod)) == (2, 0, 1)

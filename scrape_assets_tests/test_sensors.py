@@ -85,7 +85,7 @@ def test_products_falling_to_zero_alerts(tmp_path, instance, webhook_server):
     cursor, _ = _tick(instance, cursor, webhook_server.url)
     cursor, _ = _tick(instance, cursor, webhook_server.url)
     assert [m["text"] for m in webhook_server.received] == [
-        "scrape_assets collapse: travel: products parsed fell to zero (layout change or empty site?)"
+        "scrape_assets collapse: travel: products parsed fell to zero (its pages failed, a layout change, or an empty site? see dead_letters)"
     ]
 
 
@@ -99,7 +99,7 @@ def test_a_category_failing_day_after_day_alerts_once(tmp_path, instance, webhoo
         cursor, _ = _tick(instance, cursor, webhook_server.url)
     [message] = webhook_server.received
     assert sorted(message["alerts"]) == [
-        "travel: products parsed fell to zero (layout change or empty site?)",
+        "travel: products parsed fell to zero (its pages failed, a layout change, or an empty site? see dead_letters)",
         "travel: success rate 0% is below the floor 90%",
     ]
     assert Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").count(products, "travel") == 11  # carried forward

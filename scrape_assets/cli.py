@@ -248,8 +248,8 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
         f"  categories      {summary['categories']}/{summary['categories_configured']}" + (
             f" ({len(empty)} whose latest snapshot has no page done: {', '.join(empty)})"
             if (empty := summary.get("categories_without_pages")) else ""),
-        *([f"  schema failed   {len(failing)} whose latest parse failed the schema check, `products` keeping "
-           f"their earlier rows: " + ", ".join(f"{c} (snapshot {s})" for c, s in list(failing.items())[:10])
+        *([f"  schema failed   {len(failing)} whose latest parse failed the schema check, `products` holding "
+           f"their earlier rows, if any: " + ", ".join(f"{c} (snapshot {s})" for c, s in list(failing.items())[:10])
            + (", ..." if len(failing) > 10 else "") + " (why: the parsed_products_match_schema check in the UI)"]
           if (failing := summary.get("categories_failing_schema")) else []),
         f"  pages           {summary['pages_done']:,} done, {summary['pages_failed']:,} failed",

@@ -41,6 +41,7 @@ from scrape_assets.manifest import (
     utc_now_iso,
 )
 from scrape_assets.parsing import UrlJoiner, parse_pager
+from scrape_assets.politeness import robots_url_for
 from scrape_assets.sitemap import MAX_SITEMAP_BYTES, Sitemap, SitemapCopies, SitemapError, load_sitemap, parse_fetched_at
 from scrape_assets.spec import SiteSpec
 from scrape_assets.storage import ObjectStore
@@ -405,8 +406,8 @@ class PartitionCrawler:
         """
         manifest = self.manifest
         first = manifest.pages[1]
-        if self.spec.incremental.revalidate != "first_page" or first.status != "done" or first.body_key is None:
-            return  # body_key set <=> page 1 was a 304 or byte-identical to the previous snapshot's
+        if self.spec.incremental.revalidate != "first_page" or first.status != "done" or not self._same_as_saved(first):
+            return  # page 1 changed (a lost copy stored again is unchanged: same content hash)
         others = sorted(n for n in manifest.pages if n > 1)
         sources = [self._previous.get(manifest.pages[n].url) for n in others]
         if not others or any(source is None for source in sources) or len(sources[0][0].pages) != len(manifest.pages):
@@ -431,6 +432,12 @@ class PartitionCrawler:
         entry.etag, entry.last_modified, entry.body_key = old.etag, old.last_modified, previous.body_key(m)
         entry.final_url = old.final_url
         entry.assumed_unchanged = True
+
+    def _same_as_saved(self, entry: PageEntry) -> bool:
+        """Whether a done page holds the content of its saved copy (a 304, the same bytes, or a
+        lost copy stored again), by content hash."""
+        source = self._previous.get(entry.url)
+        return source is not None and entry.content_hash == source[0].pages[source[1]].content_hash
 
     def _recent(self, old: PageEntry) -> bool:
         """Whether ``old`` (a saved copy) was fetched within ``incremental.max_days_without_request``
@@ -459,7 +466,7 @@ class PartitionCrawler:
                 self.sitemap_check = "untrusted: page 1 not dated"
             else:
                 old = source[0].pages[source[1]]
-                contradicted = first.body_key is None and self.sitemap.unchanged_since(  # body_key None: new content
+                contradicted = not self._same_as_saved(first) and self.sitemap.unchanged_since(
                     first.url, old.last_modified, old.fetched_at)
                 self.sitemap_check = "untrusted: page 1 changed" if contradicted else "trusted"
                 if contradicted:
@@ -537,8 +544,9 @@ class PartitionCrawler:
         """Saved copies by URL (validators and hashes): the done pages of the latest earlier
         complete snapshot; when some of its pages failed (an outage day: failed, or never
         reached), also each other page's newest copy in the complete snapshots before it (at
-        most :data:`PREVIOUS_SNAPSHOTS_SEARCHED`, back to one that saw every page), so the
-        next day still asks with a conditional GET and stores nothing twice."""
+        most :data:`PREVIOUS_SNAPSHOTS_SEARCHED` folders, back to one that saw every page or
+        one that adds no copy: a page failing day after day costs one manifest read a day),
+        so the next day still asks with a conditional GET and stores nothing twice."""
         known = self._latest
         if isinstance(known, Manifest) and known.is_complete:  # the latest snapshot is the latest complete one
             previous = known
@@ -550,20 +558,17 @@ class PartitionCrawler:
         if not previous.sees_every_page:  # pages failed (and those its discovery never reached)
             older = [i for i in snapshot_folders(self.store, manifest.site, manifest.category)
                      if snapshot_sort_key(i) < snapshot_sort_key(previous.snapshot_id)]
-            searched = 0
-            for snapshot_id in reversed(older):
-                if searched >= PREVIOUS_SNAPSHOTS_SEARCHED:
-                    break
+            for snapshot_id in list(reversed(older))[:PREVIOUS_SNAPSHOTS_SEARCHED]:
                 try:
                     earlier = load_manifest(self.store, manifest.site, manifest.category, snapshot_id)
                 except ManifestError:  # no manifest (a crash in its first write), or not readable
                     continue
                 if not earlier.is_complete:
                     continue
-                searched += 1
-                for n, e in earlier.pages.items():
-                    if e.status == "done" and e.url not in pages:
-                        pages[e.url] = (earlier, n)
+                found = {e.url: (earlier, n) for n, e in earlier.pages.items() if e.status == "done" and e.url not in pages}
+                if not found:  # failing there too (a page gone for good): older ones are not read, day after day
+                    break
+                pages.update(found)
                 if earlier.sees_every_page:  # older copies than a complete set are not needed
                     break
         return pages
@@ -732,8 +737,10 @@ async def load_run_sitemap(
     started = time.monotonic()
     urls = [urljoin(fetch_base_url, spec.incremental.sitemap)]
     if "sitemap" not in spec.incremental.model_fields_set and fetcher.policy.obey_robots_txt:
-        listed = await fetcher.robots.sitemaps(fetcher.client, fetch_base_url, fetcher.policy.user_agent)
-        on_site = [u for u in (_on_fetch_origin(u, fetch_base_url, spec.base_url) for u in listed) if u]
+        robots_url = robots_url_for(fetch_base_url)
+        listed = [urljoin(robots_url, u) for u in  # a relative line: on the robots.txt's origin
+                  await fetcher.robots.sitemaps(fetcher.client, fetch_base_url, fetcher.policy.user_agent)]
+        on_site = list(dict.fromkeys(u for u in (_on_fetch_origin(u, fetch_base_url, spec.base_url) for u in listed) if u))
         if on_site:
             urls = on_site
         if len(on_site) < len(listed):
@@ -762,17 +769,20 @@ async def load_run_sitemap(
 
 
 def _on_fetch_origin(url: str, fetch_base_url: str, site_base_url: str) -> str | None:
-    """``url`` (a robots.txt ``Sitemap:`` line) as fetched: unchanged on the fetch origin,
-    moved onto ``fetch_base_url`` when under the site's base URL (a mirror), else None."""
-    try:
-        parts, fetch = urlsplit(url), urlsplit(fetch_base_url)
-    except ValueError:  # "http://[bad/"
-        return None
-    if parts.scheme.lower() == fetch.scheme.lower() and parts.netloc.lower() == fetch.netloc.lower():
+    """``url`` (a robots.txt ``Sitemap:`` line, resolved against the robots.txt URL) as
+    fetched: unchanged on the fetch origin; on the site's origin (a mirror serves the site's
+    own), moved onto ``fetch_base_url`` (under the base URL's path: the same path below the
+    mirror's; elsewhere: that path on the mirror's origin); else None. Origins compare as
+    RFC 6454 says (host case and a default port do not matter)."""
+    if same_origin(url, fetch_base_url):
         return url
-    if url.startswith(site_base_url):
-        return fetch_base_url + url[len(site_base_url):]
-    return None
+    if not same_origin(url, site_base_url):
+        return None
+    parts, site = urlsplit(url), urlsplit(site_base_url)
+    rest = parts.path + (f"?{parts.query}" if parts.query else "")
+    if parts.path.startswith(site.path):
+        return fetch_base_url + rest[len(site.path):]
+    return urljoin(fetch_base_url, rest)
 
 
 def sitemap_checks_line(reports: list[CrawlReport]) -> str | None:

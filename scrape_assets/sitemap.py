@@ -307,17 +307,21 @@ class SitemapCopies:
             return body, {"If-Modified-Since": last_modified}
         return None
 
-    def validators(self, url: str) -> tuple[str | None, str | None]:
-        """``(etag, last_modified)`` of the kept copy of ``url`` (call after :meth:`load` found it)."""
+    def validators(self, url: str) -> tuple[str | None, str | None, str | None]:
+        """``(etag, last_modified, final_url)`` of the kept copy of ``url`` (call after
+        :meth:`load` found it); ``final_url`` is where it was served from after redirects
+        (None: ``url`` itself), the only URL its validators are sent to (RFC 9110 §15.4)."""
         try:
             meta = json.loads(self.store.read_bytes(self._keys(url)[1]))
         except (FileNotFoundError, ValueError):
-            return None, None
-        return sendable_validator(meta.get("etag")), sendable_validator(meta.get("last_modified"))
+            return None, None, None
+        return (sendable_validator(meta.get("etag")), sendable_validator(meta.get("last_modified")),
+                meta.get("final_url") or None)
 
-    def save(self, url: str, body: bytes, headers: dict[str, str]) -> bool:
+    def save(self, url: str, body: bytes, headers: dict[str, str], final_url: str | None = None) -> bool:
         """Keep ``body`` (as served) for ``url`` when ``headers`` (lower-case names) have a
-        validator; return whether it was kept.
+        validator; return whether it was kept. ``final_url``: where it was served from, when
+        a redirect led elsewhere.
 
         Raises:
             StorageError: the write failed (an earlier copy, if any, is intact or unused).
@@ -332,11 +336,13 @@ class SitemapCopies:
             kept = json.loads(self.store.read_bytes(meta_key))
         except (FileNotFoundError, ValueError):
             kept = {}
-        if (kept.get("url"), kept.get("sha256"), kept.get("etag"), kept.get("last_modified")) == (
-                url, digest, etag, last_modified) and self.store.exists(body_key):
+        final_url = final_url if final_url and final_url != url else None
+        if (kept.get("url"), kept.get("sha256"), kept.get("etag"), kept.get("last_modified"), kept.get("final_url")) == (
+                url, digest, etag, last_modified, final_url) and self.store.exists(body_key):
             return True  # the same document again (a 200 where a 304 would do): nothing to write
         meta = {"url": url, "etag": etag, "last_modified": last_modified, "sha256": digest, "bytes": len(body),
-                "fetched_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+                "fetched_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                **({"final_url": final_url} if final_url else {})}
         self.store.write_bytes_atomic(body_key, body)
         self.store.write_bytes_atomic(meta_key, json.dumps(meta, indent=1).encode("utf-8"))
         return True
@@ -378,9 +384,10 @@ async def load_sitemap(
     copy on a 304 (``not_modified``); a document read whole is kept for the next run, and
     copies of documents no longer listed are deleted.
 
-    Several URLs (a robots.txt's ``Sitemap:`` lines) are read as one sitemap index: each
-    one's entries and children count, one that cannot be fetched or read is skipped, and
-    the load fails only when none can be.
+    Several URLs (a robots.txt's ``Sitemap:`` lines) are read as one sitemap index (at most
+    :data:`MAX_CHILD_SITEMAPS` of them): each one's entries and children count, one that
+    cannot be fetched or read is skipped, and the load fails only when none can be. A kept
+    document that came through a redirect is revalidated at its redirect target.
 
     Args:
         fetcher: a page fetcher of the run.
@@ -399,7 +406,9 @@ async def load_sitemap(
     roots = [url] if isinstance(url, str) else list(dict.fromkeys(url))
     if not roots:
         raise ValueError("load_sitemap needs at least one sitemap URL")
-    sitemap = Sitemap(url=" ".join(roots))
+    over = roots[MAX_CHILD_SITEMAPS:]  # several (robots.txt lines) count as one index's children
+    roots = roots[:MAX_CHILD_SITEMAPS]
+    sitemap = Sitemap(url=" ".join(roots), skipped=len(over))
     allowed = {*(urlsplit(root).netloc for root in roots), *origins}
 
     async def count(_attempt: int) -> None:
@@ -413,17 +422,19 @@ async def load_sitemap(
             logger.warning("sitemap copy not used: %s", exc)
             return None
 
-    async def get(doc_url: str, headers: dict[str, str] | None = None):
+    async def get(doc_url: str, headers: dict[str, str] | None = None, validators_url: str | None = None):
         try:
-            return await fetcher.fetch(doc_url, on_attempt=count, headers=headers)
+            return await fetcher.fetch(doc_url, on_attempt=count, headers=headers, validators_url=validators_url)
         except FetchError as exc:
             raise SitemapError(doc_url, exc.reason + (f" ({exc.detail})" if exc.detail else "")) from None
 
     async def read(doc_url: str) -> list[str]:
         kept = await on_copies(copies.load, doc_url) if copies is not None else None
-        page = await get(doc_url, kept[1] if kept else None)
+        etag = last_modified = final_url = None
+        if kept is not None:
+            etag, last_modified, final_url = await on_copies(copies.validators, doc_url) or (None, None, None)
+        page = await get(doc_url, kept[1] if kept else None, validators_url=final_url)  # a redirect: asked there
         if page.http_status == 304 and kept is not None:
-            etag, last_modified = await on_copies(copies.validators, doc_url) or (None, None)
             if validators_differ(page.headers, _Validators(etag, last_modified)):
                 page = await get(doc_url)  # not the kept document (RFC 9111 §4.3.4): ask for it whole
             else:
@@ -431,13 +442,14 @@ async def load_sitemap(
                 children = sitemap.add(kept[0], doc_url, allowed)
                 new = (page.headers.get("etag") or etag, page.headers.get("last-modified") or last_modified)
                 if new != (etag, last_modified):  # the 304 updates the kept copy's validators (RFC 9111 §4.3.4)
-                    await on_copies(copies.save, doc_url, kept[0], {"etag": new[0] or "", "last-modified": new[1] or ""})
+                    await on_copies(copies.save, doc_url, kept[0], {"etag": new[0] or "", "last-modified": new[1] or ""},
+                                    final_url)
                 return children
         if page.http_status == 304:
             raise SitemapError(doc_url, "http_304 to a request that was not conditional")
         children = sitemap.add(page.body, doc_url, allowed)  # kept only once it reads as a sitemap
         if copies is not None:
-            await on_copies(copies.save, doc_url, page.body, page.headers)
+            await on_copies(copies.save, doc_url, page.body, page.headers, page.final_url if page.redirected else None)
         return children
 
     children: list[str] = []

@@ -631,7 +631,8 @@ def test_demo_loads_the_categories_that_passed_when_one_fails_the_schema_check(t
     assert "fiction" not in rows and sum(rows.values()) == 678 - 65 and len(rows) == 11
     # ... and the summary (of this run, and `scrape-assets summary` on later days) says which one is failing
     assert [line for line in lines if line.startswith("  schema failed ")] == [
-        "  schema failed   1 whose latest parse failed the schema check, `products` keeping their earlier rows: "
+        "  schema failed   1 whose latest parse failed the schema check, `products` holding their earlier rows, "
+        "if any: "
         f"fiction (snapshot {_latest_snapshot(tmp_path / 'data' / 'objects', 'fiction')}) (why: the "
         "parsed_products_match_schema check in the UI)"]
 

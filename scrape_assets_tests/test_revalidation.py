@@ -456,14 +456,78 @@ def test_a_sitemap_304_updates_the_kept_copys_validators_or_is_not_reused(tmp_pa
 
     with serve(site) as base:
         load(base)
-        assert copies.validators(base + "sitemap.xml") == ('"s1"', "Tue, 01 Dec 2026 10:00:00 GMT")
+        assert copies.validators(base + "sitemap.xml") == ('"s1"', "Tue, 01 Dec 2026 10:00:00 GMT", None)
         state["answer"] = (304, {"ETag": '"s1"', "Last-Modified": "Wed, 02 Dec 2026 10:00:00 GMT"}, b"")
         second = load(base)
         assert (second.requests, second.not_modified, len(second.lastmod)) == (1, 1, 1)
-        assert copies.validators(base + "sitemap.xml") == ('"s1"', "Wed, 02 Dec 2026 10:00:00 GMT")
+        assert copies.validators(base + "sitemap.xml") == ('"s1"', "Wed, 02 Dec 2026 10:00:00 GMT", None)
         state["answer"] = (304, {"ETag": '"s2"'}, b"")  # not our copy: ask for it whole
         site.log.clear()
         third = load(base)
     assert [(path, headers.get("if-none-match"), status) for path, headers, status in site.log] == [
         ("/sitemap.xml", '"s1"', 304), ("/sitemap.xml", None, 200)]
     assert (third.requests, third.not_modified, len(third.lastmod)) == (2, 0, 1)
+
+
+def test_a_sitemap_behind_a_redirect_is_revalidated_at_its_target(tmp_path):
+    import asyncio
+
+    from scrape_assets.fetcher import FetchPolicy, PageFetcher, build_client
+    from scrape_assets.sitemap import SitemapCopies, load_sitemap
+
+    document = (b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"><url><loc>http://rev.example/a.html</loc>'
+                b"<lastmod>2026-11-01</lastmod></url></urlset>")
+    site = Site()
+    site.routes["/sitemap.xml"] = lambda _request: (301, {"Location": "/real-sitemap.xml"}, b"")
+    site.routes["/real-sitemap.xml"] = compliant(document, etag='"s1"', content_type="application/xml")
+    copies = SitemapCopies(ObjectStore(str(tmp_path / "objects")), "rev/sitemap.copies")
+
+    def load(base):
+        async def run():
+            policy = FetchPolicy(user_agent="scrape-assets-test", requests_per_second=500, max_concurrency=2,
+                                 max_attempts=1, obey_robots_txt=False)
+            async with build_client(policy) as client:
+                return await load_sitemap(PageFetcher(client, policy), base + "sitemap.xml", copies=copies,
+                                          origins=["rev.example"])
+        return asyncio.run(run())
+
+    with serve(site) as base:
+        load(base)
+        site.log.clear()
+        again = load(base)
+    assert [(path, headers.get("if-none-match"), status) for path, headers, status in site.log] == [
+        ("/sitemap.xml", None, 301), ("/real-sitemap.xml", '"s1"', 304)]
+    assert (again.not_modified, len(again.lastmod)) == (1, 1)
+
+
+def test_a_lost_copy_of_an_unchanged_page_one_keeps_the_sitemap_trusted(tmp_path, instance):
+    """Page 1's copy deleted: it is fetched again (same bytes), which is no change: the
+    sitemap's word still holds for the category's other pages."""
+    modified = {1: "Mon, 30 Nov 2026 10:00:00 GMT", 2: "Mon, 30 Nov 2026 11:00:00 GMT"}
+    site = Site()
+    site.routes["/cat/index.html"] = compliant(listing(1, 2, [card(1, "Book one", "£10.00")]), last_modified=modified[1])
+    site.routes["/cat/page-2.html"] = compliant(listing(2, 2, [card(2, "Book two", "£20.00")]), last_modified=modified[2])
+    with serve(site) as base:
+        document = ('<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">' + "".join(
+            f"<url><loc>{base}cat/{name}</loc><lastmod>2026-11-30T{hour}:00:00Z</lastmod></url>"
+            for name, hour in (("index.html", 10), ("page-2.html", 11))) + "</urlset>").encode()
+        site.routes["/sitemap.xml"] = compliant(document, content_type="application/xml")
+        runs = Runs(instance, tmp_path, base, extra="incremental:\n  revalidate: sitemap\n  sitemap: sitemap.xml\n")
+        runs.run(selection=["raw_pages"])
+        (tmp_path / "objects" / runs.manifests()[-1].page_key(1)).unlink()
+        site.log.clear()
+        md = runs.run(selection=["raw_pages"])
+    assert site.asked() == [("/cat/index.html", 304), ("/cat/index.html", 200)]  # page 2 adopted
+    assert md["raw_pages"]["by_category"]["travel"]["sitemap_check"] == "trusted"
+    assert md["raw_pages"]["pages_assumed_unchanged"] == 1
+
+
+def test_a_relative_or_differently_spelled_robots_sitemap_line_is_read_from_the_mirror():
+    from scrape_assets.crawl import _on_fetch_origin
+
+    mirror, site = "http://127.0.0.1:8000/", "https://Shop.example/en/"
+    assert _on_fetch_origin("http://127.0.0.1:8000/sitemap_index.xml", mirror, site) == mirror + "sitemap_index.xml"
+    assert _on_fetch_origin("https://shop.example:443/en/maps/a.xml", mirror, site) == mirror + "maps/a.xml"
+    assert _on_fetch_origin("https://SHOP.example/sitemap.xml", mirror, site) == mirror + "sitemap.xml"  # at the root
+    assert _on_fetch_origin("http://shop.example/en/a.xml", mirror, site) is None  # another scheme: another origin
+    assert _on_fetch_origin("https://cdn.example/a.xml", mirror, site) is None

@@ -423,14 +423,27 @@ def test_first_page_does_not_adopt_pages_after_an_outage_day(tmp_path, instance)
 
 
 # -- the sitemap's kept copies ----------------------------------------------------------------------
+def _load_sitemap(url: str, copies):
+    """load_sitemap(url) through a polite fetcher of its own, entries of rev.example accepted."""
+    import asyncio
+
+    from scrape_assets.fetcher import FetchPolicy, PageFetcher, build_client
+    from scrape_assets.sitemap import load_sitemap
+
+    async def run():
+        policy = FetchPolicy(user_agent="scrape-assets-test", requests_per_second=500, max_concurrency=2,
+                             max_attempts=1, obey_robots_txt=False)
+        async with build_client(policy) as client:
+            return await load_sitemap(PageFetcher(client, policy), url, copies=copies, origins=["rev.example"])
+
+    return asyncio.run(run())
+
+
 def test_a_sitemap_304_updates_the_kept_copys_validators_or_is_not_reused(tmp_path):
     """A 304 carrying a new Last-Modified for the same tag updates the kept copy (RFC 9111
     §4.3.4), so the next run asks with it; a 304 naming another tag is not the kept document:
     it is fetched whole."""
-    import asyncio
-
-    from scrape_assets.fetcher import FetchPolicy, PageFetcher, build_client
-    from scrape_assets.sitemap import SitemapCopies, load_sitemap
+    from scrape_assets.sitemap import SitemapCopies
 
     document = (b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"><url><loc>http://rev.example/a.html</loc>'
                 b"<lastmod>2026-11-01</lastmod></url></urlset>")
@@ -446,13 +459,7 @@ def test_a_sitemap_304_updates_the_kept_copys_validators_or_is_not_reused(tmp_pa
     copies = SitemapCopies(ObjectStore(str(tmp_path / "objects")), "rev/sitemap.copies")
 
     def load(base):
-        async def run():
-            policy = FetchPolicy(user_agent="scrape-assets-test", requests_per_second=500, max_concurrency=2,
-                                 max_attempts=1, obey_robots_txt=False)
-            async with build_client(policy) as client:
-                return await load_sitemap(PageFetcher(client, policy), base + "sitemap.xml", copies=copies,
-                                          origins=["rev.example"])
-        return asyncio.run(run())
+        return _load_sitemap(base + "sitemap.xml", copies)
 
     with serve(site) as base:
         load(base)
@@ -470,10 +477,7 @@ def test_a_sitemap_304_updates_the_kept_copys_validators_or_is_not_reused(tmp_pa
 
 
 def test_a_sitemap_behind_a_redirect_is_revalidated_at_its_target(tmp_path):
-    import asyncio
-
-    from scrape_assets.fetcher import FetchPolicy, PageFetcher, build_client
-    from scrape_assets.sitemap import SitemapCopies, load_sitemap
+    from scrape_assets.sitemap import SitemapCopies
 
     document = (b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"><url><loc>http://rev.example/a.html</loc>'
                 b"<lastmod>2026-11-01</lastmod></url></urlset>")
@@ -483,13 +487,7 @@ def test_a_sitemap_behind_a_redirect_is_revalidated_at_its_target(tmp_path):
     copies = SitemapCopies(ObjectStore(str(tmp_path / "objects")), "rev/sitemap.copies")
 
     def load(base):
-        async def run():
-            policy = FetchPolicy(user_agent="scrape-assets-test", requests_per_second=500, max_concurrency=2,
-                                 max_attempts=1, obey_robots_txt=False)
-            async with build_client(policy) as client:
-                return await load_sitemap(PageFetcher(client, policy), base + "sitemap.xml", copies=copies,
-                                          origins=["rev.example"])
-        return asyncio.run(run())
+        return _load_sitemap(base + "sitemap.xml", copies)
 
     with serve(site) as base:
         load(base)

@@ -44,10 +44,10 @@ _CLONE = Path(__file__).resolve().parents[1]
 def _instance():
     import dagster as dg
 
-    home = os.environ.get("DAGSTER_HOME")
-    if not home:
-        home = str(Path(".dagster_home").resolve())
-        os.environ["DAGSTER_HOME"] = home
+    # Dagster refuses a relative DAGSTER_HOME (with a traceback): a path given relative to
+    # the current folder (or with ~) means that folder's, as it would for any other command.
+    home = str(Path(os.environ.get("DAGSTER_HOME") or ".dagster_home").expanduser().resolve())
+    os.environ["DAGSTER_HOME"] = home
     Path(home).mkdir(parents=True, exist_ok=True)
     config = Path(home) / "dagster.yaml"
     if not config.exists():

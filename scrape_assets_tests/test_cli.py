@@ -642,3 +642,14 @@ def _latest_snapshot(objects: Path, category: str) -> str:
     from scrape_assets.storage import ObjectStore
 
     return latest_manifest(ObjectStore(str(objects)), "demo", category, complete=True).snapshot_id
+
+
+def test_a_relative_dagster_home_is_taken_from_the_current_folder(tmp_path, monkeypatch):
+    """Dagster itself refuses a relative DAGSTER_HOME with a traceback; the command resolves it."""
+    from scrape_assets.cli import _instance
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DAGSTER_HOME", "home")
+    with _instance() as instance:
+        assert instance.root_directory == str(tmp_path / "home")
+    assert os.environ["DAGSTER_HOME"] == str(tmp_path / "home") and (tmp_path / "home" / "dagster.yaml").is_file()

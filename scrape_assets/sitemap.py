@@ -261,6 +261,30 @@ class Sitemap:
 _COPY_NAME = re.compile(r"[0-9a-f]{24}\.(?:body|json)")
 
 
+@dataclass(frozen=True)
+class KeptCopy:
+    """A sitemap document kept by an earlier run (see :class:`SitemapCopies`).
+
+    Attributes:
+        body: the document as served.
+        etag, last_modified: its validators (sendable), either may be None.
+        final_url: where it was served from after redirects (None: its own URL), the only
+            URL its validators are sent to (RFC 9110 §15.4).
+    """
+
+    body: bytes
+    etag: str | None
+    last_modified: str | None
+    final_url: str | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The conditional request for it: ``If-None-Match``, else ``If-Modified-Since`` ({} for none)."""
+        if self.etag:
+            return {"If-None-Match": self.etag}
+        return {"If-Modified-Since": self.last_modified} if self.last_modified else {}
+
+
 class SitemapCopies:
     """Kept copies of sitemap documents, for conditional GETs of them (RFC 9110 §13.1).
 
@@ -286,9 +310,9 @@ class SitemapCopies:
         name = hashlib.sha256(url.encode("utf-8")).hexdigest()[:24]
         return f"{self.prefix}/{name}.body", f"{self.prefix}/{name}.json"
 
-    def load(self, url: str) -> tuple[bytes, dict[str, str]] | None:
-        """``(body, conditional request headers)`` of the kept copy of ``url``; None when there
-        is none usable (missing, torn, or for another URL).
+    def load(self, url: str) -> KeptCopy | None:
+        """The kept copy of ``url``; None when there is none usable (missing, torn, for
+        another URL, or without a validator that can be sent back).
 
         Raises:
             StorageError: the store could not be read (other than a missing object).
@@ -301,22 +325,9 @@ class SitemapCopies:
             return None
         if not isinstance(meta, dict) or meta.get("url") != url or meta.get("sha256") != hashlib.sha256(body).hexdigest():
             return None
-        if etag := sendable_validator(meta.get("etag")):
-            return body, {"If-None-Match": etag}
-        if last_modified := sendable_validator(meta.get("last_modified")):
-            return body, {"If-Modified-Since": last_modified}
-        return None
-
-    def validators(self, url: str) -> tuple[str | None, str | None, str | None]:
-        """``(etag, last_modified, final_url)`` of the kept copy of ``url`` (call after
-        :meth:`load` found it); ``final_url`` is where it was served from after redirects
-        (None: ``url`` itself), the only URL its validators are sent to (RFC 9110 §15.4)."""
-        try:
-            meta = json.loads(self.store.read_bytes(self._keys(url)[1]))
-        except (FileNotFoundError, ValueError):
-            return None, None, None
-        return (sendable_validator(meta.get("etag")), sendable_validator(meta.get("last_modified")),
-                meta.get("final_url") or None)
+        kept = KeptCopy(body, sendable_validator(meta.get("etag")), sendable_validator(meta.get("last_modified")),
+                        meta.get("final_url") or None)
+        return kept if kept.headers else None
 
     def save(self, url: str, body: bytes, headers: dict[str, str], final_url: str | None = None) -> bool:
         """Keep ``body`` (as served) for ``url`` when ``headers`` (lower-case names) have a
@@ -364,12 +375,6 @@ class SitemapCopies:
         for key in stale:
             self.store.delete_listed(key)
         return len(stale)
-
-
-@dataclass(frozen=True)
-class _Validators:
-    etag: str | None
-    last_modified: str | None
 
 
 async def load_sitemap(
@@ -430,20 +435,18 @@ async def load_sitemap(
 
     async def read(doc_url: str) -> list[str]:
         kept = await on_copies(copies.load, doc_url) if copies is not None else None
-        etag = last_modified = final_url = None
-        if kept is not None:
-            etag, last_modified, final_url = await on_copies(copies.validators, doc_url) or (None, None, None)
-        page = await get(doc_url, kept[1] if kept else None, validators_url=final_url)  # a redirect: asked there
+        # A copy that came through a redirect is asked for at its redirect target.
+        page = await get(doc_url, kept.headers if kept else None, validators_url=kept.final_url if kept else None)
         if page.http_status == 304 and kept is not None:
-            if validators_differ(page.headers, _Validators(etag, last_modified)):
+            if validators_differ(page.headers, kept):
                 page = await get(doc_url)  # not the kept document (RFC 9111 §4.3.4): ask for it whole
             else:
                 sitemap.not_modified += 1
-                children = sitemap.add(kept[0], doc_url, allowed)
-                new = (page.headers.get("etag") or etag, page.headers.get("last-modified") or last_modified)
-                if new != (etag, last_modified):  # the 304 updates the kept copy's validators (RFC 9111 §4.3.4)
-                    await on_copies(copies.save, doc_url, kept[0], {"etag": new[0] or "", "last-modified": new[1] or ""},
-                                    final_url)
+                children = sitemap.add(kept.body, doc_url, allowed)
+                new = (page.headers.get("etag") or kept.etag, page.headers.get("last-modified") or kept.last_modified)
+                if new != (kept.etag, kept.last_modified):  # the 304 updates the copy's validators (RFC 9111 §4.3.4)
+                    await on_copies(copies.save, doc_url, kept.body, {"etag": new[0] or "", "last-modified": new[1] or ""},
+                                    kept.final_url)
                 return children
         if page.http_status == 304:
             raise SitemapError(doc_url, "http_304 to a request that was not conditional")
@@ -492,5 +495,5 @@ def render_urlset(entries: Iterable[tuple[str, datetime.datetime | None]]) -> by
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 
-__all__ = ["FETCH_MARGIN", "MAX_CHILD_SITEMAPS", "MAX_SITEMAP_BYTES", "Sitemap", "SitemapCopies", "SitemapError",
+__all__ = ["FETCH_MARGIN", "MAX_CHILD_SITEMAPS", "MAX_SITEMAP_BYTES", "KeptCopy", "Sitemap", "SitemapCopies", "SitemapError",
            "load_sitemap", "parse_fetched_at", "parse_lastmod", "render_urlset"]

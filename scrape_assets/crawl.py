@@ -647,13 +647,16 @@ class PartitionCrawler:
                 conditional["If-None-Match"] = old.etag
             if sendable_validator(old.last_modified):
                 conditional["If-Modified-Since"] = old.last_modified
-        try:
-            page = await self.fetcher.fetch(
-                entry.url, prior_attempts=entry.attempts, on_attempt=on_attempt, headers=conditional or None,
+        def get(headers: dict[str, str]):
+            return self.fetcher.fetch(
+                entry.url, prior_attempts=entry.attempts, on_attempt=on_attempt, headers=headers or None,
                 on_attempt_cancelled=lambda _attempt: self._give_back_attempt(n),  # in flight when cancelled
                 # The copy's validators go to the URL it came from (its redirect target), no other (RFC 9110 §15.4).
-                validators_url=(old.final_url or old.url) if conditional else None,
+                validators_url=(old.final_url or old.url) if headers else None,
             )
+
+        try:
+            page = await get(conditional)
             if page.http_status == 304 and conditional:
                 unusable = validators_differ(page.headers, old) or (
                     None if self._saved_copy_ok(*previous) else "the saved copy is missing or cut short")
@@ -663,10 +666,7 @@ class PartitionCrawler:
                     logger.info("%s: page %d: 304 not usable (%s); fetching it whole", self.category, n, unusable)
                     self._give_back_attempt(n)
                     conditional = {}
-                    page = await self.fetcher.fetch(
-                        entry.url, prior_attempts=entry.attempts, on_attempt=on_attempt,
-                        on_attempt_cancelled=lambda _attempt: self._give_back_attempt(n),
-                    )
+                    page = await get(conditional)
             if page.http_status == 304 and not conditional:
                 raise PermanentFetchError(entry.url, "unexpected_304", "304 Not Modified without a conditional request", http_status=304)
         except FetchError as exc:

@@ -42,6 +42,7 @@ from typing import Literal
 
 import orjson
 
+from scrape_assets.content_type import header_charset
 from scrape_assets.errors import FetchConfigChangedError, ManifestError, StorageError
 from scrape_assets.storage import ObjectStore, check_key
 
@@ -136,13 +137,9 @@ class PageEntry:
 _ENTRY_FIELDS = tuple(f.name for f in fields(PageEntry))
 
 
-_CHARSET = re.compile(r"""charset\s*=\s*["']?([^"';\s]+)""", re.IGNORECASE)
-
-
 def _charset_mark(content_type: str | None) -> str:
     """``";<charset>"`` for a ``Content-Type`` declaring a charset other than UTF-8, else ``""``."""
-    match = _CHARSET.search(content_type) if content_type else None
-    charset = match[1].lower() if match else ""
+    charset = (header_charset(content_type) or "").lower()
     return "" if charset in ("", "utf-8", "utf8") else f";{charset}"
 
 
@@ -529,7 +526,7 @@ def open_snapshot(
         return _reopen(store, latest, run_id), True
     if latest is not None and not new_snapshot and adopt_complete is not None:
         if latest.fetch_config_hash == digest and adopt_complete(latest):
-            if resume_max_age is None or now - latest.created_datetime() <= resume_max_age:
+            if not _older_than(latest, now, resume_max_age):
                 return latest, True  # complete: left as it is (its run_id names the run that completed it)
             if on_abandon is not None:  # its pages are as old as its start: today's run fetches today's
                 on_abandon(latest)
@@ -551,9 +548,13 @@ def open_snapshot(
     return manifest, False
 
 
+def _older_than(manifest: Manifest, now: datetime, max_age: timedelta | None) -> bool:
+    """Whether ``manifest``'s snapshot was created more than ``max_age`` before ``now`` (None: never)."""
+    return max_age is not None and now - manifest.created_datetime() > max_age
+
+
 def _too_old_to_resume(latest: Manifest | None, now: datetime, resume_max_age: timedelta | None) -> bool:
-    return (latest is not None and not latest.is_complete and resume_max_age is not None
-            and now - latest.created_datetime() > resume_max_age)
+    return latest is not None and not latest.is_complete and _older_than(latest, now, resume_max_age)
 
 
 def resume_conflict(

@@ -24,6 +24,7 @@ from urllib.parse import urljoin, urlsplit, uses_relative
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
+from scrape_assets.content_type import header_charset
 from scrape_assets.currencies import is_price_currency
 from scrape_assets.limits import MAX_PRODUCT_ID_CHARS, PRICE_PRECISION, PRICE_SCALE, price_fits
 from scrape_assets.spec import Field_, SiteSpec
@@ -31,7 +32,6 @@ from scrape_assets.spec import Field_, SiteSpec
 # --- decoding -------------------------------------------------------------------------------
 
 _BOMS = ((codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
-_HEADER_CHARSET = re.compile(r"""charset\s*=\s*["']?\s*([^"';,\s]+)""", re.IGNORECASE)
 #: How far into the body to look for <meta charset> (the WHATWG prescan looks at 1024 bytes;
 #: real pages start with blank lines and comments, so allow more). A tag must end within it.
 _META_SCAN_BYTES = 4096
@@ -112,10 +112,8 @@ def sniff_charset(body: bytes, content_type: str | None = None) -> str:
     for bom, codec in _BOMS:
         if body.startswith(bom):
             return codec
-    if content_type:
-        match = _HEADER_CHARSET.search(content_type)
-        if match and (codec := _codec_for(match.group(1))):
-            return codec
+    if (label := header_charset(content_type)) and (codec := _codec_for(label)):
+        return codec
     label = _meta_charset(body)
     if label and (codec := _codec_for(label.decode("ascii", "replace"))):
         return "utf-8" if codec.startswith("utf-16") else codec

@@ -210,23 +210,12 @@ class Manifest:
 
     @property
     def sees_every_page(self) -> bool:
-        """True when every page entry is ``done``: then :meth:`missing_page` is False for any page."""
-        return all(p.status == "done" for p in self.pages.values())
+        """True when every page entry is ``done``: the snapshot saw every product of its category.
 
-    def missing_page(self, page_number: int) -> bool:
-        """Whether this snapshot could not see page ``page_number``'s products.
-
-        True for a page that failed, and for a page beyond the ones discovered when a failure
-        stopped discovery (page 1 failed, or a dead page cut a chain of ``next`` links).
-        False for a page the site no longer has (discovery ended normally).
+        When False (a page failed, or discovery stopped at a failed page), ``products_table``
+        carries forward the earlier rows of products this snapshot did not see.
         """
-        entry = self.pages.get(page_number)
-        if entry is not None:
-            return entry.status != "done"
-        failed = [n for n, p in self.pages.items() if p.status == "failed"]
-        if not failed or page_number < min(failed):
-            return False
-        return self.total_pages is None or page_number <= self.total_pages
+        return all(p.status == "done" for p in self.pages.values())
 
     @property
     def data_version(self) -> str:
@@ -314,24 +303,40 @@ class Manifest:
         self._journal_lines = 0
         if store.is_local:
             store.delete(self.journal_key)
+        self._journal_torn = False
 
     def record(self, store: ObjectStore, page_number: int) -> None:
-        """Persist page ``page_number``'s current state (one journal line, or a full save remotely)."""
-        if not store.is_local:
+        """Persist page ``page_number``'s current state (one journal line, or a full save remotely).
+
+        After a torn journal (an append that failed part way, say on a full disk, or a torn
+        last line found when loading) the next change is a full save instead: a line
+        appended after a torn one would be glued to it.
+        """
+        if not store.is_local or getattr(self, "_journal_torn", False):
             self.save(store)
             return
         self.journal_seq += 1
         line = {"seq": self.journal_seq, "page": page_number, "entry": _entry_dict(self.pages[page_number])}
-        store.append_bytes(self.journal_key, _journal_line(line))
+        try:
+            store.append_bytes(self.journal_key, _journal_line(line))
+        except BaseException:
+            self._journal_torn = True  # some of the line may be in the file
+            raise
         self._journal_lines = getattr(self, "_journal_lines", 0) + 1
         if self._journal_lines >= COMPACT_EVERY:
             self.save(store)
 
     def replay_journal(self, raw: bytes, location: str) -> None:
-        """Apply journal lines newer than ``journal_seq``; a torn last line is ignored.
+        """Apply journal lines newer than ``journal_seq``; a torn line is ignored.
+
+        A line is torn when an append stopped part way (a killed process, a full disk): the
+        change it carried never completed, so the state before it is what happened. A torn
+        last line is skipped; a torn line that a later append was glued to (written by a
+        version before the fix in :meth:`record`) loses only its torn part: the line glued
+        after it starts at its last ``{"seq":``, which no JSON string can hold unescaped.
 
         Raises:
-            ManifestError: a line other than the last is not valid.
+            ManifestError: a line other than the last is not valid and no line follows a torn part.
         """
         lines = raw.split(b"\n")
         for i, line in enumerate(lines):
@@ -342,8 +347,16 @@ class Manifest:
                 seq, n, entry = int(record["seq"]), int(record["page"]), PageEntry(**record["entry"])
             except (ValueError, TypeError, KeyError) as exc:
                 if i == len(lines) - 1:
-                    break  # torn by a crash mid-append: the change before it is all that happened
-                raise ManifestError(location, f"journal line {i + 1} unreadable: {exc}") from exc
+                    self._journal_torn = True  # torn by a crash mid-append: the next change saves in full
+                    break
+                glued = line.rfind(b'{"seq":')
+                try:
+                    if glued <= 0:
+                        raise ValueError("no line glued after a torn one")
+                    record = _loads(line[glued:])
+                    seq, n, entry = int(record["seq"]), int(record["page"]), PageEntry(**record["entry"])
+                except (ValueError, TypeError, KeyError):
+                    raise ManifestError(location, f"journal line {i + 1} unreadable: {exc}") from exc
             if seq > self.journal_seq:
                 self.pages[n] = entry
                 self.journal_seq = seq
@@ -485,7 +498,9 @@ def open_snapshot(
 
     Args:
         fetch_config: the frozen fetch config (JSON-serialisable, flat) of this run.
-        new_snapshot: start a new snapshot even if the latest one is incomplete with another config.
+        new_snapshot: start a new snapshot even if the latest one is incomplete with another
+            config; except that a snapshot this run opened (``run_id``, same config) is resumed
+            or adopted as usual: a retry of the step continues what its first attempt fetched.
         now: the current time (UTC; default: the clock), for the new snapshot's id and the age below.
         resume_max_age: an incomplete snapshot created longer ago than this is not resumed
             (its pages would be dated by its start, possibly days ago): it is left as it is,
@@ -515,6 +530,9 @@ def open_snapshot(
     now = now or datetime.now(timezone.utc)
     if latest is UNREAD:
         latest = latest_manifest(store, site, category)
+    if new_snapshot and run_id is not None and latest is not None and latest.run_id == run_id \
+            and latest.fetch_config_hash == digest:
+        new_snapshot = False  # this run's own new snapshot: the step's retry goes on with it
     if _too_old_to_resume(latest, now, resume_max_age):
         if on_abandon is not None:
             on_abandon(latest)

@@ -306,7 +306,7 @@ class Warehouse:
         loaded_at: str,
         history_date: str,
         history_snapshot_id: str,
-        carry_page: Callable[[int], bool] | None = None,
+        carry_unseen: bool = False,
     ) -> tuple[int, int]:
         """Load one partition of ``products`` and its day's prices in ``price_history``, in one transaction.
 
@@ -315,10 +315,12 @@ class Warehouse:
                 columns; other keys are ignored; ``price`` a Decimal, or its exact string
                 when :attr:`accepts_decimal_strings`), or None to leave ``products`` as it is
                 (unchanged input: only the price history of the day is written).
-            carry_page: True for a page number whose products could not be fetched this time
-                (failed, or never reached); the rows loaded earlier from such pages are kept
-                (carried forward with their older ``snapshot_id``) unless the product shows
-                up on another page now. A failed fetch never deletes good rows.
+            carry_unseen: True when the snapshot could not see every page (one failed, or was
+                never reached): every row loaded earlier whose product is not among ``rows``
+                is kept (carried forward with its older ``snapshot_id``), whatever page it
+                was on. A listing re-sorts from day to day, so a product last seen on a page
+                fetched now may be on the page that failed; only a snapshot that saw every
+                page drops a product. A failed fetch never deletes good rows.
             input_version: recorded in ``partition_loads`` to recognise an unchanged input.
             history_date: ``YYYY-MM-DD``; ``price_history`` gets that day's row of every product
                 *seen* in the loaded snapshot (its ``snapshot_id`` is the one recorded in
@@ -336,20 +338,10 @@ class Warehouse:
             if rows is not None:
                 rows = list(rows)
                 kept = []
-                if carry_page is not None:
-                    # Only the rows of missing pages are read back (usually none: no page failed).
-                    pages = conn.execute(
-                        sa.select(products.c.page_number).where(products.c.category == category).distinct()
-                    ).scalars()
-                    missing = [n for n in pages if carry_page(n)]
-                    if missing:
-                        fresh = {r["product_id"] for r in rows}
-                        query = sa.select(products).where(products.c.category == category)
-                        if len(missing) <= 500:  # else filter below: SQLite caps bound variables
-                            query = query.where(products.c.page_number.in_(missing))
-                        missing_set = set(missing)
-                        kept = [dict(r._mapping) for r in conn.execute(query)
-                                if r.page_number in missing_set and r.product_id not in fresh]
+                if carry_unseen:  # rows are read back only then (usually no page failed)
+                    fresh = {r["product_id"] for r in rows}
+                    query = sa.select(products).where(products.c.category == category)
+                    kept = [dict(r._mapping) for r in conn.execute(query) if r.product_id not in fresh]
                 conn.execute(products.delete().where(products.c.category == category))
                 crashpoint("warehouse.after_delete")
                 insert_many(conn, products, rows + kept)

@@ -388,7 +388,7 @@ def test_the_summary_counts_rows_carried_forward_from_pages_that_failed(tmp_path
                      history_snapshot_id="s1")
     day2 = "2026-12-02T08:00:00Z"  # page 2 failed: its two rows are carried forward
     wh.load_products("travel", [row("1", 1, "s2", day2)], input_version="v2", snapshot_id="s2", loaded_at=day2,
-                     history_date="2026-12-02", history_snapshot_id="s2", carry_page=lambda n: n == 2)
+                     history_date="2026-12-02", history_snapshot_id="s2", carry_unseen=True)
     assert wh.carried_forward() == {"travel": (2, day1)}
     wh.close()
     resources = build_resources({"SCRAPE_SITE": "demo", "SCRAPE_DATA_DIR": str(tmp_path / "data"),

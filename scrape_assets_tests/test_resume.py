@@ -302,6 +302,111 @@ def test_an_attempt_whose_record_cannot_be_stored_is_not_counted(tmp_path):
     assert crawler._requests == 0
 
 
+def test_a_journal_line_cut_short_by_a_full_disk_leaves_a_manifest_the_next_runs_resume(tmp_path):
+    """The disk fills inside a journal append (half the line written, then ENOSPC): the crawl
+    fails. The step's retry (same run id) resumes and, the disk filling again before any full
+    save, fails too; the run after (another run id) resumes the same snapshot and completes it.
+    Before, the retry's lines were appended right after the torn half-line, and every later
+    load failed with "journal line N unreadable" until someone deleted the journal by hand."""
+    import asyncio
+    import logging
+
+    import pytest
+
+    from scrape_assets.defs.assets.raw_pages import crawl_partitions
+    from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
+    from scrape_assets.errors import StorageError
+
+    disk = {"appends": 0, "tear_at": 5, "bodies": 0, "full_after_bodies": None, "full": False}
+
+    def no_space(store, key, what):
+        return StorageError(f"{store.describe()}/{key}", f"{what} failed: [Errno 28] No space left on device")
+
+    class _DiskFills(ObjectStore):
+        def append_bytes(self, key, data):
+            if disk["full"]:
+                raise no_space(self, key, "append")
+            disk["appends"] += 1
+            if disk["appends"] == disk["tear_at"]:
+                disk["full"] = True
+                super().append_bytes(key, data[: len(data) // 2])  # what fitted before the disk was full
+                raise no_space(self, key, "append")
+            return super().append_bytes(key, data)
+
+        def write_bytes_atomic(self, key, data, *, sync_folder=True):
+            if key.endswith(".html"):
+                disk["bodies"] += 1
+                if disk["full_after_bodies"] is not None and disk["bodies"] >= disk["full_after_bodies"]:
+                    disk["full"] = True
+            if disk["full"]:
+                raise no_space(self, key, "write")
+            return super().write_bytes_atomic(key, data, sync_folder=sync_folder)
+
+    class _Store(ObjectStoreResource):
+        def store(self):
+            return _DiskFills(self.url)
+
+    site = SiteResource(site="demo", max_concurrency=1)
+    store = _Store(url=str(tmp_path / "objects"))
+    root = ObjectStore(store.url)
+
+    def crawl(run_id):
+        return asyncio.run(crawl_partitions(site, store, [CATEGORY], new_snapshot=False, log=logging.getLogger("t"),
+                                            run_id=run_id))
+
+    with pytest.raises(StorageError, match="No space left"):
+        crawl("run-1")
+    first = latest_manifest(root, "demo", CATEGORY)
+    assert not first.is_complete and root.read_bytes(first.journal_key)[-1:] != b"\n"  # the torn half-line
+    # The step's retry, same run: space is back, then the disk fills again two page bodies later.
+    disk.update(full=False, bodies=0, full_after_bodies=3)
+    with pytest.raises(StorageError, match="No space left"):
+        crawl("run-1")
+    journal = root.read_bytes(first.journal_key) if root.exists(first.journal_key) else b""
+    assert all(line.startswith(b'{"seq":') and line.count(b'{"seq":') == 1 for line in journal.splitlines())
+    second = latest_manifest(root, "demo", CATEGORY)
+    assert second.snapshot_id == first.snapshot_id and sum(p.status == "done" for p in second.pages.values()) > \
+        sum(p.status == "done" for p in first.pages.values())
+    # The next run: the disk has room, the snapshot resumes and completes.
+    disk.update(full=False, full_after_bodies=None)
+    [report] = crawl("run-2")
+    assert report.resumed and report.snapshot_id == first.snapshot_id
+    assert (report.pages_done, report.pages_failed) == (12, 0)
+
+
+def test_the_retry_of_a_new_snapshot_run_resumes_the_snapshots_it_opened(tmp_path, instance):
+    """A run with ``new_snapshot: true`` (after a fetch-config change; ``demo --new-snapshot``)
+    meets a storage error once, right before mystery page 2 is requested; the step's
+    RetryPolicy retries it with the same config. The retry goes on with the snapshots the first attempt opened (travel
+    complete: adopted; mystery: resumed), one new snapshot per category in all, each page
+    asked once. Before, every retry opened yet another snapshot and fetched everything again."""
+    import time
+
+    from scrape_assets.faults import FaultSpec
+    from scrape_assets.manifest import list_snapshots
+    from scrape_assets_tests.conftest import make_resources, materialize
+    from scrape_assets_tests.fault_scenarios import _FLAKY_BUDGET, FlakyObjectStoreResource, fault_server, page_path
+
+    token = f"new-snapshot-retry-{time.monotonic_ns()}"
+    _FLAKY_BUDGET[token] = 0
+    pages = [page_path("travel", 1), page_path("mystery", 1), page_path("mystery", 2)]
+    with fault_server(FaultSpec()) as server:
+        resources = make_resources(tmp_path, base_url=server.base_url)
+        resources["store"] = FlakyObjectStoreResource(url=str(tmp_path / "objects"), token=token)
+        assert materialize(instance, resources, ["travel", "mystery"]).success  # yesterday's snapshots
+        before = {p: server.attempts(p) for p in pages}
+        _FLAKY_BUDGET[token] = 1  # the disk is full once, right before mystery page 2 is stored
+        result = materialize(instance, resources, ["travel", "mystery"],
+                             run_config={"ops": {"raw_pages": {"config": {"new_snapshot": True}}}})
+        assert result.success
+        asked = {p: server.attempts(p) - before[p] for p in pages}
+    root = ObjectStore(str(tmp_path / "objects"))
+    snapshots = {c: list_snapshots(root, "demo", c) for c in ("travel", "mystery")}
+    assert {c: len(s) for c, s in snapshots.items()} == {"travel": 2, "mystery": 2}, snapshots
+    assert asked == {pages[0]: 1, pages[1]: 1, pages[2]: 1}, asked  # the failed record came before its request
+    assert all(latest_manifest(root, "demo", c).is_complete for c in snapshots)
+
+
 def test_a_killed_sitemap_run_keeps_its_adopted_pages_and_resumes_the_rest(tmp_path, demo_server, launched):
     """``revalidate: sitemap``, killed after adopting pages 2-6 and while revalidating 7-12:
     the resumed snapshot asks none of the adopted pages, nor those done before the kill."""

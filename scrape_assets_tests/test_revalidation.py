@@ -422,6 +422,37 @@ def test_first_page_does_not_adopt_pages_after_an_outage_day(tmp_path, instance)
     assert runs.products() == [("1", "Book one", 11), ("2", "Book two", 20)]
 
 
+def test_a_product_that_moved_onto_the_page_that_failed_keeps_its_row(tmp_path, instance):
+    """Day 1: page 1 lists books 1 and 2, page 2 books 3 and 4. Day 2 the listing is re-sorted
+    (2 and 3 swap pages) and page 2 fails for good. Book 2 was loaded from page 1, which was
+    fetched, and is now on the page that failed: its row is carried forward, not deleted
+    (before: only rows loaded from the failed page were kept, and book 2 silently vanished)."""
+    state = {"day": 1}
+    cards = {1: {1: [card(1, "One", "£1.00"), card(2, "Two", "£2.00")],
+                 2: [card(3, "Three", "£3.00"), card(4, "Four", "£4.00")]},
+             2: {1: [card(1, "One", "£1.00"), card(3, "Three", "£3.00")],
+                 2: [card(2, "Two", "£2.00"), card(4, "Four", "£4.00")]}}
+
+    def page(n):
+        def route(request):
+            if state["day"] == 2 and n == 2:
+                return 503, {}, b"down"
+            return compliant(listing(n, 2, cards[state["day"]][n]), etag=f'"d{state["day"]}p{n}"')(request)
+        return route
+
+    site = Site()
+    site.routes["/cat/index.html"] = page(1)
+    site.routes["/cat/page-2.html"] = page(2)
+    with serve(site) as base:
+        runs = Runs(instance, tmp_path, base, max_attempts=1)
+        runs.run()
+        state["day"] = 2
+        md = runs.run()
+    assert runs.manifests()[-1].pages[2].status == "failed"
+    assert [pid for pid, _title, _price in runs.products()] == ["1", "2", "3", "4"]
+    assert (md["products_table"]["rows_loaded"], md["products_table"]["rows_carried_forward"]) == (2, 2)
+
+
 # -- the sitemap's kept copies ----------------------------------------------------------------------
 def _kept(copies, url: str) -> tuple:
     """``(etag, last_modified, final_url)`` of the kept copy of ``url``."""

@@ -156,7 +156,7 @@ def test_price_history_gets_only_the_prices_seen_that_day(tmp_path, monkeypatch,
     def load(snapshot, day, rows, failed_pages=()):
         return wh.load_products("a", rows, input_version=f"v-{snapshot}", snapshot_id=snapshot, loaded_at="t",
                                 history_date=day, history_snapshot_id=snapshot,
-                                carry_page=lambda n: n in failed_pages)
+                                carry_unseen=bool(failed_pages))
 
     def history(day):
         return {(r["product_id"], str(r["price"]), r["snapshot_id"])
@@ -182,6 +182,33 @@ def test_price_history_gets_only_the_prices_seen_that_day(tmp_path, monkeypatch,
     history_writes = [s for s in statements if "price_history" in s and not s.lstrip().upper().startswith("SELECT")]
     assert any("ON CONFLICT" in s for s in history_writes) == upsert
     assert any(s.lstrip().upper().startswith("DELETE") for s in history_writes) == (not upsert)
+
+
+def test_a_product_that_moved_onto_the_page_that_failed_is_carried_not_deleted(tmp_path):
+    """A listing re-sorts from day to day: B was on page 1 yesterday, is on page 2 today, and
+    page 2 failed. Its row is kept (carried forward) although the page it was loaded from was
+    fetched; a product is dropped only by a snapshot that saw every page."""
+    wh = Warehouse(f"sqlite:///{tmp_path / 'w.db'}")
+
+    def rows(snapshot, pages):  # {page_number: [product_id, ...]}
+        return [{**_row("a", pid, "1.00"), "page_number": page, "snapshot_id": snapshot}
+                for page, ids in pages.items() for pid in ids]
+
+    def load(snapshot, pages, *, partial):
+        return wh.load_products("a", rows(snapshot, pages), input_version=snapshot, snapshot_id=snapshot,
+                                loaded_at="t", history_date="2026-12-01", history_snapshot_id=snapshot,
+                                carry_unseen=partial)
+
+    def table():
+        return sorted((r["product_id"], r["page_number"], r["snapshot_id"]) for r in wh.rows(products))
+
+    assert load("s1", {1: ["A", "B"], 2: ["C", "D"]}, partial=False) == (4, 0)
+    assert load("s2", {1: ["A", "C"]}, partial=True) == (2, 2)  # page 2 (now B and D) failed
+    assert table() == [("A", 1, "s2"), ("B", 1, "s1"), ("C", 1, "s2"), ("D", 2, "s1")]
+    # Every page seen again: D is gone from the site, B shows up on page 2.
+    assert load("s3", {1: ["A", "C"], 2: ["B"]}, partial=False) == (3, 0)
+    assert table() == [("A", 1, "s3"), ("B", 2, "s3"), ("C", 1, "s3")]
+    wh.close()
 
 
 def test_the_first_site_to_load_claims_the_tables_and_another_is_refused(tmp_path, monkeypatch):

@@ -63,7 +63,7 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
             history_date=snapshot_date(state.latest_snapshot_id),
             history_snapshot_id=state.latest_snapshot_id,
             # Nothing to carry when the snapshot saw every page (the usual case): no rows are read back.
-            carry_page=manifest.missing_page if manifest is not None and not manifest.sees_every_page else None,
+            carry_unseen=manifest is not None and not manifest.sees_every_page,
         )
         log.add(
             f"{category}: "

@@ -111,7 +111,15 @@ def preflight(resources: dict) -> None:
             warehouse.create_tables()
             warehouse.check_site(resources["site"].spec().name)  # before a crawl whose load would be refused
     except sa.exc.SQLAlchemyError as exc:
-        raise SettingsError("SCRAPE_WAREHOUSE_URL", warehouse.describe(), f"a reachable, writable database ({database_error(exc)})") from exc
+        if os.environ.get("SCRAPE_WAREHOUSE_URL"):
+            raise SettingsError("SCRAPE_WAREHOUSE_URL", warehouse.describe(),
+                                f"a reachable, writable database ({database_error(exc)})") from exc
+        # The default warehouse: the data folder chose it, so name that (SCRAPE_WAREHOUSE_URL is unset).
+        from scrape_assets.settings import data_folder
+
+        raise SettingsError("SCRAPE_DATA_DIR", str(data_folder(os.environ)),
+                            f"a folder whose warehouse.db is an SQLite database this process can write, or "
+                            f"SCRAPE_WAREHOUSE_URL set ({warehouse.describe()}: {database_error(exc)})") from exc
 
 
 def summarize(resources: dict) -> dict:
@@ -140,14 +148,15 @@ def summarize(resources: dict) -> dict:
             tables = wh.existing_tables()
             by_category = wh.rows_by_category(products) if products.name in tables else {}
             carried = wh.carried_forward() if {products.name, partition_loads.name} <= tables else {}
-            dead_letter_count = wh.count(dead_letters) if dead_letters.name in tables else 0
+            letters_by_category = wh.rows_by_category(dead_letters) if dead_letters.name in tables else {}
             owner = wh.site() if warehouse_site.name in tables else None
     except sa.exc.SQLAlchemyError as exc:  # unreachable, locked, not a database, or tables of another shape
         raise ScrapeError(wh.unreadable(exc)) from exc
     products_loaded = sum(by_category.values())
     # Another site's tables hold nothing of this spec: no category of theirs is "no longer in it".
-    not_in_spec = {} if owner not in (None, spec.name) else {c: n for c, n in by_category.items()
-                                                             if c not in spec.categories}
+    theirs = owner not in (None, spec.name)
+    not_in_spec = {} if theirs else {c: n for c, n in by_category.items() if c not in spec.categories}
+    letters_not_in_spec = {} if theirs else {c: n for c, n in letters_by_category.items() if c not in spec.categories}
     done = failed = 0
     categories, without_pages, failing_schema = 0, [], {}
     for category in spec.categories:
@@ -180,7 +189,8 @@ def summarize(resources: dict) -> dict:
         "products_of_categories_not_in_spec": not_in_spec,
         "products_carried_forward": {c: n for c, (n, _) in carried.items()},
         "carried_forward_oldest_fetch": min((oldest for _, oldest in carried.values()), default=None),
-        "dead_letters": dead_letter_count,
+        "dead_letters": sum(letters_by_category.values()),
+        "dead_letters_of_categories_not_in_spec": letters_not_in_spec,
         "object_storage": store.describe(),
         "warehouse": wh.describe(),
         "warehouse_exists": products.name in tables,
@@ -272,8 +282,11 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
             f"  not in spec     {sum(stale.values()):,} of those rows belong to categories no longer in the spec: "
             + ", ".join(f"{c} ({n:,})" for c, n in stale.items()) + " (README: 'Removing a category')"
         )
+    stale_letters = summary.get("dead_letters_of_categories_not_in_spec") or {}
     lines += [
-        f"  dead letters    {summary['dead_letters']:,} (table `dead_letters`)",
+        f"  dead letters    {summary['dead_letters']:,} (table `dead_letters`)" + (
+            f"; {sum(stale_letters.values()):,} of them of categories no longer in the spec: "
+            + ", ".join(f"{c} ({n:,})" for c, n in stale_letters.items()) if stale_letters else ""),
         f"  raw pages       {summary['object_storage']}",
         f"  warehouse       {summary['warehouse']}" + (
             f" (tables of site {summary['warehouse_site']!r}, not {summary['site']!r}: the products and dead "
@@ -398,8 +411,9 @@ def _load_held_back(defs, instance, run_id: str, resources: dict, keys: list[str
     if not parsed:
         return None
     passed, failed, unreadable = split_by_schema(parsed, resources["site"].spec().name, resources["store"].store())
-    lines = ["", f"Schema check failed for {', '.join(failed) or 'no category readable as failed'}: its rows are not "
-                 "loaded (the error above says why, per category; the table keeps their earlier rows)"]
+    its = "its" if len(failed) == 1 else "their"
+    lines = ["", f"Schema check failed for {', '.join(failed) or 'no category readable as failed'}: {its} rows are not "
+                 f"loaded (the error above says why, per category; the table keeps {its} earlier rows)"]
     lines += [f"  parse state of {c} unreadable ({e}): not loaded" for c, e in unreadable.items()]
     job = defs.resolve_job_def("load_job")
     loaded, loadable = [], [c for c in passed if c in keys]  # (a category since removed from the spec has no partition)

@@ -66,6 +66,8 @@ class CrawlProgress:
         4,210/10,000 pages done, 3 failed for good; 37/100 categories complete; 312 pages/s
 
     plus one line for each of the first :data:`MAX_FAILURE_LINES` pages that fail for good.
+    ``pages/s`` counts the pages this run settled (done or failed for good) per second of
+    the crawl: a site answering half its pages with 404 at 20 requests/s shows 20, not 10.
     Per-category figures go into the asset's metadata instead.
 
     Args:
@@ -87,7 +89,7 @@ class CrawlProgress:
         self.pages_done = 0
         self.pages_failed = 0
         self.categories_done = 0
-        self._fetched_now = 0
+        self._settled_now = 0
         self._started = self._last = clock()
 
     def planned(self, category: str, pages: int, *, final: bool = True, already_done: int = 0,
@@ -105,7 +107,7 @@ class CrawlProgress:
 
     def page_done(self) -> None:
         self.pages_done += 1
-        self._fetched_now += 1
+        self._settled_now += 1
         self._tick()
 
     def pages_adopted(self, count: int) -> None:
@@ -114,6 +116,7 @@ class CrawlProgress:
 
     def page_failed(self, line: str) -> None:
         self.pages_failed += 1
+        self._settled_now += 1  # pages/s counts every page this run settled, failed ones too
         if self.pages_failed <= MAX_FAILURE_LINES:
             self.emit(line)
         elif self.pages_failed == MAX_FAILURE_LINES + 1:
@@ -134,7 +137,7 @@ class CrawlProgress:
         elapsed = max(self.clock() - self._started, 1e-9)
         return (
             f"{self.pages_done:,}/{self._known:,} pages done, {self.pages_failed:,} failed for good; "
-            f"{self.categories_done}/{self.categories} categories complete; {self._fetched_now / elapsed:,.0f} pages/s"
+            f"{self.categories_done}/{self.categories} categories complete; {self._settled_now / elapsed:,.0f} pages/s"
         )
 
     def _tick(self) -> None:

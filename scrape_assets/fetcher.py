@@ -47,7 +47,7 @@ from scrape_assets.errors import FetchError, PermanentFetchError, TransientFetch
 from scrape_assets.http_transport import AiohttpTransport
 from scrape_assets.politeness import HostLimiter, RobotsCache, within_deadline
 from scrape_assets.retry import backoff_delay_s, classify_exception, classify_status, parse_retry_after
-from scrape_assets.spec import Politeness
+from scrape_assets.spec import USER_AGENT_EXPECTED, Politeness, user_agent_problem
 
 logger = logging.getLogger(__name__)
 
@@ -93,8 +93,9 @@ class FetchPolicy:
 
     def __post_init__(self) -> None:
         problems = []
-        if not self.user_agent.strip():
-            problems.append("user_agent must not be empty")
+        agent_problem = user_agent_problem(self.user_agent)
+        if agent_problem:
+            problems.append(f"user_agent must be {USER_AGENT_EXPECTED}; {self.user_agent!r}: {agent_problem}")
         if not self.requests_per_second > 0:
             problems.append(f"requests_per_second must be > 0, got {self.requests_per_second}")
         for name in ("max_concurrency", "max_attempts", "max_body_bytes"):

@@ -40,7 +40,13 @@ from urllib.parse import urlsplit
 
 from scrape_assets.errors import SettingsError, UnknownSiteError, UnreadableFileError
 from scrape_assets.proxies import ProxyURL
-from scrape_assets.spec import load_spec
+from scrape_assets.spec import (
+    MAX_CONCURRENCY,
+    MAX_REQUESTS_PER_SECOND,
+    USER_AGENT_EXPECTED,
+    load_spec,
+    user_agent_problem,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +104,11 @@ class Settings:
     lock_wait_s: float
     resume_max_age_h: float
 
+
+#: Most attempts per page (``SCRAPE_MAX_ATTEMPTS``): beyond, a dead page would hold its run for hours.
+MAX_ATTEMPTS = 100
+#: Longest ``SCRAPE_LOCK_WAIT_S``: a day.
+MAX_LOCK_WAIT_S = 86_400.0
 
 #: Hours an incomplete snapshot is resumed after its start (a daily run must not continue yesterday's).
 DEFAULT_RESUME_MAX_AGE_H = 20.0
@@ -179,7 +190,11 @@ def load_settings(env: dict | None = None) -> Settings:
         # Every page would be refused (credentials are not sent) and the URL stored in manifests and dead letters.
         raise SettingsError("SCRAPE_BASE_URL", "<hidden>", "a URL without user:password@ (credentials in URLs are not "
                             "sent; a site behind a login is out of scope)")
-    max_attempts = _number(env, "SCRAPE_MAX_ATTEMPTS", int, 1)
+    max_attempts = _number(env, "SCRAPE_MAX_ATTEMPTS", int, 1, maximum=MAX_ATTEMPTS)
+    user_agent = env.get("SCRAPE_USER_AGENT") or None
+    problem = None if user_agent is None else user_agent_problem(user_agent)
+    if problem:  # else httpx refuses it at the first request, after the run started
+        raise SettingsError("SCRAPE_USER_AGENT", user_agent, f"{USER_AGENT_EXPECTED}; this one: {problem}")
     resume_max_age_h = _number(env, "SCRAPE_RESUME_MAX_AGE_H", float, MIN_RESUME_MAX_AGE_H, maximum=MAX_RESUME_MAX_AGE_H)
     return Settings(
         site=site,
@@ -187,15 +202,15 @@ def load_settings(env: dict | None = None) -> Settings:
         data_dir=str(data_path),
         storage_url=env.get("SCRAPE_STORAGE_URL") or str(data_path / "objects"),
         warehouse_url=env.get("SCRAPE_WAREHOUSE_URL") or f"sqlite:///{data_path / 'warehouse.db'}",
-        requests_per_second=_number(env, "SCRAPE_REQUESTS_PER_SECOND", float, 0.001),
-        max_concurrency=_number(env, "SCRAPE_MAX_CONCURRENCY", int, 1),
+        requests_per_second=_number(env, "SCRAPE_REQUESTS_PER_SECOND", float, 0.001, maximum=MAX_REQUESTS_PER_SECOND),
+        max_concurrency=_number(env, "SCRAPE_MAX_CONCURRENCY", int, 1, maximum=MAX_CONCURRENCY),
         max_attempts=3 if max_attempts is None else max_attempts,
         alert_webhook_set=bool(env.get("SCRAPE_ALERT_WEBHOOK_URL")),
         proxy_set=bool(proxy),
         storage_url_set=bool(env.get("SCRAPE_STORAGE_URL")),
         warehouse_url_set=bool(env.get("SCRAPE_WAREHOUSE_URL")),
         schedule_cron=cron,
-        user_agent=env.get("SCRAPE_USER_AGENT") or None,
-        lock_wait_s=_number(env, "SCRAPE_LOCK_WAIT_S", float, 0) or 0.0,
+        user_agent=user_agent,
+        lock_wait_s=_number(env, "SCRAPE_LOCK_WAIT_S", float, 0, maximum=MAX_LOCK_WAIT_S) or 0.0,
         resume_max_age_h=DEFAULT_RESUME_MAX_AGE_H if resume_max_age_h is None else resume_max_age_h,
     )

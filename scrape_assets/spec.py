@@ -134,11 +134,40 @@ class ProductId(_Strict):
         return value
 
 
+#: Upper bounds of a site's per-host limits, in a spec and in ``SCRAPE_REQUESTS_PER_SECOND`` /
+#: ``SCRAPE_MAX_CONCURRENCY`` alike (sanity: a typo of a few zeros is refused, not obeyed).
+MAX_REQUESTS_PER_SECOND = 100_000
+MAX_CONCURRENCY = 256
+
+#: What a ``User-Agent`` may hold, said when one cannot be sent.
+USER_AGENT_EXPECTED = ("printable ASCII text, not blank, at most 512 characters (RFC 9110 §10.1.5: product tokens "
+                       "and comments, e.g. 'acme-prices/1.0 (+mailto:ops@example.com)'; HTTP clients send no "
+                       "other characters: write 'ö' as 'oe')")
+
+
+def user_agent_problem(value: str) -> str | None:
+    """Why ``value`` cannot be sent as a ``User-Agent`` header (None: it can).
+
+    httpx encodes header values as ASCII and refuses control characters (CR and LF would
+    split the request), so a value with any character outside printable ASCII (U+0020 to
+    U+007E) would fail only at the first request; a blank one names nobody. See
+    :data:`USER_AGENT_EXPECTED`.
+    """
+    if not value.strip():
+        return "blank"
+    if len(value) > 512:
+        return f"{len(value)} characters"
+    bad = next((c for c in value if not " " <= c <= "~"), None)
+    if bad is not None:
+        return f"character {bad!r} (U+{ord(bad):04X}) is not printable ASCII"
+    return None
+
+
 class Politeness(_Strict):
     """Per-host limits; overridable by ``SCRAPE_REQUESTS_PER_SECOND`` / ``SCRAPE_MAX_CONCURRENCY``."""
 
-    requests_per_second: float = Field(default=1.0, gt=0, le=10_000)
-    max_concurrency: int = Field(default=2, ge=1, le=256)
+    requests_per_second: float = Field(default=1.0, gt=0, le=MAX_REQUESTS_PER_SECOND)
+    max_concurrency: int = Field(default=2, ge=1, le=MAX_CONCURRENCY)
     obey_robots_txt: bool = True
 
 
@@ -222,7 +251,7 @@ class SiteSpec(_Strict):
 
     name: Annotated[str, StringConstraints(pattern=PARTITION_KEY_PATTERN)]
     base_url: str
-    currency: str = Field(default="GBP", pattern=r"^[A-Z]{3}$", description="ISO 4217 code when a price has no symbol")
+    currency: str = Field(default="GBP", description="ISO 4217 code when a price has no symbol")
     decimal_mark: Literal[".", ","] | None = Field(
         default=None,
         description='the decimal mark of the site\'s prices; the other of "." and "," groups thousands. Unset: '

@@ -366,14 +366,23 @@ def test_the_summary_creates_no_table_missing_from_an_older_warehouse(tmp_path):
     assert sa.inspect(sa.create_engine(empty_url)).get_table_names() == ["unrelated"]  # nothing created
 
 
-def test_the_summary_counts_rows_carried_forward_from_pages_that_failed(tmp_path):
-    """Rows kept from a page that failed are last-known values, not today's: the summary says
-    how many, since when, and where."""
+def _demo_summary(tmp_path, warehouse_url: str) -> list[str]:
+    """The lines `scrape-assets summary` prints for the demo site with that warehouse."""
     import io
 
     from scrape_assets.cli import print_summary, summarize
     from scrape_assets.defs.resources import build_resources
 
+    resources = build_resources({"SCRAPE_SITE": "demo", "SCRAPE_DATA_DIR": str(tmp_path / "data"),
+                                 "SCRAPE_WAREHOUSE_URL": warehouse_url}, secrets_as_env_vars=False)
+    out = io.StringIO()
+    print_summary(summarize(resources), out=out)
+    return out.getvalue().splitlines()
+
+
+def test_the_summary_counts_rows_carried_forward_from_pages_that_failed(tmp_path):
+    """Rows kept from a page that failed are last-known values, not today's: the summary says
+    how many, since when, and where."""
     url = f"sqlite:///{tmp_path / 'w.db'}"
     wh = Warehouse(url)
 
@@ -391,12 +400,8 @@ def test_the_summary_counts_rows_carried_forward_from_pages_that_failed(tmp_path
                      history_date="2026-12-02", history_snapshot_id="s2", carry_unseen=True)
     assert wh.carried_forward() == {"travel": (2, day1)}
     wh.close()
-    resources = build_resources({"SCRAPE_SITE": "demo", "SCRAPE_DATA_DIR": str(tmp_path / "data"),
-                                 "SCRAPE_WAREHOUSE_URL": url}, secrets_as_env_vars=False)
-    out = io.StringIO()
-    print_summary(summarize(resources), out=out)
     assert ("  carried forward 2 of those rows were not seen in the latest snapshot (their pages failed; oldest "
-            f"fetched {day1}): travel (2); the pages are in `dead_letters`") in out.getvalue().splitlines()
+            f"fetched {day1}): travel (2); the pages are in `dead_letters`") in _demo_summary(tmp_path, url)
 
 
 def test_serve_demo_refuses_a_bad_port_date_or_busy_address_in_one_line(monkeypatch, capsys):
@@ -501,6 +506,51 @@ def test_the_command_line_help_describes_each_command_and_the_version(capsys):
         with pytest.raises(SystemExit):
             main([command, "--help"])
         assert description in " ".join(capsys.readouterr().out.split()), command
+
+
+def test_the_preflight_blames_the_data_folder_for_an_unusable_default_warehouse(tmp_path, monkeypatch):
+    """SCRAPE_WAREHOUSE_URL unset: the warehouse is the data folder's warehouse.db, so the error
+    names SCRAPE_DATA_DIR (the variable the user set), not a variable they never set."""
+    import pytest
+
+    from scrape_assets.cli import preflight
+    from scrape_assets.defs.resources import build_resources
+    from scrape_assets.errors import SettingsError
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "warehouse.db").write_text("not a database")
+    env = {"SCRAPE_SITE": "demo", "SCRAPE_DATA_DIR": str(data)}
+    monkeypatch.delenv("SCRAPE_WAREHOUSE_URL", raising=False)
+    monkeypatch.setenv("SCRAPE_DATA_DIR", str(data))
+    with pytest.raises(SettingsError) as refused:
+        preflight(build_resources(env, secrets_as_env_vars=False))
+    assert str(refused.value) == (
+        f"SCRAPE_DATA_DIR='{data}' is invalid: expected a folder whose warehouse.db is an SQLite database this "
+        f"process can write, or SCRAPE_WAREHOUSE_URL set (sqlite:///{data / 'warehouse.db'}: DatabaseError: file is "
+        "not a database)")
+    assert (data / "warehouse.db").read_text() == "not a database"
+    monkeypatch.setenv("SCRAPE_WAREHOUSE_URL", f"sqlite:///{data / 'warehouse.db'}")  # set: named as before
+    with pytest.raises(SettingsError, match=r"^SCRAPE_WAREHOUSE_URL='sqlite:///.*' is invalid: expected a reachable"):
+        preflight(build_resources({**env, "SCRAPE_WAREHOUSE_URL": f"sqlite:///{data / 'warehouse.db'}"},
+                                  secrets_as_env_vars=False))
+
+
+def test_the_summary_names_dead_letters_of_categories_no_longer_in_the_spec(tmp_path):
+    from scrape_assets.warehouse import dead_letters
+
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    wh = Warehouse(url)
+
+    def letters(category, n):
+        return [{"category": category, "url": f"http://x/{category}/{i}", "stage": "fetch", "reason": "http_404",
+                 "http_status": 404, "attempts": 1, "snapshot_id": "s1", "recorded_at": "t"} for i in range(n)]
+
+    wh.replace_partition(dead_letters, "travel", letters("travel", 2))
+    wh.replace_partition(dead_letters, "krimi", letters("krimi", 7))  # a category since removed from the spec
+    wh.close()
+    assert ("  dead letters    9 (table `dead_letters`); 7 of them of categories no longer in the spec: krimi (7)"
+            in _demo_summary(tmp_path, url))
 
 
 def test_summary_counts_have_thousands_separators_as_the_run_log_does():
@@ -620,7 +670,7 @@ def test_demo_loads_the_categories_that_passed_when_one_fails_the_schema_check(t
     assert done.returncode == 1, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert ("Schema check failed for fiction: its rows are not loaded (the error above says why, per category; the "
-            "table keeps their earlier rows)") in lines
+            "table keeps its earlier rows)") in lines
     # ... and it does: which checks, on which pages, and what stopped parsing (not only counts)
     why = next(line for line in (done.stdout + done.stderr).splitlines() if line.startswith("  fiction: pages: "))
     assert "pages: layout_guard x" in why and "the layout may have changed" in why and "pages 1, 2, 3, ..." in why

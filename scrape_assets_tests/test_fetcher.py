@@ -513,7 +513,9 @@ def test_policy_from_politeness():
         ("max_attempts", 0, "max_attempts must be >= 1"),
         ("requests_per_second", 0, "requests_per_second must be > 0"),
         ("timeout_s", -1, "timeout_s must be > 0"),
-        ("user_agent", " ", "user_agent must not be empty"),
+        ("user_agent", " ", "user_agent must be printable ASCII text, not blank"),
+        ("user_agent", "bot (jörg@example.de)", r"'bot \(jörg@example.de\)': character 'ö' \(U\+00F6\) is not printable"),
+        ("user_agent", "bot\r\nX: 1", r"character '\\r' \(U\+000D\) is not printable ASCII"),
         ("max_redirects", -1, "max_redirects must be >= 0"),
     ],
 )

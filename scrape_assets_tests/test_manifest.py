@@ -442,14 +442,17 @@ def test_crawl_progress_keeps_its_periodic_lines_while_next_links_reveal_pages_o
 def test_crawl_progress_stops_logging_failures_one_by_one_after_the_cap():
     from scrape_assets.crawl import MAX_FAILURE_LINES, CrawlProgress
 
+    now = [0.0]
     lines: list[str] = []
-    progress = CrawlProgress(1, lines.append, clock=lambda: 0.0)
+    progress = CrawlProgress(1, lines.append, every_s=1e9, clock=lambda: now[0])
     for n in range(MAX_FAILURE_LINES + 5):
+        now[0] += 0.5
         progress.page_failed(f"page {n} failed")
     progress.category_done()
     assert lines[:MAX_FAILURE_LINES] == [f"page {n} failed" for n in range(MAX_FAILURE_LINES)]
     assert lines[MAX_FAILURE_LINES].startswith("more pages failed for good: only counted")
-    assert lines[-1] == f"0/0 pages done, {MAX_FAILURE_LINES + 5} failed for good; 1/1 categories complete; 0 pages/s"
+    # pages/s counts the failed pages too (2 a second here), not only those done
+    assert lines[-1] == f"0/0 pages done, {MAX_FAILURE_LINES + 5} failed for good; 1/1 categories complete; 2 pages/s"
     assert len(lines) == MAX_FAILURE_LINES + 2
 
 

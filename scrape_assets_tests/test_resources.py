@@ -103,6 +103,35 @@ def test_resume_max_age_comes_from_its_setting_with_a_20_hour_default(monkeypatc
         build_resources()
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("SCRAPE_REQUESTS_PER_SECOND", "1e9", "a number ≥ 0.001 and ≤ 100000"),  # the spec's bounds
+        ("SCRAPE_MAX_CONCURRENCY", "100000", "an integer ≥ 1 and ≤ 256"),
+        ("SCRAPE_MAX_ATTEMPTS", "1000", "an integer ≥ 1 and ≤ 100"),
+        ("SCRAPE_LOCK_WAIT_S", "1e7", "a number ≥ 0 and ≤ 86400"),
+        ("SCRAPE_USER_AGENT", "shop-bot (jörg.müller@example.de)",
+         "printable ASCII text, not blank, at most 512 characters (RFC 9110 §10.1.5: product tokens and comments, "
+         "e.g. 'acme-prices/1.0 (+mailto:ops@example.com)'; HTTP clients send no other characters: write 'ö' as "
+         "'oe'); this one: character 'ö' (U+00F6) is not printable ASCII"),
+        ("SCRAPE_USER_AGENT", "bot\r\nX-Injected: 1", "this one: character '\\r' (U+000D) is not printable ASCII"),
+        ("SCRAPE_USER_AGENT", "   ", "this one: blank"),
+        ("SCRAPE_USER_AGENT", "b" * 513, "this one: 513 characters"),
+    ],
+)
+def test_a_setting_out_of_range_or_unsendable_stops_at_start_up(monkeypatch, name, value, expected):
+    """Before any run: a User-Agent httpx cannot send failed the run's first request (a snapshot
+    left with it in its fetch config, refusing the fixed value's resume); limits the spec
+    refuses were taken from the environment."""
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SettingsError) as refused:
+        build_resources()
+    assert str(refused.value).startswith(f"{name}={value!r} is invalid: expected ")
+    assert str(refused.value).endswith(expected)
+    monkeypatch.setenv(name, "acme-prices/1.0 (+mailto:ops@example.com)" if name == "SCRAPE_USER_AGENT" else "100")
+    build_resources()
+
+
 def test_resume_max_age_from_run_config_has_the_settings_bounds(tmp_path):
     """The launchpad cannot set 0 (a step retry would then start a new snapshot) or more than a year."""
     from scrape_assets.defs.assets.raw_pages import raw_pages

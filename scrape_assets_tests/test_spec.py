@@ -168,7 +168,7 @@ def test_every_problem_of_a_spec_is_named_in_one_error(tmp_path):
     assert message.index("unknown key") < message.index("required key is missing")  # the misspelling first
 
 
-@pytest.mark.parametrize("code", ["ABC", "XXX", "XAU"])
+@pytest.mark.parametrize("code", ["ABC", "XXX", "XAU", "eur", "EURO", "£"])
 def test_the_sites_currency_must_be_an_iso_4217_code_shops_price_in(code):
     text = (Path(__file__).parents[1] / "scrape_assets" / "sites" / "demo.yaml").read_text("utf-8")
     assert "currency: GBP\n" in text

@@ -203,7 +203,7 @@ def parse_partitions(
                     top_up()
                 else:
                     encoded = _parse_and_validate(store, manifest, spec)
-                result = _save(store, spec, category, manifest, version, encoded)
+                result = _save(store, spec, category, manifest, version, encoded, state)
             yield replace(result, products_expected=manifest.products_expected if manifest.sees_every_page else None)
     finally:
         if pool is not None:
@@ -228,7 +228,12 @@ def _reuse(store: ObjectStore, spec: SiteSpec, category: str, manifest: Manifest
 
 
 def _save(store: ObjectStore, spec: SiteSpec, category: str, manifest: Manifest, version: str,
-          encoded: _Encoded) -> PartitionParse:
+          encoded: _Encoded, state: ParseState | None) -> PartitionParse:
+    if state is not None and state.snapshot_id == encoded.snapshot_id:
+        # parsed.json is about to be replaced under a state that vouches for it (a re-parse
+        # of the same snapshot): withdraw the vouch first, or a crash between the two writes
+        # would leave new, unchecked rows standing for the old input, loadable as such.
+        save_parse_state(store, spec.name, category, replace(state, input_version="", validated=False))
     save_parsed(store, manifest, encoded.data)
     save_parse_state(
         store, spec.name, category,

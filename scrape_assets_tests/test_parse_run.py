@@ -218,3 +218,32 @@ def test_load_parsed_can_leave_prices_as_their_exact_strings(crawled, tmp_path):
     assert all(isinstance(p["price"], str) for p in as_text.products)
     assert [{**p, "price": Decimal(p["price"])} for p in as_text.products] == exact.products
     assert [p["price"] for p in as_text.products] == [str(p["price"]) for p in exact.products]  # exact digits
+
+
+def test_a_crash_while_re_parsing_a_snapshot_leaves_no_state_vouching_for_unchecked_rows(crawled, tmp_path, monkeypatch):
+    """A re-parse of the same snapshot (new parse rules) replaces parsed.json, then its state. A
+    crash between the two writes left the old state (validated, the old input version) vouching
+    for the new rows: products_table, if that input had not been loaded yet, loaded rows no
+    check had passed. The state is withdrawn before parsed.json is replaced."""
+    from scrape_assets.extract import save_parse_state
+
+    store = _copy(crawled, tmp_path, "objects")
+    list(parse_run.parse_partitions(store, SPEC, ["travel"]))
+    before = load_parse_state(store, "demo", "travel")
+    assert before.validated
+    new_rules = SPEC.model_copy(update={"currency": "EUR"})  # another input version, the same snapshot
+
+    def crash_on_the_new_state(store_, site, category, state):
+        if state.input_version == parse_run.input_version(
+                latest_manifest(store, "demo", "travel", complete=True), new_rules):
+            raise KeyboardInterrupt("killed between parsed.json and its state")
+        save_parse_state(store_, site, category, state)
+
+    monkeypatch.setattr(parse_run, "save_parse_state", crash_on_the_new_state)
+    with pytest.raises(KeyboardInterrupt):
+        list(parse_run.parse_partitions(store, new_rules, ["travel"]))
+    after = load_parse_state(store, "demo", "travel")
+    assert (after.snapshot_id, after.validated, after.input_version) == (before.snapshot_id, False, "")
+    monkeypatch.undo()  # the next parse (no crash) parses again and vouches for its rows
+    [result] = parse_run.parse_partitions(store, new_rules, ["travel"])
+    assert result.figures["pages_parsed"] == 1 and load_parse_state(store, "demo", "travel").validated

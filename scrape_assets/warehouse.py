@@ -320,7 +320,9 @@ class Warehouse:
                 is kept (carried forward with its older ``snapshot_id``), whatever page it
                 was on. A listing re-sorts from day to day, so a product last seen on a page
                 fetched now may be on the page that failed; only a snapshot that saw every
-                page drops a product. A failed fetch never deletes good rows.
+                page drops a product. A failed fetch never deletes good rows. Rows of
+                ``snapshot_id`` itself are never carried: loading it again (re-parsed with
+                new rules) replaces them, as its pages were all read again.
             input_version: recorded in ``partition_loads`` to recognise an unchanged input.
             history_date: ``YYYY-MM-DD``; ``price_history`` gets that day's row of every product
                 *seen* in the loaded snapshot (its ``snapshot_id`` is the one recorded in
@@ -341,7 +343,9 @@ class Warehouse:
                 if carry_unseen:  # rows are read back only then (usually no page failed)
                     fresh = {r["product_id"] for r in rows}
                     query = sa.select(products).where(products.c.category == category)
-                    kept = [dict(r._mapping) for r in conn.execute(query) if r.product_id not in fresh]
+                    # Not rows of this very snapshot: a re-parse of it (new rules) saw those pages anew.
+                    kept = [dict(r._mapping) for r in conn.execute(query)
+                            if r.product_id not in fresh and r.snapshot_id != snapshot_id]
                 conn.execute(products.delete().where(products.c.category == category))
                 crashpoint("warehouse.after_delete")
                 insert_many(conn, products, rows + kept)

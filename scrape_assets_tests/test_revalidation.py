@@ -448,9 +448,59 @@ def test_a_product_that_moved_onto_the_page_that_failed_keeps_its_row(tmp_path, 
         runs.run()
         state["day"] = 2
         md = runs.run()
-    assert runs.manifests()[-1].pages[2].status == "failed"
-    assert [pid for pid, _title, _price in runs.products()] == ["1", "2", "3", "4"]
+        assert runs.manifests()[-1].pages[2].status == "failed"
+        assert [pid for pid, _title, _price in runs.products()] == ["1", "2", "3", "4"]
+        assert (md["products_table"]["rows_loaded"], md["products_table"]["rows_carried_forward"]) == (2, 2)
+        # The same partial snapshot re-parsed with a corrected id rule (no request): its own rows
+        # are replaced, not carried beside their new ids; the failed page's are still carried.
+        spec = tmp_path / "rev.yaml"
+        spec.write_text(spec.read_text().replace(r"regex: '_(\d+)/index\.html$'",
+                                                 r"regex: '/(book-\d+)_\d+/index\.html$'"))
+        site.log.clear()
+        md = runs.run(selection=["parsed_products", "products_table"])
+    assert site.asked() == []
+    assert [pid for pid, _title, _price in runs.products()] == ["2", "4", "book-1", "book-3"]
     assert (md["products_table"]["rows_loaded"], md["products_table"]["rows_carried_forward"]) == (2, 2)
+
+
+def test_a_load_beside_a_re_parse_loads_nothing_the_parse_state_did_not_vouch_for(tmp_path, instance, monkeypatch):
+    """parsed_products and products_table lock different scopes, so a re-parse launched from
+    the UI (no scrape/day tag) can run beside the sensor's load_job. The load read the parse
+    state (validated), then the re-parse replaced parsed.json with rows that fail the schema,
+    then the load read parsed.json: it loaded them (here: no price, so none) under the old
+    state. The load now reads the state again after parsed.json and stops when it moved."""
+    import scrape_assets.defs.assets.products_table as products_table_module
+    from scrape_assets.extract import load_parse_state
+    from scrape_assets.parse_run import parse_partitions
+    from scrape_assets.spec import load_spec
+
+    state = {"day": 1}
+    site = Site()
+    site.routes["/cat/index.html"] = lambda request: compliant(listing(1, 1, [
+        card(1, "One", f"£{state['day']}.00"), card(2, "Two", f"£{state['day']}.50")]), etag=f'"d{state["day"]}"')(request)
+    with serve(site) as base:
+        runs = Runs(instance, tmp_path, base, max_attempts=1)
+        runs.run()  # day 1: loaded
+        state["day"] = 2
+        runs.run(selection=["raw_pages", "parsed_products"])  # day 2: parsed and passed, not loaded yet
+    before = runs.products()
+    spec_file = tmp_path / "rev.yaml"
+    spec_file.write_text(spec_file.read_text().replace("price: {css: p.price_color}", "price: {css: p.no_price}"))
+    store = ObjectStore(str(tmp_path / "objects"))
+    real_load_parsed, beside = products_table_module.load_parsed, []
+
+    def re_parse_in_between(*args, **kwargs):  # the other run's parsed_products step, between the load's reads
+        if not beside:
+            beside.extend(parse_partitions(store, load_spec(str(spec_file)), ["travel"]))
+        return real_load_parsed(*args, **kwargs)
+
+    monkeypatch.setattr(products_table_module, "load_parsed", re_parse_in_between)
+    result = materialize(instance, runs.resources, ["travel"], selection=["products_table"], raise_on_error=False)
+    assert not result.success and not beside[0].report.passed
+    assert not load_parse_state(store, "rev", "travel").validated
+    failure = next(e for e in result.all_events if e.is_step_failure).step_failure_data.error
+    assert "parsed rows changed while this load read them" in (failure.cause or failure).message
+    assert runs.products() == before == [("1", "One", 1), ("2", "Two", 1.5)]
 
 
 # -- the sitemap's kept copies ----------------------------------------------------------------------

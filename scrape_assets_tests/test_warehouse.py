@@ -205,6 +205,9 @@ def test_a_product_that_moved_onto_the_page_that_failed_is_carried_not_deleted(t
     assert load("s1", {1: ["A", "B"], 2: ["C", "D"]}, partial=False) == (4, 0)
     assert load("s2", {1: ["A", "C"]}, partial=True) == (2, 2)  # page 2 (now B and D) failed
     assert table() == [("A", 1, "s2"), ("B", 1, "s1"), ("C", 1, "s2"), ("D", 2, "s1")]
+    # s2 re-parsed with new id rules: its own earlier rows are replaced, not carried; s1's still are.
+    assert load("s2", {1: ["a", "c"]}, partial=True) == (2, 2)
+    assert table() == [("B", 1, "s1"), ("D", 2, "s1"), ("a", 1, "s2"), ("c", 1, "s2")]
     # Every page seen again: D is gone from the site, B shows up on page 2.
     assert load("s3", {1: ["A", "C"], 2: ["B"]}, partial=False) == (3, 0)
     assert table() == [("A", 1, "s3"), ("B", 2, "s3"), ("C", 1, "s3")]

@@ -546,10 +546,12 @@ class PartitionCrawler:
     def _previous_pages(self, manifest: Manifest) -> dict[str, tuple[Manifest, int]]:
         """Saved copies by URL (validators and hashes): the done pages of the latest earlier
         complete snapshot; when some of its pages failed (an outage day: failed, or never
-        reached), also each other page's newest copy in the complete snapshots before it (at
-        most :data:`PREVIOUS_SNAPSHOTS_SEARCHED` folders, back to one that saw every page or
-        one that adds no copy: a page failing day after day costs one manifest read a day),
-        so the next day still asks with a conditional GET and stores nothing twice."""
+        reached), also each other page's newest copy in the complete snapshots before it, so
+        the next day still asks with a conditional GET and stores nothing twice, after an
+        outage of several days too. At most :data:`PREVIOUS_SNAPSHOTS_SEARCHED` folders are
+        read, back to one that saw every page, or to one that neither adds a copy nor failed
+        a page still lacking one (the site no longer has those pages): a page failing day
+        after day costs up to that many manifest reads a day."""
         known = self._latest
         if isinstance(known, Manifest) and known.is_complete:  # the latest snapshot is the latest complete one
             previous = known
@@ -558,6 +560,7 @@ class PartitionCrawler:
         if previous is None or previous.snapshot_id == manifest.snapshot_id:
             return {}
         pages = {e.url: (previous, n) for n, e in previous.pages.items() if e.status == "done"}
+        lacking = {e.url for e in previous.pages.values() if e.status != "done"}
         if not previous.sees_every_page:  # pages failed (and those its discovery never reached)
             older = [i for i in snapshot_folders(self.store, manifest.site, manifest.category)
                      if snapshot_sort_key(i) < snapshot_sort_key(previous.snapshot_id)]
@@ -569,7 +572,9 @@ class PartitionCrawler:
                 if not earlier.is_complete:
                     continue
                 found = {e.url: (earlier, n) for n, e in earlier.pages.items() if e.status == "done" and e.url not in pages}
-                if not found:  # failing there too (a page gone for good): older ones are not read, day after day
+                lacking -= found.keys()
+                failed_too = any(e.status != "done" and e.url in lacking for e in earlier.pages.values())
+                if not found and not failed_too:  # what is lacking is not there at all: gone from the site
                     break
                 pages.update(found)
                 if earlier.sees_every_page:  # older copies than a complete set are not needed

@@ -374,9 +374,13 @@ def test_the_input_version_is_unchanged_for_a_spec_without_decimal_mark():
 
 
 # -- an outage day ---------------------------------------------------------------------------------------
-def test_after_an_outage_day_pages_are_revalidated_against_their_older_copies(tmp_path, instance):
-    """Day 2 every page fails (503); day 3 the site is back unchanged: the copies of day 1
-    are asked for with their validators, nothing is stored again and nothing re-parsed."""
+@pytest.mark.parametrize("days_down", [1, 2, 3])
+def test_after_an_outage_day_pages_are_revalidated_against_their_older_copies(tmp_path, instance, days_down):
+    """Day 2 (and 3, 4) every page fails (503); then the site is back unchanged: the copies of
+    day 1 are asked for with their validators and nothing is stored again (the pages are
+    parsed again: the latest parse was of the outage snapshot, which had none).
+    (After two outage days the search stopped at the first outage snapshot: every page was
+    asked without validators, stored again and re-parsed.)"""
     state = {"down": False}
     pages = {"/cat/index.html": compliant(listing(1, 2, [card(1, "Book one", "£10.00")]), etag='"p1"'),
              "/cat/page-2.html": compliant(listing(2, 2, [card(2, "Book two", "£20.00")]), etag='"p2"')}
@@ -387,16 +391,70 @@ def test_after_an_outage_day_pages_are_revalidated_against_their_older_copies(tm
         runs = Runs(instance, tmp_path, base, max_attempts=1)
         runs.run()
         state["down"] = True
-        runs.run()
+        for _ in range(days_down):
+            runs.run()
         state["down"] = False
         site.log.clear()
         md = runs.run()
     assert site.sent("if-none-match") == [("/cat/index.html", '"p1"'), ("/cat/page-2.html", '"p2"')]
     assert site.asked() == [("/cat/index.html", 304), ("/cat/page-2.html", 304)]
     assert (md["raw_pages"]["bytes_stored"], md["raw_pages"]["pages_not_modified"]) == (0, 2)
-    first, _, third = runs.manifests()
-    assert [third.pages[n].body_key for n in (1, 2)] == [first.page_key(1), first.page_key(2)]
+    manifests = runs.manifests()
+    first, last = manifests[0], manifests[-1]
+    assert len(manifests) == days_down + 2
+    assert [last.pages[n].body_key for n in (1, 2)] == [first.page_key(1), first.page_key(2)]
     assert runs.products() == [("1", "Book one", 10), ("2", "Book two", 20)]
+
+
+def test_the_search_for_older_copies_passes_outage_days_and_stops_where_a_page_never_was(tmp_path):
+    """Which earlier snapshots are read for copies of pages the latest one lacks: past those
+    that failed the page too (an outage of several days), not past one in which the page
+    does not exist (gone from the site: no manifest read for it day after day)."""
+    from scrape_assets.crawl import PartitionCrawler
+    from scrape_assets.manifest import Manifest, PageEntry
+    from scrape_assets.spec import load_spec
+
+    reads = []
+
+    class _Counting(ObjectStore):
+        def read_bytes(self, key):
+            if key.endswith("manifest.json"):
+                reads.append(key.split("/")[2][8:10])  # the day
+            return super().read_bytes(key)
+
+    def snapshot(store, day: int, pages: dict[int, str], *, complete: bool = True) -> Manifest:
+        manifest = Manifest(site="demo", category="travel", snapshot_id=f"2026-12-0{day}T080000Z", fetch_config={},
+                            fetch_config_hash="h", start_url="http://x/t/page-1.html",
+                            completed_at=f"2026-12-0{day}T08:01:00Z" if complete else None,
+                            pages={n: PageEntry(url=f"http://x/t/page-{n}.html", status=status, content_hash=f"d{day}")
+                                   for n, status in pages.items()})
+        manifest.save(store)
+        return manifest
+
+    def copies(store, today: Manifest) -> dict[str, str]:
+        crawler = PartitionCrawler(load_spec("demo"), "travel", store, None, fetch_config={},
+                                   fetch_base_url="http://x/", max_attempts=1)
+        reads.clear()
+        return {url.rsplit("/", 1)[1]: previous.snapshot_id[8:10]
+                for url, (previous, _n) in crawler._previous_pages(today).items()}
+
+    outage = _Counting(str(tmp_path / "outage"))
+    snapshot(outage, 1, {1: "done", 2: "done", 3: "done"})
+    snapshot(outage, 2, {1: "done", 2: "done", 3: "failed"})  # page 3 down three days running
+    snapshot(outage, 3, {1: "done", 2: "failed", 3: "failed"})
+    snapshot(outage, 4, {1: "done", 2: "done", 3: "failed"})
+    today = snapshot(outage, 5, {1: "pending"}, complete=False)
+    assert copies(outage, today) == {"page-1.html": "04", "page-2.html": "04", "page-3.html": "01"}
+    assert reads == ["05", "04", "03", "02", "01"]  # today's first: the latest complete one is looked for
+    # Page 3 failed on day 3, and day 2 has no page 3 at all (the site had two pages then):
+    # day 2 is read, day 1 is not.
+    gone = _Counting(str(tmp_path / "gone"))
+    snapshot(gone, 1, {1: "done", 2: "done", 3: "done"})
+    snapshot(gone, 2, {1: "done", 2: "done"})
+    snapshot(gone, 3, {1: "done", 2: "done", 3: "failed"})
+    today = snapshot(gone, 4, {1: "pending"}, complete=False)
+    assert copies(gone, today) == {"page-1.html": "03", "page-2.html": "03"}
+    assert reads == ["04", "03", "02"]
 
 
 def test_first_page_does_not_adopt_pages_after_an_outage_day(tmp_path, instance):

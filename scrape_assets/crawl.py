@@ -20,7 +20,7 @@ import dataclasses
 import hashlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from urllib.parse import urljoin, urlsplit
@@ -188,6 +188,7 @@ class PartitionCrawler:
         fetch_config: the frozen fetch config recorded in the manifest.
         fetch_base_url: where pages are fetched from (the spec's base URL or a mirror).
         run_id: the run crawling, recorded in the manifest.
+        reexecuted_run_ids: the runs it re-executes (see :func:`~scrape_assets.manifest.open_snapshot`).
         adopt_complete: see :func:`~scrape_assets.manifest.open_snapshot`; an adopted
             complete snapshot is reported as resumed, with nothing fetched.
         resume_max_age: an incomplete snapshot older than this is left as it is and a new
@@ -213,6 +214,7 @@ class PartitionCrawler:
         fetch_base_url: str,
         max_attempts: int,
         run_id: str | None = None,
+        reexecuted_run_ids: Collection[str] = (),
         adopt_complete: Callable[[Manifest], bool] | None = None,
         resume_max_age: timedelta | None = None,
         progress: CrawlProgress | ProgressCallback | None = None,
@@ -220,6 +222,7 @@ class PartitionCrawler:
         sitemap: Sitemap | None = None,
     ):
         self.run_id = run_id
+        self.reexecuted_run_ids = tuple(reexecuted_run_ids)
         self.sitemap = sitemap
         self.sitemap_check = ""  # decided once page 1 is done (see _trust_sitemap)
         self._latest = latest
@@ -262,6 +265,7 @@ class PartitionCrawler:
             fetch_config=self.fetch_config,
             new_snapshot=new_snapshot,
             run_id=self.run_id,
+            reexecuted_run_ids=self.reexecuted_run_ids,
             adopt_complete=self.adopt_complete,
             resume_max_age=self.resume_max_age,
             on_abandon=self._report_abandoned,

@@ -35,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, timezone
 from typing import Literal
@@ -493,14 +493,17 @@ def open_snapshot(
     resume_max_age: timedelta | None = None,
     on_abandon: Callable[[Manifest], None] | None = None,
     latest: Manifest | None | object = UNREAD,
+    reexecuted_run_ids: Collection[str] = (),
 ) -> tuple[Manifest, bool]:
     """Resume the partition's incomplete snapshot, or start a new one.
 
     Args:
         fetch_config: the frozen fetch config (JSON-serialisable, flat) of this run.
         new_snapshot: start a new snapshot even if the latest one is incomplete with another
-            config; except that a snapshot this run opened (``run_id``, same config) is resumed
-            or adopted as usual: a retry of the step continues what its first attempt fetched.
+            config; except that a snapshot this run opened (``run_id``, or one of
+            ``reexecuted_run_ids``; same config) is resumed or adopted as usual: a retry of
+            the step, or a re-execution of the run from failure, continues what was fetched.
+        reexecuted_run_ids: the runs this one re-executes (Dagster's parent and root run ids).
         now: the current time (UTC; default: the clock), for the new snapshot's id and the age below.
         resume_max_age: an incomplete snapshot created longer ago than this is not resumed
             (its pages would be dated by its start, possibly days ago): it is left as it is,
@@ -530,9 +533,9 @@ def open_snapshot(
     now = now or datetime.now(timezone.utc)
     if latest is UNREAD:
         latest = latest_manifest(store, site, category)
-    if new_snapshot and run_id is not None and latest is not None and latest.run_id == run_id \
-            and latest.fetch_config_hash == digest:
-        new_snapshot = False  # this run's own new snapshot: the step's retry goes on with it
+    if new_snapshot and run_id is not None and latest is not None and latest.fetch_config_hash == digest \
+            and (latest.run_id == run_id or latest.run_id in reexecuted_run_ids):
+        new_snapshot = False  # this launch's own new snapshot: a step retry or a re-execution goes on with it
     if _too_old_to_resume(latest, now, resume_max_age):
         if on_abandon is not None:
             on_abandon(latest)

@@ -316,6 +316,32 @@ def test_a_journal_line_glued_to_a_torn_one_by_an_older_version_is_read(tmp_path
     assert (loaded.pages[1].status, loaded.pages[1].attempts, loaded.journal_seq) == ("done", 2, 3)
 
 
+def test_a_new_snapshot_launch_goes_on_with_its_own_snapshot_on_retry_or_re_execution(tmp_path):
+    """new_snapshot: a step retry (same run id) and a re-execution from failure (a new run whose
+    parent or root opened the snapshot) continue the snapshot that launch opened; another launch,
+    or the same one with another fetch config, starts a new one."""
+    from datetime import timedelta
+
+    store = ObjectStore(str(tmp_path))
+    kw = dict(site="demo", category="travel", start_url="http://x/t/index.html", fetch_config=CONFIG,
+              new_snapshot=True, resume_max_age=timedelta(hours=20))
+    _open(store, fetch_config=CONFIG, now=T0 - timedelta(days=1))  # yesterday's, incomplete
+    first, _ = open_snapshot(store, **kw, now=T0, run_id="parent")
+    retry, resumed = open_snapshot(store, **kw, now=T0 + timedelta(minutes=1), run_id="parent")
+    assert resumed and retry.snapshot_id == first.snapshot_id
+    child, resumed = open_snapshot(store, **kw, now=T0 + timedelta(minutes=5), run_id="child",
+                                   reexecuted_run_ids=["parent"])
+    assert resumed and child.snapshot_id == first.snapshot_id and child.run_id == "child"
+    grandchild, resumed = open_snapshot(store, **kw, now=T0 + timedelta(minutes=9), run_id="grandchild",
+                                        reexecuted_run_ids=["child", "parent"])  # parent, root
+    assert resumed and grandchild.snapshot_id == first.snapshot_id
+    other, resumed = open_snapshot(store, **kw, now=T0 + timedelta(minutes=12), run_id="another launch")
+    assert not resumed and other.snapshot_id != first.snapshot_id
+    changed, resumed = open_snapshot(store, **{**kw, "fetch_config": {**CONFIG, "max_attempts": 9}},
+                                     now=T0 + timedelta(minutes=14), run_id="again", reexecuted_run_ids=["another launch"])
+    assert not resumed and changed.snapshot_id not in (first.snapshot_id, other.snapshot_id)
+
+
 def test_journal_lines_keep_any_text_exactly(tmp_path):
     # Non-ASCII goes out as UTF-8 and a lone surrogate (which orjson refuses) escaped: both replay as written.
     store = ObjectStore(str(tmp_path))

@@ -4,7 +4,7 @@
 import asyncio
 import errno
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 import dagster as dg
@@ -162,7 +162,7 @@ class InterruptedRunSnapshots:
 async def crawl_partitions(
     site: SiteResource, store: ObjectStoreResource, categories: list[str], *, new_snapshot: bool, log,
     run_id: str | None = None, adopt_complete: Callable[[Manifest], bool] | None = None,
-    on_sitemap: Callable[["Sitemap"], None] | None = None,
+    on_sitemap: Callable[["Sitemap"], None] | None = None, reexecuted_run_ids: Collection[str] = (),
 ) -> list["CrawlReport"]:
     """Crawl several categories concurrently, sharing one client and the per-host limits.
 
@@ -228,6 +228,7 @@ async def crawl_partitions(
                 fetch_base_url=fetch_base_url,
                 max_attempts=site.max_attempts,
                 run_id=run_id,
+                reexecuted_run_ids=reexecuted_run_ids,
                 adopt_complete=adopt_complete,
                 resume_max_age=store.resume_max_age(),
                 progress=progress,
@@ -292,6 +293,7 @@ def raw_pages(
                 crawl_partitions(
                     site, store, categories, new_snapshot=config.new_snapshot, log=context.log, run_id=context.run_id,
                     adopt_complete=InterruptedRunSnapshots(context.instance), on_sitemap=sitemaps.append,
+                    reexecuted_run_ids=[r for r in (context.run.parent_run_id, context.run.root_run_id) if r],
                 )
             )
     except (FetchConfigChangedError, SpecError, SettingsError, PartitionLockedError) as exc:

@@ -491,6 +491,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else ([1000] if args.quick else [1000, 10000])
     args.concurrency = [int(c) for c in args.concurrency.split(",")] if args.concurrency else ([16] if args.quick else [8, 16, 64])
+    from scrape_assets.spec import MAX_CONCURRENCY
+
+    if not all(1 <= c <= MAX_CONCURRENCY for c in args.concurrency):  # SCRAPE_MAX_CONCURRENCY's range
+        parser.error(f"--concurrency: each value must be 1 to {MAX_CONCURRENCY}")
     if args.profile is None:
         args.profile = not args.quick
     if args.repeats is None:

@@ -650,6 +650,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.kills < 0:
         parser.error("--kills must be >= 0")
+    from scrape_assets.settings import MAX_ATTEMPTS
+
+    if args.kills + 3 > MAX_ATTEMPTS:  # SCRAPE_MAX_ATTEMPTS is kills + 3 (see run_kill_loop)
+        parser.error(f"--kills must be <= {MAX_ATTEMPTS - 3} (SCRAPE_MAX_ATTEMPTS = kills + 3 is at most {MAX_ATTEMPTS})")
     if args.workdir is None:
         import tempfile
 

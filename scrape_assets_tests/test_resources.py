@@ -132,6 +132,27 @@ def test_a_setting_out_of_range_or_unsendable_stops_at_start_up(monkeypatch, nam
     build_resources()
 
 
+@pytest.mark.parametrize(
+    ("resource", "field", "value", "expected"),
+    [
+        ("site", "requests_per_second", 1e9, "less than or equal to 100000"),
+        ("site", "max_concurrency", 100_000, "less than or equal to 256"),
+        ("site", "max_attempts", 1000, "less than or equal to 100"),
+        ("site", "user_agent", "shop-bot (jörg@example.de)", "character 'ö' (U+00F6) is not printable ASCII"),
+        ("store", "lock_wait_s", 1e7, "less than or equal to 86400"),
+    ],
+)
+def test_the_launchpad_has_the_bounds_of_the_settings(resource, field, value, expected):
+    """The resources' fields (set in the launchpad) refuse what the SCRAPE_* variables refuse,
+    before a run starts (a bad User-Agent failed raw_pages three times, then every resume)."""
+    import pydantic
+
+    cls, base = (SiteResource, {}) if resource == "site" else (ObjectStoreResource, {"url": "x"})
+    with pytest.raises(pydantic.ValidationError) as refused:
+        cls(**base, **{field: value})
+    assert field in str(refused.value) and expected in str(refused.value)
+
+
 def test_resume_max_age_from_run_config_has_the_settings_bounds(tmp_path):
     """The launchpad cannot set 0 (a step retry would then start a new snapshot) or more than a year."""
     from scrape_assets.defs.assets.raw_pages import raw_pages

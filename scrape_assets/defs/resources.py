@@ -13,15 +13,29 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import dagster as dg
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from scrape_assets import __version__
 from scrape_assets.errors import SettingsError
 from scrape_assets.locks import host_lock, partition_locks
 from scrape_assets.manifest import utc_now_iso
 from scrape_assets.proxies import ProxyURL
-from scrape_assets.settings import DEFAULT_RESUME_MAX_AGE_H, MAX_RESUME_MAX_AGE_H, MIN_RESUME_MAX_AGE_H, load_settings
-from scrape_assets.spec import SiteSpec, load_spec
+from scrape_assets.settings import (
+    DEFAULT_RESUME_MAX_AGE_H,
+    MAX_ATTEMPTS,
+    MAX_LOCK_WAIT_S,
+    MAX_RESUME_MAX_AGE_H,
+    MIN_RESUME_MAX_AGE_H,
+    load_settings,
+)
+from scrape_assets.spec import (
+    MAX_CONCURRENCY,
+    MAX_REQUESTS_PER_SECOND,
+    USER_AGENT_EXPECTED,
+    SiteSpec,
+    load_spec,
+    user_agent_problem,
+)
 from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import Warehouse
 
@@ -38,11 +52,22 @@ class SiteResource(dg.ConfigurableResource):
 
     site: str = Field(default="demo", description="shipped spec name or path to a spec YAML")
     base_url: str | None = Field(default=None, description="fetch from this base instead of the spec's (a mirror)")
-    requests_per_second: float | None = Field(default=None, description="per-host rate; default from the spec")
-    max_concurrency: int | None = Field(default=None, description="per-host concurrent requests; default from the spec")
-    max_attempts: int = Field(default=3, ge=1, description="HTTP attempts per page before it is dead-lettered")
+    requests_per_second: float | None = Field(default=None, gt=0, le=MAX_REQUESTS_PER_SECOND,
+                                              description="per-host rate; default from the spec")
+    max_concurrency: int | None = Field(default=None, ge=1, le=MAX_CONCURRENCY,
+                                        description="per-host concurrent requests; default from the spec")
+    max_attempts: int = Field(default=3, ge=1, le=MAX_ATTEMPTS,
+                              description="HTTP attempts per page before it is dead-lettered")
     timeout_s: float = Field(default=20.0, gt=0, description="per-request timeout in seconds")
-    user_agent: str = USER_AGENT
+    user_agent: str = Field(default=USER_AGENT, description="the User-Agent header: printable ASCII, a contact in it")
+
+    @field_validator("user_agent")
+    @classmethod
+    def _sendable(cls, value: str) -> str:  # the same rule as SCRAPE_USER_AGENT, before any snapshot is opened
+        problem = user_agent_problem(value)
+        if problem:
+            raise ValueError(f"expected {USER_AGENT_EXPECTED}; this one: {problem}")
+        return value
     proxy_url: str | None = Field(
         default=None, description="http:// forward proxy for all fetches; secret: set via SCRAPE_PROXY_URL"
     )
@@ -114,7 +139,8 @@ class ObjectStoreResource(dg.ConfigurableResource):
 
     url: str = Field(description="local path or fsspec URL (s3://bucket/prefix)")
     lock_wait_s: float = Field(
-        default=0.0, ge=0, description="seconds to wait for another run holding a partition before stopping"
+        default=0.0, ge=0, le=MAX_LOCK_WAIT_S,
+        description="seconds to wait for another run holding a partition before stopping"
     )
     resume_max_age_h: float | None = Field(
         default=DEFAULT_RESUME_MAX_AGE_H,

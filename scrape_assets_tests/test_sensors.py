@@ -196,8 +196,9 @@ def test_a_run_failed_by_the_schema_check_is_alerted_with_the_categories_and_why
     assert alert["text"].endswith("...)") and len(alert["text"]) < 600
 
 
-def test_daily_schedule_launches_one_run_for_all_categories():
-    context = dg.build_schedule_context(scheduled_execution_time=datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc))
+def test_daily_schedule_launches_one_run_for_all_categories(instance):
+    context = dg.build_schedule_context(instance=instance,
+                                        scheduled_execution_time=datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc))
     request = daily_scrape_schedule(context)
     assert request.run_key == "daily-2026-11-30"
     assert request.tags["dagster/asset_partition_range_start"] == "travel"
@@ -207,19 +208,46 @@ def test_daily_schedule_launches_one_run_for_all_categories():
     assert daily_scrape_schedule.default_status == dg.DefaultScheduleStatus.RUNNING
 
 
+def test_a_cron_firing_several_times_a_day_still_launches_one_run_that_day(instance):
+    """Dagster's run_key dedupes one tick only: a later tick of the same day is skipped while
+    that day's run is queued, going or done, and launches again after it failed or was canceled."""
+    import uuid
+
+    from dagster._core.storage.dagster_run import DagsterRun
+
+    def tick(day: int, hour: int):
+        return daily_scrape_schedule(dg.build_schedule_context(
+            instance=instance, scheduled_execution_time=datetime(2026, 11, day, hour, 0, tzinfo=timezone.utc)))
+
+    first = tick(29, 2)
+    assert isinstance(first, dg.RunRequest)
+    S = dg.DagsterRunStatus
+    for status, launches in ((S.NOT_STARTED, False), (S.STARTED, False), (S.SUCCESS, False), (S.FAILURE, True),
+                             (S.CANCELED, True)):
+        run = instance.run_storage.add_run(DagsterRun(job_name="daily_scrape_job", run_id=str(uuid.uuid4()),
+                                                      status=status, tags=first.tags))
+        later = tick(29, 8)
+        assert isinstance(later, dg.RunRequest) == launches, status
+        if not launches:
+            assert later.skip_message == f"the run of 2026-11-29 is {status.value.lower()} (run {run.run_id}): one a day"
+        assert isinstance(tick(30, 2), dg.RunRequest)  # the next day's first tick is not held back by it
+        instance.delete_run(run.run_id)
+
+
 def test_the_shipped_instance_queues_daily_runs_one_at_a_time_and_catches_up_one_day(tmp_path, monkeypatch):
     """A daily run still going when the next fires waits in the queue; missed days are not replayed."""
     shutil.copy(REPO_ROOT / "dagster.yaml", tmp_path / "dagster.yaml")
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
-    request = daily_scrape_schedule(dg.build_schedule_context(
-        scheduled_execution_time=datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc)))
-    assert request.tags["scrape/day"] == "2026-11-30"
-    # A daily run whose process died would hold that one slot forever: run monitoring ends it after 20 h.
-    assert request.tags["dagster/max_runtime"] == str(20 * 3600)
-    monkeypatch.setenv("SCRAPE_RESUME_MAX_AGE_H", "30")
-    assert daily_scrape_schedule(dg.build_schedule_context(
-        scheduled_execution_time=datetime(2026, 12, 1, 2, 0, tzinfo=timezone.utc))).tags["dagster/max_runtime"] == "108000"
     with dg.DagsterInstance.get() as instance:
+        request = daily_scrape_schedule(dg.build_schedule_context(
+            instance=instance, scheduled_execution_time=datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc)))
+        assert request.tags["scrape/day"] == "2026-11-30"
+        # A daily run whose process died would hold that one slot forever: run monitoring ends it after 20 h.
+        assert request.tags["dagster/max_runtime"] == str(20 * 3600)
+        monkeypatch.setenv("SCRAPE_RESUME_MAX_AGE_H", "30")
+        assert daily_scrape_schedule(dg.build_schedule_context(
+            instance=instance, scheduled_execution_time=datetime(2026, 12, 1, 2, 0, tzinfo=timezone.utc)
+        )).tags["dagster/max_runtime"] == "108000"
         assert instance.run_monitoring_enabled
         limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
         assert {"key": "scrape/day", "limit": 1} in limits  # no value: one run across all days

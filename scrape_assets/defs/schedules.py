@@ -18,7 +18,7 @@ import dagster as dg
 from dagster._utils.schedules import cron_string_iterator  # the daemon's own iterator (pinned Dagster)
 from dagster._vendored.croniter import CroniterBadDateError
 
-from scrape_assets.defs.jobs import all_categories_tags, category_partitions, daily_scrape_job, queue_tags
+from scrape_assets.defs.jobs import QUEUE_TAG, all_categories_tags, category_partitions, daily_scrape_job, queue_tags
 from scrape_assets.errors import SettingsError
 from scrape_assets.settings import load_settings
 
@@ -61,11 +61,28 @@ def checked_cron(cron: str) -> str:
     default_status=dg.DefaultScheduleStatus.RUNNING,
 )
 def daily_scrape_schedule(context: dg.ScheduleEvaluationContext):
-    """One run of ``daily_scrape_job`` over all categories, keyed by the scheduled date."""
+    """One run of ``daily_scrape_job`` over all categories, keyed by the scheduled date (UTC).
+
+    A cron firing more than once a day (``SCRAPE_SCHEDULE_CRON``) still launches one run a
+    day: a tick skips while that day's run is queued, going or has succeeded (Dagster's
+    ``run_key`` dedupes one tick only). After a day's run failed or was canceled, the next
+    tick of that day launches it again (``0 2,8 * * *`` gives a second chance at 08:00).
+    """
     scheduled = context.scheduled_execution_time
     day = scheduled.strftime("%Y-%m-%d") if scheduled else "manual"
+    if scheduled is not None:
+        done_or_going = context.instance.get_run_records(
+            dg.RunsFilter(job_name=daily_scrape_job.name, tags={QUEUE_TAG: day}, statuses=_NOT_ENDED_BADLY), limit=1)
+        if done_or_going:
+            run = done_or_going[0].dagster_run
+            return dg.SkipReason(f"the run of {day} is {run.status.value.lower()} (run {run.run_id}): one a day")
     tags = {**all_categories_tags(category_partitions), **queue_tags(day)}
     return dg.RunRequest(run_key=f"daily-{day}", tags=tags)
+
+
+#: A day's run in one of these keeps later ticks of that day from launching another.
+_NOT_ENDED_BADLY = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+                    dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.CANCELING]
 
 
 defs = dg.Definitions(schedules=[daily_scrape_schedule])

@@ -12,6 +12,7 @@ Outcomes of :meth:`PageFetcher.fetch`::
     with an empty body                    "http_<status>" / "empty_body" (no page in it)
     a compression not asked for (br...)   PermanentFetchError "unsupported_content_encoding"
     robots.txt forbids / is unreachable   PermanentFetchError "robots_disallowed" / "robots_unreachable"
+    (after max_attempts requests for it)
     other 4xx                             PermanentFetchError "http_<status>", no retry
     redirect to another scheme/host/port  PermanentFetchError "offsite_redirect"
     redirect back to a visited URL        PermanentFetchError "redirect_loop"
@@ -313,7 +314,8 @@ class PageFetcher:
         rng: jitter source; a fresh unseeded ``random.Random`` when ``None``.
         clock: monotonic clock in seconds, for ``elapsed_ms``.
         limiter: per-host limits; a new ``HostLimiter`` from the policy when ``None``.
-        robots: robots.txt cache; a new ``RobotsCache`` sharing ``limiter`` when ``None``.
+        robots: robots.txt cache; when ``None`` a new ``RobotsCache`` sharing ``limiter``, ``sleep``,
+            ``rng`` and the policy's deadline, ``max_attempts`` and backoff.
     """
 
     def __init__(
@@ -333,7 +335,11 @@ class PageFetcher:
         self._rng = rng if rng is not None else random.Random()
         self._clock = clock
         self.limiter = limiter or HostLimiter(policy.requests_per_second, policy.max_concurrency)
-        self.robots = robots or RobotsCache(limiter=self.limiter, deadline_s=policy.request_deadline_s)
+        self.robots = robots or RobotsCache(
+            limiter=self.limiter, deadline_s=policy.request_deadline_s, max_attempts=policy.max_attempts,
+            backoff_base_s=policy.backoff_base_s, backoff_max_s=policy.backoff_max_s,
+            retry_after_max_s=policy.retry_after_max_s, sleep=sleep, rng=self._rng,
+        )
 
     async def fetch(
         self,

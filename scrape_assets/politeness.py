@@ -7,8 +7,8 @@ robots.txt outcomes (RFC 9309 §2.3.1), decided once per origin per run::
 
     2xx                       parse with protego; each URL allowed or "robots_disallowed"
     4xx except 407, 429       "unavailable" (§2.3.1.3): every URL allowed
-    407, 429, 5xx             "unreachable" (§2.3.1.4): every URL refused, "robots_unreachable"
-    network error, timeout    "unreachable" (§2.3.1.4): every URL refused, "robots_unreachable"
+    407, 429, 5xx             retried; then "unreachable" (§2.3.1.4): every URL refused,
+    network error, timeout    "robots_unreachable"
     more redirects than the   "unavailable" (§2.3.1.2 lets crawlers treat it so): allowed
     client follows (5)
     anything else (1xx, 3xx   "unreachable": refused (we cannot tell what the site wants)
@@ -17,25 +17,36 @@ robots.txt outcomes (RFC 9309 §2.3.1), decided once per origin per run::
 429 is read as "unreachable" although it is a 4xx: a site rate-limiting its robots.txt is
 telling us to back off, which is how Google's crawler treats it too. 407 comes from our own
 proxy (it refused our credentials), not the site: it says nothing about what the site allows,
-so it refuses too instead of allowing all. An unreachable robots.txt
-is not retried within a run (the next run fetches it again); refusing is a decision, not an
-error, so :meth:`RobotsCache.check` returns a :class:`RobotsDecision` whose ``reason`` tells
-the crawler which dead-letter reason to record. ``Crawl-delay`` is not part of RFC 9309 and is
-not honoured: the site spec's politeness settings govern the request rate.
+so it refuses too instead of allowing all. The "retried" outcomes are retried as a page is
+(up to ``max_attempts`` requests, exponential backoff with full jitter, ``Retry-After``
+honoured: :func:`~scrape_assets.retry.backoff_delay_s`) before the origin counts as
+unreachable for the rest of the run, so one dropped connection does not refuse every page of
+the host; the pages of that origin wait meanwhile. The next run fetches robots.txt again.
+Refusing is a decision, not an error, so :meth:`RobotsCache.check` returns a
+:class:`RobotsDecision` whose ``reason`` tells the crawler which dead-letter reason to record.
+``Crawl-delay`` is not part of RFC 9309 and is not honoured: the site spec's politeness
+settings govern the request rate.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Awaitable
+import logging
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 from typing import Literal, TypeVar
 
 import httpx
 from aiolimiter import AsyncLimiter
 from protego import Protego
+
+from scrape_assets.retry import backoff_delay_s, parse_retry_after
+
+logger = logging.getLogger(__name__)
 
 #: RFC 9309 §2.5: crawlers must parse at least the first 500 KiB; we read 512 KiB, drop the rest.
 ROBOTS_MAX_BYTES = 512 * 1024
@@ -111,16 +122,43 @@ class RobotsCache:
     and the others wait for its result. See the module docstring for the outcome table.
 
     Args:
-        limiter: when given, the robots.txt request takes a slot of the origin's host like any
-            page request does.
-        deadline_s: total seconds allowed for the robots.txt request including its body (a
-            server trickling bytes never trips httpx's per-read timeout); past it the origin is
-            "unreachable".
+        limiter: when given, each robots.txt request takes a slot of the origin's host like any
+            page request does (not while it waits to retry).
+        deadline_s: total seconds allowed for one robots.txt request including its body (a
+            server trickling bytes never trips httpx's per-read timeout); past it that
+            attempt failed.
+        max_attempts: robots.txt requests per origin per run when they answer 407, 429, 5xx,
+            time out or fail to connect (``>= 1``; 1: never retried); after the last the
+            origin is "unreachable".
+        backoff_base_s, backoff_max_s, retry_after_max_s: the backoff between those attempts,
+            seconds, as for pages (:func:`~scrape_assets.retry.backoff_delay_s`).
+        sleep: awaited with each backoff delay (tests pass a recorder).
+        rng: the jitter's random source (seeded in tests).
+
+    Raises:
+        ValueError: ``max_attempts < 1``.
     """
 
-    def __init__(self, *, limiter: HostLimiter | None = None, deadline_s: float = 60.0):
+    def __init__(
+        self,
+        *,
+        limiter: HostLimiter | None = None,
+        deadline_s: float = 60.0,
+        max_attempts: int = 3,
+        backoff_base_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        retry_after_max_s: float = 120.0,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        rng: random.Random | None = None,
+    ):
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
         self._limiter = limiter
         self._deadline_s = deadline_s
+        self._max_attempts = max_attempts
+        self._backoff = {"base_s": backoff_base_s, "max_s": backoff_max_s, "retry_after_max_s": retry_after_max_s}
+        self._sleep = sleep
+        self._rng = rng if rng is not None else random.Random()
         self._files: dict[str, _RobotsFile] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
@@ -185,36 +223,60 @@ class RobotsCache:
         return robots
 
     async def _fetch(self, client: httpx.AsyncClient, robots_url: str, user_agent: str) -> _RobotsFile:
+        """The origin's robots.txt after at most ``max_attempts`` requests (see the module docstring)."""
+        attempt = 0
+        while True:
+            attempt += 1
+            robots, retry_after = await self._attempt(client, robots_url, user_agent)
+            if retry_after is None:  # a decision, not a failure to retry
+                return robots
+            if attempt >= self._max_attempts:
+                return robots if attempt == 1 else replace(robots, detail=f"{robots.detail}, {attempt} attempts")
+            delay = backoff_delay_s(
+                attempt, retry_after_s=parse_retry_after(retry_after or None, datetime.now(timezone.utc)),
+                rng=self._rng, **self._backoff,
+            )
+            logger.info("%s: attempt %d/%d failed (%s); retrying in %.2f s", robots_url, attempt, self._max_attempts,
+                        robots.detail, delay)
+            await self._sleep(delay)
+
+    async def _attempt(self, client: httpx.AsyncClient, robots_url: str, user_agent: str) -> tuple[_RobotsFile, str | None]:
+        """One request: the outcome, and ``None`` when it is final or else the ``Retry-After``
+        value to honour before retrying (``""`` when the answer had none)."""
         host = httpx.URL(robots_url).host
         try:
             if self._limiter is None:
-                status, body = await within_deadline(self._deadline_s, self._download(client, robots_url, user_agent))
+                status, retry_after, body = await within_deadline(
+                    self._deadline_s, self._download(client, robots_url, user_agent)
+                )
             else:
                 async with self._limiter.slot(host):
-                    status, body = await within_deadline(
+                    status, retry_after, body = await within_deadline(
                         self._deadline_s, self._download(client, robots_url, user_agent)
                     )
         except httpx.TooManyRedirects as exc:
-            return _RobotsFile("unavailable", robots_url, f"robots.txt redirected too often ({exc}); allowing all")
+            return _RobotsFile("unavailable", robots_url, f"robots.txt redirected too often ({exc}); allowing all"), None
         except (httpx.RequestError, TimeoutError, asyncio.TimeoutError) as exc:
             what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            return _RobotsFile("unreachable", robots_url, f"robots.txt could not be fetched ({what})")
+            return _RobotsFile("unreachable", robots_url, f"robots.txt could not be fetched ({what})"), ""
         if 200 <= status <= 299:
             parser = Protego.parse(body.decode("utf-8", errors="replace"))
-            return _RobotsFile("parsed", robots_url, f"robots.txt answered HTTP {status}", parser)
+            return _RobotsFile("parsed", robots_url, f"robots.txt answered HTTP {status}", parser), None
         if status == 407:  # our proxy refused us: says nothing about the site's robots.txt
-            return _RobotsFile("unreachable", robots_url, "robots.txt: the proxy answered HTTP 407 (credentials?)")
+            return _RobotsFile("unreachable", robots_url, "robots.txt: the proxy answered HTTP 407 (credentials?)"), ""
         if 400 <= status <= 499 and status != 429:
-            return _RobotsFile("unavailable", robots_url, f"robots.txt answered HTTP {status}; allowing all")
-        return _RobotsFile("unreachable", robots_url, f"robots.txt answered HTTP {status}")
+            return _RobotsFile("unavailable", robots_url, f"robots.txt answered HTTP {status}; allowing all"), None
+        unreachable = _RobotsFile("unreachable", robots_url, f"robots.txt answered HTTP {status}")
+        return unreachable, (retry_after if status == 429 or 500 <= status <= 599 else None)
 
     @staticmethod
-    async def _download(client: httpx.AsyncClient, robots_url: str, user_agent: str) -> tuple[int, bytes]:
+    async def _download(client: httpx.AsyncClient, robots_url: str, user_agent: str) -> tuple[int, str, bytes]:
+        """``(status, Retry-After value or "", body)``; the body only of a 2xx, at most ROBOTS_MAX_BYTES."""
         async with client.stream(
             "GET", robots_url, headers={"User-Agent": user_agent}, follow_redirects=True
         ) as response:
             if not 200 <= response.status_code <= 299:
-                return response.status_code, b""
+                return response.status_code, response.headers.get("retry-after", ""), b""
             chunks: list[bytes] = []
             size = 0
             async for chunk in response.aiter_bytes():
@@ -222,7 +284,7 @@ class RobotsCache:
                 size += len(chunk)
                 if size >= ROBOTS_MAX_BYTES:
                     break
-            return response.status_code, b"".join(chunks)[:ROBOTS_MAX_BYTES]
+            return response.status_code, "", b"".join(chunks)[:ROBOTS_MAX_BYTES]
 
 
 class HostLimiter:

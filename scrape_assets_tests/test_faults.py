@@ -220,7 +220,14 @@ def _robots_disallow(outcome: Outcome) -> None:
 
 
 def _robots_unreachable(outcome: Outcome) -> None:
-    assert [r.path for r in outcome.server.requests] == ["/robots.txt"]
+    # Retried as a page would be (max_attempts), then every page of the host refused unasked.
+    assert [r.path for r in outcome.server.requests] == ["/robots.txt"] * 3
+
+
+def _robots_recovered(outcome: Outcome) -> None:
+    paths = [r.path for r in outcome.server.requests]
+    assert paths[:3] == ["/robots.txt"] * 3 and paths.count("/robots.txt") == 3
+    assert [e.status for e in outcome.server.fault_log if e.fault] == [503, 503]
 
 
 def _rates_are_reproducible(outcome: Outcome) -> None:
@@ -251,6 +258,7 @@ EXTRA_CHECKS = {
     "zero_products-empty-category": _empty_category,
     "robots_disallow": _robots_disallow,
     "http_error-robots-txt-503": _robots_unreachable,
+    "http_error-robots-txt-503-recovers": _robots_recovered,
     "rates-seed-38": _rates_are_reproducible,
     "redirect_offsite": _offsite_never_followed,
 }

@@ -441,7 +441,33 @@ def test_robots_unreachable_is_permanent_with_its_own_reason():
     with pytest.raises(PermanentFetchError) as raised:
         harness.fetch()
     assert raised.value.reason == "robots_unreachable"
-    assert "HTTP 503" in raised.value.detail
+    assert raised.value.detail == "robots.txt answered HTTP 503, 3 attempts"
+    # robots.txt gets the policy's attempts and backoff (fake sleep, seeded jitter), no page request.
+    assert harness.paths == ["/robots.txt"] * 3
+    assert len(harness.sleeps) == 2
+    assert 0 <= harness.sleeps[0] <= 0.5 and 0 <= harness.sleeps[1] <= 1.0
+    assert harness.on_attempt_calls == []
+
+
+@pytest.mark.parametrize(("rules", "fetched"), [("Disallow: /private/", True), ("Disallow: /catalogue/", False)])
+def test_robots_txt_that_fails_once_is_retried_and_then_obeyed(rules, fetched):
+    answers = iter([httpx.Response(502), httpx.Response(200, text=f"User-agent: *\n{rules}\n")])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/robots.txt":
+            return next(answers)
+        return httpx.Response(200, text="page")
+
+    harness = Harness(handler, ROBOTS_POLICY)
+    if fetched:
+        assert harness.fetch().body == b"page"
+        assert harness.paths == ["/robots.txt", "/robots.txt", "/catalogue/page-1.html"]
+    else:
+        with pytest.raises(PermanentFetchError) as raised:
+            harness.fetch()
+        assert raised.value.reason == "robots_disallowed"
+        assert harness.paths == ["/robots.txt", "/robots.txt"]
+    assert len(harness.sleeps) == 1
 
 
 def test_robots_allowed_page_is_fetched():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 
 import httpx
@@ -102,11 +103,21 @@ def test_404_allows_everything():
     assert "404" in decision.detail
 
 
+class _Sleeps(list):
+    """A fake ``asyncio.sleep`` that records the delays."""
+
+    async def __call__(self, seconds: float) -> None:
+        self.append(seconds)
+
+
 @pytest.mark.parametrize("status", [500, 503, 429, 407])  # 407: our proxy refused us, not the site
-def test_server_error_disallows_everything_with_a_reason(status):
+def test_server_error_is_retried_then_disallows_everything_with_a_reason(status):
+    requests: list[httpx.Request] = []
+    sleeps = _Sleeps()
+
     async def main():
-        cache = RobotsCache()
-        async with _client(_robots_handler(status)) as client:
+        cache = RobotsCache(max_attempts=3, backoff_base_s=0.5, sleep=sleeps, rng=random.Random(7))
+        async with _client(_robots_handler(status, requests=requests)) as client:
             first = await cache.check(client, "http://shop.test/", UA)
             second = await cache.check(client, "http://shop.test/catalogue/", UA)
         return first, second
@@ -114,7 +125,71 @@ def test_server_error_disallows_everything_with_a_reason(status):
     first, second = asyncio.run(main())
     assert (first.allowed, first.reason) == (False, "robots_unreachable")
     assert (second.allowed, second.reason) == (False, "robots_unreachable")
-    assert f"HTTP {status}" in first.detail
+    assert f"HTTP {status}" in first.detail and first.detail.endswith(", 3 attempts")
+    assert len(requests) == 3  # max_attempts, then the decision holds for the run: no more requests
+    assert len(sleeps) == 2 and 0 <= sleeps[0] <= 0.5 and 0 <= sleeps[1] <= 1.0  # full jitter, doubling
+
+
+@pytest.mark.parametrize("status", [404, 410, 401])
+def test_a_4xx_robots_txt_is_not_retried(status):
+    requests: list[httpx.Request] = []
+    sleeps = _Sleeps()
+
+    async def main():
+        async with _client(_robots_handler(status, requests=requests)) as client:
+            return await RobotsCache(sleep=sleeps).check(client, "http://shop.test/a", UA)
+
+    assert asyncio.run(main()).allowed is True
+    assert (len(requests), sleeps) == (1, [])
+
+
+def test_a_transient_failure_is_retried_and_the_file_then_obeyed():
+    answers = [httpx.Response(503, headers={"Retry-After": "7"}), "connect_error", httpx.Response(200, text=ROBOTS)]
+    requests: list[httpx.Request] = []
+    sleeps = _Sleeps()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        requests.append(request)
+        answer = answers.pop(0)
+        if answer == "connect_error":
+            raise httpx.ConnectError("connection refused", request=request)
+        return answer
+
+    async def main():
+        cache = RobotsCache(max_attempts=3, backoff_base_s=0.5, sleep=sleeps, rng=random.Random(7))
+        async with _client(handler) as client:
+            return (await cache.check(client, "http://shop.test/private/x.html", UA),
+                    await cache.check(client, "http://shop.test/catalogue/", UA))
+
+    private, public = asyncio.run(main())
+    assert (private.allowed, private.reason, public.allowed) == (False, "robots_disallowed", True)
+    assert len(requests) == 3
+    assert sleeps[0] >= 7  # the 503's Retry-After (RFC 9110 §10.2.3) is honoured
+    assert 0 <= sleeps[1] <= 1.0
+
+
+def test_retry_after_is_capped_for_robots_txt_too():
+    sleeps = _Sleeps()
+
+    async def main():
+        cache = RobotsCache(max_attempts=2, retry_after_max_s=3, sleep=sleeps)
+        handler = _robots_handler(429)
+
+        async def with_header(request):
+            response = await handler(request)
+            response.headers["Retry-After"] = "86400"
+            return response
+
+        async with _client(with_header) as client:
+            return await cache.check(client, "http://shop.test/a", UA)
+
+    assert asyncio.run(main()).reason == "robots_unreachable"
+    assert sleeps == [3]
+
+
+def test_max_attempts_must_be_positive():
+    with pytest.raises(ValueError, match="max_attempts must be >= 1, got 0"):
+        RobotsCache(max_attempts=0)
 
 
 def test_network_error_disallows_everything():
@@ -123,7 +198,7 @@ def test_network_error_disallows_everything():
 
     async def main():
         async with _client(handler) as client:
-            return await RobotsCache().check(client, "http://shop.test/a", UA)
+            return await RobotsCache(max_attempts=1).check(client, "http://shop.test/a", UA)
 
     decision = asyncio.run(main())
     assert (decision.allowed, decision.reason) == (False, "robots_unreachable")
@@ -135,14 +210,18 @@ def test_stalled_robots_txt_is_unreachable_after_the_deadline():
         await asyncio.sleep(30)
         return httpx.Response(200, text="")
 
+    sleeps = _Sleeps()
+
     async def main():
         async with _client(handler) as client:
             started = time.monotonic()
-            decision = await RobotsCache(deadline_s=0.2).check(client, "http://shop.test/a", UA)
+            decision = await RobotsCache(deadline_s=0.2, max_attempts=2, sleep=sleeps).check(client, "http://shop.test/a", UA)
             return decision, time.monotonic() - started
 
     decision, took_s = asyncio.run(main())
     assert decision.reason == "robots_unreachable"
+    assert decision.detail.endswith(", 2 attempts")
+    assert len(sleeps) == 1  # a timed-out attempt is retried like a 5xx
     assert took_s < 5
 
 

@@ -6,7 +6,7 @@ Scrapy spider read it exactly as they read the demo. Only the size differs:
 
 * ``--categories C --pages P``: C categories of P listing pages, 20 products a page, product ids
   unique across the catalogue (1,000 pages = 20 x 50, 10,000 pages = 100 x 100 in ``run.py``).
-* Every page is rendered once at start-up and kept as bytes (about 45 KB each, ~450 MB for
+* Every page is rendered once at start-up and kept as bytes (about 41 KB each, ~410 MB for
   10,000 pages), so serving one costs a dict lookup and a socket write: the server's ceiling
   is measured by ``benchmarks/fast_client.py`` in the same run.
 * The sidebar lists at most :data:`SIDEBAR_CATEGORIES` categories (the current one and its

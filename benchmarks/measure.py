@@ -4,7 +4,8 @@
   rusage of the child, including every descendant it waited for (Dagster's step processes,
   Scrapy's nothing), so nothing is sampled or missed.
 * Other load on the machine: the busy CPU seconds of the whole machine (``/proc/stat``) during
-  the command, minus the command's own and the catalogue server's, is ``foreign_cpu_s``: CPU
+  the command, minus the command's own, the catalogue server's and this measuring process's
+  (its poller; ``extra["measuring_cpu_s"]``), is ``foreign_cpu_s``: CPU
   that other programs took from the 2 cores meanwhile (other people's test suites). Before each
   command :func:`wait_for_quiet` waits (bounded) until the machine is nearly idle.
 * The process tree's peak RSS (sum over live processes) and the processes started come from
@@ -142,6 +143,7 @@ def run_measured(
     out_path, err_path = log_prefix.with_suffix(".out"), log_prefix.with_suffix(".err")
     busy_before = wait_for_quiet() if quiet else 0.0
     machine_before, server_before = machine_busy_s(), _process_cpu_s(server_pid)
+    runner_before = sum(os.times()[:2])  # this process (the poller thread included): not "others"
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         started = time.perf_counter()
         proc = subprocess.Popen(command, env=env, cwd=cwd, stdout=out, stderr=err, start_new_session=True)
@@ -158,6 +160,7 @@ def run_measured(
         poller.join()
     machine_cpu = machine_busy_s() - machine_before
     server_cpu = _process_cpu_s(server_pid) - server_before
+    runner_cpu = sum(os.times()[:2]) - runner_before
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode == -signal.SIGKILL and wall >= timeout_s:
         raise TimeoutError(f"{' '.join(command)} ran longer than {timeout_s} s; logs in {err_path}")
@@ -172,10 +175,10 @@ def run_measured(
         rss_max_process_mb=usage.ru_maxrss * 1024 / 1e6,
         rss_peak_tree_mb=poller.peak_rss / 1e6,
         pss_peak_tree_mb=poller.peak_pss / 1e6,
-        extra={"server_cpu_s": round(server_cpu, 2)},
+        extra={"server_cpu_s": round(server_cpu, 2), "measuring_cpu_s": round(runner_cpu, 2)},
         processes=len(names),
         python_processes=sum(1 for n in names if n.startswith("python") or n in ("dagster", "scrape-assets")),
-        foreign_cpu_s=max(0.0, machine_cpu - (usage.ru_utime + usage.ru_stime) - server_cpu),
+        foreign_cpu_s=max(0.0, machine_cpu - (usage.ru_utime + usage.ru_stime) - server_cpu - runner_cpu),
         busy_before=busy_before,
         stdout_path=str(out_path),
         stderr_path=str(err_path),

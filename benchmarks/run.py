@@ -106,6 +106,18 @@ def pipeline_env(run_dir: Path, spec: Path, base_url: str, concurrency: int) -> 
     return env
 
 
+def checked_output(command: list[str], env: dict | None = None) -> str:
+    """``command``'s stdout (run from the repository root).
+
+    Raises:
+        RuntimeError: it exited non-zero; the message has the command and the end of its stderr.
+    """
+    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{shlex.join(command)} exited {done.returncode}:\n{done.stderr[-4000:]}")
+    return done.stdout
+
+
 def shell_line(command: list[str], env: dict | None = None, keys: tuple[str, ...] = ()) -> str:
     """The command as one shell line, with the environment variables that matter, paths made relative."""
     parts = [f"{k}={shlex.quote(env[k])}" for k in keys if env and k in env] + [shlex.quote(c) for c in command]
@@ -119,8 +131,7 @@ ENV_KEYS = ("SCRAPE_SITE", "SCRAPE_BASE_URL", "SCRAPE_DATA_DIR", "SCRAPE_REQUEST
 
 def run_info(env: dict) -> list[dict]:
     """What the run's Dagster instance recorded (see benchmarks/run_info.py)."""
-    out = subprocess.run([PY, "-m", "benchmarks.run_info"], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)
+    return json.loads(checked_output([PY, "-m", "benchmarks.run_info"], env=env))
 
 
 class Bench:
@@ -148,7 +159,7 @@ class Bench:
         runs = []
         for _ in range(rounds):
             wait_for_quiet(max_wait_s=15)
-            runs.append(json.loads(subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True).stdout))
+            runs.append(json.loads(checked_output(command)))
         best = max(runs, key=lambda r: r["pages_per_s"])
         self.note_command("server ceiling (fast client)", command)
         return {**best, "rounds": rounds}
@@ -240,6 +251,9 @@ class Bench:
             bare_runs.append({**asdict(bm), **json.loads(Path(bm.stdout_path).read_text())})
         ours = median_run(ours_runs)
         ours["ok"] = all(r["ok"] for r in ours_runs)
+        from scrape_assets.parse_run import default_workers  # what parsed_products uses (no parse_workers in the config)
+
+        ours["parse_workers"] = default_workers()
         bare = median_run(bare_runs, key="seconds")  # the bare loop's own time (its Python start is not timed)
         bare["runs_pages_per_s"] = [r["pages_per_s"] for r in bare_runs]
         return {"ours": ours, "bare": bare}
@@ -291,10 +305,7 @@ class Bench:
         one = size_dir / "daily-one-run"
         shutil.rmtree(one, ignore_errors=True)
         env = pipeline_env(one, spec, server.base_url, 16)
-        snippet = ("import datetime, json, dagster as dg; from scrape_assets.defs.schedules import daily_scrape_schedule;"
-                   "ctx = dg.build_schedule_context(scheduled_execution_time=datetime.datetime(2026, 1, 2, 2, tzinfo=datetime.timezone.utc));"
-                   "print(json.dumps(daily_scrape_schedule(ctx).tags))")
-        tags = subprocess.run([PY, "-c", snippet], env=env, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        tags = checked_output([PY, "-m", "benchmarks.schedule_request"], env=env)
         command = [DAGSTER, "job", "execute", "-m", "scrape_assets.definitions", "-j", "daily_scrape_job", "--tags", tags.strip()]
         self.note_command("daily refresh, the schedule's run request", command, env)
         m = run_measured(command, env=env, cwd=one, log_prefix=one / "daily", server_pid=server.proc.pid)
@@ -483,7 +494,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "(default: 3; 1 with --quick)")
     parser.add_argument("--skip-daily", action="store_true", help="skip the daily-refresh scenario")
     parser.add_argument("--work-dir", type=Path, default=ROOT / "benchmarks" / ".work")
-    parser.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
+    parser.add_argument("--output", type=Path, help="where the report goes (default: BENCHMARKS.md for a full run; "
+                        "WORK_DIR/BENCHMARKS-quick.md with --quick, so a quick run never replaces the published report)")
     parser.add_argument("--merge", action="store_true",
                         help="keep the figures of sizes not run now from the work dir's previous results.json")
     parser.add_argument("--report-only", action="store_true",
@@ -495,6 +507,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
     if not all(1 <= c <= MAX_CONCURRENCY for c in args.concurrency):  # SCRAPE_MAX_CONCURRENCY's range
         parser.error(f"--concurrency: each value must be 1 to {MAX_CONCURRENCY}")
+    if args.output is None:
+        args.output = args.work_dir / "BENCHMARKS-quick.md" if args.quick else ROOT / "BENCHMARKS.md"
     if args.profile is None:
         args.profile = not args.quick
     if args.repeats is None:
@@ -513,6 +527,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.report_only:
         results = json.loads((args.work_dir / "results.json").read_text())
+        args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(report.render(results, analysis=ROOT / "benchmarks" / "analysis.md"))
         log(f"wrote {args.output} from {args.work_dir / 'results.json'}")
         return 0

@@ -527,7 +527,8 @@ def open_snapshot(
 
     Raises:
         FetchConfigChangedError: the latest snapshot is incomplete, was fetched with a
-            different config, and ``new_snapshot`` is false. Lists the differing keys.
+            different config or from another ``start_url``, and ``new_snapshot`` is false.
+            Lists the differing keys (``start_url`` among them for the latter).
     """
     digest = config_hash(fetch_config)
     now = now or datetime.now(timezone.utc)
@@ -541,7 +542,7 @@ def open_snapshot(
             on_abandon(latest)
         new_snapshot = True
     if latest is not None and not latest.is_complete and not new_snapshot:
-        refusal = _resume_refusal(latest, fetch_config, now, resume_max_age)
+        refusal = _resume_refusal(latest, fetch_config, now, resume_max_age, start_url)
         if refusal is not None:
             raise refusal
         return _reopen(store, latest, run_id), True
@@ -580,7 +581,7 @@ def _too_old_to_resume(latest: Manifest | None, now: datetime, resume_max_age: t
 
 def resume_conflict(
     store: ObjectStore, *, site: str, category: str, fetch_config: dict, now: datetime | None = None,
-    resume_max_age: timedelta | None = None, latest: Manifest | None | object = UNREAD,
+    resume_max_age: timedelta | None = None, latest: Manifest | None | object = UNREAD, start_url: str | None = None,
 ) -> FetchConfigChangedError | None:
     """The error :func:`open_snapshot` would raise for this partition (without ``new_snapshot``), or None.
 
@@ -588,21 +589,26 @@ def resume_conflict(
     changed config stops the run before it starts snapshots under the new config for the
     other partitions (which would then refuse the old config in turn). ``latest``: as in
     :func:`open_snapshot` (the caller's read of the latest snapshot, else read here).
+    ``start_url``: the category's start URL now (the spec's); None: not compared.
     """
     if latest is UNREAD:
         latest = latest_manifest(store, site, category)
-    return _resume_refusal(latest, fetch_config, now or datetime.now(timezone.utc), resume_max_age)
+    return _resume_refusal(latest, fetch_config, now or datetime.now(timezone.utc), resume_max_age, start_url)
 
 
 def _resume_refusal(
-    latest: Manifest | None, fetch_config: dict, now: datetime, resume_max_age: timedelta | None
+    latest: Manifest | None, fetch_config: dict, now: datetime, resume_max_age: timedelta | None,
+    start_url: str | None = None,
 ) -> FetchConfigChangedError | None:
-    """The one rule: an incomplete snapshot young enough to resume, fetched with another config."""
+    """The one rule: an incomplete snapshot young enough to resume, fetched with another config
+    or from another start URL (the spec moved the category: its pages are another listing's)."""
     if latest is None or latest.is_complete or _too_old_to_resume(latest, now, resume_max_age):
         return None
-    if latest.fetch_config_hash == config_hash(fetch_config):
+    moved = start_url is not None and latest.start_url != start_url
+    if latest.fetch_config_hash == config_hash(fetch_config) and not moved:
         return None
-    return FetchConfigChangedError(latest.key, differing_keys(latest.fetch_config, fetch_config))
+    keys = differing_keys(latest.fetch_config, fetch_config) if latest.fetch_config_hash != config_hash(fetch_config) else []
+    return FetchConfigChangedError(latest.key, sorted(keys + (["start_url"] if moved else [])))
 
 
 def _reopen(store: ObjectStore, manifest: Manifest, run_id: str | None) -> Manifest:

@@ -71,6 +71,29 @@ def test_changed_config_refuses_resume_listing_keys_unless_new_snapshot(tmp_path
     assert list_snapshots(store, "demo", "travel") == ["2026-11-30T084512Z", "2026-11-30T084512Z-1"]
 
 
+def test_a_category_moved_to_another_start_url_refuses_to_resume_its_old_snapshot(tmp_path):
+    """Its pages are another listing's: resuming would mix two listings in one snapshot."""
+    from scrape_assets.manifest import resume_conflict
+
+    store = ObjectStore(str(tmp_path))
+    old, _ = _open(store, fetch_config=CONFIG, now=T0)  # incomplete, from http://x/t/index.html
+    moved = "http://x/moved/index.html"
+    refused = resume_conflict(store, site="demo", category="travel", fetch_config=CONFIG, start_url=moved)
+    assert refused.differing_keys == ["start_url"] and refused.location == old.key
+    assert "differing keys: start_url" in str(refused)
+    with pytest.raises(FetchConfigChangedError) as info:
+        open_snapshot(store, site="demo", category="travel", start_url=moved, fetch_config=CONFIG, now=T0)
+    assert info.value.differing_keys == ["start_url"]
+    both = resume_conflict(store, site="demo", category="travel", fetch_config={**CONFIG, "max_attempts": 5},
+                           start_url=moved)
+    assert both.differing_keys == ["max_attempts", "start_url"]
+    assert resume_conflict(store, site="demo", category="travel", fetch_config=CONFIG,
+                           start_url="http://x/t/index.html") is None  # the same URL: resumed as before
+    fresh, resumed = open_snapshot(store, site="demo", category="travel", start_url=moved, fetch_config=CONFIG,
+                                   new_snapshot=True, now=T0)
+    assert resumed is False and fresh.pages[1].url == moved
+
+
 def test_resume_conflict_answers_as_open_snapshot_would_without_writing(tmp_path):
     from datetime import timedelta
 

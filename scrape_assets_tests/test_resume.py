@@ -471,3 +471,30 @@ def test_a_killed_sitemap_run_keeps_its_adopted_pages_and_resumes_the_rest(tmp_p
     assert sum(refetched.values()) == 6 - len(revalidated_at_kill)  # only the pages not done at the kill
     assert sum(after.values()) <= 1 + 6 + 1  # one in-flight page may repeat
     assert [r.path for r in demo_server.requests].count("/sitemap.xml") == 2  # once per run
+
+
+def test_raw_pages_refuses_to_resume_a_snapshot_of_the_categorys_old_url(tmp_path):
+    """The spec moved a category while its snapshot was incomplete: the run stops before any
+    request, naming start_url; with new_snapshot a new snapshot of the new URL starts."""
+    import asyncio
+    import logging
+
+    from scrape_assets.defs.assets.raw_pages import crawl_partitions
+    from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
+    from scrape_assets.errors import FetchConfigChangedError
+    from scrape_assets.manifest import open_snapshot
+
+    site = SiteResource(site="demo")
+    store = ObjectStoreResource(url=str(tmp_path / "objects"))
+    object_store = store.store()
+    old_url = site.spec().start_url("travel", site.fetch_base_url()).replace("travel_2", "nonfiction_13")
+    old, _ = open_snapshot(object_store, site="demo", category="travel", start_url=old_url,
+                           fetch_config=site.fetch_config())
+    with pytest.raises(FetchConfigChangedError) as info:
+        asyncio.run(crawl_partitions(site, store, ["travel"], new_snapshot=False, log=logging.getLogger("t")))
+    assert info.value.differing_keys == ["start_url"]
+    assert latest_manifest(object_store, "demo", "travel").snapshot_id == old.snapshot_id  # nothing opened, nothing fetched
+    [report] = asyncio.run(crawl_partitions(site, store, ["travel"], new_snapshot=True, log=logging.getLogger("t")))
+    fresh = latest_manifest(object_store, "demo", "travel")
+    assert report.snapshot_id == fresh.snapshot_id != old.snapshot_id
+    assert fresh.start_url != old_url and fresh.pages[1].url == fresh.start_url and fresh.is_complete

@@ -197,7 +197,8 @@ async def crawl_partitions(
     latest = {category: latest_manifest(object_store, spec.name, category) for category in categories}
     if not new_snapshot:
         conflicts = [c for c in (resume_conflict(object_store, site=spec.name, category=category, fetch_config=fetch_config,
-                                                 resume_max_age=store.resume_max_age(), latest=latest[category])
+                                                 resume_max_age=store.resume_max_age(), latest=latest[category],
+                                                 start_url=spec.start_url(category, fetch_base_url))
                                  for category in categories) if c]
         if conflicts:
             if len(conflicts) > 1:

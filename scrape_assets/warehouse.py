@@ -396,6 +396,25 @@ class Warehouse:
                 for category, n in conn.execute(query.where(where))
             }
 
+    def rows_of_loaded_snapshots(self, categories: Collection[str]) -> dict[str, int]:
+        """``{category: rows}`` of ``products`` from the snapshot last loaded into it (the
+        ``snapshot_id`` in ``partition_loads``): the rows that load inserted, unless something
+        outside the pipeline changed them since (carried-forward rows have older ids). A
+        category without such rows is left out."""
+        self.create_tables()
+        loads = partition_loads
+        query = (
+            sa.select(products.c.category, sa.func.count())
+            .join(loads, sa.and_(loads.c.table_name == products.name, loads.c.category == products.c.category,
+                                 loads.c.snapshot_id == products.c.snapshot_id))
+            .group_by(products.c.category)
+        )
+        with self.engine.connect() as conn:
+            return {
+                category: int(n) for where in _each_chunk(products.c.category, categories)
+                for category, n in conn.execute(query.where(where))
+            }
+
     def carried_forward(self) -> dict[str, tuple[int, str]]:
         """``{category: (rows, oldest fetched_at)}`` of the ``products`` rows not seen in the
         snapshot last loaded for their category (carried forward from pages that failed since,

@@ -484,6 +484,30 @@ def test_a_malformed_proxy_url_fails_raw_pages_once_without_retries_or_echoing_i
     assert not any("hunter2" in (e.message or "") for e in instance.all_logs(result.run_id))
 
 
+def test_rows_deleted_by_hand_are_loaded_again_although_the_input_is_unchanged(tmp_path, instance):
+    """An unchanged input is not reloaded, but only while the table still holds what its load
+    inserted: a hand edit (a partial restore, a DELETE) must not leave a category empty for
+    as long as its pages stay the same, with the row check green."""
+    res = make_resources(tmp_path)
+    assert materialize(instance, res, CATEGORIES).success
+    first = _table(tmp_path)
+    with sqlite3.connect(tmp_path / "warehouse.db") as conn:
+        conn.execute("DELETE FROM products WHERE category = 'classics'")
+        conn.execute("DELETE FROM products WHERE category = 'mystery' AND product_id IN "
+                     "(SELECT product_id FROM products WHERE category = 'mystery' LIMIT 5)")
+    again = materialize(instance, res, CATEGORIES)  # the same day: every page a 304, every input unchanged
+    assert again.success
+    md = run_metadata(again)["products_table"]
+    assert md["rows_loaded"] == 19 + 32 and md["partitions_reloaded"] == 2  # classics and mystery; travel untouched
+    assert _table(tmp_path) == first
+    checks = {c.check_name: c.passed for c in again.get_asset_check_evaluations()}
+    assert checks["products_table_matches_parsed"] is True
+    logs = "\n".join(e.message or "" for e in instance.all_logs(again.run_id))
+    assert "classics: unchanged input, but the table holds 0 rows of the 19 rows loaded from it" in logs
+    assert "mystery: unchanged input, but the table holds 27 rows of the 32 rows loaded from it" in logs
+    assert "travel: unchanged input: products not reloaded" in logs
+
+
 def test_a_partition_range_given_backwards_fails_with_the_spec_order(tmp_path, instance):
     """Dagster runs a reversed range as an empty one: a run that does nothing must not look green."""
     result = materialize(instance, make_resources(tmp_path), ["mystery", "travel"], raise_on_error=False)

@@ -25,7 +25,9 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
     """Check every partition of the run (``categories``) passed the schema, then load them one by one.
 
     An input already loaded (same input version in ``partition_loads``) is not reloaded;
-    only its day in ``price_history`` is written.
+    only its day in ``price_history`` is written. Unless the table no longer holds the rows
+    that load inserted (rows deleted or changed by hand, a partial restore): that category
+    is loaded again, and the log says so.
     """
     spec = site.spec()
     object_store = store.store()
@@ -47,6 +49,10 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
     log = BatchedLog(context.log.info)
     versions = wh.loaded_versions(products, states)
     to_load = {c for c, state in states.items() if versions.get(c) != state.input_version}
+    unchanged = [c for c in states if c not in to_load]
+    in_place = wh.rows_of_loaded_snapshots(unchanged) if unchanged else {}
+    altered = {c: in_place.get(c, 0) for c in unchanged if in_place.get(c, 0) != states[c].products}
+    to_load |= set(altered)
     for category, state in states.items():
         rows, manifest = None, None
         if category in to_load:
@@ -73,6 +79,8 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
         )
         log.add(
             f"{category}: "
+            + (f"unchanged input, but the table holds {counted(altered[category], 'row')} of the "
+               f"{counted(state.products, 'row')} loaded from it (changed outside the pipeline): " if category in altered else "")
             + (
                 "unchanged input: products not reloaded"
                 if rows is None

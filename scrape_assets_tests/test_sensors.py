@@ -163,6 +163,8 @@ def test_run_failure_sensor_posts_without_leaking_the_webhook(tmp_path, instance
     alert = webhook_server.received[0]
     assert alert["kind"] == "run_failure" and alert["run_id"] == result.run_id
     assert alert["text"].startswith(f"scrape_assets run {result.run_id[:8]} of __ephemeral_asset_job__ failed")
+    # Why, not only which step: the step's own error (here a dagster.Failure's description).
+    assert alert["text"].endswith(f": raw_pages: {tmp_path / 'missing.yaml'}: cannot read spec file: No such file or directory")
     assert "SECRET-TOKEN" not in caplog.text
 
 
@@ -470,3 +472,29 @@ def test_consecutive_ranges_follow_the_spec_order():
     assert consecutive_ranges(["e", "b", "a", "c", "f"], keys) == [("a", "c"), ("e", "f")]
     assert consecutive_ranges(["d"], keys) == [("d", "d")]
     assert consecutive_ranges([], keys) == []
+
+
+def test_step_failure_reasons_name_the_steps_own_exception_without_dagsters_wrapper():
+    from types import SimpleNamespace
+
+    from dagster._utils.error import SerializableErrorInfo
+
+    from scrape_assets.defs.sensors import step_failure_reasons
+
+    own = SerializableErrorInfo(
+        message="scrape_assets.errors.FetchConfigChangedError: demo/travel/2026-12-03T020000Z/manifest.json: the "
+                "incomplete snapshot was fetched with a different config (differing keys: start_url)\n",
+        stack=[], cls_name="FetchConfigChangedError")
+    wrapped = SerializableErrorInfo(message='dagster._core.errors.DagsterExecutionStepExecutionError: Error occurred '
+                                    'while executing op "raw_pages":\n', stack=[],
+                                    cls_name="DagsterExecutionStepExecutionError", cause=own)
+    events = [SimpleNamespace(step_key="raw_pages",
+                              event_specific_data=SimpleNamespace(error=wrapped, user_failure_data=None)),
+              SimpleNamespace(step_key="dead_letters", event_specific_data=SimpleNamespace(
+                  error=None, user_failure_data=SimpleNamespace(description="a  described\nfailure")))]
+    assert step_failure_reasons(events) == [
+        "raw_pages: FetchConfigChangedError: demo/travel/2026-12-03T020000Z/manifest.json: the incomplete snapshot "
+        "was fetched with a different config (differing keys: start_url)",
+        "dead_letters: a described failure",
+    ]
+    assert step_failure_reasons(events, limit=40)[0] == "raw_pages: FetchConfigChangedError: demo/travel/..."

@@ -147,18 +147,42 @@ def success_rate_collapse_sensor(context: dg.SensorEvaluationContext, alerts: Al
 
 @dg.run_failure_sensor(default_status=dg.DefaultSensorStatus.RUNNING)
 def run_failure_alert_sensor(context: dg.RunFailureSensorContext, alerts: AlertsResource):
-    """Alert when a run fails (crash, storage error, refused resume...); when its schema check
-    failed, the alert names the failing categories and why (the check's ``failed_categories``)."""
+    """Alert when a run fails (crash, storage error, refused resume...), with why: when its
+    schema check failed, the failing categories and their reasons (the check's
+    ``failed_categories``); otherwise each failed step's error (its first line, shortened)."""
     run = context.dagster_run
-    message = context.failure_event.message or "run failed"
+    message = (context.failure_event.message or "run failed").rstrip(". ")
     if why := schema_check_failures(context.instance, run.run_id):
         message += f"; {SCHEMA_CHECK} failed for " + "; ".join(
             f"{category} ({_shortened(text, 300)})" for category, text in why.items())
+    elif reasons := step_failure_reasons(context.get_step_failure_events()):
+        message += ": " + "; ".join(reasons)
     send_alert(
         f"scrape_assets run {run.run_id[:8]} of {run.job_name} failed: {message}",
         webhook_url=alerts.webhook_url,
         fields={"kind": "run_failure", "run_id": run.run_id, "job": run.job_name},
     )
+
+
+def step_failure_reasons(events, limit: int = 300) -> list[str]:
+    """``"<step>: <error>"`` per failed step, from its STEP_FAILURE events (the last of each step,
+    after its retries). The error is a ``dagster.Failure``'s description, else the exception
+    the step raised (under Dagster's ``DagsterExecutionStepExecutionError`` wrapper): its type
+    and the first line of its message, shortened to ``limit`` characters."""
+    reasons: dict[str, str] = {}
+    for event in events:
+        data = event.event_specific_data
+        text = getattr(getattr(data, "user_failure_data", None), "description", None) or ""
+        error = getattr(data, "error", None)
+        if not text and error is not None:
+            if error.cls_name == "DagsterExecutionStepExecutionError" and error.cause is not None:
+                error = error.cause  # the step's own exception
+            lines = (error.message or "").strip().splitlines()
+            head, sep, rest = (lines[0] if lines else "").partition(": ")  # "module.Class: message"
+            text = f"{error.cls_name}: {rest}" if sep and head.split(".")[-1] == error.cls_name else (
+                (lines[0] if lines else "") or error.cls_name)
+        reasons[event.step_key or "run"] = _shortened(" ".join(text.split()), limit)
+    return [f"{step}: {text}" for step, text in reasons.items() if text]
 
 
 def schema_check_failures(instance, run_id: str) -> dict[str, str]:

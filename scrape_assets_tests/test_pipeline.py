@@ -527,6 +527,33 @@ def test_a_partition_range_given_backwards_fails_with_the_spec_order(tmp_path, i
     assert not (tmp_path / "warehouse.db").exists()  # not opened, so not claimed by a site either
 
 
+def test_a_range_naming_a_category_the_spec_lacks_fails_saying_to_reload_the_code_location():
+    """A category renamed in the spec while `dagster dev` kept the old definitions: the run was
+    created from the old partitions, and the step's process, which loads the spec anew, no
+    longer has the range's first key. Dagster's own error there names the key only; the
+    step's failure (not retried) says what to do. (Unit test: inside one process the run and
+    its steps share one set of definitions, and Dagster refuses such a range at run creation.)"""
+    from scrape_assets.defs.partitions import run_categories
+
+    keys = ["voyages", "mystery", "classics"]
+
+    class _Context:  # what run_categories reads of a step's context
+        assets_def = type("A", (), {"partitions_def": dg.StaticPartitionsDefinition(keys)})()
+
+        @property
+        def partition_keys(self):
+            return dg.StaticPartitionsDefinition(keys).get_partition_keys_in_range(
+                dg.PartitionKeyRange("travel", "mystery"))
+
+    with pytest.raises(dg.Failure) as failure:
+        run_categories(_Context())
+    assert failure.value.allow_retries is False
+    message = failure.value.description
+    assert "Nonexistent partition keys:" in message and "['travel']" in message
+    assert "The categories of the spec as this code location loaded it: voyages, mystery, classics." in message
+    assert "reload the code location (restart `make ui` or `dagster dev`" in message
+
+
 @pytest.mark.skipif(not Path("/sys/kernel").is_dir(), reason="needs Linux's sysfs: a folder nobody may create in")
 def test_object_storage_this_process_may_not_write_fails_raw_pages_once_before_anything_else(tmp_path, instance, demo_server):
     """Permissions or a read-only mount do not pass with time: one failure naming the folder, no retry.

@@ -20,9 +20,22 @@ def run_categories(context: dg.AssetExecutionContext) -> list[str]:
 
     Raises:
         dagster.Failure: (not retried) the run's partition range selects no category, its ends
-            given in the reverse of the spec's order (Dagster runs such a range as empty).
+            given in the reverse of the spec's order (Dagster runs such a range as empty); or
+            it names a category the loaded spec does not have (the spec changed after the
+            code location loaded, or a typo).
     """
-    keys = list(context.partition_keys)
+    try:
+        keys = list(context.partition_keys)
+    except dg.DagsterInvalidInvocationError as exc:  # "... Nonexistent partition keys: [...]"
+        order = context.assets_def.partitions_def.get_partition_keys()
+        raise dg.Failure(
+            description=(
+                f"{exc}. The categories of the spec as this code location loaded it: {', '.join(order)}. If the "
+                "spec's categories changed since, reload the code location (restart `make ui` or `dagster dev`, or "
+                "Reload in the UI's Deployment page) and launch again"
+            ),
+            allow_retries=False,
+        ) from exc
     if not keys:
         bounds = context.partition_key_range
         order = context.assets_def.partitions_def.get_partition_keys()

@@ -201,6 +201,9 @@ class PartitionCrawler:
             revalidated, so it is not read a second time.
         sitemap: the site's sitemap, read once per run (``incremental.revalidate: sitemap``,
             see :func:`load_run_sitemap`); None: no page is adopted on its word.
+        warn: where warnings about the crawl's shape go (``max_pages`` reached, a next link
+            off the site, looping or unresolvable): ``raw_pages`` passes the step's log, so
+            they are in the run's event log; by default this module's logger.
     """
 
     def __init__(
@@ -220,7 +223,9 @@ class PartitionCrawler:
         progress: CrawlProgress | ProgressCallback | None = None,
         latest: Manifest | None | object = UNREAD,
         sitemap: Sitemap | None = None,
+        warn: Callable[[str], object] | None = None,
     ):
+        self._warn = warn or logger.warning
         self.run_id = run_id
         self.reexecuted_run_ids = tuple(reexecuted_run_ids)
         self.sitemap = sitemap
@@ -388,8 +393,8 @@ class PartitionCrawler:
         if pager.total_pages is not None and pattern:
             total = min(pager.total_pages, self.spec.pagination.max_pages)
             if total < pager.total_pages:
-                logger.warning("%s: the site lists %d pages; the spec's pagination.max_pages stops the crawl at %d",
-                               self.category, pager.total_pages, total)
+                self._warn(f"{self.category}: the site lists {pager.total_pages} pages; the spec's "
+                           f"pagination.max_pages stops the crawl at {total}")
             manifest.total_pages = total
             for n in range(2, total + 1):
                 manifest.pages.setdefault(n, PageEntry(url=self._page_url(n)))
@@ -523,15 +528,15 @@ class PartitionCrawler:
             self._warn_dead_next_link(last, pager)
             if next_url is None or last >= self.spec.pagination.max_pages:
                 if next_url is not None:
-                    logger.warning("%s: page %d has a next link; the spec's pagination.max_pages stops the crawl there",
-                                   self.category, last)
+                    self._warn(f"{self.category}: page {last} has a next link; the spec's pagination.max_pages "
+                               "stops the crawl there")
                 manifest.discovery_complete = True
             elif not same_origin(next_url, self.fetch_base_url):
-                logger.warning("%s: next link %s leaves the site; not followed", self.category, next_url)
+                self._warn(f"{self.category}: next link {next_url} leaves the site; not followed")
                 manifest.discovery_complete = True
             elif (seen := next((n for n, e in manifest.pages.items() if e.url == next_url), None)) is not None:
-                logger.warning("%s: page %d's next link goes back to page %d (%s); the crawl ends there",
-                               self.category, last, seen, next_url)
+                self._warn(f"{self.category}: page {last}'s next link goes back to page {seen} ({next_url}); "
+                           "the crawl ends there")
                 manifest.discovery_complete = True
             else:
                 manifest.pages[last + 1] = PageEntry(url=next_url)
@@ -611,8 +616,8 @@ class PartitionCrawler:
 
     def _warn_dead_next_link(self, n: int, pager) -> None:
         if pager.next_link_error:
-            logger.warning("%s: page %d's next link %s cannot be resolved; the crawl ends at that page",
-                           self.category, n, pager.next_link_error)
+            self._warn(f"{self.category}: page {n}'s next link {pager.next_link_error} cannot be resolved; "
+                       "the crawl ends at that page")
 
     def _pager(self, n: int):
         entry = self.manifest.pages[n]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources as importlib_resources
@@ -94,7 +95,7 @@ def hostile_server():
     server.server_close()
 
 
-def test_links_off_site_are_not_followed_and_nothing_is_written_outside_the_root(tmp_path, instance, hostile_server, caplog):
+def test_links_off_site_are_not_followed_and_nothing_is_written_outside_the_root(tmp_path, instance, hostile_server):
     data = _demo_spec()
     data["pagination"].pop("page_url")  # follow next links, where hostile links would bite
     spec_path = tmp_path / "next_links.yaml"
@@ -117,11 +118,14 @@ def test_links_off_site_are_not_followed_and_nothing_is_written_outside_the_root
     assert not any("127.0.0.2" in p or "steal" in p for p in hostile_server.paths)
     fiction = latest_manifest(store, "demo", "fiction")  # a dead end, not a failed run
     assert sorted(fiction.pages) == [1] and fiction.is_complete and fiction.pages[1].status == "done"
-    assert "fiction: page 1's next link 'http://[bad/page-2.html' (Invalid IPv6 URL) cannot be resolved" in caplog.text
     poetry = latest_manifest(store, "demo", "poetry")
     assert sorted(poetry.pages) == [1] and poetry.is_complete
     assert hostile_server.paths.count("/catalogue/category/books/poetry_23/index.html") == 1
-    assert "poetry: page 1's next link goes back to page 1" in caplog.text
+    warnings = [e.user_message for e in instance.all_logs(result.run_id) if e.level == logging.WARNING]
+    assert any("travel: next link" in w and "leaves the site; not followed" in w for w in warnings)
+    assert any("poetry: page 1's next link goes back to page 1" in w for w in warnings)
+    assert any("fiction: page 1's next link 'http://[bad/page-2.html' (Invalid IPv6 URL) cannot be resolved" in w
+               for w in warnings)
 
     created = {p for p in tmp_path.parent.rglob("*")} - before
     outside = [p for p in created if not (p == root or root in p.parents or p.name == "warehouse.db" or p.parent == tmp_path)]
@@ -323,7 +327,7 @@ def test_a_next_link_spelling_the_sites_host_in_another_case_stays_on_the_site(t
 
 
 @pytest.mark.parametrize("mode", ["pager", "next_links"])
-def test_a_category_longer_than_max_pages_stops_there_with_a_warning(tmp_path, instance, caplog, mode):
+def test_a_category_longer_than_max_pages_stops_there_with_a_warning(tmp_path, instance, mode):
     """max_pages is a safety limit: hitting it drops the later pages' products, so it says so."""
     data = _demo_spec()
     data["pagination"]["max_pages"] = 3
@@ -331,9 +335,12 @@ def test_a_category_longer_than_max_pages_stops_there_with_a_warning(tmp_path, i
         data["pagination"].pop("page_url")
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(data))
     res = make_resources(tmp_path, site=str(tmp_path / "spec.yaml"))
-    assert materialize(instance, res, ["default"], selection=["raw_pages"]).success  # 12 pages on the site
+    result = materialize(instance, res, ["default"], selection=["raw_pages"])  # 12 pages on the site
+    assert result.success
     manifest = latest_manifest(ObjectStore(str(tmp_path / "objects")), "demo", "default")
     assert sorted(manifest.pages) == [1, 2, 3] and manifest.is_complete
-    assert {"pager": "default: the site lists 12 pages; the spec's pagination.max_pages stops the crawl at 3",
-            "next_links": "default: page 3 has a next link; the spec's pagination.max_pages stops the crawl there",
-            }[mode] in caplog.text
+    warning = {"pager": "default: the site lists 12 pages; the spec's pagination.max_pages stops the crawl at 3",
+               "next_links": "default: page 3 has a next link; the spec's pagination.max_pages stops the crawl there",
+               }[mode]
+    # In the run's event log (the UI's run page), as a warning, not only on the step's stderr.
+    assert [e.level for e in instance.all_logs(result.run_id) if warning in (e.user_message or "")] == [logging.WARNING]

@@ -233,6 +233,7 @@ async def crawl_partitions(
                 adopt_complete=adopt_complete,
                 resume_max_age=store.resume_max_age(),
                 progress=progress,
+                warn=log.warning,
                 latest=latest.pop(category),  # the crawler drops it once its snapshot is open
                 sitemap=sitemap,
             )

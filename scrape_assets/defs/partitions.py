@@ -28,11 +28,13 @@ def run_categories(context: dg.AssetExecutionContext) -> list[str]:
         keys = list(context.partition_keys)
     except dg.DagsterInvalidInvocationError as exc:  # "... Nonexistent partition keys: [...]"
         order = context.assets_def.partitions_def.get_partition_keys()
+        shown = ", ".join(order[:12]) + (f", ... ({len(order)} in all)" if len(order) > 12 else "")
         raise dg.Failure(
-            description=(
-                f"{exc}. The categories of the spec as this code location loaded it: {', '.join(order)}. If the "
-                "spec's categories changed since, reload the code location (restart `make ui` or `dagster dev`, or "
-                "Reload in the UI's Deployment page) and launch again"
+            description=(  # what to do first: an alert shortens the text
+                "the run's categories are not the spec's (renamed or removed since the code location loaded?): "
+                "reload the code location (restart `make ui` or `dagster dev`, or Reload in the UI's Deployment "
+                f"page) and launch again. {' '.join(str(exc).split())}. The spec's categories, as this run's process "
+                f"read it: {shown}"
             ),
             allow_retries=False,
         ) from exc

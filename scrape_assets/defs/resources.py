@@ -165,11 +165,18 @@ class ObjectStoreResource(dg.ConfigurableResource):
         return host_lock(self.store(), urlsplit(base_url).netloc, owner=context.run_id, on_wait=context.log.info)
 
     def locks(self, context: dg.AssetExecutionContext, site: str):
-        """Hold this asset's locks on the run's partitions (see :mod:`scrape_assets.locks`)."""
+        """Hold this asset's locks on the run's partitions (see :mod:`scrape_assets.locks`).
+
+        Raises:
+            dagster.Failure: the run's partition range is not one of this spec's (see
+                :func:`~scrape_assets.defs.partitions.run_categories`).
+        """
+        from scrape_assets.defs.partitions import run_categories
+
         return partition_locks(
             self.store(),
             site,
-            list(context.partition_keys),
+            run_categories(context),
             owner=context.run_id,
             scope=context.asset_key.to_user_string(),
             wait_s=self.lock_wait_s,

@@ -64,8 +64,9 @@ def parsed_products(
     reports, per_category, why, counts = [], {}, [], {}
     workers = config.parse_workers or default_workers()
     log = BatchedLog(context.log.info)
+    categories = run_categories(context)  # a range the spec lacks fails here, saying what to do
     with store.locks(context, spec.name):
-        for result in parse_partitions(object_store, spec, run_categories(context), workers=workers):
+        for result in parse_partitions(object_store, spec, categories, workers=workers):
             per_category[result.category] = result.figures
             if result.products_expected is not None:
                 counts[result.category] = (result.figures["products"] + result.figures["rejects"], result.products_expected)

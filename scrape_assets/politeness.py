@@ -6,7 +6,7 @@ every page of that run (the :class:`~scrape_assets.fetcher.PageFetcher` owns the
 robots.txt outcomes (RFC 9309 §2.3.1), decided once per origin per run::
 
     2xx                       parse with protego; each URL allowed or "robots_disallowed"
-    4xx except 407, 429       "unavailable" (§2.3.1.3): every URL allowed
+    4xx except 407, 429       "unavailable" (§2.3.1.3): every URL allowed (a 408 retried first)
     407, 429, 5xx             retried; then "unreachable" (§2.3.1.4): every URL refused,
     network error, timeout    "robots_unreachable"
     more redirects than the   "unavailable" (§2.3.1.2 lets crawlers treat it so): allowed
@@ -17,11 +17,14 @@ robots.txt outcomes (RFC 9309 §2.3.1), decided once per origin per run::
 429 is read as "unreachable" although it is a 4xx: a site rate-limiting its robots.txt is
 telling us to back off, which is how Google's crawler treats it too. 407 comes from our own
 proxy (it refused our credentials), not the site: it says nothing about what the site allows,
-so it refuses too instead of allowing all. The "retried" outcomes are retried as a page is
-(up to ``max_attempts`` requests, exponential backoff with full jitter, ``Retry-After``
-honoured: :func:`~scrape_assets.retry.backoff_delay_s`) before the origin counts as
-unreachable for the rest of the run, so one dropped connection does not refuse every page of
-the host; the pages of that origin wait meanwhile. The next run fetches robots.txt again.
+so it refuses too instead of allowing all. What a page's request would retry (the statuses
+and network errors of :func:`~scrape_assets.retry.classify_status` and
+:func:`~scrape_assets.retry.classify_exception`) is retried here too, up to ``max_attempts``
+requests with exponential backoff, full jitter and ``Retry-After`` honoured
+(:func:`~scrape_assets.retry.backoff_delay_s`); the last answer then decides as above, so
+one dropped connection does not refuse every page of the host for the run. The pages of
+that origin wait meanwhile: with a dead origin, up to ``max_attempts`` times the request
+deadline plus the backoff. The next run fetches robots.txt again.
 Refusing is a decision, not an error, so :meth:`RobotsCache.check` returns a
 :class:`RobotsDecision` whose ``reason`` tells the crawler which dead-letter reason to record.
 ``Crawl-delay`` is not part of RFC 9309 and is not honoured: the site spec's politeness
@@ -44,7 +47,7 @@ import httpx
 from aiolimiter import AsyncLimiter
 from protego import Protego
 
-from scrape_assets.retry import backoff_delay_s, parse_retry_after
+from scrape_assets.retry import backoff_delay_s, classify_exception, classify_status, parse_retry_after
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +82,9 @@ class RobotsDecision:
     Attributes:
         allowed: ``True`` when the URL may be fetched.
         reason: ``None`` when allowed; otherwise ``"robots_disallowed"`` (a rule forbids the
-            URL) or ``"robots_unreachable"`` (robots.txt answered 429/5xx or not at all, so the
-            whole origin is refused for this run). Use it as the dead-letter reason.
+            URL) or ``"robots_unreachable"`` (robots.txt answered 407/429/5xx or not at all,
+            after its retries, so the whole origin is refused for this run). Use it as the
+            dead-letter reason.
         robots_url: the robots.txt URL the decision comes from.
         detail: a human-readable explanation (``"robots.txt answered HTTP 503"``...).
     """
@@ -258,16 +262,22 @@ class RobotsCache:
             return _RobotsFile("unavailable", robots_url, f"robots.txt redirected too often ({exc}); allowing all"), None
         except (httpx.RequestError, TimeoutError, asyncio.TimeoutError) as exc:
             what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            return _RobotsFile("unreachable", robots_url, f"robots.txt could not be fetched ({what})"), ""
+            # Retried as a page's request would be (a URL we cannot send is not: unsupported_url...).
+            try:
+                retry = classify_exception(exc, headers_received=False)[0] == "retry"
+            except TypeError:  # an httpx.RequestError of no known kind: taken as a network failure
+                retry = True
+            return _RobotsFile("unreachable", robots_url, f"robots.txt could not be fetched ({what})"), ("" if retry else None)
+        # Retried as a page would be (429, 408, 5xx, a proxy's 407); the last answer decides (RFC 9309 §2.3.1).
+        retry_after = retry_after if classify_status(status) == "retry" else None
         if 200 <= status <= 299:
             parser = Protego.parse(body.decode("utf-8", errors="replace"))
             return _RobotsFile("parsed", robots_url, f"robots.txt answered HTTP {status}", parser), None
         if status == 407:  # our proxy refused us: says nothing about the site's robots.txt
-            return _RobotsFile("unreachable", robots_url, "robots.txt: the proxy answered HTTP 407 (credentials?)"), ""
+            return _RobotsFile("unreachable", robots_url, "robots.txt: the proxy answered HTTP 407 (credentials?)"), retry_after
         if 400 <= status <= 499 and status != 429:
-            return _RobotsFile("unavailable", robots_url, f"robots.txt answered HTTP {status}; allowing all"), None
-        unreachable = _RobotsFile("unreachable", robots_url, f"robots.txt answered HTTP {status}")
-        return unreachable, (retry_after if status == 429 or 500 <= status <= 599 else None)
+            return _RobotsFile("unavailable", robots_url, f"robots.txt answered HTTP {status}; allowing all"), retry_after
+        return _RobotsFile("unreachable", robots_url, f"robots.txt answered HTTP {status}"), retry_after
 
     @staticmethod
     async def _download(client: httpx.AsyncClient, robots_url: str, user_agent: str) -> tuple[int, str, bytes]:

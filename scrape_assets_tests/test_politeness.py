@@ -168,6 +168,45 @@ def test_a_transient_failure_is_retried_and_the_file_then_obeyed():
     assert 0 <= sleeps[1] <= 1.0
 
 
+def test_a_408_is_retried_then_read_as_a_4xx_and_a_url_we_cannot_send_is_not_retried():
+    sleeps = _Sleeps()
+    requests: list[httpx.Request] = []
+
+    async def main():
+        async with _client(_robots_handler(408, requests=requests)) as client:
+            timed_out = await RobotsCache(max_attempts=3, sleep=sleeps).check(client, "http://shop.test/a", UA)
+
+        def unsupported(request):
+            requests.append(request)
+            raise httpx.UnsupportedProtocol("no such scheme", request=request)
+
+        async with _client(unsupported) as client:
+            refused = await RobotsCache(max_attempts=3, sleep=sleeps).check(client, "http://other.test/a", UA)
+        return timed_out, refused
+
+    timed_out, refused = asyncio.run(main())
+    # A page's request retries a 408 (RFC 9110 §15.5.9); the last answer is still a 4xx: allowed (RFC 9309 §2.3.1.3).
+    assert (timed_out.allowed, timed_out.detail) == (True, "robots.txt answered HTTP 408; allowing all, 3 attempts")
+    # A page's request does not retry what cannot be sent (unsupported_url): one request, refused.
+    assert (refused.allowed, refused.reason) == (False, "robots_unreachable")
+    assert [r.url.host for r in requests] == ["shop.test"] * 3 + ["other.test"]
+    assert len(sleeps) == 2
+
+
+def test_a_proxys_407_honours_its_retry_after():
+    sleeps = _Sleeps()
+
+    async def handler(request):
+        return httpx.Response(407, headers={"Retry-After": "5"})
+
+    async def main():
+        async with _client(handler) as client:
+            return await RobotsCache(max_attempts=2, sleep=sleeps).check(client, "http://shop.test/a", UA)
+
+    assert asyncio.run(main()).reason == "robots_unreachable"
+    assert len(sleeps) == 1 and sleeps[0] >= 5
+
+
 def test_retry_after_is_capped_for_robots_txt_too():
     sleeps = _Sleeps()
 

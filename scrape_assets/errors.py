@@ -112,9 +112,10 @@ class FetchConfigChangedError(ManifestError):
 
     def __init__(self, location: str, differing_keys: list[str]):
         self.differing_keys = differing_keys
+        moved = " or from another start URL (the spec moved the category)" if "start_url" in differing_keys else ""
         super().__init__(
             location,
-            "the incomplete snapshot was fetched with a different config "
+            f"the incomplete snapshot was fetched with a different config{moved} "
             f"(differing keys: {', '.join(differing_keys)}); restore the earlier settings to resume it, or "
             "start a new snapshot: run config `ops: {raw_pages: {config: {new_snapshot: true}}}` "
             "(`scrape-assets demo --new-snapshot`)",

@@ -80,7 +80,8 @@ def test_a_category_moved_to_another_start_url_refuses_to_resume_its_old_snapsho
     moved = "http://x/moved/index.html"
     refused = resume_conflict(store, site="demo", category="travel", fetch_config=CONFIG, start_url=moved)
     assert refused.differing_keys == ["start_url"] and refused.location == old.key
-    assert "differing keys: start_url" in str(refused)
+    assert "fetched with a different config or from another start URL (the spec moved the category) " \
+        "(differing keys: start_url)" in str(refused)
     with pytest.raises(FetchConfigChangedError) as info:
         open_snapshot(store, site="demo", category="travel", start_url=moved, fetch_config=CONFIG, now=T0)
     assert info.value.differing_keys == ["start_url"]

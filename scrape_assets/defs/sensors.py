@@ -151,7 +151,9 @@ def run_failure_alert_sensor(context: dg.RunFailureSensorContext, alerts: Alerts
     schema check failed, the failing categories and their reasons (the check's
     ``failed_categories``); otherwise each failed step's error (its first line, shortened)."""
     run = context.dagster_run
-    message = (context.failure_event.message or "run failed").rstrip(". ")
+    message = (context.failure_event.message or "run failed").strip()
+    if message.endswith(".") and not message.endswith("..."):  # "...Steps failed: ['x']." + "; why"
+        message = message[:-1]
     if why := schema_check_failures(context.instance, run.run_id):
         message += f"; {SCHEMA_CHECK} failed for " + "; ".join(
             f"{category} ({_shortened(text, 300)})" for category, text in why.items())

@@ -26,8 +26,9 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
 
     An input already loaded (same input version in ``partition_loads``) is not reloaded;
     only its day in ``price_history`` is written. Unless the table no longer holds the rows
-    that load inserted (rows deleted or changed by hand, a partial restore): that category
-    is loaded again, and the log says so.
+    that load inserted (rows deleted or replaced outside the pipeline, a partial restore;
+    counted, not compared, so a value edited in place goes unseen): that category is loaded
+    again, and the log says so.
     """
     spec = site.spec()
     object_store = store.store()

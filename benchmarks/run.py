@@ -310,8 +310,9 @@ class Bench:
         self.note_command("daily refresh, the schedule's run request", command, env)
         m = run_measured(command, env=env, cwd=one, log_prefix=one / "daily", server_pid=server.proc.pid)
         info = run_info(env)
+        latest = info[-1] if info else {"assets": {}}
         schedule = {**asdict(m), "runs": len(info), "tags": json.loads(tags),
-                    "ok": m.returncode == 0 and info[-1]["assets"].get("products_table", {}).get("total_rows_in_table") == pages * PRODUCTS_PER_PAGE}
+                    "ok": m.returncode == 0 and latest["assets"].get("products_table", {}).get("total_rows_in_table") == pages * PRODUCTS_PER_PAGE}
         # One run per category, one after the other.
         per = size_dir / "daily-per-category"
         shutil.rmtree(per, ignore_errors=True)
@@ -445,6 +446,8 @@ def median_run(runs: list[dict], key: str = "wall_s") -> dict:
     """
     chosen = sorted(runs, key=lambda r: r[key])[(len(runs) - 1) // 2]
     out = {**chosen, f"runs_{key}": [r[key] for r in runs]}
+    if any("ok" in r for r in runs):  # a row is as valid as its worst run, not its median one
+        out["ok"] = all(r.get("ok", True) for r in runs)
     for peak in ("rss_max_process_mb", "pss_peak_tree_mb"):  # memory: the worst of the runs, not the median's
         if all(peak in r for r in runs):
             out[f"{peak}_all_runs"] = max(r[peak] for r in runs)
@@ -493,7 +496,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "runs per 1,000-page row, re-parse rounds (each with a bare-loop run); the median shown "
                         "(default: 3; 1 with --quick)")
     parser.add_argument("--skip-daily", action="store_true", help="skip the daily-refresh scenario")
-    parser.add_argument("--work-dir", type=Path, default=ROOT / "benchmarks" / ".work")
+    parser.add_argument("--work-dir", type=Path, help="work files and results.json (default benchmarks/.work; "
+                        "benchmarks/.work/quick with --quick, so a quick run never replaces a full run's results)")
     parser.add_argument("--output", type=Path, help="where the report goes (default: BENCHMARKS.md for a full run; "
                         "WORK_DIR/BENCHMARKS-quick.md with --quick, so a quick run never replaces the published report)")
     parser.add_argument("--merge", action="store_true",
@@ -507,8 +511,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
     if not all(1 <= c <= MAX_CONCURRENCY for c in args.concurrency):  # SCRAPE_MAX_CONCURRENCY's range
         parser.error(f"--concurrency: each value must be 1 to {MAX_CONCURRENCY}")
-    if args.output is None:
-        args.output = args.work_dir / "BENCHMARKS-quick.md" if args.quick else ROOT / "BENCHMARKS.md"
+    if args.work_dir is None:
+        args.work_dir = ROOT / "benchmarks" / ".work" / ("quick" if args.quick else "")
     if args.profile is None:
         args.profile = not args.quick
     if args.repeats is None:
@@ -521,16 +525,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def report_path(mode: str, work_dir: Path) -> Path:
+    """Where a run's report goes by default: a full run's is the published BENCHMARKS.md, any
+    other run's stays in its work directory (``BENCHMARKS-quick.md``)."""
+    return ROOT / "BENCHMARKS.md" if mode == "full" else work_dir / "BENCHMARKS-quick.md"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from benchmarks import report
 
     if args.report_only:
         results = json.loads((args.work_dir / "results.json").read_text())
+        args.output = args.output or report_path(results["mode"], args.work_dir)
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(report.render(results, analysis=ROOT / "benchmarks" / "analysis.md"))
         log(f"wrote {args.output} from {args.work_dir / 'results.json'}")
         return 0
+    args.output = args.output or report_path("quick" if args.quick else "full", args.work_dir)
     bench = Bench(args)
     results = bench.run()
     results["machine"] = machine()

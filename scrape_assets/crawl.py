@@ -29,6 +29,7 @@ from scrape_assets.batched_log import LOG_EVERY_S
 from scrape_assets.crashpoints import crashpoint
 from scrape_assets.errors import FetchError, ManifestError, PermanentFetchError, StorageError
 from scrape_assets.fetcher import PageFetcher, same_origin, sendable_validator, validators_differ
+from scrape_assets.page_slots import PageSlots, start_within
 from scrape_assets.manifest import (
     UNREAD,
     Manifest,
@@ -204,6 +205,10 @@ class PartitionCrawler:
         warn: where warnings about the crawl's shape go (``max_pages`` reached, a next link
             off the site, looping or unresolvable): ``raw_pages`` passes the step's log, so
             they are in the run's event log; by default this module's logger.
+        page_slots: the run's bound on pages in progress, shared by its crawlers (see
+            :mod:`scrape_assets.page_slots`; give the fetcher ``sleep=page_slots.sleep``);
+            None: every page found is started at once (fine for one small category).
+        slot_priority: this category's place in the run: a lower number gets free slots first.
     """
 
     def __init__(
@@ -224,8 +229,12 @@ class PartitionCrawler:
         latest: Manifest | None | object = UNREAD,
         sitemap: Sitemap | None = None,
         warn: Callable[[str], object] | None = None,
+        page_slots: PageSlots | None = None,
+        slot_priority: int = 0,
     ):
         self._warn = warn or logger.warning
+        self.page_slots = page_slots
+        self.slot_priority = slot_priority
         self.run_id = run_id
         self.reexecuted_run_ids = tuple(reexecuted_run_ids)
         self.sitemap = sitemap
@@ -381,7 +390,8 @@ class PartitionCrawler:
                 if not any(p.status == "pending" for p in manifest.pages.values()):
                     return
                 continue
-            await all_or_cancel(self._fetch(n) for n in pending)  # a page's storage error stops its siblings
+            # A page's storage error stops its siblings; with page_slots, pages start as slots free up.
+            await all_or_cancel((self._fetch(n) for n in pending), slots=self.page_slots, priority=self.slot_priority)
             if not manifest.discovery_complete:
                 await self._follow_next_links()
 
@@ -816,20 +826,29 @@ def sitemap_checks_line(reports: list[CrawlReport]) -> str | None:
     return "sitemap not used for some categories, every page of them revalidated: " + "; ".join(parts)
 
 
-async def all_or_cancel(coros, on_other_error: Callable[[BaseException], None] | None = None) -> list:
+async def all_or_cancel(coros, on_other_error: Callable[[BaseException], None] | None = None, *,
+                        slots: PageSlots | None = None, priority: int = 0) -> list:
     """Run ``coros`` concurrently and return their results in order; if one raises, cancel
     the others, wait until they have stopped, and raise the error that set this off (the first
     in ``coros`` order among those that had failed by then).
+
+    With ``slots``, each coroutine is made and started only when one of the run's page slots
+    is free (``priority``: the category's place in the run; see :mod:`scrape_assets.page_slots`),
+    and none is started after one has failed.
 
     ``asyncio.gather`` would leave the others running after the first error (here: fetching
     through a client about to close, recording pages failed that the site never refused);
     ``asyncio.TaskGroup`` needs Python 3.11. The other errors go to ``on_other_error``.
     """
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    if not tasks:
-        return []
+    tasks: list = []
     done: set = set()
     try:
+        if slots is None:
+            tasks = [asyncio.ensure_future(c) for c in coros]
+        else:
+            await start_within(slots, priority, coros, tasks)
+        if not tasks:
+            return []
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
     finally:  # also when this coroutine is cancelled: nothing is left running behind it
         pending = [task for task in tasks if not task.done()]

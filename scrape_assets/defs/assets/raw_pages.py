@@ -184,6 +184,7 @@ async def crawl_partitions(
     # the UI's code server, re-parse backfills) do not import httpx and aiohttp (~0.1-0.2 s).
     from scrape_assets.crawl import CrawlProgress, PartitionCrawler, all_or_cancel, load_run_sitemap, sitemap_checks_line
     from scrape_assets.fetcher import PageFetcher
+    from scrape_assets.page_slots import PageSlots, slots_for
     from scrape_assets.sitemap import SitemapCopies
 
     freeze_again()  # what these imports brought, out of the collector's way like the rest of the code
@@ -205,8 +206,12 @@ async def crawl_partitions(
                 log.error(f"{len(conflicts)} categories have an incomplete snapshot fetched with another config: "
                           + "; ".join(f"{c.location} ({', '.join(c.differing_keys)})" for c in conflicts))
             raise conflicts[0]
+    policy = site.fetch_policy()
+    # At most slots_for(c) pages in progress (~4.5 KB each), not every page found: memory
+    # does not grow with the crawl. Pages retrying give their slot back while they back off.
+    page_slots = PageSlots(slots_for(policy.max_concurrency))
     async with site.client() as client:
-        fetcher = PageFetcher(client, site.fetch_policy())
+        fetcher = PageFetcher(client, policy, sleep=page_slots.sleep)
         progress = CrawlProgress(len(categories), log.info)
         # revalidate: sitemap: read once for every category, and only when some category has
         # saved pages to keep (a first run fetches everything anyway).
@@ -236,8 +241,10 @@ async def crawl_partitions(
                 warn=log.warning,
                 latest=latest.pop(category),  # the crawler drops it once its snapshot is open
                 sitemap=sitemap,
+                page_slots=page_slots,
+                slot_priority=priority,
             )
-            for category in categories
+            for priority, category in enumerate(categories)
         ]
         try:  # a crawl failing stops the others before the client closes
             reports = await all_or_cancel(

@@ -1,0 +1,196 @@
+"""A bound on the pages a run has in progress at once, so a crawl's memory does not grow with it.
+
+A category's crawl learns its page count from page 1 and then has every other page to
+fetch. Starting them all at once (one asyncio task each, all queued at the host's
+concurrency slot) held every pending page of every category half-started: at 10,000
+pages, 10,000 tasks with their request under way, about 4.5 KB each (~45 MB, the largest
+part of ``raw_pages``'s own memory), ten times that at 100,000 pages. :class:`PageSlots`
+lets a run start a page only when one of its ``size`` slots is free; the rest wait as page
+numbers.
+
+- **Order.** A free slot goes to the waiting request with the lowest priority number (a
+  category's place in the run), first come first served within one priority: categories
+  are fetched one after another, as they were queued before, so a run's progress line
+  counts whole categories done and a crashed run leaves whole categories complete.
+- **Backoff does not hold a slot.** A page waiting to retry (exponential backoff, a
+  ``Retry-After``) gives its slot back while it sleeps (:meth:`PageSlots.sleep`, the
+  fetcher's sleep) and waits for one again afterwards: pages failing slowly never stall the
+  healthy ones.
+- **Size.** :func:`slots_for` gives ``max(256, 16 * max_concurrency)``: far more than the
+  requests the host's concurrency lets out (the others wait there, queued as before), at
+  ~4.5 KB a page a few MB at most.
+
+Everything runs on one event loop (one ``asyncio.run``); nothing here is thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import heapq
+import itertools
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Coroutine, TypeVar
+
+T = TypeVar("T")
+
+#: Fewest slots :func:`slots_for` gives, whatever the concurrency.
+MIN_SLOTS = 256
+#: Slots per request the host's concurrency allows (:func:`slots_for`).
+SLOTS_PER_CONCURRENT_REQUEST = 16
+
+
+def slots_for(max_concurrency: int) -> int:
+    """Slots for a run whose per-host concurrency is ``max_concurrency`` (``>= 1``)."""
+    if max_concurrency < 1:
+        raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+    return max(MIN_SLOTS, SLOTS_PER_CONCURRENT_REQUEST * max_concurrency)
+
+
+@dataclass
+class _Hold:
+    """The slot of the page running in this task (its context): held unless sleeping."""
+
+    slots: "PageSlots"
+    priority: int
+    held: bool = True
+
+
+_HOLD: contextvars.ContextVar[_Hold | None] = contextvars.ContextVar("scrape_assets_page_slot", default=None)
+
+
+class PageSlots:
+    """At most ``size`` pages in progress; free slots go to the lowest priority number first.
+
+    Args:
+        size: slots (``>= 1``).
+        sleep: what :meth:`sleep` awaits (fake it in tests).
+
+    Raises:
+        ValueError: ``size < 1``.
+    """
+
+    def __init__(self, size: int, *, sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep):
+        if size < 1:
+            raise ValueError(f"size must be >= 1, got {size}")
+        self.size = size
+        self._sleep = sleep
+        self._free = size
+        # (priority, arrival, future): a future resolved True is a slot given; False (or
+        # cancelled) a request withdrawn, skipped when its turn comes. Invariant: while
+        # _free > 0 no live request waits (release gives to a waiter before freeing).
+        self._waiting: list[tuple[int, int, asyncio.Future]] = []
+        self._arrival = itertools.count()
+
+    @property
+    def free(self) -> int:
+        """Slots not in use."""
+        return self._free
+
+    def request(self, priority: int) -> asyncio.Future:
+        """A future resolved ``True`` once a slot is this caller's (at once when one is free).
+
+        Give the slot back with :meth:`release`; give up waiting with :meth:`withdraw`.
+        """
+        future = asyncio.get_running_loop().create_future()
+        if self._free > 0:
+            self._free -= 1
+            future.set_result(True)
+        else:
+            heapq.heappush(self._waiting, (priority, next(self._arrival), future))
+        return future
+
+    def withdraw(self, future: asyncio.Future) -> None:
+        """Stop waiting on ``future`` from :meth:`request`; a slot it was given is released."""
+        if not future.done():
+            future.set_result(False)
+        elif not future.cancelled() and future.result():
+            self.release()
+
+    def release(self) -> None:
+        """Give a slot back: to the lowest-priority waiting request, else to the free ones."""
+        while self._waiting:
+            _, _, future = heapq.heappop(self._waiting)
+            if not future.done():
+                future.set_result(True)
+                return
+        if self._free >= self.size:
+            raise RuntimeError("PageSlots.release() without a slot taken")
+        self._free += 1
+
+    async def acquire(self, priority: int) -> None:
+        """Wait for a slot (cancel-safe: a slot given as the wait is cancelled is released)."""
+        future = self.request(priority)
+        try:
+            await future
+        except asyncio.CancelledError:
+            self.withdraw(future)
+            raise
+
+    async def sleep(self, delay_s: float) -> None:
+        """Sleep ``delay_s`` seconds without holding the calling page's slot (the fetcher's
+        backoff sleep); outside a page started by :func:`start_within`, a plain sleep."""
+        hold = _HOLD.get()
+        if hold is None or hold.slots is not self or not hold.held:
+            await self._sleep(delay_s)
+            return
+        hold.held = False
+        self.release()
+        await self._sleep(delay_s)
+        await self.acquire(hold.priority)
+        hold.held = True
+
+
+async def _holding(hold: _Hold, coro: Coroutine[Any, Any, T]) -> T:
+    _HOLD.set(hold)  # this task's context only
+    return await coro
+
+
+async def start_within(slots: PageSlots, priority: int, coros, tasks: list[asyncio.Task]) -> None:
+    """Start ``coros`` (an iterable, pulled lazily) one free slot at a time, appending each
+    task to ``tasks`` as it starts; return once all are started or one of them has failed.
+
+    A coroutine is made (``next``) only once a slot is free for it, and its task gives the
+    slot back when it ends. A task that fails (raises, not cancelled) stops the starting at
+    once, even while waiting for a slot: the caller cancels the others (:func:`~scrape_assets.crawl.all_or_cancel`).
+    Cancelling this coroutine leaves the tasks started so far running, in ``tasks``.
+    """
+    iterator = iter(coros)
+    failed = False
+    waiter: asyncio.Future | None = None
+
+    def ended(task: asyncio.Task, hold: _Hold, coro: Coroutine) -> None:
+        nonlocal failed
+        if hold.held:
+            hold.held = False
+            slots.release()
+        if task.cancelled():
+            coro.close()  # cancelled before it ran: not "never awaited"
+        elif task.exception() is not None:
+            failed = True
+            if waiter is not None and not waiter.done():
+                slots.withdraw(waiter)  # wake the loop below (granted False): no more pages start
+
+    while not failed:
+        waiter = slots.request(priority)
+        try:
+            granted = await waiter
+        except asyncio.CancelledError:
+            slots.withdraw(waiter)
+            raise
+        finally:
+            waiter = None
+        if not granted:
+            break
+        if failed:
+            slots.release()
+            break
+        try:
+            coro = next(iterator)
+        except StopIteration:
+            slots.release()
+            break
+        hold = _Hold(slots, priority)
+        task = asyncio.ensure_future(_holding(hold, coro))
+        task.add_done_callback(lambda t, h=hold, c=coro: ended(t, h, c))
+        tasks.append(task)

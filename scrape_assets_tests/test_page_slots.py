@@ -1,0 +1,197 @@
+"""The bound on pages in progress (scrape_assets.page_slots): order, no leaks, backoff, first error."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import warnings
+
+import pytest
+
+from scrape_assets.crawl import all_or_cancel
+from scrape_assets.page_slots import MIN_SLOTS, PageSlots, slots_for
+from scrape_assets.faults import FaultSpec
+from scrape_assets_tests.fault_scenarios import fault_server, page_path
+
+
+def test_slots_for_scales_with_concurrency_from_a_floor():
+    assert [slots_for(c) for c in (1, 16, 64)] == [MIN_SLOTS, 256, 1024]
+    with pytest.raises(ValueError, match="max_concurrency must be >= 1, got 0"):
+        slots_for(0)
+    with pytest.raises(ValueError, match="size must be >= 1, got 0"):
+        PageSlots(0)
+
+
+def test_free_slots_go_to_the_lowest_priority_then_first_come():
+    async def main():
+        slots = PageSlots(1)
+        await slots.acquire(5)
+        order = []
+
+        async def waiter(name, priority):
+            await slots.acquire(priority)
+            order.append(name)
+            slots.release()
+
+        tasks = [asyncio.ensure_future(waiter(n, p)) for n, p in (("late-2", 2), ("first-0", 0), ("second-0", 0), ("1", 1))]
+        await asyncio.sleep(0)
+        assert order == [] and slots.free == 0
+        slots.release()
+        await asyncio.gather(*tasks)
+        return order, slots.free
+
+    assert asyncio.run(main()) == (["first-0", "second-0", "1", "late-2"], 1)
+
+
+def test_a_cancelled_or_withdrawn_wait_leaks_no_slot():
+    async def main():
+        slots = PageSlots(2)
+        await slots.acquire(0)
+        await slots.acquire(0)
+        waiting = asyncio.ensure_future(slots.acquire(0))
+        await asyncio.sleep(0)
+        waiting.cancel()  # cancelled while waiting: never had a slot
+        withdrawn = slots.request(0)
+        slots.release()  # goes to `withdrawn` (the cancelled wait is skipped)
+        assert withdrawn.result() is True
+        slots.withdraw(withdrawn)  # a slot given, then withdrawn: back to the free ones
+        slots.release()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        return slots.free
+
+    assert asyncio.run(main()) == 2
+
+
+def test_release_without_a_slot_taken_is_an_error():
+    async def main():
+        PageSlots(1).release()
+
+    with pytest.raises(RuntimeError, match="without a slot taken"):
+        asyncio.run(main())
+
+
+def test_coroutines_are_made_only_when_a_slot_is_free():
+    """What bounds memory: never more than `size` pages started, the rest not even made."""
+    async def main():
+        slots = PageSlots(3)
+        made, running, most = [], 0, 0
+        gate = asyncio.Event()
+
+        async def page(n):
+            nonlocal running, most
+            running += 1
+            most = max(most, running)
+            await gate.wait()
+            running -= 1
+            return n
+
+        def pages():
+            for n in range(10):
+                made.append(n)
+                yield page(n)
+
+        run = asyncio.ensure_future(all_or_cancel(pages(), slots=slots))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        made_before = list(made)
+        gate.set()
+        return made_before, await run, most, slots.free
+
+    made_before, results, most, free = asyncio.run(main())
+    assert made_before == [0, 1, 2]
+    assert results == list(range(10)) and most == 3 and free == 3
+
+
+def test_a_failure_stops_the_starting_even_while_waiting_for_a_slot():
+    async def main():
+        slots = PageSlots(2)
+        made = []
+
+        async def page(n):
+            if n == 1:
+                await asyncio.sleep(0.01)
+                raise OSError("disk full")
+            await asyncio.sleep(30)  # would still be running: cancelled by the failure
+
+        def pages():
+            for n in range(100):
+                made.append(n)
+                yield page(n)
+
+        with pytest.raises(OSError, match="disk full"):
+            await asyncio.wait_for(all_or_cancel(pages(), slots=slots), 10)
+        return made, slots.free
+
+    made, free = asyncio.run(main())
+    assert made == [0, 1] and free == 2
+
+
+def test_cancelling_the_run_cancels_its_pages_frees_every_slot_and_warns_of_nothing():
+    async def main():
+        slots = PageSlots(2)
+
+        async def page(n):
+            await asyncio.sleep(30)
+
+        run = asyncio.ensure_future(all_or_cancel((page(n) for n in range(10)), slots=slots))
+        await asyncio.sleep(0.01)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        return slots.free
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "coroutine ... was never awaited" would be a RuntimeWarning
+        assert asyncio.run(main()) == 2
+        gc.collect()
+
+
+def test_a_page_backing_off_gives_its_slot_to_another_page():
+    async def main():
+        slots = PageSlots(1)
+        log = []
+
+        async def retrying():
+            log.append("retrying: attempt 1")
+            await slots.sleep(0.05)  # the fetcher's backoff sleep
+            log.append("retrying: attempt 2")
+
+        async def other():
+            log.append("other")
+
+        await asyncio.gather(all_or_cancel([retrying()], slots=slots, priority=0),
+                             all_or_cancel([other()], slots=slots, priority=1))
+        await slots.sleep(0)  # outside a page: a plain sleep
+        return log, slots.free
+
+    assert asyncio.run(main()) == (["retrying: attempt 1", "other", "retrying: attempt 2"], 1)
+
+
+def test_a_crawl_fetches_categories_in_order_and_a_backoff_does_not_stall_it(tmp_path, monkeypatch):
+    """raw_pages's crawl over a real socket with one page slot: category order kept, and the
+    pages of the next category are fetched while a page waits out its Retry-After."""
+    from scrape_assets import page_slots
+    from scrape_assets.defs.assets.raw_pages import crawl_partitions
+    from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
+
+    monkeypatch.setattr(page_slots, "slots_for", lambda max_concurrency: 1)
+    retried = page_path("nonfiction", 2)
+    spec = FaultSpec.model_validate({"rules": [
+        {"match": retried.replace(".", r"\.") + "$", "fault": "http_error", "status": 503, "first_n": 1,
+         "retry_after_s": 1},
+    ]})
+    with fault_server(spec) as server:
+        site = SiteResource(site="demo", base_url=server.base_url, requests_per_second=1000, max_concurrency=1)
+        reports = asyncio.run(crawl_partitions(site, ObjectStoreResource(url=str(tmp_path / "objects")),
+                                               ["nonfiction", "default"], new_snapshot=False, log=logging.getLogger("t")))
+        paths = [r.path for r in server.requests if r.path != "/robots.txt"]
+    assert [(r.pages_done, r.pages_failed) for r in reports] == [(6, 0), (12, 0)]
+    first, second = paths.index(retried), len(paths) - 1 - paths[::-1].index(retried)
+    later = {"nonfiction": [page_path("nonfiction", n) for n in range(3, 7)],
+             "default": [page_path("default", n) for n in range(2, 13)]}
+    # Priority: every later page of the first category before any of the second's.
+    assert max(paths.index(p) for p in later["nonfiction"]) < min(paths.index(p) for p in later["default"])
+    # The 1-s Retry-After gave the slot back: the second category went on meanwhile.
+    assert all(first < paths.index(p) < second for p in later["default"])

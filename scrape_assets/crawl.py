@@ -29,7 +29,7 @@ from scrape_assets.batched_log import LOG_EVERY_S
 from scrape_assets.crashpoints import crashpoint
 from scrape_assets.errors import FetchError, ManifestError, PermanentFetchError, StorageError
 from scrape_assets.fetcher import PageFetcher, same_origin, sendable_validator, validators_differ
-from scrape_assets.page_slots import PageSlots, start_within
+from scrape_assets.page_slots import PageSlots, run_within
 from scrape_assets.manifest import (
     UNREAD,
     Manifest,
@@ -827,28 +827,27 @@ def sitemap_checks_line(reports: list[CrawlReport]) -> str | None:
 
 
 async def all_or_cancel(coros, on_other_error: Callable[[BaseException], None] | None = None, *,
-                        slots: PageSlots | None = None, priority: int = 0) -> list:
+                        slots: PageSlots | None = None, priority: int = 0) -> list | None:
     """Run ``coros`` concurrently and return their results in order; if one raises, cancel
     the others, wait until they have stopped, and raise the error that set this off (the first
     in ``coros`` order among those that had failed by then).
 
     With ``slots``, each coroutine is made and started only when one of the run's page slots
-    is free (``priority``: the category's place in the run; see :mod:`scrape_assets.page_slots`),
-    and none is started after one has failed.
+    is free (``priority``: the category's place in the run), none is started after one has
+    failed, and the results are not kept: returns None (:func:`~scrape_assets.page_slots.run_within`).
 
     ``asyncio.gather`` would leave the others running after the first error (here: fetching
     through a client about to close, recording pages failed that the site never refused);
     ``asyncio.TaskGroup`` needs Python 3.11. The other errors go to ``on_other_error``.
     """
-    tasks: list = []
+    if slots is not None:
+        await run_within(slots, priority, coros, on_other_error)
+        return None
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    if not tasks:
+        return []
     done: set = set()
     try:
-        if slots is None:
-            tasks = [asyncio.ensure_future(c) for c in coros]
-        else:
-            await start_within(slots, priority, coros, tasks)
-        if not tasks:
-            return []
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
     finally:  # also when this coroutine is cancelled: nothing is left running behind it
         pending = [task for task in tasks if not task.done()]

@@ -310,12 +310,16 @@ class PageFetcher:
     Args:
         client: the run's client, from :func:`build_client` (must not follow redirects).
         policy: the fetch policy.
-        sleep: awaited with the back-off delay in seconds between attempts (fake it in tests).
+        sleep: awaited with the back-off delay in seconds between a page's attempts (fake it in tests).
+        robots_sleep: the same between robots.txt's attempts (default: ``sleep``). It must not
+            give up anything pages wait for: a robots.txt fetch holds its origin's lock, so
+            ``raw_pages`` passes :func:`asyncio.sleep` here and its page slots' sleep as
+            ``sleep`` (see :mod:`scrape_assets.page_slots`).
         rng: jitter source; a fresh unseeded ``random.Random`` when ``None``.
         clock: monotonic clock in seconds, for ``elapsed_ms``.
         limiter: per-host limits; a new ``HostLimiter`` from the policy when ``None``.
-        robots: robots.txt cache; when ``None`` a new ``RobotsCache`` sharing ``limiter``, ``sleep``,
-            ``rng`` and the policy's deadline, ``max_attempts`` and backoff.
+        robots: robots.txt cache; when ``None`` a new ``RobotsCache`` sharing ``limiter``,
+            ``robots_sleep``, ``rng`` and the policy's deadline, ``max_attempts`` and backoff.
     """
 
     def __init__(
@@ -328,6 +332,7 @@ class PageFetcher:
         clock: Callable[[], float] = time.monotonic,
         limiter: HostLimiter | None = None,
         robots: RobotsCache | None = None,
+        robots_sleep: Callable[[float], Awaitable[Any]] | None = None,
     ):
         self.client = client
         self.policy = policy
@@ -338,7 +343,7 @@ class PageFetcher:
         self.robots = robots or RobotsCache(
             limiter=self.limiter, deadline_s=policy.request_deadline_s, max_attempts=policy.max_attempts,
             backoff_base_s=policy.backoff_base_s, backoff_max_s=policy.backoff_max_s,
-            retry_after_max_s=policy.retry_after_max_s, sleep=sleep, rng=self._rng,
+            retry_after_max_s=policy.retry_after_max_s, sleep=robots_sleep or sleep, rng=self._rng,
         )
 
     async def fetch(

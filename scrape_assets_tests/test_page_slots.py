@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import socket
 import warnings
+import weakref
 
 import pytest
 
 from scrape_assets.crawl import all_or_cancel
 from scrape_assets.page_slots import MIN_SLOTS, PageSlots, slots_for
 from scrape_assets.faults import FaultSpec
-from scrape_assets_tests.fault_scenarios import fault_server, page_path
+from scrape_assets.faults import make_fault_server
+from scrape_assets_tests.conftest import serving
+from scrape_assets_tests.fault_scenarios import DAY, fault_server, page_path
 
 
 def test_slots_for_scales_with_concurrency_from_a_floor():
@@ -73,10 +77,10 @@ def test_release_without_a_slot_taken_is_an_error():
 
 
 def test_coroutines_are_made_only_when_a_slot_is_free():
-    """What bounds memory: never more than `size` pages started, the rest not even made."""
+    """What bounds memory: never more than `size` pages started, one made ahead, the rest not made."""
     async def main():
         slots = PageSlots(3)
-        made, running, most = [], 0, 0
+        made, ended, running, most = [], [], 0, 0
         gate = asyncio.Event()
 
         async def page(n):
@@ -85,7 +89,7 @@ def test_coroutines_are_made_only_when_a_slot_is_free():
             most = max(most, running)
             await gate.wait()
             running -= 1
-            return n
+            ended.append(n)
 
         def pages():
             for n in range(10):
@@ -97,11 +101,52 @@ def test_coroutines_are_made_only_when_a_slot_is_free():
             await asyncio.sleep(0)
         made_before = list(made)
         gate.set()
-        return made_before, await run, most, slots.free
+        return made_before, await run, ended, most, slots.free
 
-    made_before, results, most, free = asyncio.run(main())
-    assert made_before == [0, 1, 2]
-    assert results == list(range(10)) and most == 3 and free == 3
+    made_before, result, ended, most, free = asyncio.run(main())
+    assert made_before == [0, 1, 2, 3]  # 3 started, the 4th waiting for a slot
+    assert result is None and sorted(ended) == list(range(10)) and most == 3 and free == 3
+
+
+def test_finished_pages_are_not_kept_while_the_others_run():
+    """A category of 100,000 pages must not keep 100,000 finished tasks until its end."""
+    async def main():
+        slots = PageSlots(4)
+        refs, alive_early = [], []
+
+        async def page(n):
+            refs.append(weakref.ref(asyncio.current_task()))
+            if n == 999:
+                gc.collect()
+                alive_early.append(sum(ref() is not None for ref in refs[:900]))
+            await asyncio.sleep(0)
+
+        await all_or_cancel((page(n) for n in range(1000)), slots=slots)
+        return alive_early, slots.free
+
+    assert asyncio.run(main()) == ([0], 4)
+
+
+def test_a_category_ends_when_its_pages_do_not_when_earlier_ones_have_all_started():
+    async def main():
+        slots = PageSlots(2)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+
+        async def page(seconds):
+            await asyncio.sleep(seconds)
+
+        async def category(priority, durations):
+            await all_or_cancel((page(seconds) for seconds in durations), slots=slots, priority=priority)
+            return loop.time() - start
+
+        later = asyncio.ensure_future(category(1, [0.03, 0.06]))  # starts both pages at once
+        await asyncio.sleep(0)
+        first = asyncio.ensure_future(category(0, [0.1] * 20))  # then takes every slot freed for ~1 s
+        return await later, await first
+
+    later_s, first_s = asyncio.run(main())
+    assert later_s < 0.5 < first_s
 
 
 def test_a_failure_stops_the_starting_even_while_waiting_for_a_slot():
@@ -124,8 +169,28 @@ def test_a_failure_stops_the_starting_even_while_waiting_for_a_slot():
             await asyncio.wait_for(all_or_cancel(pages(), slots=slots), 10)
         return made, slots.free
 
-    made, free = asyncio.run(main())
-    assert made == [0, 1] and free == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # page 2, made but never started, is closed: no RuntimeWarning
+        made, free = asyncio.run(main())
+        gc.collect()
+    assert made == [0, 1, 2] and free == 2
+
+
+def test_the_first_failure_in_page_order_is_raised_the_others_reported():
+    async def main():
+        slots = PageSlots(4)
+        others = []
+
+        async def page(n):
+            await asyncio.sleep(0.01)
+            if n in (1, 2):
+                raise ValueError(f"page {n}")
+
+        with pytest.raises(ValueError, match="page 1"):
+            await all_or_cancel((page(n) for n in range(4)), others.append, slots=slots)
+        return [str(e) for e in others], slots.free
+
+    assert asyncio.run(main()) == (["page 2"], 4)
 
 
 def test_cancelling_the_run_cancels_its_pages_frees_every_slot_and_warns_of_nothing():
@@ -169,6 +234,25 @@ def test_a_page_backing_off_gives_its_slot_to_another_page():
     assert asyncio.run(main()) == (["retrying: attempt 1", "other", "retrying: attempt 2"], 1)
 
 
+def test_a_storm_of_backoffs_starts_at_most_twice_the_slots():
+    """Every page backing off once must not start every page (each would hold its task)."""
+    async def main():
+        slots = PageSlots(4)
+        started = most = 0
+
+        async def page(n):
+            nonlocal started, most
+            started += 1
+            most = max(most, started)
+            await slots.sleep(0.01)  # a 429 with Retry-After, once
+            started -= 1
+
+        await all_or_cancel((page(n) for n in range(200)), slots=slots)
+        return most, slots.free
+
+    assert asyncio.run(main()) == (8, 4)
+
+
 def test_a_crawl_fetches_categories_in_order_and_a_backoff_does_not_stall_it(tmp_path, monkeypatch):
     """raw_pages's crawl over a real socket with one page slot: category order kept, and the
     pages of the next category are fetched while a page waits out its Retry-After."""
@@ -191,7 +275,42 @@ def test_a_crawl_fetches_categories_in_order_and_a_backoff_does_not_stall_it(tmp
     first, second = paths.index(retried), len(paths) - 1 - paths[::-1].index(retried)
     later = {"nonfiction": [page_path("nonfiction", n) for n in range(3, 7)],
              "default": [page_path("default", n) for n in range(2, 13)]}
-    # Priority: every later page of the first category before any of the second's.
-    assert max(paths.index(p) for p in later["nonfiction"]) < min(paths.index(p) for p in later["default"])
-    # The 1-s Retry-After gave the slot back: the second category went on meanwhile.
-    assert all(first < paths.index(p) < second for p in later["default"])
+    # Priority: the later pages of the first category go before the second's; at most one of
+    # the second's (the one slot) may start first, if its page 1 came back before the first's.
+    last_first_category = max(paths.index(p) for p in later["nonfiction"])
+    assert sum(paths.index(p) < last_first_category for p in later["default"]) <= 1
+    # The 1-s Retry-After gave the slot back: the second category went on meanwhile (all its
+    # later pages but the one that may have started first).
+    assert sum(first < paths.index(p) < second for p in later["default"]) >= len(later["default"]) - 1
+
+
+def test_a_resumed_crawl_whose_robots_txt_fails_once_does_not_hang(tmp_path, monkeypatch):
+    """Regression: on resume page 1 is done, so robots.txt is first fetched inside a page's
+    slot. Its retry must not give that slot away: the pages started in its place would wait
+    for the robots lock it holds, every slot taken, and the crawl would hang."""
+    from scrape_assets import page_slots
+    from scrape_assets.defs.assets.raw_pages import crawl_partitions
+    from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
+
+    monkeypatch.setattr(page_slots, "slots_for", lambda max_concurrency: 2)
+    with socket.socket() as probe:  # one port for both runs: the base URL is in the fetch config
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    store = ObjectStoreResource(url=str(tmp_path / "objects"))
+
+    def crawl(rules, timeout_s):
+        server = make_fault_server(FaultSpec.model_validate({"rules": rules}), "127.0.0.1", port, day=DAY)
+        with serving(server):
+            site = SiteResource(site="demo", base_url=server.base_url, requests_per_second=1000, max_concurrency=1)
+            try:
+                return asyncio.run(asyncio.wait_for(crawl_partitions(
+                    site, store, ["default"], new_snapshot=False, log=logging.getLogger("t")), timeout_s))
+            except asyncio.TimeoutError:
+                return None
+
+    # Run 1 dies (here: is cancelled) with page 1 done and pages 2..12 stalled in flight.
+    assert crawl([{"match": r"default_15/page-\d+\.html$", "fault": "stall_after_headers", "max_stall_s": 30}], 2) is None
+    # Run 2 resumes; robots.txt answers 503 once.
+    reports = crawl([{"match": r"/robots\.txt$", "fault": "http_error", "status": 503, "first_n": 1, "retry_after_s": 0}], 30)
+    assert reports is not None, "the resumed crawl hung"
+    assert [(r.resumed, r.pages_done, r.pages_failed) for r in reports] == [(True, 12, 0)]

@@ -207,11 +207,12 @@ async def crawl_partitions(
                           + "; ".join(f"{c.location} ({', '.join(c.differing_keys)})" for c in conflicts))
             raise conflicts[0]
     policy = site.fetch_policy()
-    # At most slots_for(c) pages in progress (~4.5 KB each), not every page found: memory
-    # does not grow with the crawl. Pages retrying give their slot back while they back off.
+    # At most slots_for(c) pages holding a slot (~4.5 KB each) and as many backing off, not
+    # every page found. robots.txt's retries sleep plainly: that fetch holds its origin's
+    # lock, which pages started in its place would wait for (a deadlock on resume).
     page_slots = PageSlots(slots_for(policy.max_concurrency))
     async with site.client() as client:
-        fetcher = PageFetcher(client, policy, sleep=page_slots.sleep)
+        fetcher = PageFetcher(client, policy, sleep=page_slots.sleep, robots_sleep=asyncio.sleep)
         progress = CrawlProgress(len(categories), log.info)
         # revalidate: sitemap: read once for every category, and only when some category has
         # saved pages to keep (a first run fetches everything anyway).

@@ -850,6 +850,9 @@ async def all_or_cancel(coros, on_other_error: Callable[[BaseException], None] |
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
     finally:  # also when this coroutine is cancelled: nothing is left running behind it
+        for task in tasks:  # retrieved: when this is cancelled, no "exception was never retrieved"
+            if task.done() and not task.cancelled():
+                task.exception()
         pending = [task for task in tasks if not task.done()]
         for task in pending:
             task.cancel()

@@ -189,7 +189,6 @@ async def run_within(slots: PageSlots, priority: int, coros,
                 slots.withdraw(waiter)  # wake the loop below (granted False): no more pages start
         changed.set()
 
-    cancelling_from = None
     try:
         for index, coro in enumerate(iterator):
             ahead = coro
@@ -219,8 +218,11 @@ async def run_within(slots: PageSlots, priority: int, coros,
     finally:  # also when this coroutine is cancelled: nothing is left running behind it
         if ahead is not None:
             ahead.close()
-        cancelling_from = len(failures)
         pending = list(live)
+        # Failed by now: those whose `ended` ran, and those done whose `ended` is queued (it
+        # runs before any cancelled task's): the first error is chosen among them.
+        cancelling_from = len(failures) + sum(
+            1 for task in pending if task.done() and not task.cancelled() and task.exception() is not None)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)

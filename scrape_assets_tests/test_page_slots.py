@@ -314,3 +314,59 @@ def test_a_resumed_crawl_whose_robots_txt_fails_once_does_not_hang(tmp_path, mon
     reports = crawl([{"match": r"/robots\.txt$", "fault": "http_error", "status": 503, "first_n": 1, "retry_after_s": 0}], 30)
     assert reports is not None, "the resumed crawl hung"
     assert [(r.resumed, r.pages_done, r.pages_failed) for r in reports] == [(True, 12, 0)]
+
+
+@pytest.mark.parametrize("with_slots", [False, True])
+@pytest.mark.parametrize("steps_later", [0, 1, 2])
+def test_a_lower_page_failing_just_after_a_higher_one_is_the_error_raised(with_slots, steps_later):
+    """Page 1 fails first; page 0 fails `steps_later` loop steps after. Done before the
+    cancelling starts (0 or 1 step): page 0's error is raised, the first in page order, with
+    or without slots. Later (2 steps), page 0 is cancelled first and page 1's is raised."""
+    async def main():
+        page1_failed = asyncio.get_running_loop().create_future()
+
+        async def page0():
+            await page1_failed
+            for _ in range(steps_later):
+                await asyncio.sleep(0)
+            raise ValueError("page 0")
+
+        async def page1():
+            await asyncio.sleep(0)
+            page1_failed.set_result(None)
+            raise ValueError("page 1")
+
+        others = []
+        slots = PageSlots(4) if with_slots else None
+        with pytest.raises(ValueError) as raised:
+            await all_or_cancel([page0(), page1()], others.append, slots=slots)
+        return str(raised.value), [str(e) for e in others]
+
+    assert asyncio.run(main()) == (("page 0", ["page 1"]) if steps_later < 2 else ("page 1", []))
+
+
+def test_a_run_cancelled_as_its_last_category_fails_leaves_no_unretrieved_exception():
+    """crawl_partitions's categories (no slots): the step stopped just as one fails."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        reported = []
+        loop.set_exception_handler(lambda _loop, context: reported.append(context["message"]))
+        run = None
+
+        async def done():
+            return "category A"
+
+        async def fails():
+            await asyncio.sleep(0)
+            loop.call_soon(loop.call_soon, run.cancel)  # the step is stopped as this fails
+            raise OSError("category B: storage down")
+
+        run = asyncio.ensure_future(all_or_cancel([done(), fails()]))
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        del run
+        gc.collect()
+        await asyncio.sleep(0)
+        return reported
+
+    assert asyncio.run(main()) == []

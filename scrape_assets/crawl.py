@@ -29,7 +29,6 @@ from scrape_assets.batched_log import LOG_EVERY_S
 from scrape_assets.crashpoints import crashpoint
 from scrape_assets.errors import FetchError, ManifestError, PermanentFetchError, StorageError
 from scrape_assets.fetcher import PageFetcher, same_origin, sendable_validator, validators_differ
-from scrape_assets.page_slots import PageSlots, run_within
 from scrape_assets.manifest import (
     UNREAD,
     Manifest,
@@ -41,6 +40,7 @@ from scrape_assets.manifest import (
     snapshot_sort_key,
     utc_now_iso,
 )
+from scrape_assets.page_slots import PageSlots, run_within
 from scrape_assets.parsing import UrlJoiner, parse_pager
 from scrape_assets.politeness import robots_url_for
 from scrape_assets.sitemap import MAX_SITEMAP_BYTES, Sitemap, SitemapCopies, SitemapError, load_sitemap, parse_fetched_at
@@ -206,7 +206,8 @@ class PartitionCrawler:
             off the site, looping or unresolvable): ``raw_pages`` passes the step's log, so
             they are in the run's event log; by default this module's logger.
         page_slots: the run's bound on pages in progress, shared by its crawlers (see
-            :mod:`scrape_assets.page_slots`; give the fetcher ``sleep=page_slots.sleep``);
+            :mod:`scrape_assets.page_slots`; give the fetcher ``sleep=page_slots.sleep`` and
+            ``robots_sleep=asyncio.sleep``);
             None: every page found is started at once (fine for one small category).
         slot_priority: this category's place in the run: a lower number gets free slots first.
     """

@@ -36,7 +36,7 @@ import contextvars
 import heapq
 import itertools
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Coroutine, TypeVar
+from typing import Any, Callable, Coroutine, TypeVar
 
 T = TypeVar("T")
 
@@ -70,17 +70,15 @@ class PageSlots:
 
     Args:
         size: slots (``>= 1``).
-        sleep: what :meth:`sleep` awaits (fake it in tests).
 
     Raises:
         ValueError: ``size < 1``.
     """
 
-    def __init__(self, size: int, *, sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep):
+    def __init__(self, size: int):
         if size < 1:
             raise ValueError(f"size must be >= 1, got {size}")
         self.size = size
-        self._sleep = sleep
         self._free = size
         # (priority, arrival, future): a future resolved True is a slot given; False (or
         # cancelled) a request withdrawn, skipped when its turn comes. Invariant: while
@@ -140,13 +138,13 @@ class PageSlots:
         Outside a page started by :func:`run_within`, a plain sleep."""
         hold = _HOLD.get()
         if hold is None or hold.slots is not self or not hold.held or self._slotless >= self.size:
-            await self._sleep(delay_s)
+            await asyncio.sleep(delay_s)
             return
         hold.held = False
         self._slotless += 1
         try:
             self.release()
-            await self._sleep(delay_s)
+            await asyncio.sleep(delay_s)
             await self.acquire(hold.priority)
             hold.held = True
         finally:

@@ -12,9 +12,8 @@ import weakref
 import pytest
 
 from scrape_assets.crawl import all_or_cancel
+from scrape_assets.faults import FaultSpec, make_fault_server
 from scrape_assets.page_slots import MIN_SLOTS, PageSlots, slots_for
-from scrape_assets.faults import FaultSpec
-from scrape_assets.faults import make_fault_server
 from scrape_assets_tests.conftest import serving
 from scrape_assets_tests.fault_scenarios import DAY, fault_server, page_path
 

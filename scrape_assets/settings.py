@@ -43,6 +43,7 @@ from scrape_assets.proxies import ProxyURL
 from scrape_assets.spec import (
     MAX_CONCURRENCY,
     MAX_REQUESTS_PER_SECOND,
+    MIN_REQUESTS_PER_SECOND,
     USER_AGENT_EXPECTED,
     load_spec,
     user_agent_problem,
@@ -202,7 +203,7 @@ def load_settings(env: dict | None = None) -> Settings:
         data_dir=str(data_path),
         storage_url=env.get("SCRAPE_STORAGE_URL") or str(data_path / "objects"),
         warehouse_url=env.get("SCRAPE_WAREHOUSE_URL") or f"sqlite:///{data_path / 'warehouse.db'}",
-        requests_per_second=_number(env, "SCRAPE_REQUESTS_PER_SECOND", float, 0.001, maximum=MAX_REQUESTS_PER_SECOND),
+        requests_per_second=_number(env, "SCRAPE_REQUESTS_PER_SECOND", float, MIN_REQUESTS_PER_SECOND, maximum=MAX_REQUESTS_PER_SECOND),
         max_concurrency=_number(env, "SCRAPE_MAX_CONCURRENCY", int, 1, maximum=MAX_CONCURRENCY),
         max_attempts=3 if max_attempts is None else max_attempts,
         alert_webhook_set=bool(env.get("SCRAPE_ALERT_WEBHOOK_URL")),

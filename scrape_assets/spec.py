@@ -134,8 +134,10 @@ class ProductId(_Strict):
         return value
 
 
-#: Upper bounds of a site's per-host limits, in a spec and in ``SCRAPE_REQUESTS_PER_SECOND`` /
-#: ``SCRAPE_MAX_CONCURRENCY`` alike (sanity: a typo of a few zeros is refused, not obeyed).
+#: Bounds of a site's per-host limits, in a spec and in ``SCRAPE_REQUESTS_PER_SECOND`` /
+#: ``SCRAPE_MAX_CONCURRENCY`` alike (sanity: a typo of a few zeros is refused, not obeyed;
+#: the slowest rate, one request every 1,000 s, is about 17 minutes a page).
+MIN_REQUESTS_PER_SECOND = 0.001
 MAX_REQUESTS_PER_SECOND = 100_000
 MAX_CONCURRENCY = 256
 
@@ -166,7 +168,7 @@ def user_agent_problem(value: str) -> str | None:
 class Politeness(_Strict):
     """Per-host limits; overridable by ``SCRAPE_REQUESTS_PER_SECOND`` / ``SCRAPE_MAX_CONCURRENCY``."""
 
-    requests_per_second: float = Field(default=1.0, gt=0, le=MAX_REQUESTS_PER_SECOND)
+    requests_per_second: float = Field(default=1.0, ge=MIN_REQUESTS_PER_SECOND, le=MAX_REQUESTS_PER_SECOND)
     max_concurrency: int = Field(default=2, ge=1, le=MAX_CONCURRENCY)
     obey_robots_txt: bool = True
 

@@ -53,7 +53,11 @@ def _demo_dict() -> dict:
         (lambda d: d["selectors"]["price"].update(css="p..price"), "selectors.price.css", "not a CSS selector"),
         (lambda d: d["pagination"].update(next_link="li.next >"), "pagination.next_link", "not a CSS selector"),
         (lambda d: d["product_id"].update(regex="("), "product_id.regex", "not a valid regular expression"),
-        (lambda d: d["politeness"].update(requests_per_second=0), "politeness.requests_per_second", "greater than 0"),
+        (lambda d: d["politeness"].update(requests_per_second=0), "politeness.requests_per_second",
+         "greater than or equal to 0.001"),
+        # One request every ~116 days: a typo of a few zeros, refused as SCRAPE_REQUESTS_PER_SECOND refuses it.
+        (lambda d: d["politeness"].update(requests_per_second=0.0000001), "politeness.requests_per_second",
+         "greater than or equal to 0.001"),
         (lambda d: d.update(incremental={"revalidate": "sometimes"}), "incremental.revalidate",
          "'every_page', 'first_page' or 'sitemap'"),
     ],

@@ -530,6 +530,13 @@ def run_categories_command(out=None) -> int:
     return 0
 
 
+def _discard_stdout() -> None:
+    """Point stdout at ``/dev/null`` once its reader has gone, so the interpreter's last flush
+    does not fail again with a traceback (Python's docs, "Note on SIGPIPE", module ``signal``)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
 def _port(text: str) -> int:
     """argparse type: a TCP port 0..65535 (0: any free port)."""
     try:
@@ -593,6 +600,9 @@ def main(argv: list[str] | None = None) -> int:
 
             print_summary(summarize(build_resources(secrets_as_env_vars=False)))
             return 0
+    except BrokenPipeError:  # `scrape-assets categories | head -1`: the reader has what it wanted
+        _discard_stdout()
+        return 1
     except StorageError as exc:  # e.g. an unknown protocol, found when the definitions load
         usable = "can read" if args.command == "summary" or getattr(args, "dry_run", False) else "can write"
         print(f"scrape-assets: error: {storage_setting_error(exc, usable)}", file=sys.stderr)

@@ -586,6 +586,23 @@ def test_categories_lists_the_partition_keys_in_the_order_ranges_follow(monkeypa
                                        "spec name (books_toscrape, demo) or a path to a .yaml file\n")
 
 
+def test_categories_piped_into_head_ends_quietly(tmp_path):
+    """`scrape-assets categories | head -1`: no BrokenPipeError traceback once the reader is gone."""
+    spec = yaml.safe_load((REPO_ROOT / "scrape_assets" / "sites" / "demo.yaml").read_text())
+    # More than a pipe's buffer (64 KB) of keys, so the writer is still writing when the reader leaves.
+    spec["categories"] = {f"category-{i:05d}": f"catalogue/category/books/c_{i}/index.html" for i in range(8000)}
+    path = tmp_path / "many.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    env = {**os.environ, "SCRAPE_SITE": str(path)}
+    proc = subprocess.Popen([sys.executable, "-m", "scrape_assets.cli", "categories"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    assert proc.stdout.readline() == b"category-00000\n"
+    proc.stdout.close()  # what `head -1` does after its line
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1
+    assert stderr == ""
+
+
 def test_a_run_that_reached_nothing_says_so_in_its_summary():
     import io
 

@@ -2,7 +2,9 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-DAGSTER_HOME := $(CURDIR)/.dagster_home
+# The instance: DAGSTER_HOME from the command line or the environment (as Dagster's own
+# commands read it, and as SCRAPE_DATA_DIR below), else the clone's .dagster_home.
+DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 override DAGSTER_HOME := $(abspath $(DAGSTER_HOME))
 export DAGSTER_HOME
 export SCRAPE_DATA_DIR ?= $(CURDIR)/data
@@ -17,8 +19,8 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e ".[test]"
 	touch $@
 
-# The clone's own instance follows the shipped settings; one given on the command line
-# (make demo DAGSTER_HOME=...) gets them only when it has none: its own are never replaced.
+# The clone's own instance follows the shipped settings; another one (make demo
+# DAGSTER_HOME=..., or exported) gets them only when it has none: its own are never replaced.
 $(DAGSTER_HOME)/dagster.yaml: $(if $(filter $(CURDIR)/.dagster_home,$(DAGSTER_HOME)),dagster.yaml)
 	mkdir -p $(DAGSTER_HOME)
 	cp dagster.yaml $@

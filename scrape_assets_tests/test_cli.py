@@ -586,6 +586,15 @@ def test_categories_lists_the_partition_keys_in_the_order_ranges_follow(monkeypa
                                        "spec name (books_toscrape, demo) or a path to a .yaml file\n")
 
 
+def test_make_demo_uses_an_exported_dagster_home(tmp_path):
+    """`DAGSTER_HOME=... make demo` records the run there, as Dagster's own commands would (not in the clone's)."""
+    home = tmp_path / "home"
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    planned = subprocess.run(["make", "-n", "demo"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert planned.returncode == 0, planned.stderr
+    assert f"cp dagster.yaml {home}/dagster.yaml" in planned.stdout.splitlines()
+
+
 def test_categories_piped_into_head_ends_quietly(tmp_path):
     """`scrape-assets categories | head -1`: no BrokenPipeError traceback once the reader is gone."""
     spec = yaml.safe_load((REPO_ROOT / "scrape_assets" / "sites" / "demo.yaml").read_text())

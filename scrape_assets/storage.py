@@ -255,7 +255,11 @@ class ObjectStore:
                 self.root.mkdir(parents=True, exist_ok=True)
             self._sweep_dead_probes()
             probe = f"write-probe-{os.getpid()}-{uuid.uuid4().hex}"
-            self.write_bytes_atomic(probe, b"ok")
+            try:
+                self.write_bytes_atomic(probe, b"ok")
+            except StorageError as exc:  # the root named, not the probe; its cause kept (storage_refused reads it)
+                detail = str(exc).removeprefix(f"{exc.location}: ").removeprefix("write failed: ")
+                raise StorageError(self.describe(), f"object storage is not writable: {detail}") from exc.__cause__
             self.path(probe).unlink()
         except StorageError:
             raise

@@ -579,6 +579,25 @@ def test_object_storage_this_process_may_not_write_fails_raw_pages_once_before_a
     assert not (tmp_path / "warehouse.db").exists()  # checked after storage: not opened
 
 
+@pytest.mark.skipif(not Path("/sys/kernel").is_dir(), reason="needs Linux's sysfs: a folder nobody may write in")
+def test_an_existing_folder_this_process_may_not_write_in_is_named_as_such():
+    """The folder exists but refuses files (another user's, a read-only mount): the same one line.
+
+    It names the folder, not the probe object the check tried to write; the cause is kept,
+    so raw_pages does not retry it.
+    """
+    from scrape_assets.defs.assets.raw_pages import storage_refused
+    from scrape_assets.errors import StorageError
+    from scrape_assets.storage import ObjectStore
+
+    with pytest.raises(StorageError) as info:
+        ObjectStore("/sys/kernel").ensure_writable()
+    assert str(info.value).startswith("/sys/kernel: object storage is not writable: [Errno ")
+    assert "write-probe" not in str(info.value).split(": [Errno ")[0]
+    assert storage_refused(info.value)
+    assert not list(Path("/sys/kernel").glob("*write-probe-*"))
+
+
 def test_which_storage_errors_raw_pages_retries():
     import errno
 

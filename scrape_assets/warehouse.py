@@ -11,10 +11,13 @@ in parallel without "database is locked".
 
 from __future__ import annotations
 
+import functools
 import operator
+import os
+import sqlite3
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import sqlalchemy as sa
 
@@ -100,7 +103,11 @@ class Warehouse:
         create: False for a reader that must not write (``scrape-assets summary``): missing
             tables are never created, so reading one raises ``sqlalchemy.exc.SQLAlchemyError``
             (``OperationalError`` on SQLite; check :meth:`existing_tables` first), and a
-            SQLite file keeps its journal mode (only the busy timeout is set).
+            SQLite file keeps its journal mode (only the busy timeout is set). A SQLite file
+            in a folder this process may not write (a read-only mount, another user's data
+            folder) that no connection has open (no ``-shm`` file beside it) is read as
+            immutable: SQLite could not create the ``-shm`` file a WAL database's reader
+            needs. A writer starting during that read is not seen (it could not be, there).
 
     Raises:
         SettingsError: the URL cannot be parsed or its driver is not installed.
@@ -124,6 +131,10 @@ class Warehouse:
             raise SettingsError("SCRAPE_WAREHOUSE_URL", shown,
                                 f"a SQLAlchemy URL whose query values its driver accepts ({exc})") from None
         if self.engine.dialect.name == "sqlite":
+            file = self._sqlite_file()
+            if not create and file is not None and _unwritable_and_unused(file):
+                # Same URL (describe() shows it); connections opened as immutable (SQLite URI parameter).
+                self.engine = sa.create_engine(url, creator=functools.partial(_connect_immutable, file))
             sa.event.listen(self.engine, "connect", _sqlite_pragmas if create else _sqlite_reader_pragmas)
         self._created = not create
 
@@ -608,6 +619,24 @@ def insert_many(conn: sa.Connection, table: sa.Table, rows: list[Mapping]) -> No
             columns[i] = map(bind, columns[i])
         params = list(zip(*columns))
     conn.exec_driver_sql(str(table.insert().compile(dialect=dialect)), params)
+
+
+def _folder_writable(folder: Path) -> bool:
+    return os.access(folder, os.W_OK)
+
+
+def _unwritable_and_unused(file: Path) -> bool:
+    """Whether ``file`` exists in a folder this process may not write, with no ``-shm`` file beside it.
+
+    Then no connection has the database open (the last one to close removes the ``-shm``
+    file), and a WAL reader could not create it: https://sqlite.org/wal.html#readonly.
+    """
+    return file.is_file() and not _folder_writable(file.parent) and not Path(f"{file}-shm").exists()
+
+
+def _connect_immutable(file: Path) -> sqlite3.Connection:
+    """A connection reading ``file`` as immutable: no lock, no ``-shm`` or ``-wal`` file (https://sqlite.org/uri.html)."""
+    return sqlite3.connect(f"file:{quote(str(file.resolve()))}?immutable=1", uri=True, check_same_thread=False)
 
 
 def _sqlite_reader_pragmas(dbapi_connection, _record) -> None:

@@ -360,6 +360,38 @@ def test_a_reader_warehouse_changes_nothing_in_the_file(tmp_path):
     assert empty.stat().st_size == 0
 
 
+def test_a_reader_reads_a_wal_warehouse_in_a_folder_it_may_not_write(tmp_path, monkeypatch):
+    """A read-only mount or another user's data folder: SQLite could not create the -shm file a
+    WAL reader needs ("unable to open database file"), so the summary reads the file as immutable."""
+    import scrape_assets.warehouse as warehouse_module
+
+    path = tmp_path / "w.db"
+    with Warehouse(f"sqlite:///{path}") as writer:  # WAL, as the pipeline leaves it
+        writer.load_products("a", [_row("a", "1"), _row("a", "2")], input_version="v", snapshot_id="s1",
+                             loaded_at="t", history_date="2026-12-01", history_snapshot_id="s1")
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    conn.close()
+    assert not (tmp_path / "w.db-shm").exists()  # closed: no connection has it open
+    # As root, os.access says every folder is writable: the folder's verdict is what the test sets.
+    monkeypatch.setattr(warehouse_module, "_folder_writable", lambda folder: folder != tmp_path)
+    reader = Warehouse(f"sqlite:///{path}", create=False)
+    with reader.engine.connect() as conn:  # while it reads, nothing is created beside the file
+        assert conn.execute(sa.select(sa.func.count()).select_from(products)).scalar_one() == 2
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["w.db"]
+    assert reader.rows_by_category(products) == {"a": 2}
+    assert reader.describe() == f"sqlite:///{path}"
+    reader.close()
+    # A writer has it open (its -shm file is there): an ordinary read, which sees the writer's commits.
+    with Warehouse(f"sqlite:///{path}") as writer, writer.engine.connect() as held:
+        held.execute(sa.select(sa.func.count()).select_from(products)).scalar_one()
+        assert (tmp_path / "w.db-shm").exists()
+        writer.load_products("a", [_row("a", "1")], input_version="v2", snapshot_id="s2", loaded_at="t",
+                             history_date="2026-12-02", history_snapshot_id="s2")
+        with Warehouse(f"sqlite:///{path}", create=False) as second:
+            assert second.rows_by_category(products) == {"a": 1}
+
+
 def test_duplicate_product_keys_looks_only_at_the_given_categories(tmp_path):
     wh = Warehouse(f"sqlite:///{tmp_path / 'w.db'}")
     with wh.engine.begin() as conn:  # a products table without its key (a warehouse made by hand)

@@ -355,6 +355,68 @@ def pool_holders_notice(instance, pool: str | None) -> str | None:
             "concurrency slots\"); until then this process waits, using a core (Ctrl-C does not stop it: kill it)")
 
 
+#: Tags of a ``scrape-assets demo`` run: who launched it, and the process and host running it,
+#: so a later demo can tell the run was left "started" by a process that is gone.
+LAUNCHED_BY_TAG, PID_TAG, HOST_TAG = "scrape/launched_by", "scrape/pid", "scrape/host"
+DEMO_LAUNCHER = "scrape-assets demo"
+
+
+def _process_started_at(pid: int) -> float | None:
+    """When process ``pid`` started (Unix time, seconds), from Linux's ``/proc`` (``proc(5)``:
+    ``starttime``, field 22 of ``/proc/PID/stat``, in clock ticks after ``btime``); None when
+    unknown (another system, the process gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def _demo_process_gone(pid: int, run_created_at: float) -> bool:
+    """Whether the demo process ``pid`` that created a run at ``run_created_at`` no longer runs.
+
+    Gone: no such process, or one that started after the run was created (the number
+    reused, after a reboot say). A process of another user counts as running.
+    """
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    started = _process_started_at(pid)
+    return started is not None and started > run_created_at + 1.0  # /proc's tick rounding
+
+
+def fail_dead_demo_runs(instance) -> list[str]:
+    """Mark failed the runs an earlier ``scrape-assets demo`` on this host left "started" or
+    "starting" when it was killed (SIGKILL, the OOM killer, a reboot); return a line for each.
+
+    Nothing else watches such a run: it would stay "started" for good, counted against the
+    instance's ``max_concurrent_runs``. Runs of other hosts, of other launchers and of demo
+    processes still running are left alone. The failure is the instance's (``RUN_FAILURE``
+    event with the reason), so the run-failure alert reports it like any failed run.
+    """
+    import dagster as dg
+
+    runs = instance.get_run_records(filters=dg.RunsFilter(
+        statuses=[dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED],
+        tags={LAUNCHED_BY_TAG: DEMO_LAUNCHER, HOST_TAG: socket.gethostname()},
+    ))
+    lines = []
+    for record in runs:
+        run, pid = record.dagster_run, record.dagster_run.tags.get(PID_TAG, "")
+        if not pid.isdigit() or not _demo_process_gone(int(pid), record.create_timestamp.timestamp()):
+            continue
+        instance.report_run_failed(run, message=f"the {DEMO_LAUNCHER} process running it (pid {pid} on "
+                                                f"{socket.gethostname()}) is gone: killed, or the machine restarted")
+        lines.append(f"scrape-assets: run {run.run_id}, left started by a {DEMO_LAUNCHER} that is gone (pid {pid}), "
+                     "marked failed")
+    return lines
+
+
 def run_demo(new_snapshot: bool = False) -> int:
     """Materialize all assets for all categories in one run; print a summary. Returns an exit code."""
     from scrape_assets.definitions import defs
@@ -369,11 +431,14 @@ def run_demo(new_snapshot: bool = False) -> int:
         print(f"scrape-assets: {counted(len(keys), 'category')} in one run on the Dagster instance at {os.environ['DAGSTER_HOME']}")
         from scrape_assets.defs.pools import configured_host_pool
 
+        for line in fail_dead_demo_runs(instance):
+            print(line, file=sys.stderr, flush=True)
         if notice := pool_holders_notice(instance, configured_host_pool()):
             print(notice, file=sys.stderr, flush=True)
         result = job.execute_in_process(
             instance=instance,
-            tags={**all_categories_tags(category_partitions), "scrape/launched_by": "scrape-assets demo"},
+            tags={**all_categories_tags(category_partitions), LAUNCHED_BY_TAG: DEMO_LAUNCHER,
+                  PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname()},
             run_config={
                 "loggers": {"console": {"config": {"log_level": "INFO"}}},
                 "ops": {"raw_pages": {"config": {"new_snapshot": new_snapshot}}},

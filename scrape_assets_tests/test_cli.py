@@ -586,6 +586,47 @@ def test_categories_lists_the_partition_keys_in_the_order_ranges_follow(monkeypa
                                        "spec name (books_toscrape, demo) or a path to a .yaml file\n")
 
 
+def test_a_demo_killed_outright_leaves_no_run_started_after_the_next_demo(tmp_path):
+    """kill -9 (here: SIGKILL at the 5th stored page) leaves the run "started"; the next demo marks it failed."""
+    import socket
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCRAPE_") and k != "DAGSTER_HOME"}
+    env.update(SCRAPE_DATA_DIR=str(tmp_path / "data"), DAGSTER_HOME=str(tmp_path / "home"))
+    cli = Path(sys.executable).with_name("scrape-assets")
+    killed = subprocess.run([str(cli), "demo"], env={**env, "SCRAPE_CRASHPOINT": "crawl.after_body_write:5"},
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    with dg.DagsterInstance.from_config(str(tmp_path / "home")) as instance:
+        (dead,) = instance.get_runs()
+        assert dead.status == dg.DagsterRunStatus.STARTED
+        assert dead.tags["scrape/host"] == socket.gethostname() and dead.tags["scrape/pid"].isdigit()
+    again = subprocess.run([str(cli), "demo"], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (f"scrape-assets: run {dead.run_id}, left started by a scrape-assets demo that is gone "
+            f"(pid {dead.tags['scrape/pid']}), marked failed") in again.stderr
+    with dg.DagsterInstance.from_config(str(tmp_path / "home")) as instance:
+        statuses = {run.run_id: run.status for run in instance.get_runs()}
+        assert statuses.pop(dead.run_id) == dg.DagsterRunStatus.FAILURE
+        assert list(statuses.values()) == [dg.DagsterRunStatus.SUCCESS]
+        (failure,) = instance.all_logs(dead.run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
+        assert "is gone: killed, or the machine restarted" in failure.message
+    assert "38/38 pages done" in again.stderr  # the killed run's pages resumed, the day completed
+
+
+def test_a_demo_run_is_marked_failed_only_if_its_process_is_gone():
+    """The pid check: no such process, or a number reused by a process started after the run."""
+    import time
+
+    from scrape_assets import cli
+
+    now = time.time()
+    assert cli._demo_process_gone(2**22 + 12345, now) is True  # above Linux's pid_max: no such process
+    assert cli._demo_process_gone(os.getpid(), now) is False  # this process, started before "the run"
+    started = cli._process_started_at(os.getpid())
+    assert started is not None and started <= now
+    assert cli._demo_process_gone(os.getpid(), started - 60) is True  # "the run" predates this process: a reused number
+
+
 def test_make_demo_uses_an_exported_dagster_home(tmp_path):
     """`DAGSTER_HOME=... make demo` records the run there, as Dagster's own commands would (not in the clone's)."""
     home = tmp_path / "home"

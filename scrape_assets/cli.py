@@ -127,6 +127,8 @@ def summarize(resources: dict) -> dict:
 
     ``categories`` counts the categories whose latest complete snapshot has a page done;
     ``categories_without_pages`` names those whose every page failed for good;
+    ``categories_without_snapshot`` those of the spec with no complete snapshot (never
+    crawled, added to the spec since, or their first crawl still going);
     ``categories_failing_schema`` maps those whose latest parse failed the schema check (so
     ``products`` still holds rows of an earlier snapshot) to that parse's snapshot id.
     """
@@ -158,10 +160,11 @@ def summarize(resources: dict) -> dict:
     not_in_spec = {} if theirs else {c: n for c, n in by_category.items() if c not in spec.categories}
     letters_not_in_spec = {} if theirs else {c: n for c, n in letters_by_category.items() if c not in spec.categories}
     done = failed = 0
-    categories, without_pages, failing_schema = 0, [], {}
+    categories, without_pages, without_snapshot, failing_schema = 0, [], [], {}
     for category in spec.categories:
         manifest = latest_manifest(store, spec.name, category, complete=True)
         if manifest is None:
+            without_snapshot.append(category)
             continue
         try:
             state = load_parse_state(store, spec.name, category)
@@ -180,6 +183,7 @@ def summarize(resources: dict) -> dict:
         "site": spec.name,
         "categories": categories,
         "categories_without_pages": without_pages,
+        "categories_without_snapshot": without_snapshot,
         "categories_failing_schema": failing_schema,
         "categories_configured": len(spec.categories),
         "pages_done": done,
@@ -223,6 +227,11 @@ def run_figures(result) -> dict:
     }
 
 
+def _first_names(names: list[str], shown: int = 10) -> str:
+    """``a, b, c`` (the first ``shown`` names, then ``...``)."""
+    return ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
+
+
 def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
     """Print what a run did (when given, after a blank line parting it from the run's log) and what is stored now."""
     lines = []
@@ -257,7 +266,11 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
         f"Summary ({summary['site']}, latest complete snapshots)",
         f"  categories      {summary['categories']}/{summary['categories_configured']}" + (
             f" ({len(empty)} whose latest snapshot has no page done: {', '.join(empty)})"
-            if (empty := summary.get("categories_without_pages")) else ""),
+            if (empty := summary.get("categories_without_pages")) else "") + (
+            # Named once something was crawled (before that, the success rate line says where it looked).
+            f" ({len(never)} without a complete snapshot yet: {_first_names(never)})"
+            if (never := summary.get("categories_without_snapshot")) and len(never) < summary["categories_configured"]
+            else ""),
         *([f"  schema failed   {len(failing)} whose latest parse failed the schema check, `products` holding "
            f"their earlier rows, if any: " + ", ".join(f"{c} (snapshot {s})" for c, s in list(failing.items())[:10])
            + (", ..." if len(failing) > 10 else "") + " (why: the parsed_products_match_schema check in the UI)"]

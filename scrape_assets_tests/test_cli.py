@@ -61,7 +61,7 @@ def test_demo_command_runs_all_categories_in_one_run_and_prints_summary(tmp_path
     # A category dropped from the spec keeps its rows: the summary says whose and how many.
     assert "not in spec" not in out
     spec = yaml.safe_load(importlib_resources.files("scrape_assets.sites").joinpath("demo.yaml").read_text())
-    del spec["categories"]["travel"]
+    spec_categories_travel = spec["categories"].pop("travel")
     (tmp_path / "demo_without_travel.yaml").write_text(yaml.safe_dump(spec))
     env["SCRAPE_SITE"] = str(tmp_path / "demo_without_travel.yaml")
     summary = subprocess.run([str(cli), "summary"], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
@@ -69,6 +69,14 @@ def test_demo_command_runs_all_categories_in_one_run_and_prints_summary(tmp_path
     assert "categories      11/11" in summary.stdout and "products loaded 678 (table `products`)" in summary.stdout
     assert ("  not in spec     11 of those rows belong to categories no longer in the spec: travel (11) "
             "(README: 'Removing a category')") in summary.stdout
+
+    # A category added to the spec since: named until it has a complete snapshot.
+    spec_added = {**spec, "categories": {**spec["categories"], "travel-again": spec_categories_travel}}
+    (tmp_path / "demo_added.yaml").write_text(yaml.safe_dump(spec_added))
+    summary = subprocess.run([str(cli), "summary"], env={**env, "SCRAPE_SITE": str(tmp_path / "demo_added.yaml")},
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert summary.returncode == 0, summary.stderr[-3000:]
+    assert "  categories      11/12 (1 without a complete snapshot yet: travel-again)\n" in summary.stdout
 
     # Storage and warehouse named by their variables (passed to Dagster as EnvVar): the command uses the values.
     env.update(SCRAPE_STORAGE_URL=str(tmp_path / "data" / "objects"),
@@ -268,7 +276,11 @@ def test_the_summary_does_not_count_a_category_whose_every_page_failed(tmp_path,
     out = io.StringIO()
     print_summary(summary, out=out)
     assert out.getvalue().splitlines()[0] == "Summary (demo, latest complete snapshots)"  # no blank line first
-    assert "  categories      1/12 (1 whose latest snapshot has no page done: travel)" in out.getvalue().splitlines()
+    assert summary["categories_without_snapshot"] == ["classics", "romance", "fiction", "default", "fantasy",
+                                                      "science", "poetry", "history", "nonfiction", "sequential-art"]
+    assert ("  categories      1/12 (1 whose latest snapshot has no page done: travel) (10 without a complete "
+            "snapshot yet: classics, romance, fiction, default, fantasy, science, poetry, history, nonfiction, "
+            "sequential-art)") in out.getvalue().splitlines()
     hint = (f"SCRAPE_DATA_DIR={tmp_path / 'data'} SCRAPE_BASE_URL=http://127.0.0.1:8001/ make ui "
             f"DAGSTER_HOME={tmp_path / 'books_home'}")
     assert out.getvalue().splitlines()[-1] == f"  Dagster UI      {hint}  (then open http://127.0.0.1:3000)"

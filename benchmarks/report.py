@@ -52,12 +52,13 @@ def throughput_rows(results: dict) -> list[list]:
             for tool in ("scrapy", "ours"):
                 r = pair[tool]
                 rate = _rate(pages, r["wall_s"])
-                in_run = _rate(pages, r.get("in_run_s"))
+                in_run_s = None if clock_stepped(r) else r.get("in_run_s")
+                in_run = _rate(pages, in_run_s)
                 ratio = f"**{rate / scrapy_rate:.2f}×**" if tool == "ours" and rate and scrapy_rate else ""
                 name = "Scrapy spider" if tool == "scrapy" else "pipeline (`dagster asset materialize`)"
                 rows.append([
-                    f"{pages:,}", c, name + _flag(r), _f(r["wall_s"]), _f(rate, 0),
-                    _f(r.get("in_run_s")), _f(in_run, 0), _f(r["cpu_s"]), _f(1000 * r["cpu_s"] / pages, 2),
+                    f"{pages:,}", c, name + _flag(r), _f(r["wall_s"]) + (" †" if clock_stepped(r) else ""), _f(rate, 0),
+                    _f(in_run_s), _f(in_run, 0), _f(r["cpu_s"]), _f(1000 * r["cpu_s"] / pages, 2),
                     _f(r["rss_max_process_mb"], 0), _f(r["rss_peak_tree_mb"], 0), _f(r.get("pss_peak_tree_mb") or None, 0),
                     r["python_processes"],
                     _f(r.get("foreign_cpu_s")), ratio, _runs(r),
@@ -69,8 +70,53 @@ STEPS = ("raw_pages", "parsed_products", "products_table", "dead_letters")
 STEP_HEADER = ["wall", "start + exit", *STEPS, "other"]
 
 
+#: Seconds the system clock may move apart from the monotonic one during a command before
+#: its Dagster-timed figures (in-run, steps: event timestamps) are not shown.
+CLOCK_STEP_TOLERANCE_S = 0.25
+
+
+def clock_stepped(o: dict) -> bool:
+    """Whether the system clock stepped during run ``o`` (its in-run and step times, from Dagster's
+    event timestamps, are then wrong by that step; its wall time is monotonic): measured by
+    the harness (``extra.clock_step_s``), or seen as an in-run time longer than the wall time
+    (runs measured before the harness recorded it)."""
+    step = (o.get("extra") or {}).get("clock_step_s")
+    return (step is not None and abs(step) > CLOCK_STEP_TOLERANCE_S) or (o.get("in_run_s") or 0) > o["wall_s"]
+
+
+CLOCK_NOTE = ("† the system clock stepped during this run (the VM's clock was corrected), so its in-run and "
+              "step times, which come from Dagster's event timestamps, are not shown; its wall time is "
+              "monotonic and stands.")
+
+
+def reparse_rows(results: dict) -> list[list]:
+    """The re-parse table's rows (one per size re-parsed)."""
+    rows = []
+    for size, res in results["sizes"].items():
+        rp = res.get("reparse")
+        if not rp:
+            continue
+        pages, o, b = int(size), rp["ours"], rp["bare"]
+        stepped = clock_stepped(o)
+        step = None if stepped else o["steps"].get("parsed_products")
+        rows.append([f"{pages:,}{_flag(o)}", _f(o["wall_s"]) + (" †" if stepped else ""), _f(pages / o["wall_s"], 0),
+                     _f(step, 2), _f(_rate(pages, step), 0), _f(None if stepped else o["steps"].get("products_table"), 2),
+                     _f(o["cpu_s"]), _f(o["rss_max_process_mb"], 0),
+                     o["http_requests"], _f(o.get("foreign_cpu_s")), _f(b["pages_per_s"], 0),
+                     f"**{pages / o['wall_s'] / b['pages_per_s']:.0%}**", f"{_rate(pages, step) / b['pages_per_s']:.0%}" if step else "—",
+                     _runs(o), _runs(b, "pages_per_s", "{:,.0f}")])
+    return rows
+
+
+def clock_note(rows: list[list]) -> list[str]:
+    """:data:`CLOCK_NOTE` (and a blank line) when a row of the table above is marked †, else nothing."""
+    return [CLOCK_NOTE, ""] if any("†" in str(cell) for row in rows for cell in row) else []
+
+
 def _step_cells(o: dict) -> list[str]:
     """``o``'s wall time split: outside the run, each step, in-run time outside the steps (seconds)."""
+    if clock_stepped(o):
+        return [_f(o["wall_s"]) + " †", *(["—"] * (len(STEP_HEADER) - 1))]
     steps = o.get("steps", {})
     in_steps = sum(v for v in steps.values() if v)
     before = o["wall_s"] - (o.get("in_run_s") or 0)
@@ -111,7 +157,8 @@ def targets(results: dict) -> list[list]:
         if "16" in t:
             ours, scrapy = t["16"]["ours"], t["16"]["scrapy"]
             ratio = scrapy["wall_s"] / ours["wall_s"]
-            in_run = (scrapy["in_run_s"] / ours["in_run_s"]) if scrapy.get("in_run_s") and ours.get("in_run_s") else None
+            in_run = (scrapy["in_run_s"] / ours["in_run_s"]) if scrapy.get("in_run_s") and ours.get("in_run_s") \
+                and not clock_stepped(ours) and not clock_stepped(scrapy) else None
             rows.append([f"fetch+store+parse+load ≥ 2× Scrapy's pages/s, c=16, {int(size):,} pages",
                          f"{ratio:.2f}× end to end" + (f" ({in_run:.2f}× excluding process start)" if in_run else ""),
                          _invalid(pipeline=ours, Scrapy=scrapy)
@@ -130,7 +177,7 @@ def targets(results: dict) -> list[list]:
         rp = sizes[reparse_size]["reparse"]
         pages = int(reparse_size)
         ours_rate, bare_rate = pages / rp["ours"]["wall_s"], rp["bare"]["pages_per_s"]
-        step = rp["ours"]["steps"].get("parsed_products")
+        step = None if clock_stepped(rp["ours"]) else rp["ours"]["steps"].get("parsed_products")
         note = "" if reparse_size == "10000" else f" (measured at {pages:,} pages; 10,000 not run)"
         workers = rp["ours"].get("parse_workers")
         rows.append([f"re-parse backfill ≥ 70% of bare selectolax's pages/s at 10,000 pages{note}",
@@ -242,12 +289,12 @@ def render(results: dict, analysis: Path | None = None) -> str:
               "after round, Scrapy and pipeline alternating; the host's speed drifts by up to ~30% between identical "
               "runs with no CPU of other programs to see); at 10,000 pages Scrapy ran once per row (~1 min a run; its "
               "margin is not close).", ""]
-    lines += _table(THROUGHPUT_HEADER, throughput_rows(results))
+    lines += _table(THROUGHPUT_HEADER, throughput_rows(results)) + clock_note(throughput_rows(results))
     lines += ["Where the pipeline's wall time goes (seconds; `start + exit` = the command's time outside the run: process "
               "start, definitions, instance and run creation before RUN_START, interpreter shutdown after RUN_SUCCESS; "
               "`other` = in-run time outside the steps: run events between steps):", ""]
     lines += _table(["pages", "c", "wall", "start + exit", "raw_pages", "parsed_products", "products_table", "dead_letters", "other"],
-                    step_rows(results))
+                    step_rows(results)) + clock_note(step_rows(results))
     lines += ["## Re-parse backfill", "",
               "Saved pages → validated rows → table: `--select parsed_products,products_table,dead_letters` over every "
               "category after a parse-rule change (the spec's `max_pages` changed, which changes every partition's input "
@@ -256,27 +303,16 @@ def render(results: dict, analysis: Path | None = None) -> str:
               "`--repeats` above 1, the two alternate that many rounds (each round changes the rules again, so each "
               "re-parses everything): each row is the round of ours with the median wall time against the bare loop's "
               "median round, every round's figures in the last two columns.", ""]
-    rows = []
-    for size, res in results["sizes"].items():
-        rp = res.get("reparse")
-        if not rp:
-            continue
-        pages, o, b = int(size), rp["ours"], rp["bare"]
-        step = o["steps"].get("parsed_products")
-        rows.append([f"{pages:,}{_flag(o)}", _f(o["wall_s"]), _f(pages / o["wall_s"], 0), _f(step, 2), _f(_rate(pages, step), 0),
-                     _f(o["steps"].get("products_table"), 2), _f(o["cpu_s"]), _f(o["rss_max_process_mb"], 0),
-                     o["http_requests"], _f(o.get("foreign_cpu_s")), _f(b["pages_per_s"], 0),
-                     f"**{pages / o['wall_s'] / b['pages_per_s']:.0%}**", f"{_rate(pages, step) / b['pages_per_s']:.0%}" if step else "—",
-                     _runs(o), _runs(b, "pages_per_s", "{:,.0f}")])
+    rows = reparse_rows(results)
     lines += _table(["pages", "ours wall s", "ours pages/s", "parsed_products s", "step pages/s", "products_table s",
                      "CPU s", "RSS max MB", "HTTP requests", "others' CPU s", "bare pages/s", "ours/bare", "step/bare",
-                     "ours wall s of each round", "bare pages/s of each round"], rows)
+                     "ours wall s of each round", "bare pages/s of each round"], rows) + clock_note(rows)
     rows = [[f"{int(size):,}", *_step_cells(res["reparse"]["ours"])] for size, res in results["sizes"].items()
             if res.get("reparse")]
     if rows:
         lines += ["Where the re-parse's wall time goes (seconds, the median round; columns as in the throughput "
                   "section's step table; `raw_pages` is not selected):", ""]
-        lines += _table(["pages", *STEP_HEADER], rows)
+        lines += _table(["pages", *STEP_HEADER], rows) + clock_note(rows)
     lines += ["## Incremental refresh", "",
               "The pipeline at c=16 on the same data directory: the first run (fresh), then a second run on the unchanged "
               "catalogue, a third on it with the spec's opt-in `incremental: {revalidate: first_page}` (page 1 unchanged: "
@@ -329,7 +365,7 @@ def render(results: dict, analysis: Path | None = None) -> str:
     if rows:
         lines += ["Where each incremental run's wall time goes (seconds; the median runs; columns as in the "
                   "throughput section's step table):", ""]
-        lines += _table(["pages", "run", *STEP_HEADER], rows)
+        lines += _table(["pages", "run", *STEP_HEADER], rows) + clock_note(rows)
     daily = results["sizes"].get("1000", {}).get("daily")
     if daily:
         one, per = daily["schedule"], daily["per_category"]

@@ -107,3 +107,41 @@ def test_a_row_is_invalid_when_any_of_its_runs_failed():
     row = median_run(runs)
     assert row["wall_s"] == 4.9 and row["runs_wall_s"] == [3.0, 4.9, 5.3]
     assert row["ok"] is False  # the median run passed, the fastest did not: the row must not count
+
+
+def test_a_run_during_which_the_clock_stepped_shows_no_dagster_timed_figures():
+    """Dagster times runs and steps with the system clock; a VM whose clock is stepped mid-run
+    (seen in a full run: products_table "66 s" inside a 16.4-s command) must not print them."""
+    from benchmarks.report import _step_cells, clock_note, clock_stepped, reparse_rows
+
+    steps = {"parsed_products": 7.7, "products_table": 66.06, "dead_letters": 0.2}
+    stepped = _run(16.4, in_run_s=74.1, steps=steps, cpu_s=20.0, http_requests=0, foreign_cpu_s=0.0)
+    measured = _run(16.4, in_run_s=14.0, steps={**steps, "products_table": 3.0}, cpu_s=20.0, http_requests=0,
+                    foreign_cpu_s=0.0, extra={"clock_step_s": 1.5})  # the harness saw the step; times look plausible
+    fine = _run(16.4, in_run_s=14.0, steps={**steps, "products_table": 3.0}, cpu_s=20.0, http_requests=0,
+                foreign_cpu_s=0.0, extra={"clock_step_s": 0.002})
+    assert [clock_stepped(r) for r in (stepped, measured, fine)] == [True, True, False]
+
+    def results(ours: dict) -> dict:
+        return {"sizes": {"10000": {"reparse": {"ours": {**ours, "parse_workers": 2},
+                                                "bare": {"pages_per_s": 941.0, "wall_s": 10.6}}}}}
+
+    for ours in (stepped, measured):
+        (measured_text,) = [m for t, m, _v in targets(results(ours)) if t.startswith("re-parse")]
+        assert "step alone" not in measured_text and measured_text.startswith("65% end to end")
+        assert _step_cells(ours) == ["16.4 †", "—", "—", "—", "—", "—", "—"]
+        (row,) = reparse_rows(results(ours))
+        assert row[1:6] == ["16.4 †", "610", "—", "—", "—"] and row[12] == "—"
+        assert clock_note([row])[0].startswith("† the system clock stepped during this run")
+    assert _step_cells(fine) == ["16.4", "2.4", "—", "7.70", "3.00", "0.20", "3.1"]
+    (row,) = reparse_rows(results(fine))
+    assert row[1:6] == ["16.4", "610", "7.70", "1,299", "3.00"] and clock_note([row]) == []
+    (measured_text,) = [m for t, m, _v in targets(results(fine)) if t.startswith("re-parse")]
+    assert measured_text.endswith("parsed_products step alone 138%")
+
+
+def test_the_harness_measures_how_far_the_clock_moved_apart_from_the_monotonic_one(tmp_path):
+    from benchmarks.measure import run_measured
+
+    m = run_measured([sys.executable, "-c", "import time; time.sleep(0.2)"], log_prefix=tmp_path / "sleep", quiet=False)
+    assert m.wall_s >= 0.2 and abs(m.extra["clock_step_s"]) < 0.25  # no step on a healthy clock

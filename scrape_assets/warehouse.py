@@ -105,9 +105,12 @@ class Warehouse:
             (``OperationalError`` on SQLite; check :meth:`existing_tables` first), and a
             SQLite file keeps its journal mode (only the busy timeout is set). A SQLite file
             in a folder this process may not write (a read-only mount, another user's data
-            folder) that no connection has open (no ``-shm`` file beside it) is read as
-            immutable: SQLite could not create the ``-shm`` file a WAL database's reader
-            needs. A writer starting during that read is not seen (it could not be, there).
+            folder) is read as immutable when the file holds every commit and no
+            connection has it open: no ``-shm``, no ``-wal`` with content, no ``-journal``
+            beside it (SQLite could not create the ``-shm`` file a WAL reader needs there).
+            Otherwise it is opened as usual, and a read SQLite cannot do fails as
+            :meth:`unreadable` says. Limit: in another user's folder, that user's pipeline
+            starting to write during the read is not seen, and may make the read fail.
 
     Raises:
         SettingsError: the URL cannot be parsed or its driver is not installed.
@@ -626,12 +629,19 @@ def _folder_writable(folder: Path) -> bool:
 
 
 def _unwritable_and_unused(file: Path) -> bool:
-    """Whether ``file`` exists in a folder this process may not write, with no ``-shm`` file beside it.
+    """Whether ``file`` exists in a folder this process may not write and holds every commit, unused.
 
-    Then no connection has the database open (the last one to close removes the ``-shm``
-    file), and a WAL reader could not create it: https://sqlite.org/wal.html#readonly.
+    No ``-shm`` file: no connection has the database open (the last one to close removes
+    it), and a WAL reader could not create it (https://sqlite.org/wal.html#readonly). No
+    ``-wal`` file with content: no commit waits outside the file, which an immutable read
+    would miss (a copy taken without its ``-shm``). No ``-journal``: no interrupted
+    rollback-journal transaction, whose half-written pages an immutable read would see.
     """
-    return file.is_file() and not _folder_writable(file.parent) and not Path(f"{file}-shm").exists()
+    def present(suffix: str) -> bool:
+        side = Path(f"{file}{suffix}")
+        return side.exists() and (suffix != "-wal" or side.stat().st_size > 0)
+
+    return file.is_file() and not _folder_writable(file.parent) and not any(map(present, ("-shm", "-wal", "-journal")))
 
 
 def _connect_immutable(file: Path) -> sqlite3.Connection:

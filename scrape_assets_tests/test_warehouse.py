@@ -382,6 +382,26 @@ def test_a_reader_reads_a_wal_warehouse_in_a_folder_it_may_not_write(tmp_path, m
     assert reader.rows_by_category(products) == {"a": 2}
     assert reader.describe() == f"sqlite:///{path}"
     reader.close()
+    # A copy whose last commit is still in its -wal (taken without the -shm): an immutable read
+    # would miss that commit, so it is opened as usual (here it can be: the folder is writable).
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    conn.execute("INSERT INTO products SELECT category, '3', title, price, currency, rating, availability, url, "
+                 "page_number, snapshot_id, fetched_at FROM products WHERE product_id = '1'")
+    conn.commit()
+    for suffix in ("", "-wal"):
+        (copy / f"w.db{suffix}").write_bytes((tmp_path / f"w.db{suffix}").read_bytes())
+    conn.close()
+    monkeypatch.setattr(warehouse_module, "_folder_writable", lambda folder: folder not in (tmp_path, copy))
+    with Warehouse(f"sqlite:///{copy / 'w.db'}", create=False) as from_copy:
+        assert from_copy.rows_by_category(products) == {"a": 3}
+    (tmp_path / "w.db-journal").write_bytes(b"")  # a rollback journal beside it: not read as immutable either
+    with Warehouse(f"sqlite:///{path}", create=False) as beside_journal, beside_journal.engine.connect() as held:
+        assert held.execute(sa.select(sa.func.count()).select_from(products)).scalar_one() == 3
+        assert (tmp_path / "w.db-shm").exists()  # an ordinary WAL read
+    (tmp_path / "w.db-journal").unlink()
     # A writer has it open (its -shm file is there): an ordinary read, which sees the writer's commits.
     with Warehouse(f"sqlite:///{path}") as writer, writer.engine.connect() as held:
         held.execute(sa.select(sa.func.count()).select_from(products)).scalar_one()

@@ -371,60 +371,90 @@ def pool_holders_notice(instance, pool: str | None) -> str | None:
 #: Tags of a ``scrape-assets demo`` run: who launched it, and the process and host running it,
 #: so a later demo can tell the run was left "started" by a process that is gone.
 LAUNCHED_BY_TAG, PID_TAG, HOST_TAG = "scrape/launched_by", "scrape/pid", "scrape/host"
+#: ``<boot id>:<pid namespace>:<pid>:<start time in clock ticks>`` of the process running a
+#: demo run (Linux), so a later demo can tell, exactly, that the process is gone.
+PROCESS_TAG = "scrape/process"
 DEMO_LAUNCHER = "scrape-assets demo"
 
 
-def _process_started_at(pid: int) -> float | None:
-    """When process ``pid`` started (Unix time, seconds), from Linux's ``/proc`` (``proc(5)``:
-    ``starttime``, field 22 of ``/proc/PID/stat``, in clock ticks after ``btime``); None when
-    unknown (another system, the process gone)."""
+def _start_ticks(pid: int) -> str | None:
+    """Process ``pid``'s start time in clock ticks after boot (``proc(5)``: field 22 of
+    ``/proc/PID/stat``, readable for every process); None when there is no such process.
+
+    Raises:
+        OSError: ``/proc`` cannot be read (not Linux).
+    """
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))
-        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (FileNotFoundError, ProcessLookupError):
         return None
 
 
-def _demo_process_gone(pid: int, run_created_at: float) -> bool:
-    """Whether the demo process ``pid`` that created a run at ``run_created_at`` no longer runs.
+def _this_kernel_and_namespace() -> tuple[str, str]:
+    """This boot's id (``/proc/sys/kernel/random/boot_id``) and this process's pid namespace (its inode).
 
-    Gone: no such process, or one that started after the run was created (the number
-    reused, after a reboot say). A process of another user counts as running.
+    Raises:
+        OSError: not Linux.
+    """
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return boot, str(os.stat("/proc/self/ns/pid").st_ino)
+
+
+def process_identity() -> str | None:
+    """:data:`PROCESS_TAG`'s value for this process; None where ``/proc`` does not tell (not Linux)."""
+    try:
+        boot, namespace = _this_kernel_and_namespace()
+        return f"{boot}:{namespace}:{os.getpid()}:{_start_ticks(os.getpid())}"
+    except (OSError, IndexError):
+        return None
+
+
+def _demo_process_gone(identity: str) -> bool | None:
+    """Whether the process of a :data:`PROCESS_TAG` value no longer runs.
+
+    True: no process has that number now, or the one that has it started at another time
+    (the number reused). False: it runs. None: not to be told from here, another boot
+    (another machine, or this one before a restart: they cannot be told apart), another
+    pid namespace (another container), or no ``/proc``.
     """
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    started = _process_started_at(pid)
-    return started is not None and started > run_created_at + 1.0  # /proc's tick rounding
+        boot, namespace, pid, ticks = identity.split(":")
+        if (boot, namespace) != _this_kernel_and_namespace() or not pid.isdigit():
+            return None
+        now = _start_ticks(int(pid))
+    except (OSError, ValueError, IndexError):
+        return None
+    return now != ticks
 
 
 def fail_dead_demo_runs(instance) -> list[str]:
-    """Mark failed the runs an earlier ``scrape-assets demo`` on this host left "started" or
-    "starting" when it was killed (SIGKILL, the OOM killer, a reboot); return a line for each.
+    """Mark failed the runs an earlier ``scrape-assets demo`` left "started" or "starting" when
+    it was killed (SIGKILL, the OOM killer) on this machine since it booted, and give back
+    the concurrency slots they held; return a line for each.
 
     Nothing else watches such a run: it would stay "started" for good, counted against the
-    instance's ``max_concurrent_runs``. Runs of other hosts, of other launchers and of demo
-    processes still running are left alone. The failure is the instance's (``RUN_FAILURE``
-    event with the reason), so the run-failure alert reports it like any failed run.
+    instance's ``max_concurrent_runs`` (and, with S3 storage, holding its host's pool slot).
+    Judged only when the run's process ran on this boot of this kernel in this pid
+    namespace (:data:`PROCESS_TAG`): runs of other machines, containers or boots, of other
+    launchers, and of demo processes still running are left alone. The failure is the
+    instance's (``RUN_FAILURE`` event with the reason), so the run-failure alert reports it.
     """
     import dagster as dg
 
-    runs = instance.get_run_records(filters=dg.RunsFilter(
-        statuses=[dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED],
-        tags={LAUNCHED_BY_TAG: DEMO_LAUNCHER, HOST_TAG: socket.gethostname()},
-    ))
+    live = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
+    runs = instance.get_runs(filters=dg.RunsFilter(statuses=live, tags={LAUNCHED_BY_TAG: DEMO_LAUNCHER}))
     lines = []
-    for record in runs:
-        run, pid = record.dagster_run, record.dagster_run.tags.get(PID_TAG, "")
-        if not pid.isdigit() or not _demo_process_gone(int(pid), record.create_timestamp.timestamp()):
+    for run in runs:
+        identity = run.tags.get(PROCESS_TAG, "")
+        if not _demo_process_gone(identity):
             continue
-        instance.report_run_failed(run, message=f"the {DEMO_LAUNCHER} process running it (pid {pid} on "
-                                                f"{socket.gethostname()}) is gone: killed, or the machine restarted")
+        current = instance.get_run_by_id(run.run_id)  # another demo starting now may have done it already
+        if current is None or current.status not in live:
+            continue
+        pid = identity.split(":")[2]
+        instance.report_run_failed(current, message=f"the {DEMO_LAUNCHER} process running it (pid {pid} on "
+                                                    f"{run.tags.get(HOST_TAG, '?')}) is gone: it was killed")
+        instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
         lines.append(f"scrape-assets: run {run.run_id}, left started by a {DEMO_LAUNCHER} that is gone (pid {pid}), "
                      "marked failed")
     return lines
@@ -451,7 +481,8 @@ def run_demo(new_snapshot: bool = False) -> int:
         result = job.execute_in_process(
             instance=instance,
             tags={**all_categories_tags(category_partitions), LAUNCHED_BY_TAG: DEMO_LAUNCHER,
-                  PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname()},
+                  PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname(),
+                  **({PROCESS_TAG: identity} if (identity := process_identity()) else {})},
             run_config={
                 "loggers": {"console": {"config": {"log_level": "INFO"}}},
                 "ops": {"raw_pages": {"config": {"new_snapshot": new_snapshot}}},

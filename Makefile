@@ -5,6 +5,9 @@ BIN := $(VENV)/bin
 # The instance: DAGSTER_HOME from the command line or the environment (as Dagster's own
 # commands read it, and as SCRAPE_DATA_DIR below), else the clone's .dagster_home.
 DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+ifeq ($(strip $(DAGSTER_HOME)),)
+override DAGSTER_HOME := $(CURDIR)/.dagster_home
+endif
 override DAGSTER_HOME := $(abspath $(DAGSTER_HOME))
 export DAGSTER_HOME
 export SCRAPE_DATA_DIR ?= $(CURDIR)/data
@@ -30,6 +33,8 @@ demo: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/scrape-assets demo
 
 ## make test: set up with test dependencies, then run the whole test suite
+# The tests get the clone's instance, never one of the shell's (they make their own anyway).
+test: override DAGSTER_HOME := $(CURDIR)/.dagster_home
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest
 

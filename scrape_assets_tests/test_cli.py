@@ -650,10 +650,16 @@ def test_a_demo_run_is_marked_failed_only_if_its_process_is_gone():
 def test_make_demo_uses_an_exported_dagster_home(tmp_path):
     """`DAGSTER_HOME=... make demo` records the run there, as Dagster's own commands would (not in the clone's)."""
     home = tmp_path / "home"
-    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    # Not the make that runs this suite's variables (`make test DAGSTER_HOME=...` passes them down).
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "MFLAGS")}
+    env["DAGSTER_HOME"] = str(home)
     planned = subprocess.run(["make", "-n", "demo"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert planned.returncode == 0, planned.stderr
     assert f"cp dagster.yaml {home}/dagster.yaml" in planned.stdout.splitlines()
+    # Exported but empty, as Dagster reads it: unset (the clone's), not the root folder.
+    env["DAGSTER_HOME"] = ""
+    planned = subprocess.run(["make", "-n", "demo"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert "cp dagster.yaml /dagster.yaml" not in planned.stdout and "mkdir -p \n" not in planned.stdout + "\n"
 
 
 def test_categories_piped_into_head_ends_quietly(tmp_path):

@@ -639,11 +639,17 @@ def run_categories_command(out=None) -> int:
     return 0
 
 
-def _discard_stdout() -> None:
-    """Point stdout at ``/dev/null`` once its reader has gone, so the interpreter's last flush
-    does not fail again with a traceback (Python's docs, "Note on SIGPIPE", module ``signal``)."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+def _to_a_reader(write: Callable[[], int]) -> int:
+    """``write()``'s exit code; 1, quietly, if stdout's reader went away meanwhile
+    (``scrape-assets categories | head -1``): stdout is then pointed at ``/dev/null`` so the
+    interpreter's last flush does not fail again (Python's docs, "Note on SIGPIPE")."""
+    try:
+        code = write()
+        sys.stdout.flush()  # here, not at exit: a reader gone shows now
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 def _port(text: str) -> int:
@@ -703,15 +709,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "prune":
             return run_prune(args.keep, args.dry_run)
         if args.command == "categories":
-            return run_categories_command()
+            return _to_a_reader(run_categories_command)
         if args.command == "summary":
             from scrape_assets.defs.resources import build_resources
 
-            print_summary(summarize(build_resources(secrets_as_env_vars=False)))
-            return 0
-    except BrokenPipeError:  # `scrape-assets categories | head -1`: the reader has what it wanted
-        _discard_stdout()
-        return 1
+            summary = summarize(build_resources(secrets_as_env_vars=False))
+            return _to_a_reader(lambda: print_summary(summary) or 0)
     except StorageError as exc:  # e.g. an unknown protocol, found when the definitions load
         usable = "can read" if args.command == "summary" or getattr(args, "dry_run", False) else "can write"
         print(f"scrape-assets: error: {storage_setting_error(exc, usable)}", file=sys.stderr)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import os
 import re
 import threading
@@ -68,6 +69,17 @@ class InvalidEndpointError(ValueError):
 
 #: What a listing of a prefix that is not a folder raises: an empty listing, not a failure.
 _NOT_THERE = (FileNotFoundError, NotADirectoryError)
+
+
+def refusal(cause: BaseException | None) -> bool:
+    """Whether ``cause`` (a storage error's ``__cause__``) is a refusal no retry changes: no
+    permission (``PermissionError``, also s3fs's for S3's AccessDenied), a read-only file
+    system, a path that cannot become a folder (a file in the way: ENOTDIR, EEXIST), or a
+    missing filesystem driver. A full disk, an I/O error or a remote store not answering
+    is not: those may pass."""
+    if isinstance(cause, (PermissionError, ImportError)):
+        return True
+    return isinstance(cause, OSError) and cause.errno in (errno.EROFS, errno.ENOTDIR, errno.EEXIST)
 
 
 def _process_alive(pid: int) -> bool:
@@ -259,7 +271,8 @@ class ObjectStore:
                 self.write_bytes_atomic(probe, b"ok")
             except StorageError as exc:  # the root named, not the probe; its cause kept (storage_refused reads it)
                 detail = str(exc).removeprefix(f"{exc.location}: ").removeprefix("write failed: ")
-                raise StorageError(self.describe(), f"object storage is not writable: {detail}") from exc.__cause__
+                what = "object storage is not writable" if refusal(exc.__cause__) else "its write probe failed"
+                raise StorageError(self.describe(), f"{what}: {detail}") from exc.__cause__
             self.path(probe).unlink()
         except StorageError:
             raise

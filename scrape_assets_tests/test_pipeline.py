@@ -598,6 +598,29 @@ def test_an_existing_folder_this_process_may_not_write_in_is_named_as_such():
     assert not list(Path("/sys/kernel").glob("*write-probe-*"))
 
 
+def test_a_write_probe_that_may_pass_later_is_not_called_unwritable(tmp_path, monkeypatch):
+    """A full disk (or an I/O error, a store not answering): "its write probe failed", retried."""
+    import errno
+
+    from scrape_assets.defs.assets.raw_pages import storage_refused
+    from scrape_assets.errors import StorageError
+    from scrape_assets.storage import ObjectStore
+
+    store = ObjectStore(str(tmp_path / "objects"))
+
+    def full_disk(key, data, **_kw):
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as exc:
+            raise StorageError(f"{store.describe()}/{key}", f"write failed: {exc}") from exc
+
+    monkeypatch.setattr(store, "write_bytes_atomic", full_disk)
+    with pytest.raises(StorageError) as info:
+        store.ensure_writable()
+    assert str(info.value) == f"{tmp_path / 'objects'}: its write probe failed: [Errno 28] No space left on device"
+    assert not storage_refused(info.value)
+
+
 def test_which_storage_errors_raw_pages_retries():
     import errno
 

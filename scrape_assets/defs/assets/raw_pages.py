@@ -2,7 +2,6 @@
 
 
 import asyncio
-import errno
 import hashlib
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
@@ -20,6 +19,7 @@ from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, Ware
 from scrape_assets.errors import FetchConfigChangedError, PartitionLockedError, SettingsError, SpecError, StorageError
 from scrape_assets.gc_tuning import freeze_again
 from scrape_assets.manifest import Manifest, latest_manifest, resume_conflict
+from scrape_assets.storage import refusal
 from scrape_assets.warehouse import may_recover
 
 if TYPE_CHECKING:  # the HTTP stack (httpx, aiohttp) is imported by the step, not with the definitions
@@ -111,10 +111,7 @@ def storage_refused(exc: StorageError) -> bool:
     the way: ENOTDIR, EEXIST) and a missing filesystem driver (s3fs not installed). Anything
     else (a remote store not answering, a full disk being cleaned) may pass: False.
     """
-    cause = exc.__cause__
-    if isinstance(cause, (PermissionError, ImportError)):
-        return True
-    return isinstance(cause, OSError) and cause.errno in (errno.EROFS, errno.ENOTDIR, errno.EEXIST)
+    return refusal(exc.__cause__)
 
 
 class InterruptedRunSnapshots:

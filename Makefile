@@ -3,8 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # The instance: DAGSTER_HOME from the command line or the environment (as Dagster's own
-# commands read it, and as SCRAPE_DATA_DIR below), else the clone's .dagster_home.
-DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+# commands read it, and as SCRAPE_DATA_DIR below); unset or empty: the clone's .dagster_home.
 ifeq ($(strip $(DAGSTER_HOME)),)
 override DAGSTER_HOME := $(CURDIR)/.dagster_home
 endif

@@ -57,7 +57,7 @@ def throughput_rows(results: dict) -> list[list]:
                 ratio = f"**{rate / scrapy_rate:.2f}×**" if tool == "ours" and rate and scrapy_rate else ""
                 name = "Scrapy spider" if tool == "scrapy" else "pipeline (`dagster asset materialize`)"
                 rows.append([
-                    f"{pages:,}", c, name + _flag(r), _f(r["wall_s"]) + (" †" if clock_stepped(r) else ""), _f(rate, 0),
+                    f"{pages:,}", c, name + _flag(r), _wall(r), _f(rate, 0),
                     _f(in_run_s), _f(in_run, 0), _f(r["cpu_s"]), _f(1000 * r["cpu_s"] / pages, 2),
                     _f(r["rss_max_process_mb"], 0), _f(r["rss_peak_tree_mb"], 0), _f(r.get("pss_peak_tree_mb") or None, 0),
                     r["python_processes"],
@@ -89,6 +89,11 @@ CLOCK_NOTE = ("† the system clock stepped during this run (the VM's clock was 
               "monotonic and stands.")
 
 
+def _wall(o: dict) -> str:
+    """``o``'s wall time, marked † when the clock stepped during it (:data:`CLOCK_NOTE`)."""
+    return _f(o["wall_s"]) + (" †" if clock_stepped(o) else "")
+
+
 def reparse_rows(results: dict) -> list[list]:
     """The re-parse table's rows (one per size re-parsed)."""
     rows = []
@@ -99,7 +104,7 @@ def reparse_rows(results: dict) -> list[list]:
         pages, o, b = int(size), rp["ours"], rp["bare"]
         stepped = clock_stepped(o)
         step = None if stepped else o["steps"].get("parsed_products")
-        rows.append([f"{pages:,}{_flag(o)}", _f(o["wall_s"]) + (" †" if stepped else ""), _f(pages / o["wall_s"], 0),
+        rows.append([f"{pages:,}{_flag(o)}", _wall(o), _f(pages / o["wall_s"], 0),
                      _f(step, 2), _f(_rate(pages, step), 0), _f(None if stepped else o["steps"].get("products_table"), 2),
                      _f(o["cpu_s"]), _f(o["rss_max_process_mb"], 0),
                      o["http_requests"], _f(o.get("foreign_cpu_s")), _f(b["pages_per_s"], 0),
@@ -116,7 +121,7 @@ def clock_note(rows: list[list]) -> list[str]:
 def _step_cells(o: dict) -> list[str]:
     """``o``'s wall time split: outside the run, each step, in-run time outside the steps (seconds)."""
     if clock_stepped(o):
-        return [_f(o["wall_s"]) + " †", *(["—"] * (len(STEP_HEADER) - 1))]
+        return [_wall(o), *(["—"] * (len(STEP_HEADER) - 1))]
     steps = o.get("steps", {})
     in_steps = sum(v for v in steps.values() if v)
     before = o["wall_s"] - (o.get("in_run_s") or 0)
@@ -289,12 +294,14 @@ def render(results: dict, analysis: Path | None = None) -> str:
               "after round, Scrapy and pipeline alternating; the host's speed drifts by up to ~30% between identical "
               "runs with no CPU of other programs to see); at 10,000 pages Scrapy ran once per row (~1 min a run; its "
               "margin is not close).", ""]
-    lines += _table(THROUGHPUT_HEADER, throughput_rows(results)) + clock_note(throughput_rows(results))
+    rows = throughput_rows(results)
+    lines += _table(THROUGHPUT_HEADER, rows) + clock_note(rows)
     lines += ["Where the pipeline's wall time goes (seconds; `start + exit` = the command's time outside the run: process "
               "start, definitions, instance and run creation before RUN_START, interpreter shutdown after RUN_SUCCESS; "
               "`other` = in-run time outside the steps: run events between steps):", ""]
+    rows = step_rows(results)
     lines += _table(["pages", "c", "wall", "start + exit", "raw_pages", "parsed_products", "products_table", "dead_letters", "other"],
-                    step_rows(results)) + clock_note(step_rows(results))
+                    rows) + clock_note(rows)
     lines += ["## Re-parse backfill", "",
               "Saved pages → validated rows → table: `--select parsed_products,products_table,dead_letters` over every "
               "category after a parse-rule change (the spec's `max_pages` changed, which changes every partition's input "

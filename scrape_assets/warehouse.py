@@ -14,7 +14,9 @@ from __future__ import annotations
 import functools
 import operator
 import os
+import random
 import sqlite3
+import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
@@ -657,8 +659,35 @@ def _sqlite_reader_pragmas(dbapi_connection, _record) -> None:
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    """A writer's connection: busy timeout, WAL (switched once per file), ``synchronous=NORMAL``."""
     cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    if cursor.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+        _switch_to_wal(cursor)
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
+
+
+def _switch_to_wal(cursor: sqlite3.Cursor) -> None:
+    """``PRAGMA journal_mode=WAL``, retried while another connection holds the file's write lock.
+
+    The switch reads the file, then upgrades to a write lock; SQLite refuses that upgrade
+    at once ("database is locked", SQLITE_BUSY) while another connection writes, without
+    calling the busy handler (https://sqlite.org/c3ref/busy_handler.html: it would
+    deadlock), so the busy timeout does not cover it. Several processes opening a new
+    warehouse at once meet this. Retried with a short growing sleep for up to
+    SQLITE_BUSY_TIMEOUT_MS; then the last error is raised.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    delay_s = 0.005
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            code = getattr(exc, "sqlite_errorcode", None)  # Python >= 3.11; before, the message decides
+            busy = code & 0xFF == 5 if code is not None else "database is locked" in str(exc)  # 5: SQLITE_BUSY
+            if not busy or time.monotonic() + delay_s > deadline:
+                raise
+            time.sleep(delay_s * random.uniform(0.5, 1.0))
+            delay_s = min(delay_s * 2, 0.25)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import sys
+import threading
+import time
 from decimal import Decimal
 
 import pytest
@@ -91,6 +94,59 @@ def test_sqlite_uses_wal_and_busy_timeout(tmp_path):
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30000
 
 
+
+
+@contextlib.contextmanager
+def _another_writer(file):
+    """A rollback-journal SQLite file with another connection (own thread) holding its write lock.
+
+    Yields an Event: set it and the writer commits and closes.
+    """
+    sqlite3.connect(file).close()
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        conn = sqlite3.connect(file, isolation_level=None)
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("CREATE TABLE IF NOT EXISTS other_writer (x)")
+        held.set()
+        release.wait(30)
+        conn.execute("COMMIT")
+        conn.close()
+
+    writer = threading.Thread(target=hold)
+    writer.start()
+    assert held.wait(10)
+    try:
+        yield release
+    finally:
+        release.set()
+        writer.join(10)
+
+
+def test_switch_to_wal_waits_for_a_writer_holding_the_lock(tmp_path):
+    # SQLite refuses the switch's lock upgrade at once while another connection writes (no
+    # busy handler), which made processes creating a new warehouse together fail in CI.
+    file = tmp_path / "w.db"
+    with _another_writer(file) as release:
+        threading.Timer(0.3, release.set).start()
+        wh = Warehouse(f"sqlite:///{file}")
+        wh.create_tables()
+    with wh.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    assert wh.count(products) == 0
+    wh.close()
+
+
+def test_switch_to_wal_gives_up_after_the_busy_timeout(tmp_path, monkeypatch):
+    from scrape_assets import warehouse
+
+    monkeypatch.setattr(warehouse, "SQLITE_BUSY_TIMEOUT_MS", 200)
+    with _another_writer(tmp_path / "w.db"):
+        started = time.monotonic()
+        with pytest.raises(sa.exc.OperationalError, match="database is locked"):
+            Warehouse(f"sqlite:///{tmp_path / 'w.db'}").create_tables()
+        assert time.monotonic() - started >= 0.03  # retried for a while (unretried: ~0.1 ms)
 
 
 def test_processes_racing_to_create_the_tables_all_succeed(tmp_path):

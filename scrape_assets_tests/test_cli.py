@@ -237,6 +237,10 @@ def test_a_run_summary_names_the_steps_that_did_not_finish():
     assert "  parsed          parsed_products did not finish" in lines
     assert "  loaded          products_table did not finish" in lines
     assert "None" not in out.getvalue()
+    out = io.StringIO()  # a load the schema check held back (the demo loads what passed after the run)
+    print_summary(summary, {**run, "load_held_back": True}, out=out)
+    assert ("  loaded          products_table held back by the failed schema check (what was loaded after: below)"
+            in out.getvalue().splitlines())
     # Pages adopted without a request (incremental.revalidate: sitemap or first_page) are said.
     out = io.StringIO()
     print_summary(summary, {**run, "requests_made": 12, "pages_not_modified": 10, "pages_failed": 0,
@@ -770,6 +774,7 @@ def test_demo_loads_the_categories_that_passed_when_one_fails_the_schema_check(t
     assert "reject reasons: \"price: no element matches 'p.price_color'\" x" in why
     assert ("  loaded the 11 categories that passed it, held back with them: travel...romance, "
             "default...sequential-art") in lines
+    assert "  loaded          products_table held back by the failed schema check (what was loaded after: below)" in lines
     rows = Warehouse(f"sqlite:///{tmp_path / 'data' / 'warehouse.db'}").rows_by_category(products)
     assert "fiction" not in rows and sum(rows.values()) == 678 - 65 and len(rows) == 11
     # ... and the summary (of this run, and `scrape-assets summary` on later days) says which one is failing

@@ -551,7 +551,7 @@ def run_prune(keep: int, dry_run: bool, out=None) -> int:
     """
     out = out or sys.stdout
     from scrape_assets.defs.resources import build_resources
-    from scrape_assets.retention import prune
+    from scrape_assets.retention import categories_left_alone, prune
 
     resources = build_resources(secrets_as_env_vars=False)
     spec = resources["site"].spec()
@@ -572,6 +572,9 @@ def run_prune(keep: int, dry_run: bool, out=None) -> int:
     print(f"{'dry run: would delete' if dry_run else 'deleted'} {counted(sum(len(p.deleted) for p in done), 'snapshot')} "
           f"({freed / 1e6:.1f} MB) across {counted(len(plans), 'category')} of {spec.name} at {store.describe()}"
           + (f"; skipped {len(skipped)}: {', '.join(skipped)}" if skipped else ""), file=out)
+    if left := categories_left_alone(store, spec.name, list(spec.categories)):
+        print(f"left alone: {counted(len(left), 'folder')} of categories not in the spec, which prune does not visit: "
+              f"{_first_names(left)} (README: Removing a category)", file=out)
     return 1 if skipped else 0
 
 

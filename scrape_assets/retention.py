@@ -29,7 +29,8 @@ figures can be stale if a run is writing meanwhile). A category whose files cann
 or deleted is skipped with the reason; the others go on.
 
 Limits: on a remote object store (S3) there are no locks: prune only while no run of
-the site is active. Only the categories of the current spec are pruned. The warehouse
+the site is active. Only the categories of the current spec are pruned
+(:func:`categories_left_alone` finds the others' folders). The warehouse
 (``products``, ``price_history``) and Dagster's run history are not touched: materialization
 metadata may name snapshots that no longer exist.
 """
@@ -43,7 +44,7 @@ from scrape_assets.errors import ManifestError, PartitionLockedError, StorageErr
 from scrape_assets.extract import load_parse_state
 from scrape_assets.locks import partition_lock
 from scrape_assets.manifest import list_snapshots, load_manifest, snapshot_folders
-from scrape_assets.storage import ObjectStore
+from scrape_assets.storage import ObjectStore, check_key
 
 #: The partition lock scopes of the four assets that write under a category.
 WRITER_SCOPES = ("raw_pages", "parsed_products", "products_table", "dead_letters")
@@ -160,6 +161,29 @@ def apply_prune(store: ObjectStore, plan: PrunePlan) -> None:
         plan.objects_deleted += 1
     for snapshot_folder in sorted({"/".join(key.split("/")[:3]) for key in plan.objects}):  # site/category/id
         store.sweep_temp_files(snapshot_folder, prune=True)  # empty folders go; those with kept bodies stay
+
+
+def categories_left_alone(store: ObjectStore, site: str, categories: list[str]) -> list[str]:
+    """Folders of ``site`` holding a snapshot of a category not in ``categories`` (removed from the spec), sorted.
+
+    :func:`prune` does not visit them (see the README's "Removing a category"). One listing
+    of the site's folder, then one per such folder.
+
+    Raises:
+        StorageError: a listing failed.
+    """
+    known = set(categories)
+    return [name for name in store.list_folders(site)
+            if name not in known and _valid_key(f"{site}/{name}") and snapshot_folders(store, site, name)]
+
+
+def _valid_key(key: str) -> bool:
+    """Whether ``key`` is a storage key this project could have written (:func:`check_key`)."""
+    try:
+        check_key(key)
+    except StorageError:
+        return False
+    return True
 
 
 def prune(

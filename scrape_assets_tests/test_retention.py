@@ -261,3 +261,29 @@ def test_cli_prune_reports_and_exits_nonzero_when_a_category_was_skipped(tmp_pat
     assert main(["prune", "--keep", "1"]) == 0
     assert list_snapshots(store, "demo", "travel") == ["2026-11-29T000000Z"]
     assert capsys.readouterr().out.splitlines()[-1].startswith("deleted 1 snapshot ")
+
+
+def test_cli_prune_names_the_folders_of_categories_no_longer_in_the_spec(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SCRAPE_DATA_DIR", str(tmp_path / "unused"))
+    monkeypatch.setenv("SCRAPE_STORAGE_URL", str(tmp_path / "objects"))
+    store = ObjectStore(str(tmp_path / "objects"))
+    one_page_snapshot(store, "2026-11-28T000000Z", complete=True)
+    one_page_snapshot(store, "2026-11-29T000000Z", complete=True)
+    site = tmp_path / "objects" / "demo"
+    shutil.copytree(site / "travel", site / "old-travel")  # a category since removed from the spec
+    shutil.copytree(site / "travel", site / "zines")
+    (site / "empty-folder").mkdir()  # no snapshot in it: nothing to say
+    shutil.copytree(site / "travel", site / ".Trash-1000")  # not a name this project writes
+
+    for argv in (["prune", "--keep", "1", "--dry-run"], ["prune", "--keep", "1"]):
+        assert main(argv) == 0
+        assert capsys.readouterr().out.splitlines()[-1] == (
+            "left alone: 2 folders of categories not in the spec, which prune does not visit: old-travel, zines "
+            "(README: Removing a category)")
+    assert len(list_snapshots(store, "demo", "old-travel")) == 2  # untouched
+    assert list_snapshots(store, "demo", "travel") == ["2026-11-29T000000Z"]
+
+    shutil.rmtree(site / "old-travel")
+    shutil.rmtree(site / "zines")
+    assert main(["prune", "--keep", "1"]) == 0
+    assert "left alone" not in capsys.readouterr().out

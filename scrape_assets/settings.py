@@ -10,7 +10,7 @@ resources. ``SCRAPE_DEMO_DATE`` is validated here and read by the demo catalogue
 | ``SCRAPE_SITE`` | shipped spec name or path to a spec file | ``demo`` |
 | ``SCRAPE_BASE_URL`` | overrides the spec's base URL (a local mirror) | from the spec |
 | ``SCRAPE_DATA_DIR`` | root of local object storage and the default warehouse | ``./data`` |
-| ``SCRAPE_STORAGE_URL`` | object storage root (fsspec URL) | ``$SCRAPE_DATA_DIR/objects`` |
+| ``SCRAPE_STORAGE_URL`` | object storage root (fsspec URL; not ``memory://``) | ``$SCRAPE_DATA_DIR/objects`` |
 | ``SCRAPE_WAREHOUSE_URL`` | SQLAlchemy URL | ``sqlite:///$SCRAPE_DATA_DIR/warehouse.db`` |
 | ``SCRAPE_REQUESTS_PER_SECOND`` | per-host rate limit | spec |
 | ``SCRAPE_MAX_CONCURRENCY`` | per-host concurrent requests | spec |
@@ -48,6 +48,7 @@ from scrape_assets.spec import (
     load_spec,
     user_agent_problem,
 )
+from scrape_assets.storage import redact_url
 
 logger = logging.getLogger(__name__)
 
@@ -196,19 +197,24 @@ def load_settings(env: dict | None = None) -> Settings:
     problem = None if user_agent is None else user_agent_problem(user_agent)
     if problem:  # else httpx refuses it at the first request, after the run started
         raise SettingsError("SCRAPE_USER_AGENT", user_agent, f"{USER_AGENT_EXPECTED}; this one: {problem}")
+    storage_url = env.get("SCRAPE_STORAGE_URL") or ""
+    if storage_url.lower().startswith("memory:"):  # fsspec's in-process store: a run would save pages nobody reads
+        raise SettingsError("SCRAPE_STORAGE_URL", redact_url(storage_url),
+                            "a folder or an object store URL such as s3://bucket/prefix (memory:// keeps nothing once "
+                            "the process ends, and a run's steps, the summary and the next run are other processes)")
     resume_max_age_h = _number(env, "SCRAPE_RESUME_MAX_AGE_H", float, MIN_RESUME_MAX_AGE_H, maximum=MAX_RESUME_MAX_AGE_H)
     return Settings(
         site=site,
         base_url=base_url,
         data_dir=str(data_path),
-        storage_url=env.get("SCRAPE_STORAGE_URL") or str(data_path / "objects"),
+        storage_url=storage_url or str(data_path / "objects"),
         warehouse_url=env.get("SCRAPE_WAREHOUSE_URL") or f"sqlite:///{data_path / 'warehouse.db'}",
         requests_per_second=_number(env, "SCRAPE_REQUESTS_PER_SECOND", float, MIN_REQUESTS_PER_SECOND, maximum=MAX_REQUESTS_PER_SECOND),
         max_concurrency=_number(env, "SCRAPE_MAX_CONCURRENCY", int, 1, maximum=MAX_CONCURRENCY),
         max_attempts=3 if max_attempts is None else max_attempts,
         alert_webhook_set=bool(env.get("SCRAPE_ALERT_WEBHOOK_URL")),
         proxy_set=bool(proxy),
-        storage_url_set=bool(env.get("SCRAPE_STORAGE_URL")),
+        storage_url_set=bool(storage_url),
         warehouse_url_set=bool(env.get("SCRAPE_WAREHOUSE_URL")),
         schedule_cron=cron,
         user_agent=user_agent,

@@ -200,6 +200,11 @@ def test_bad_inputs_each_give_one_clear_error_naming_the_input(tmp_path):
             "scrape-assets: error: SCRAPE_PROXY_URL='<hidden>' is invalid: expected an http://[user:pass@]host:port proxy"
             " URL, e.g. http://user:pass@proxy.internal:3128 (the scheme must be http://)",
         ),
+        "storage in memory": (  # would run, saving pages the next step's process cannot see
+            {"SCRAPE_STORAGE_URL": "memory://objects"},
+            "scrape-assets: error: SCRAPE_STORAGE_URL='memory://objects' is invalid: expected a folder or an object "
+            "store URL such as s3://bucket/prefix (memory:// keeps nothing once the process ends",
+        ),
         "bad warehouse URL": (
             {"SCRAPE_WAREHOUSE_URL": "nosuchdb://x/y"},
             "scrape-assets: error: SCRAPE_WAREHOUSE_URL='nosuchdb://x/y' is invalid: expected a SQLAlchemy URL",

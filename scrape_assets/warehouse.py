@@ -685,9 +685,18 @@ def _switch_to_wal(cursor: sqlite3.Cursor) -> None:
             cursor.execute("PRAGMA journal_mode=WAL")
             return
         except sqlite3.OperationalError as exc:
-            code = getattr(exc, "sqlite_errorcode", None)  # Python >= 3.11; before, the message decides
-            busy = code & 0xFF == 5 if code is not None else "database is locked" in str(exc)  # 5: SQLITE_BUSY
-            if not busy or time.monotonic() + delay_s > deadline:
+            if not _is_busy(exc) or time.monotonic() + delay_s > deadline:
                 raise
             time.sleep(delay_s * random.uniform(0.5, 1.0))
             delay_s = min(delay_s * 2, 0.25)
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    """Whether SQLite refused for a lock another connection holds (SQLITE_BUSY, https://sqlite.org/rescode.html#busy).
+
+    Its extended codes count (the primary code is the low byte). Before Python 3.11 errors
+    carry no result code: the message decides ("database is locked"; SQLITE_LOCKED reads
+    "database table is locked").
+    """
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code & 0xFF == 5 if code is not None else "database is locked" in str(exc)

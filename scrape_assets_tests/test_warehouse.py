@@ -124,29 +124,65 @@ def _another_writer(file):
         writer.join(10)
 
 
-def test_switch_to_wal_waits_for_a_writer_holding_the_lock(tmp_path):
+def _counting_sleeps(monkeypatch, then=None) -> list[float]:
+    """Record the warehouse's retry sleeps (and call ``then`` after the first one)."""
+    from scrape_assets import warehouse
+
+    sleeps, sleep = [], time.sleep
+
+    def counted(seconds):
+        sleeps.append(seconds)
+        sleep(seconds)
+        if then is not None and len(sleeps) == 1:
+            then()
+
+    monkeypatch.setattr(warehouse.time, "sleep", counted)
+    return sleeps
+
+
+def test_switch_to_wal_waits_for_a_writer_holding_the_lock(tmp_path, monkeypatch):
     # SQLite refuses the switch's lock upgrade at once while another connection writes (no
     # busy handler), which made processes creating a new warehouse together fail in CI.
     file = tmp_path / "w.db"
     with _another_writer(file) as release:
-        threading.Timer(0.3, release.set).start()
+        sleeps = _counting_sleeps(monkeypatch, then=release.set)  # the writer commits after the first retry
         wh = Warehouse(f"sqlite:///{file}")
-        wh.create_tables()
-    with wh.engine.connect() as conn:
-        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
-    assert wh.count(products) == 0
-    wh.close()
+        try:
+            wh.create_tables()
+            assert len(sleeps) >= 1  # refused once, then switched
+            with wh.engine.connect() as conn:
+                assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            assert wh.count(products) == 0
+        finally:
+            wh.close()
 
 
 def test_switch_to_wal_gives_up_after_the_busy_timeout(tmp_path, monkeypatch):
     from scrape_assets import warehouse
 
-    monkeypatch.setattr(warehouse, "SQLITE_BUSY_TIMEOUT_MS", 200)
+    monkeypatch.setattr(warehouse, "SQLITE_BUSY_TIMEOUT_MS", 1000)
     with _another_writer(tmp_path / "w.db"):
-        started = time.monotonic()
-        with pytest.raises(sa.exc.OperationalError, match="database is locked"):
-            Warehouse(f"sqlite:///{tmp_path / 'w.db'}").create_tables()
-        assert time.monotonic() - started >= 0.03  # retried for a while (unretried: ~0.1 ms)
+        sleeps = _counting_sleeps(monkeypatch)
+        wh = Warehouse(f"sqlite:///{tmp_path / 'w.db'}")
+        try:
+            with pytest.raises(sa.exc.OperationalError, match="database is locked"):
+                wh.create_tables()
+        finally:
+            wh.close()
+    assert len(sleeps) >= 3 and sum(sleeps) <= 1.0  # retried, growing, within the timeout
+
+
+def test_only_a_busy_database_is_retried():
+    from scrape_assets.warehouse import _is_busy
+
+    locked = sqlite3.OperationalError("database is locked")
+    assert _is_busy(locked)  # Python 3.10: no result code, the message decides
+    locked.sqlite_errorcode = 5 | (3 << 8)  # SQLITE_BUSY_SNAPSHOT: an extended code of SQLITE_BUSY
+    assert _is_busy(locked)
+    table_locked = sqlite3.OperationalError("database table is locked")
+    table_locked.sqlite_errorcode = 6  # SQLITE_LOCKED: another connection of this process; waiting does not help
+    assert not _is_busy(table_locked)
+    assert not _is_busy(sqlite3.OperationalError("disk I/O error"))
 
 
 def test_processes_racing_to_create_the_tables_all_succeed(tmp_path):

@@ -241,7 +241,7 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
             if run[figure] is not None:
                 return text()
             if asset == "products_table" and run.get("load_held_back"):
-                return f"{asset} held back by the failed schema check (what was loaded after: below)"
+                return f"{asset} held back: a schema check failed (the categories that passed are loaded below)"
             return f"{asset} did not finish"
 
         lines += [
@@ -493,17 +493,18 @@ def run_demo(new_snapshot: bool = False) -> int:
             },
             raise_on_error=False,
         )
-        held_back = None
+        held_back, loaded_after = None, False
         if not result.success:
             try:
                 held_back = _load_held_back(defs, instance, result.run_id, resources, keys)
+                loaded_after = held_back is not None
             except Exception as exc:  # noqa: BLE001 - the summary still prints; the load is named instead
                 held_back = (f"\nCould not load the categories a failed schema check held back ({type(exc).__name__}: "
                              f"{exc}); load those that passed with `dagster job execute -m scrape_assets.definitions "
                              "-j load_job --tags '{\"dagster/asset_partition_range_start\": \"FIRST\", "
                              "\"dagster/asset_partition_range_end\": \"LAST\"}'`")
     summary = summarize(resources)
-    print_summary(summary, {**run_figures(result), "load_held_back": held_back is not None})
+    print_summary(summary, {**run_figures(result), "load_held_back": loaded_after})
     if held_back:
         print(held_back)
     if not result.success:
@@ -560,10 +561,19 @@ def run_prune(keep: int, dry_run: bool, out=None) -> int:
     if not store.is_local:  # before the work, where it can still stop someone
         print("warning: remote storage has no partition locks: prune only while no run of this site is active",
               file=sys.stderr)
+    try:
+        left = categories_left_alone(store, spec.name, list(spec.categories))
+    except StorageError as exc:  # only a note: prune itself may still work
+        left = None
+        print(f"warning: could not look for folders of categories not in the spec: {exc}", file=sys.stderr)
+    left_alone = (f"{counted(len(left), 'folder')} of categories not in the spec, which prune does not visit: "
+                  f"{_first_names(left)} (README: Removing a category)") if left else None
     plans = prune(store, spec.name, list(spec.categories), keep, owner=f"scrape-assets prune (pid {os.getpid()})",
                   dry_run=dry_run)
     if not any(p.kept or p.objects or p.skipped for p in plans):  # nothing of this site there: wrong folder or site?
-        raise ScrapeError(f"no snapshot of {spec.name} in {_storage_as_set()}: {_storage_hint(spec.name)} Nothing pruned")
+        raise ScrapeError(f"no snapshot of {spec.name} in {_storage_as_set()}: "
+                          + (f"it holds {left_alone}. " if left_alone else f"{_storage_hint(spec.name)} ")
+                          + "Nothing pruned")
     for plan in plans:
         print(plan.line(dry_run=dry_run), file=out)
     skipped = [p.category for p in plans if p.skipped]
@@ -572,9 +582,8 @@ def run_prune(keep: int, dry_run: bool, out=None) -> int:
     print(f"{'dry run: would delete' if dry_run else 'deleted'} {counted(sum(len(p.deleted) for p in done), 'snapshot')} "
           f"({freed / 1e6:.1f} MB) across {counted(len(plans), 'category')} of {spec.name} at {store.describe()}"
           + (f"; skipped {len(skipped)}: {', '.join(skipped)}" if skipped else ""), file=out)
-    if left := categories_left_alone(store, spec.name, list(spec.categories)):
-        print(f"left alone: {counted(len(left), 'folder')} of categories not in the spec, which prune does not visit: "
-              f"{_first_names(left)} (README: Removing a category)", file=out)
+    if left_alone:
+        print(f"left alone: {left_alone}", file=out)
     return 1 if skipped else 0
 
 

@@ -37,6 +37,7 @@ metadata may name snapshots that no longer exist.
 
 from __future__ import annotations
 
+import re
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
@@ -44,7 +45,8 @@ from scrape_assets.errors import ManifestError, PartitionLockedError, StorageErr
 from scrape_assets.extract import load_parse_state
 from scrape_assets.locks import partition_lock
 from scrape_assets.manifest import list_snapshots, load_manifest, snapshot_folders
-from scrape_assets.storage import ObjectStore, check_key
+from scrape_assets.spec import PARTITION_KEY_PATTERN
+from scrape_assets.storage import ObjectStore
 
 #: The partition lock scopes of the four assets that write under a category.
 WRITER_SCOPES = ("raw_pages", "parsed_products", "products_table", "dead_letters")
@@ -164,26 +166,19 @@ def apply_prune(store: ObjectStore, plan: PrunePlan) -> None:
 
 
 def categories_left_alone(store: ObjectStore, site: str, categories: list[str]) -> list[str]:
-    """Folders of ``site`` holding a snapshot of a category not in ``categories`` (removed from the spec), sorted.
+    """Category folders of ``site`` not in ``categories`` (removed from the spec) with snapshot folders, sorted.
 
-    :func:`prune` does not visit them (see the README's "Removing a category"). One listing
-    of the site's folder, then one per such folder.
+    :func:`prune` does not visit them (see the README's "Removing a category"). A folder
+    counts when its name is a partition key (:data:`PARTITION_KEY_PATTERN`) and it holds a
+    folder named like a snapshot, with a manifest or not. One listing of the site's folder,
+    then one per such folder.
 
     Raises:
         StorageError: a listing failed.
     """
     known = set(categories)
     return [name for name in store.list_folders(site)
-            if name not in known and _valid_key(f"{site}/{name}") and snapshot_folders(store, site, name)]
-
-
-def _valid_key(key: str) -> bool:
-    """Whether ``key`` is a storage key this project could have written (:func:`check_key`)."""
-    try:
-        check_key(key)
-    except StorageError:
-        return False
-    return True
+            if name not in known and re.fullmatch(PARTITION_KEY_PATTERN, name) and snapshot_folders(store, site, name)]
 
 
 def prune(

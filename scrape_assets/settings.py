@@ -198,7 +198,8 @@ def load_settings(env: dict | None = None) -> Settings:
     if problem:  # else httpx refuses it at the first request, after the run started
         raise SettingsError("SCRAPE_USER_AGENT", user_agent, f"{USER_AGENT_EXPECTED}; this one: {problem}")
     storage_url = env.get("SCRAPE_STORAGE_URL") or ""
-    if storage_url.lower().startswith("memory:"):  # fsspec's in-process store: a run would save pages nobody reads
+    # fsspec's in-process store, alone or in a chain (simplecache::memory://): a run would save pages nobody reads
+    if any(part.lower().startswith("memory:") for part in storage_url.split("::")):
         raise SettingsError("SCRAPE_STORAGE_URL", redact_url(storage_url),
                             "a folder or an object store URL such as s3://bucket/prefix (memory:// keeps nothing once "
                             "the process ends, and a run's steps, the summary and the next run are other processes)")

@@ -205,6 +205,10 @@ def test_bad_inputs_each_give_one_clear_error_naming_the_input(tmp_path):
             "scrape-assets: error: SCRAPE_STORAGE_URL='memory://objects' is invalid: expected a folder or an object "
             "store URL such as s3://bucket/prefix (memory:// keeps nothing once the process ends",
         ),
+        "storage in memory behind a cache": (
+            {"SCRAPE_STORAGE_URL": "simplecache::memory://objects"},
+            "scrape-assets: error: SCRAPE_STORAGE_URL='simplecache::memory://objects' is invalid: expected a folder",
+        ),
         "bad warehouse URL": (
             {"SCRAPE_WAREHOUSE_URL": "nosuchdb://x/y"},
             "scrape-assets: error: SCRAPE_WAREHOUSE_URL='nosuchdb://x/y' is invalid: expected a SQLAlchemy URL",
@@ -244,7 +248,8 @@ def test_a_run_summary_names_the_steps_that_did_not_finish():
     assert "None" not in out.getvalue()
     out = io.StringIO()  # a load the schema check held back (the demo loads what passed after the run)
     print_summary(summary, {**run, "load_held_back": True}, out=out)
-    assert ("  loaded          products_table held back by the failed schema check (what was loaded after: below)"
+    assert ("  loaded          products_table held back: a schema check failed (the categories that passed are "
+            "loaded below)"
             in out.getvalue().splitlines())
     # Pages adopted without a request (incremental.revalidate: sitemap or first_page) are said.
     out = io.StringIO()
@@ -779,7 +784,8 @@ def test_demo_loads_the_categories_that_passed_when_one_fails_the_schema_check(t
     assert "reject reasons: \"price: no element matches 'p.price_color'\" x" in why
     assert ("  loaded the 11 categories that passed it, held back with them: travel...romance, "
             "default...sequential-art") in lines
-    assert "  loaded          products_table held back by the failed schema check (what was loaded after: below)" in lines
+    assert ("  loaded          products_table held back: a schema check failed (the categories that passed are "
+            "loaded below)") in lines
     rows = Warehouse(f"sqlite:///{tmp_path / 'data' / 'warehouse.db'}").rows_by_category(products)
     assert "fiction" not in rows and sum(rows.values()) == 678 - 65 and len(rows) == 11
     # ... and the summary (of this run, and `scrape-assets summary` on later days) says which one is failing

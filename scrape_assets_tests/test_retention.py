@@ -27,6 +27,7 @@ from scrape_assets.locks import partition_lock
 from scrape_assets.manifest import latest_manifest, list_snapshots, load_manifest
 from scrape_assets.retention import WRITER_SCOPES, plan_prune, prune
 from scrape_assets.spec import load_spec
+from scrape_assets.errors import StorageError
 from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import Warehouse, products
 from scrape_assets_tests.conftest import make_resources, materialize, one_page_snapshot
@@ -273,7 +274,8 @@ def test_cli_prune_names_the_folders_of_categories_no_longer_in_the_spec(tmp_pat
     shutil.copytree(site / "travel", site / "old-travel")  # a category since removed from the spec
     shutil.copytree(site / "travel", site / "zines")
     (site / "empty-folder").mkdir()  # no snapshot in it: nothing to say
-    shutil.copytree(site / "travel", site / ".Trash-1000")  # not a name this project writes
+    shutil.copytree(site / "travel", site / ".Trash-1000")  # not partition keys: not ours
+    shutil.copytree(site / "travel", site / "travel.bak")
 
     for argv in (["prune", "--keep", "1", "--dry-run"], ["prune", "--keep", "1"]):
         assert main(argv) == 0
@@ -283,7 +285,30 @@ def test_cli_prune_names_the_folders_of_categories_no_longer_in_the_spec(tmp_pat
     assert len(list_snapshots(store, "demo", "old-travel")) == 2  # untouched
     assert list_snapshots(store, "demo", "travel") == ["2026-11-29T000000Z"]
 
+    # A listing that fails only loses the note: prune's own work and exit status stand.
+    def refused(*_args):
+        raise StorageError(str(site), "listing failed: AccessDenied")
+
+    monkeypatch.setattr("scrape_assets.retention.categories_left_alone", refused)
+    assert main(["prune", "--keep", "1"]) == 0
+    captured = capsys.readouterr()
+    assert "left alone" not in captured.out and captured.out.splitlines()[-1].startswith("deleted 0 snapshots ")
+    assert captured.err.splitlines()[-1].startswith(
+        "warning: could not look for folders of categories not in the spec: ")
+    assert "AccessDenied" in captured.err
+    monkeypatch.undo()
+    monkeypatch.setenv("SCRAPE_DATA_DIR", str(tmp_path / "unused"))
+    monkeypatch.setenv("SCRAPE_STORAGE_URL", str(tmp_path / "objects"))
+
+    # Every category of the spec renamed: the error names what is there instead of a wrong-folder hint.
+    shutil.rmtree(site / "travel")
+    assert main(["prune", "--keep", "1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"scrape-assets: error: no snapshot of demo in {tmp_path / 'objects'}: it holds 2 folders of categories not "
+        "in the spec, which prune does not visit: old-travel, zines (README: Removing a category). Nothing pruned")
+
     shutil.rmtree(site / "old-travel")
     shutil.rmtree(site / "zines")
+    shutil.copytree(site / "travel.bak", site / "travel")
     assert main(["prune", "--keep", "1"]) == 0
     assert "left alone" not in capsys.readouterr().out

@@ -168,6 +168,30 @@ def test_run_failure_sensor_posts_without_leaking_the_webhook(tmp_path, instance
     assert "SECRET-TOKEN" not in caplog.text
 
 
+def test_a_run_that_failed_outside_any_step_is_alerted_with_its_error(instance, webhook_server):
+    """Bringing up the run can fail before any step runs (a RUN_FAILURE with an error, no
+    STEP_FAILURE): the alert says why, not only "An exception was thrown during execution"."""
+    from dagster._core.events import DagsterEvent, RunFailureReason
+    from dagster._core.test_utils import create_run_for_test
+    from dagster._utils.error import SerializableErrorInfo
+
+    run = create_run_for_test(instance, job_name="daily_scrape_job", status=dg.DagsterRunStatus.FAILURE)
+    error = SerializableErrorInfo(message="dagster._core.errors.DagsterUserCodeProcessError: the code location "
+                                  "could not be loaded\n  more lines\n", stack=[], cls_name="DagsterUserCodeProcessError")
+    failure = DagsterEvent.job_failure("daily_scrape_job", "An exception was thrown during execution.",
+                                       RunFailureReason.JOB_INITIALIZATION_FAILURE, error_info=error)
+    context = dg.build_run_status_sensor_context(
+        sensor_name="run_failure_alert_sensor", dagster_instance=instance, dagster_run=run, dagster_event=failure,
+        resources={"alerts": AlertsResource(webhook_url=webhook_server.url)},
+    ).for_run_failure()
+    run_failure_alert_sensor(context)
+    (alert,) = webhook_server.received
+    assert alert["text"] == (
+        f"scrape_assets run {run.run_id[:8]} of daily_scrape_job failed: Execution of run for \"daily_scrape_job\" "
+        "failed. An exception was thrown during execution: DagsterUserCodeProcessError: the code location could "
+        "not be loaded")
+
+
 def test_a_run_failed_by_the_schema_check_is_alerted_with_the_categories_and_why(tmp_path, instance, webhook_server):
     """"Steps failed: ['parsed_products']" alone sends the operator to the UI to learn which
     category failed and why; the alert says both."""

@@ -159,6 +159,8 @@ def run_failure_alert_sensor(context: dg.RunFailureSensorContext, alerts: Alerts
             f"{category} ({_shortened(text, 300)})" for category, text in why.items())
     elif reasons := step_failure_reasons(context.get_step_failure_events()):
         message += ": " + "; ".join(reasons)
+    elif (error := getattr(context.failure_event.event_specific_data, "error", None)) is not None:
+        message += ": " + _shortened(error_line(error), 300)  # failed outside any step (bringing up the run)
     send_alert(
         f"scrape_assets run {run.run_id[:8]} of {run.job_name} failed: {message}",
         webhook_url=alerts.webhook_url,
@@ -177,14 +179,22 @@ def step_failure_reasons(events, limit: int = 300) -> list[str]:
         text = getattr(getattr(data, "user_failure_data", None), "description", None) or ""
         error = getattr(data, "error", None)
         if not text and error is not None:
-            if error.cls_name == "DagsterExecutionStepExecutionError" and error.cause is not None:
-                error = error.cause  # the step's own exception
-            lines = (error.message or "").strip().splitlines()
-            head, sep, rest = (lines[0] if lines else "").partition(": ")  # "module.Class: message"
-            text = f"{error.cls_name}: {rest}" if sep and head.split(".")[-1] == error.cls_name else (
-                (lines[0] if lines else "") or error.cls_name)
+            text = error_line(error)
         reasons[event.step_key or "run"] = _shortened(" ".join(text.split()), limit)
     return [f"{step}: {text}" for step, text in reasons.items() if text]
+
+
+def error_line(error) -> str:
+    """``"<Class>: <first line of the message>"`` of a Dagster ``SerializableErrorInfo``: the
+    exception raised under Dagster's ``DagsterExecutionStepExecutionError`` wrapper, if any, and
+    without the module path Dagster puts before the class name."""
+    if error.cls_name == "DagsterExecutionStepExecutionError" and error.cause is not None:
+        error = error.cause  # the step's own exception
+    lines = (error.message or "").strip().splitlines()
+    head, sep, rest = (lines[0] if lines else "").partition(": ")  # "module.Class: message"
+    text = f"{error.cls_name}: {rest}" if sep and head.split(".")[-1] == error.cls_name else (
+        (lines[0] if lines else "") or error.cls_name)
+    return " ".join(text.split())
 
 
 def schema_check_failures(instance, run_id: str) -> dict[str, str]:

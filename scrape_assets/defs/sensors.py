@@ -18,6 +18,7 @@ consecutive range of them.
 
 
 import json
+import re
 
 import dagster as dg
 
@@ -145,22 +146,26 @@ def success_rate_collapse_sensor(context: dg.SensorEvaluationContext, alerts: Al
     return dg.SkipReason(f"webhook refused {len(pending)} alert(s): kept for the next evaluation")
 
 
+#: The start of Dagster's RUN_FAILURE message, said by the alert's own "run <id> of <job> failed".
+_DAGSTER_RUN_FAILED = re.compile(r'^Execution of run for "[^"]*" failed\.\s*')
+
+
 @dg.run_failure_sensor(default_status=dg.DefaultSensorStatus.RUNNING)
 def run_failure_alert_sensor(context: dg.RunFailureSensorContext, alerts: AlertsResource):
     """Alert when a run fails (crash, storage error, refused resume...), with why: when its
     schema check failed, the failing categories and their reasons (the check's
     ``failed_categories``); otherwise each failed step's error (its first line, shortened)."""
     run = context.dagster_run
-    message = (context.failure_event.message or "run failed").strip()
-    if message.endswith(".") and not message.endswith("..."):  # "...Steps failed: ['x']." + "; why"
-        message = message[:-1]
     if why := schema_check_failures(context.instance, run.run_id):
-        message += f"; {SCHEMA_CHECK} failed for " + "; ".join(
+        message = f"{SCHEMA_CHECK} failed for " + "; ".join(
             f"{category} ({_shortened(text, 300)})" for category, text in why.items())
     elif reasons := step_failure_reasons(context.get_step_failure_events()):
-        message += ": " + "; ".join(reasons)
-    elif (error := getattr(context.failure_event.event_specific_data, "error", None)) is not None:
-        message += ": " + _shortened(error_line(error), 300)  # failed outside any step (bringing up the run)
+        message = "; ".join(reasons)  # each names its step: Dagster's "Steps failed: [...]" would repeat them
+    else:  # failed outside any step: Dagster's words (less its "Execution of run for ... failed."), its error
+        said = _DAGSTER_RUN_FAILED.sub("", (context.failure_event.message or "").strip())
+        said = said[:-1] if said.endswith(".") and not said.endswith("...") else said  # ": " + the error follows
+        error = getattr(context.failure_event.event_specific_data, "error", None)
+        message = ": ".join(filter(None, [said, error and _shortened(error_line(error), 300)])) or "no reason recorded"
     send_alert(
         f"scrape_assets run {run.run_id[:8]} of {run.job_name} failed: {message}",
         webhook_url=alerts.webhook_url,

@@ -676,6 +676,15 @@ def test_make_demo_uses_an_exported_dagster_home(tmp_path):
     assert "cp dagster.yaml /dagster.yaml" not in planned.stdout and "mkdir -p \n" not in planned.stdout + "\n"
 
 
+def test_make_ui_takes_another_port_when_3000_is_taken():
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "MFLAGS")}
+    for extra, port in (([], "3000"), (["UI_PORT=3001"], "3001")):
+        planned = subprocess.run(["make", "-n", "ui", *extra], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                                 timeout=60)
+        assert planned.returncode == 0, planned.stderr
+        assert planned.stdout.splitlines()[-1].endswith(f"/dagster dev -w workspace.yaml -p {port}")
+
+
 def test_categories_piped_into_head_ends_quietly(tmp_path):
     """`scrape-assets categories | head -1`: no BrokenPipeError traceback once the reader is gone."""
     spec = yaml.safe_load((REPO_ROOT / "scrape_assets" / "sites" / "demo.yaml").read_text())

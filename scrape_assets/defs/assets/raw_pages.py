@@ -27,10 +27,16 @@ if TYPE_CHECKING:  # the HTTP stack (httpx, aiohttp) is imported by the step, no
     from scrape_assets.sitemap import Sitemap
 
 # Crashes and infrastructure errors (storage unwritable, process killed) retry the step;
-# the retry resumes the snapshot from its manifest. Page failures never reach here.
+# the retry resumes the snapshot from its manifest. Page failures never reach here, and
+# an interrupt (Terminate, SIGTERM, Ctrl-C) is not retried: it stops the crawl.
 RAW_PAGES_RETRY_POLICY = dg.RetryPolicy(
     max_retries=3, delay=2.0, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS
 )
+
+
+#: Why raw_pages stopped when its run was terminated or its process interrupted.
+INTERRUPTED = ("interrupted (the run was terminated, or its process got SIGTERM or Ctrl-C): stopped fetching; "
+               "the next run resumes the snapshot where it stopped")
 
 
 class RawPagesConfig(dg.Config):
@@ -306,6 +312,10 @@ def raw_pages(
     except (FetchConfigChangedError, SpecError, SettingsError, PartitionLockedError) as exc:
         # Retrying cannot fix these: fail once, with the message that says what to do.
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
+    except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt) as exc:
+        # Terminate in the UI, SIGTERM, Ctrl-C. Dagster retries an interrupted step that has a
+        # RetryPolicy (op_execution_error_boundary), so the crawl would go on fetching: stop.
+        raise dg.Failure(description=INTERRUPTED, allow_retries=False) from exc
     log = BatchedLog(context.log.info)
     for r in reports:
         log.add(

@@ -200,6 +200,7 @@ def summarize(resources: dict) -> dict:
         "warehouse_exists": products.name in tables,
         "warehouse_site": owner,
         "ui_command": ui_command(os.environ),
+        "ui_url": ui_url(os.environ),
     }
 
 
@@ -309,9 +310,15 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
             f" (tables of site {summary['warehouse_site']!r}, not {summary['site']!r}: the products and dead "
             "letters counted above are theirs)"
             if summary.get("warehouse_site") not in (None, summary["site"]) else ""),
-        f"  Dagster UI      {summary.get('ui_command', 'make ui')}  (then open http://127.0.0.1:3000)",
+        f"  Dagster UI      {summary.get('ui_command', 'make ui')}  (then open {summary.get('ui_url', ui_url({}))})",
     ]
     print("\n".join(lines), file=sys.stdout if out is None else out)
+
+
+def ui_url(env: Mapping[str, str]) -> str:
+    """Where ``make ui`` serves the UI: port ``UI_PORT`` when exported (the Makefile reads it too), else 3000."""
+    port = env.get("UI_PORT", "").strip()
+    return f"http://127.0.0.1:{port if port.isdigit() else 3000}"
 
 
 def ui_command(env: Mapping[str, str]) -> str:

@@ -676,6 +676,14 @@ def test_make_demo_uses_an_exported_dagster_home(tmp_path):
     assert "cp dagster.yaml /dagster.yaml" not in planned.stdout and "mkdir -p \n" not in planned.stdout + "\n"
 
 
+def test_the_summary_points_at_the_port_make_ui_uses():
+    from scrape_assets.cli import ui_url
+
+    assert ui_url({}) == "http://127.0.0.1:3000"
+    assert ui_url({"UI_PORT": "3001"}) == "http://127.0.0.1:3001"  # exported: `make ui` takes it as well
+    assert ui_url({"UI_PORT": "oops"}) == "http://127.0.0.1:3000"
+
+
 def test_make_ui_takes_another_port_when_3000_is_taken():
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "MFLAGS")}
     for extra, port in (([], "3000"), (["UI_PORT=3001"], "3001")):

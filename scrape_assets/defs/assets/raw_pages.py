@@ -18,6 +18,7 @@ from scrape_assets.defs.pools import configured_host_pool
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource
 from scrape_assets.errors import FetchConfigChangedError, PartitionLockedError, SettingsError, SpecError, StorageError
 from scrape_assets.gc_tuning import freeze_again
+from scrape_assets.interrupts import CrawlInterrupted, run_interruptible
 from scrape_assets.manifest import Manifest, latest_manifest, resume_conflict
 from scrape_assets.storage import refusal
 from scrape_assets.warehouse import may_recover
@@ -35,8 +36,8 @@ RAW_PAGES_RETRY_POLICY = dg.RetryPolicy(
 
 
 #: Why raw_pages stopped when its run was terminated or its process interrupted.
-INTERRUPTED = ("interrupted (the run was terminated, or its process got SIGTERM or Ctrl-C): stopped fetching; "
-               "the next run resumes the snapshot where it stopped")
+INTERRUPTED = ("interrupted (the run was terminated, by hand or at its dagster/max_runtime, or its process got "
+               "SIGTERM or Ctrl-C): stopped fetching; the next run resumes the snapshot where it stopped")
 
 
 class RawPagesConfig(dg.Config):
@@ -280,8 +281,20 @@ def raw_pages(
     Retry-After), resumes an interrupted snapshot, never fails for a dead page. Before any
     request it checks object storage takes a write (a refusal of the OS, e.g. a read-only
     folder, fails once, not retried) and the warehouse is not another site's (its load
-    would be refused).
+    would be refused). Terminate, SIGTERM or Ctrl-C stop it (see :data:`INTERRUPTED`).
     """
+    try:
+        return _raw_pages(context, config, site, store, warehouse)
+    except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt, CrawlInterrupted) as exc:
+        # Dagster retries an interrupted step that has a RetryPolicy (op_execution_error_boundary),
+        # so the crawl would go on fetching: stop, whichever part of the step the signal met.
+        raise dg.Failure(description=INTERRUPTED, allow_retries=False) from exc
+
+
+def _raw_pages(
+    context: dg.AssetExecutionContext, config: RawPagesConfig, site: SiteResource, store: ObjectStoreResource,
+    warehouse: WarehouseResource,
+) -> dg.MaterializeResult:
     categories = run_categories(context)
     try:
         store.store().ensure_writable()  # one probe object: before any lock, request or warehouse
@@ -302,7 +315,7 @@ def raw_pages(
         )
         sitemaps = []
         with store.locks(context, site.spec().name), store.host_lock(context, site.fetch_base_url()):
-            reports = asyncio.run(
+            reports = run_interruptible(  # a signal cancels the crawl (asyncio.run could drop Dagster's interrupt)
                 crawl_partitions(
                     site, store, categories, new_snapshot=config.new_snapshot, log=context.log, run_id=context.run_id,
                     adopt_complete=InterruptedRunSnapshots(context.instance), on_sitemap=sitemaps.append,
@@ -312,10 +325,6 @@ def raw_pages(
     except (FetchConfigChangedError, SpecError, SettingsError, PartitionLockedError) as exc:
         # Retrying cannot fix these: fail once, with the message that says what to do.
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
-    except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt) as exc:
-        # Terminate in the UI, SIGTERM, Ctrl-C. Dagster retries an interrupted step that has a
-        # RetryPolicy (op_execution_error_boundary), so the crawl would go on fetching: stop.
-        raise dg.Failure(description=INTERRUPTED, allow_retries=False) from exc
     log = BatchedLog(context.log.info)
     for r in reports:
         log.add(

@@ -522,3 +522,37 @@ def test_step_failure_reasons_name_the_steps_own_exception_without_dagsters_wrap
         "dead_letters: a described failure",
     ]
     assert step_failure_reasons(events, limit=40)[0] == "raw_pages: FetchConfigChangedError: demo/travel/..."
+
+
+def test_run_failure_text_keeps_the_runs_own_reason_and_names_each_step_once():
+    from dagster._utils.error import SerializableErrorInfo
+
+    from scrape_assets.defs.assets.raw_pages import INTERRUPTED
+    from scrape_assets.defs.sensors import run_failure_text
+
+    steps_failed = "Execution of run for \"daily_scrape_job\" failed. Steps failed: ['raw_pages']."
+    assert run_failure_text(steps_failed, None, ["raw_pages: StorageError: disk full"], {}) == (
+        "raw_pages: StorageError: disk full")
+    # Run monitoring ended it at dagster/max_runtime: the reason to raise it stays in the alert.
+    assert run_failure_text("Exceeded maximum runtime of 72000 seconds.", None, [f"raw_pages: {INTERRUPTED}"], {}) == (
+        f"Exceeded maximum runtime of 72000 seconds: raw_pages: {INTERRUPTED}")
+    # The schema check's categories, and other steps that failed besides its own.
+    assert run_failure_text(steps_failed, None, ["parsed_products: check failed", "dead_letters: OSError: disk"],
+                            {"mystery": "layout_guard x2"}) == (
+        "parsed_products_match_schema failed for mystery (layout_guard x2); dead_letters: OSError: disk")
+    error = SerializableErrorInfo(message="builtins.ValueError: bad config\n", stack=[], cls_name="ValueError")
+    assert run_failure_text("Execution of run for \"j\" failed. An exception was thrown during execution.", error, [],
+                            {}) == "An exception was thrown during execution: ValueError: bad config"
+    assert run_failure_text(None, None, [], {}) == "no reason recorded"
+
+
+def test_a_step_whose_retry_policy_gave_up_is_named_with_its_last_error():
+    from dagster._utils.error import SerializableErrorInfo
+
+    from scrape_assets.defs.sensors import error_line
+
+    cause = SerializableErrorInfo(message="scrape_assets.errors.StorageError: /data/objects: disk full\n", stack=[],
+                                  cls_name="StorageError")
+    gave_up = SerializableErrorInfo(message="Exceeded max_retries of 3\n", stack=[], cls_name="RetryRequestedFromPolicy",
+                                    cause=cause)
+    assert error_line(gave_up) == "StorageError: /data/objects: disk full (after 3 retries)"

@@ -146,8 +146,12 @@ def success_rate_collapse_sensor(context: dg.SensorEvaluationContext, alerts: Al
     return dg.SkipReason(f"webhook refused {len(pending)} alert(s): kept for the next evaluation")
 
 
-#: The start of Dagster's RUN_FAILURE message, said by the alert's own "run <id> of <job> failed".
-_DAGSTER_RUN_FAILED = re.compile(r'^Execution of run for "[^"]*" failed\.\s*')
+#: The start of Dagster's RUN_FAILURE (or STEP_FAILURE) message, said by the alert's own "run <id> of <job> failed".
+_DAGSTER_RUN_FAILED = re.compile(r'^Execution of (?:run for|step) "[^"]*" failed\.\s*')
+#: The rest of it when steps failed: the alert names each with its reason instead.
+_STEPS_FAILED = re.compile(r"^Steps failed: \[[^\]]*\]\.?$")
+#: The step that evaluates the blocking schema check (it fails with the check).
+SCHEMA_CHECK_STEP = "parsed_products"
 
 
 @dg.run_failure_sensor(default_status=dg.DefaultSensorStatus.RUNNING)
@@ -156,21 +160,41 @@ def run_failure_alert_sensor(context: dg.RunFailureSensorContext, alerts: Alerts
     schema check failed, the failing categories and their reasons (the check's
     ``failed_categories``); otherwise each failed step's error (its first line, shortened)."""
     run = context.dagster_run
-    if why := schema_check_failures(context.instance, run.run_id):
-        message = f"{SCHEMA_CHECK} failed for " + "; ".join(
-            f"{category} ({_shortened(text, 300)})" for category, text in why.items())
-    elif reasons := step_failure_reasons(context.get_step_failure_events()):
-        message = "; ".join(reasons)  # each names its step: Dagster's "Steps failed: [...]" would repeat them
-    else:  # failed outside any step: Dagster's words (less its "Execution of run for ... failed."), its error
-        said = _DAGSTER_RUN_FAILED.sub("", (context.failure_event.message or "").strip())
-        said = said[:-1] if said.endswith(".") and not said.endswith("...") else said  # ": " + the error follows
-        error = getattr(context.failure_event.event_specific_data, "error", None)
-        message = ": ".join(filter(None, [said, error and _shortened(error_line(error), 300)])) or "no reason recorded"
+    message = run_failure_text(
+        context.failure_event.message, getattr(context.failure_event.event_specific_data, "error", None),
+        step_failure_reasons(context.get_step_failure_events()), schema_check_failures(context.instance, run.run_id))
     send_alert(
         f"scrape_assets run {run.run_id[:8]} of {run.job_name} failed: {message}",
         webhook_url=alerts.webhook_url,
         fields={"kind": "run_failure", "run_id": run.run_id, "job": run.job_name},
     )
+
+
+def run_failure_text(said: str | None, error, reasons: list[str], why: dict[str, str]) -> str:
+    """Why a run failed, in one line: its own reason, then the schema check's failing
+    categories or each failed step's reason, else the run's error.
+
+    Args:
+        said: Dagster's failure message. Its "Execution of run for ... failed." (the alert
+            says so) and a "Steps failed: [...]" that ``reasons`` repeat are left out; what
+            remains is the run's own reason (run monitoring: "Exceeded maximum runtime of
+            72000 seconds."), kept first.
+        error: the failure event's ``SerializableErrorInfo`` (used when no step failed).
+        reasons: :func:`step_failure_reasons`.
+        why: :func:`schema_check_failures` (category -> why).
+    """
+    said = _DAGSTER_RUN_FAILED.sub("", (said or "").strip())
+    said = "" if _STEPS_FAILED.match(said) else said
+    said = said[:-1] if said.endswith(".") and not said.endswith("...") else said  # ": " + why follows
+    if why:
+        parts = [f"{SCHEMA_CHECK} failed for " + "; ".join(
+            f"{category} ({_shortened(text, 300)})" for category, text in why.items())]
+        parts += [r for r in reasons if not r.startswith(f"{SCHEMA_CHECK_STEP}: ")]  # other steps that failed
+    elif reasons:
+        parts = reasons  # each names its step
+    else:  # failed outside any step: its error
+        parts = [_shortened(error_line(error), 300)] if error is not None else []
+    return ": ".join(filter(None, [said, "; ".join(parts)])) or "no reason recorded"
 
 
 def step_failure_reasons(events, limit: int = 300) -> list[str]:
@@ -192,14 +216,21 @@ def step_failure_reasons(events, limit: int = 300) -> list[str]:
 def error_line(error) -> str:
     """``"<Class>: <first line of the message>"`` of a Dagster ``SerializableErrorInfo``: the
     exception raised under Dagster's ``DagsterExecutionStepExecutionError`` wrapper, if any, and
-    without the module path Dagster puts before the class name."""
+    without the module path Dagster puts before the class name; when the step's RetryPolicy
+    gave up (``RetryRequestedFromPolicy``), its last attempt's error, `` (after N retries)``."""
+    retries = ""
+    if error.cls_name == "RetryRequestedFromPolicy" and error.cause is not None:
+        # The step's RetryPolicy gave up: "Exceeded max_retries of 3", caused by the last attempt's error.
+        found = re.search(r"max_retries of (\d+)", error.message or "")
+        retries = f" (after {found[1]} retries)" if found else " (after its retries)"
+        error = error.cause
     if error.cls_name == "DagsterExecutionStepExecutionError" and error.cause is not None:
         error = error.cause  # the step's own exception
     lines = (error.message or "").strip().splitlines()
     head, sep, rest = (lines[0] if lines else "").partition(": ")  # "module.Class: message"
     text = f"{error.cls_name}: {rest}" if sep and head.split(".")[-1] == error.cls_name else (
         (lines[0] if lines else "") or error.cls_name)
-    return " ".join(text.split())
+    return " ".join(text.split()) + retries
 
 
 def schema_check_failures(instance, run_id: str) -> dict[str, str]:

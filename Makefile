@@ -38,9 +38,9 @@ test: $(VENV)/.installed
 	$(BIN)/python -m pytest
 
 ## make ui: the Dagster UI on the same instance as `make demo` (http://127.0.0.1:3000; UI_PORT=3001 for another port)
-UI_PORT ?= 3000
+ui_port := $(or $(strip $(UI_PORT)),3000)
 ui: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml
-	$(BIN)/dagster dev -w workspace.yaml -p $(UI_PORT)
+	$(BIN)/dagster dev -w workspace.yaml -p $(ui_port)
 
 ## make serve-demo: the demo catalogue over real sockets on 127.0.0.1:8000
 serve-demo: $(VENV)/.installed

@@ -334,7 +334,7 @@ def ui_command(env: Mapping[str, str]) -> str:
     each shell-quoted; paths absolute, a base URL
     without user info or query.
     ``SCRAPE_STORAGE_URL`` and ``SCRAPE_WAREHOUSE_URL`` are left out (they may hold
-    credentials): set them as for the run.
+    credentials): set them as for the run. ``UI_PORT`` is carried when it is not 3000.
     """
     from scrape_assets.settings import data_folder
     from scrape_assets.storage import redact_url
@@ -354,6 +354,8 @@ def ui_command(env: Mapping[str, str]) -> str:
         home = _CLONE / ".dagster_home"  # ...when there is an instance there; else `make demo`'s, the clone's
     if home != _CLONE / ".dagster_home":
         parts.append(f"DAGSTER_HOME={shlex.quote(str(home))}")
+    if (port := ui_url(env).rsplit(":", 1)[1]) != "3000":  # exported now, perhaps not in the shell that runs it
+        parts.append(f"UI_PORT={port}")
     return " ".join(parts)
 
 

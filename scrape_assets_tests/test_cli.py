@@ -677,16 +677,18 @@ def test_make_demo_uses_an_exported_dagster_home(tmp_path):
 
 
 def test_the_summary_points_at_the_port_make_ui_uses():
-    from scrape_assets.cli import ui_url
+    from scrape_assets.cli import ui_command, ui_url
 
     assert ui_url({}) == "http://127.0.0.1:3000"
     assert ui_url({"UI_PORT": "3001"}) == "http://127.0.0.1:3001"  # exported: `make ui` takes it as well
     assert ui_url({"UI_PORT": "oops"}) == "http://127.0.0.1:3000"
+    assert ui_command({"UI_PORT": "3001"}).endswith("make ui UI_PORT=3001")  # `make demo UI_PORT=3001`: not exported
+    assert "UI_PORT" not in ui_command({"UI_PORT": "3000"}) + ui_command({})
 
 
 def test_make_ui_takes_another_port_when_3000_is_taken():
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "MFLAGS")}
-    for extra, port in (([], "3000"), (["UI_PORT=3001"], "3001")):
+    for extra, port in (([], "3000"), (["UI_PORT=3001"], "3001"), (["UI_PORT="], "3000")):
         planned = subprocess.run(["make", "-n", "ui", *extra], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                                  timeout=60)
         assert planned.returncode == 0, planned.stderr

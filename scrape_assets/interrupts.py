@@ -60,24 +60,34 @@ def run_interruptible(coro: Coroutine[Any, Any, T]) -> T:
             raise KeyboardInterrupt  # the second: stop now, as Python's default SIGINT handler does
         received.append(signal.Signals(signum))
         for loop, task in running:
-            loop.call_soon_threadsafe(task.cancel)
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # the loop closed meanwhile: nothing left to cancel
+                pass
 
     async def main() -> T:
         running.append((asyncio.get_running_loop(), asyncio.current_task()))
-        if received:  # arrived before the loop ran
-            raise asyncio.CancelledError
-        return await coro
+        try:
+            if received:  # arrived before the loop ran
+                raise asyncio.CancelledError
+            return await coro
+        finally:
+            running.clear()  # done: a later signal only marks the crawl interrupted
 
-    previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
+    previous: dict[signal.Signals, object] = {}
     try:
+        for s in STOP_SIGNALS:  # one at a time: a signal between two still finds each restored below
+            previous[s] = signal.signal(s, on_signal)
         result = asyncio.run(main())
     except BaseException as exc:  # the cancellation, or what a task raised while unwinding, or a second signal
         if received:
             raise CrawlInterrupted(received[0].name) from (None if isinstance(exc, asyncio.CancelledError) else exc)
         raise
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        for s, handler in reversed(previous.items()):
+            # None: a handler set outside Python, which cannot be put back: Python's default then.
+            signal.signal(s, handler if handler is not None else
+                          signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL)
         coro.close()  # never awaited when the signal came first: no "never awaited" warning
     if received:
         raise CrawlInterrupted(received[0].name)

@@ -7,6 +7,7 @@ crashes), so without care a terminated run went on fetching and ended in success
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import os
 import signal
@@ -94,6 +95,37 @@ def test_an_interrupted_crawl_stops_without_a_retry_and_the_next_run_resumes(tmp
 # -- run_interruptible, in this process ----------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _signal_later(delay_s: float, sig: signal.Signals):
+    """Send ``sig`` to this process after ``delay_s``, unless the block has ended (then never: it could kill pytest)."""
+    timer = threading.Timer(delay_s, os.kill, (os.getpid(), sig))
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def test_a_signal_while_the_handlers_are_restored_still_stops_the_step(monkeypatch):
+    """SIGINT after the loop closed, while run_interruptible puts the handlers back (SIGTERM's
+    done, SIGINT's not yet): no RuntimeError "Event loop is closed" (which raw_pages'
+    RetryPolicy would retry), the crawl is reported interrupted."""
+    real_signal, calls = signal.signal, []
+
+    def signal_then_interrupt(signum, handler):
+        previous = real_signal(signum, handler)
+        calls.append(signum)
+        if len(calls) == len(STOP_SIGNALS) + 1:  # the first handler put back
+            os.kill(os.getpid(), signal.SIGINT)  # handled now, by run_interruptible's handler still on SIGINT
+        return previous
+
+    monkeypatch.setattr(signal, "signal", signal_then_interrupt)
+    with pytest.raises(CrawlInterrupted) as raised:
+        run_interruptible(_crawl_like(0.05, []))
+    assert raised.value.signal_name == "SIGINT"
+    assert calls == [signal.SIGINT, signal.SIGTERM, signal.SIGTERM, signal.SIGINT]  # put back in reverse order
+
+
 def _busy_callbacks(loop, until: float) -> None:
     """CPU work in plain loop callbacks (as a transport's read handler), where asyncio drops most BaseExceptions."""
     started = time.monotonic()
@@ -120,10 +152,10 @@ def test_a_signal_cancels_the_crawl_even_under_dagsters_handler(sig):
     cleaned: list[str] = []
     with raise_execution_interrupts():  # as in a Dagster step: its handler raises wherever the signal lands
         dagsters = {s: signal.getsignal(s) for s in STOP_SIGNALS}
-        threading.Timer(0.3, os.kill, (os.getpid(), sig)).start()
-        started = time.monotonic()
-        with pytest.raises(CrawlInterrupted) as raised:
-            run_interruptible(_crawl_like(3.0, cleaned))
+        with _signal_later(0.3, sig):
+            started = time.monotonic()
+            with pytest.raises(CrawlInterrupted) as raised:
+                run_interruptible(_crawl_like(3.0, cleaned))
         assert {s: signal.getsignal(s) for s in STOP_SIGNALS} == dagsters  # handlers given back
     assert raised.value.signal_name == sig.name
     assert cleaned == ["unwound"]
@@ -146,9 +178,8 @@ def test_a_second_signal_cuts_the_cleanup_short():
             os.kill(os.getpid(), signal.SIGINT)  # the second, while unwinding
             await asyncio.sleep(5)
 
-    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
     started = time.monotonic()
-    with pytest.raises(CrawlInterrupted) as raised:
+    with _signal_later(0.2, signal.SIGTERM), pytest.raises(CrawlInterrupted) as raised:
         run_interruptible(slow_cleanup())
     assert raised.value.signal_name == "SIGTERM" and isinstance(raised.value.__cause__, KeyboardInterrupt)
     assert time.monotonic() - started < 3

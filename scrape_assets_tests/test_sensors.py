@@ -544,6 +544,8 @@ def test_run_failure_text_keeps_the_runs_own_reason_and_names_each_step_once():
     assert run_failure_text("Execution of run for \"j\" failed. An exception was thrown during execution.", error, [],
                             {}) == "An exception was thrown during execution: ValueError: bad config"
     assert run_failure_text(None, None, [], {}) == "no reason recorded"
+    dynamic = "Execution of run for \"j\" failed. Steps failed: ['fetch[a]', 'fetch[b]']."  # dynamic step keys
+    assert run_failure_text(dynamic, None, ["fetch[a]: OSError: x"], {}) == "fetch[a]: OSError: x"
 
 
 def test_a_step_whose_retry_policy_gave_up_is_named_with_its_last_error():
@@ -556,3 +558,11 @@ def test_a_step_whose_retry_policy_gave_up_is_named_with_its_last_error():
     gave_up = SerializableErrorInfo(message="Exceeded max_retries of 3\n", stack=[], cls_name="RetryRequestedFromPolicy",
                                     cause=cause)
     assert error_line(gave_up) == "StorageError: /data/objects: disk full (after 3 retries)"
+    # A dagster.Failure that allowed retries: its description, after them.
+    from types import SimpleNamespace
+
+    from scrape_assets.defs.sensors import step_failure_reasons
+
+    described = SimpleNamespace(step_key="raw_pages", event_specific_data=SimpleNamespace(
+        error=gave_up, user_failure_data=SimpleNamespace(description="storage refused; nothing fetched")))
+    assert step_failure_reasons([described]) == ["raw_pages: storage refused; nothing fetched (after 3 retries)"]

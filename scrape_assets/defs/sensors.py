@@ -149,7 +149,7 @@ def success_rate_collapse_sensor(context: dg.SensorEvaluationContext, alerts: Al
 #: The start of Dagster's RUN_FAILURE (or STEP_FAILURE) message, said by the alert's own "run <id> of <job> failed".
 _DAGSTER_RUN_FAILED = re.compile(r'^Execution of (?:run for|step) "[^"]*" failed\.\s*')
 #: The rest of it when steps failed: the alert names each with its reason instead.
-_STEPS_FAILED = re.compile(r"^Steps failed: \[[^\]]*\]\.?$")
+_STEPS_FAILED = re.compile(r"^Steps failed: \[.*\]\.?$")  # (a dynamic step key holds brackets)
 #: The step that evaluates the blocking schema check (it fails with the check).
 SCHEMA_CHECK_STEP = "parsed_products"
 
@@ -209,6 +209,8 @@ def step_failure_reasons(events, limit: int = 300) -> list[str]:
         error = getattr(data, "error", None)
         if not text and error is not None:
             text = error_line(error)
+        elif error is not None:  # a dagster.Failure's description, after its retries if it allowed them
+            text += _after_retries(error)
         reasons[event.step_key or "run"] = _shortened(" ".join(text.split()), limit)
     return [f"{step}: {text}" for step, text in reasons.items() if text]
 
@@ -218,12 +220,9 @@ def error_line(error) -> str:
     exception raised under Dagster's ``DagsterExecutionStepExecutionError`` wrapper, if any, and
     without the module path Dagster puts before the class name; when the step's RetryPolicy
     gave up (``RetryRequestedFromPolicy``), its last attempt's error, `` (after N retries)``."""
-    retries = ""
-    if error.cls_name == "RetryRequestedFromPolicy" and error.cause is not None:
-        # The step's RetryPolicy gave up: "Exceeded max_retries of 3", caused by the last attempt's error.
-        found = re.search(r"max_retries of (\d+)", error.message or "")
-        retries = f" (after {found[1]} retries)" if found else " (after its retries)"
-        error = error.cause
+    retries = _after_retries(error)
+    if retries and error.cause is not None:
+        error = error.cause  # the last attempt's error
     if error.cls_name == "DagsterExecutionStepExecutionError" and error.cause is not None:
         error = error.cause  # the step's own exception
     lines = (error.message or "").strip().splitlines()
@@ -231,6 +230,15 @@ def error_line(error) -> str:
     text = f"{error.cls_name}: {rest}" if sep and head.split(".")[-1] == error.cls_name else (
         (lines[0] if lines else "") or error.cls_name)
     return " ".join(text.split()) + retries
+
+
+def _after_retries(error) -> str:
+    """`` (after N retries)`` when ``error`` says the step's RetryPolicy gave up
+    (``RetryRequestedFromPolicy``: "Exceeded max_retries of N"), else ``""``."""
+    if error.cls_name != "RetryRequestedFromPolicy":
+        return ""
+    found = re.search(r"max_retries of (\d+)", error.message or "")
+    return f" (after {found[1]} retries)" if found else " (after its retries)"
 
 
 def schema_check_failures(instance, run_id: str) -> dict[str, str]:

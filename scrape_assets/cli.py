@@ -315,10 +315,15 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
     print("\n".join(lines), file=sys.stdout if out is None else out)
 
 
-def ui_url(env: Mapping[str, str]) -> str:
-    """Where ``make ui`` serves the UI: port ``UI_PORT`` when exported (the Makefile reads it too), else 3000."""
+def _ui_port(env: Mapping[str, str]) -> str:
+    """The port ``make ui`` serves the UI on: ``UI_PORT`` when exported (the Makefile reads it too), else 3000."""
     port = env.get("UI_PORT", "").strip()
-    return f"http://127.0.0.1:{port if port.isdigit() else 3000}"
+    return port if port.isdigit() else "3000"
+
+
+def ui_url(env: Mapping[str, str]) -> str:
+    """Where ``make ui`` serves the UI (:func:`_ui_port`)."""
+    return f"http://127.0.0.1:{_ui_port(env)}"
 
 
 def ui_command(env: Mapping[str, str]) -> str:
@@ -354,7 +359,7 @@ def ui_command(env: Mapping[str, str]) -> str:
         home = _CLONE / ".dagster_home"  # ...when there is an instance there; else `make demo`'s, the clone's
     if home != _CLONE / ".dagster_home":
         parts.append(f"DAGSTER_HOME={shlex.quote(str(home))}")
-    if (port := ui_url(env).rsplit(":", 1)[1]) != "3000":  # exported now, perhaps not in the shell that runs it
+    if (port := _ui_port(env)) != "3000":  # exported now, perhaps not in the shell that runs it
         parts.append(f"UI_PORT={port}")
     return " ".join(parts)
 

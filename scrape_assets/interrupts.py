@@ -53,26 +53,23 @@ def run_interruptible(coro: Coroutine[Any, Any, T]) -> T:
     if threading.current_thread() is not threading.main_thread():
         return asyncio.run(coro)
     received: list[signal.Signals] = []
-    running: list[tuple[asyncio.AbstractEventLoop, asyncio.Task]] = []
+    main_task: asyncio.Task | None = None
 
     def on_signal(signum: int, _frame) -> None:
         if received:
             raise KeyboardInterrupt  # the second: stop now, as Python's default SIGINT handler does
         received.append(signal.Signals(signum))
-        for loop, task in running:
-            try:
-                loop.call_soon_threadsafe(task.cancel)
-            except RuntimeError:  # the loop closed meanwhile: nothing left to cancel
-                pass
+        # Handlers run in this (the loop's) thread: a task not done has its loop running. Once
+        # it is done (the loop may be closed), a signal only marks the crawl interrupted.
+        if main_task is not None and not main_task.done():
+            main_task.get_loop().call_soon_threadsafe(main_task.cancel)
 
     async def main() -> T:
-        running.append((asyncio.get_running_loop(), asyncio.current_task()))
-        try:
-            if received:  # arrived before the loop ran
-                raise asyncio.CancelledError
-            return await coro
-        finally:
-            running.clear()  # done: a later signal only marks the crawl interrupted
+        nonlocal main_task
+        main_task = asyncio.current_task()
+        if received:  # arrived before the loop ran
+            raise asyncio.CancelledError
+        return await coro
 
     previous: dict[signal.Signals, object] = {}
     try:

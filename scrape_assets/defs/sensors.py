@@ -156,9 +156,10 @@ SCHEMA_CHECK_STEP = "parsed_products"
 
 @dg.run_failure_sensor(default_status=dg.DefaultSensorStatus.RUNNING)
 def run_failure_alert_sensor(context: dg.RunFailureSensorContext, alerts: AlertsResource):
-    """Alert when a run fails (crash, storage error, refused resume...), with why: when its
-    schema check failed, the failing categories and their reasons (the check's
-    ``failed_categories``); otherwise each failed step's error (its first line, shortened)."""
+    """Alert when a run fails (crash, storage error, refused resume...), with why
+    (:func:`run_failure_text`): the run's own reason, then when its schema check failed the
+    failing categories and their reasons (the check's ``failed_categories``), otherwise each
+    failed step's error (its first line, shortened), or the run's error when no step failed."""
     run = context.dagster_run
     message = run_failure_text(
         context.failure_event.message, getattr(context.failure_event.event_specific_data, "error", None),

@@ -39,6 +39,11 @@ test: $(VENV)/.installed
 
 ## make ui: the Dagster UI on the same instance as `make demo` (http://127.0.0.1:3000; UI_PORT=3001 for another port)
 ui_port := $(or $(strip $(UI_PORT)),3000)
+ifneq ($(filter ui,$(MAKECMDGOALS)),)
+ifneq ($(subst 0,,$(subst 1,,$(subst 2,,$(subst 3,,$(subst 4,,$(subst 5,,$(subst 6,,$(subst 7,,$(subst 8,,$(subst 9,,$(ui_port))))))))))),)
+$(error UI_PORT=$(UI_PORT) is not a port number: give digits, e.g. make ui UI_PORT=3001 (unset: 3000))
+endif
+endif
 ui: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster dev -w workspace.yaml -p $(ui_port)
 

@@ -693,6 +693,13 @@ def test_make_ui_takes_another_port_when_3000_is_taken():
                                  timeout=60)
         assert planned.returncode == 0, planned.stderr
         assert planned.stdout.splitlines()[-1].endswith(f"/dagster dev -w workspace.yaml -p {port}")
+    for bad in ("oops", "30 01", "3001x"):  # refused before anything runs, naming the value
+        planned = subprocess.run(["make", "-n", "ui", f"UI_PORT={bad}"], cwd=REPO_ROOT, env=env, capture_output=True,
+                                 text=True, timeout=60)
+        assert planned.returncode == 2
+        assert f"UI_PORT={bad} is not a port number" in planned.stderr and "dagster dev" not in planned.stdout
+    assert subprocess.run(["make", "-n", "demo", "UI_PORT=oops"], cwd=REPO_ROOT, env=env, capture_output=True,
+                          timeout=60).returncode == 0  # only `make ui` serves on it
 
 
 def test_categories_piped_into_head_ends_quietly(tmp_path):

@@ -17,7 +17,13 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
+# The project alone for the demo, the UI and the demo server; with its test extra (moto,
+# pgserver's PostgreSQL, ...) for the tests.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.test-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e ".[test]"
 	touch $@
 
@@ -34,7 +40,7 @@ demo: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml
 ## make test: set up with test dependencies, then run the whole test suite
 # The tests get the clone's instance, never one of the shell's (they make their own anyway).
 test: override DAGSTER_HOME := $(CURDIR)/.dagster_home
-test: $(VENV)/.installed
+test: $(VENV)/.test-installed
 	$(BIN)/python -m pytest
 
 ## make ui: the Dagster UI on the same instance as `make demo` (http://127.0.0.1:3000; UI_PORT=3001 for another port)

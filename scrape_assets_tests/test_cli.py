@@ -686,6 +686,16 @@ def test_the_summary_points_at_the_port_make_ui_uses():
     assert "UI_PORT" not in ui_command({"UI_PORT": "3000"}) + ui_command({})
 
 
+def test_make_demo_installs_the_project_without_the_test_extra():
+    """A demo user gets the pipeline's dependencies, not moto, pgserver's PostgreSQL and pytest."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "MFLAGS")}
+    plans = {target: subprocess.run(["make", "-n", "-B", target], cwd=REPO_ROOT, env=env, capture_output=True,
+                                    text=True, timeout=60).stdout.splitlines() for target in ("demo", "ui", "test")}
+    assert ".venv/bin/pip install --quiet -e ." in plans["demo"] and ".venv/bin/pip install --quiet -e ." in plans["ui"]
+    assert not any("[test]" in line for line in plans["demo"] + plans["ui"])
+    assert '.venv/bin/pip install --quiet -e ".[test]"' in plans["test"]
+
+
 def test_make_ui_takes_another_port_when_3000_is_taken():
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "MFLAGS")}
     for extra, port in (([], "3000"), (["UI_PORT=3001"], "3001"), (["UI_PORT="], "3000")):

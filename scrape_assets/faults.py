@@ -58,7 +58,9 @@ The content kinds (charset_*, layout_changed, zero_products) and robots_disallow
 as the site changed it, with an ETag of its own (charset_wrong: same bytes, another
 Content-Type, another tag): a conditional GET with the original page's validators gets the
 changed page (200), one with the changed page's ETag gets 304 (RFC 9110 §13.1.2);
-If-Modified-Since alone always gets the page.
+If-Modified-Since alone always gets the page. The transport and body kinds (reset_mid_body,
+short_body, trickle, stall_after_headers, bad_gzip, oversize_body, gzip_bomb) break the full
+200 answer even when the request is conditional: a 304 has no body to break.
 
 Attempts are counted by the server, per path (query ignored), over its lifetime: the first
 request of a path is attempt 1. ``rates`` only draw for requests no rule claimed; a draw is a
@@ -233,6 +235,10 @@ FAULT_KINDS: tuple[str, ...] = tuple(_RULE_MODELS)
 CONTENT_KINDS = frozenset({"charset_missing", "charset_wrong", "layout_changed", "zero_products"})
 #: Kinds that serve a page other than the demo's: conditional requests are checked against it.
 _CHANGED_PAGE_KINDS = CONTENT_KINDS | {"robots_disallow"}
+#: Kinds that break the body of a full answer: a conditional request gets the 200 they break
+#: (a 304 has no body; stalling after one would hang the connection's next request instead).
+_BODY_KINDS = frozenset({"reset_mid_body", "short_body", "trickle", "stall_after_headers", "bad_gzip",
+                         "oversize_body", "gzip_bomb"})
 
 
 class Rates(_Strict):
@@ -516,9 +522,10 @@ class FaultyDemoRequestHandler(DemoRequestHandler):
         rule = self.server.spec.choose(path, attempt)
         self._event = dict(at_s=at_s, method=self.command, path=path, attempt=attempt,
                            fault=rule.fault if rule is not None else None)
-        if rule is not None and rule.fault in _CHANGED_PAGE_KINDS:
+        if rule is not None and rule.fault in _CHANGED_PAGE_KINDS | _BODY_KINDS:
             # The page changed: the client's validators are checked against the changed page
             # (_send_content), not the original, or a conditional GET would never see the change.
+            # A body fault breaks the full page, whatever validators the client sent.
             conditional = ("if-none-match", "if-modified-since")
             response = respond(self.command, self.path, {k: v for k, v in self.headers.items()
                                                          if k.lower() not in conditional}, day=self.server.day)

@@ -387,6 +387,24 @@ def test_a_stalled_handler_notices_the_client_hanging_up():
         assert done.wait(timeout=5)  # long before max_stall_s (60 s)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["reset_mid_body", "short_body", "trickle", "stall_after_headers", "bad_gzip",
+                                  "oversize_body", "gzip_bomb"])
+def test_a_body_fault_breaks_a_full_answer_even_to_a_conditional_get(kind):
+    """With the page's own ETag the demo would answer 304; the fault still breaks a 200 (a 304 has
+    no body to break: a stall after it hung the connection's next request, on another page)."""
+    original = respond("GET", page_path("travel", 1), day=DAY)
+    spec = FaultSpec.model_validate({"rules": [{"match": "travel", "fault": kind}]})
+    with fault_server(spec) as server:
+        client = socket.create_connection(server.server_address[:2], timeout=10)
+        client.sendall(f"GET {page_path('travel', 1)} HTTP/1.1\r\nHost: x\r\n"
+                       f"If-None-Match: {original.headers['ETag']}\r\n\r\n".encode())
+        assert client.recv(65536).startswith(b"HTTP/1.1 200 OK")
+        client.close()
+        (event,) = server.fault_log
+        assert (event.fault, event.status) == (kind, 200)
+
+
 def test_http_date_retry_after_is_never_earlier_than_asked():
     spec = FaultSpec.model_validate(
         {"rules": [{"match": "travel", "fault": "http_429", "retry_after_s": 2, "retry_after_form": "http-date"}]}

@@ -263,6 +263,7 @@ class PartitionCrawler:
         self._bytes = 0
         self._previous: dict[str, tuple[Manifest, int]] = {}
         self._saved: dict[str, int] = {}  # storage key -> size of the saved copies in _previous
+        self._by_hash: dict[str, tuple[Manifest, int]] = {}  # the copies in _previous by content hash
 
     async def run(self, *, new_snapshot: bool = False) -> CrawlReport:
         """Crawl (or resume) the partition; return its report.
@@ -290,6 +291,7 @@ class PartitionCrawler:
         if not manifest.is_complete:  # a complete one is read (and written into) by later stages
             swept += self.store.sweep_temp_files(manifest.prefix)
         self._previous = self._previous_pages(manifest)
+        self._by_hash = {e.content_hash: (m, k) for m, k in self._previous.values() if (e := m.pages[k]).content_hash}
         self._latest = UNREAD  # used: a later run() reads again
         if not manifest.is_complete:
             await self._list_saved_copies()
@@ -704,10 +706,16 @@ class PartitionCrawler:
         content_hash = old.content_hash if page.http_status == 304 else "sha256:" + hashlib.sha256(page.body).hexdigest()
         same = old is not None and content_hash == old.content_hash and (
             page.http_status == 304 or self._saved_copy_ok(*previous))  # else the new body is stored
-        if same:
+        # The same bytes saved under another URL: the pages' URLs changed (SCRAPE_BASE_URL now names
+        # a mirror, or the site again), so no copy matched by URL; the hash still spares storing it.
+        twin = None if same or page.http_status == 304 else self._by_hash.get(content_hash)
+        if twin is not None and not self._saved_copy_ok(*twin):
+            twin = None
+        if same or twin:
             # Not modified (304) or byte-identical: point at the stored body, store nothing.
-            entry.body_key = previous[0].body_key(previous[1])
-            entry.bytes = old.bytes
+            source = previous if same else twin
+            entry.body_key = source[0].body_key(source[1])
+            entry.bytes = source[0].pages[source[1]].bytes
             # A 304 may omit the metadata; a 200's is the representation's (a corrected charset
             # label on the same bytes changes how they read: RFC 9110 §8.3).
             entry.content_type = old.content_type if page.http_status == 304 else page.headers.get("content-type")

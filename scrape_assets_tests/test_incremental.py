@@ -407,6 +407,36 @@ def test_without_validators_the_content_hash_decides_and_an_unchanged_body_is_no
     assert (md["parsed_products"]["pages_parsed"], md["products_table"]["rows_loaded"]) == (0, 0)
 
 
+def test_after_the_base_url_changes_unchanged_pages_are_asked_whole_but_not_stored_again(tmp_path, instance, demo_server):
+    """A mirror (another SCRAPE_BASE_URL): no saved copy has the pages' new URLs, so no validator
+    is sent (they belong to the other URLs), and the content hash finds the bytes already saved."""
+    from scrape_assets.demo_site import make_server
+    from scrape_assets_tests.conftest import serving
+
+    assert materialize(instance, make_resources(tmp_path, base_url=demo_server.base_url), list(PAGES)).success
+    store = ObjectStore(str(tmp_path / "objects"))
+    first = {c: latest_manifest(store, "demo", c) for c in PAGES}
+    with serving(make_server("127.0.0.1", 0)) as mirror:
+        second_run = materialize(instance, make_resources(tmp_path, base_url=mirror.base_url), list(PAGES))
+        requests = _page_requests(mirror)
+    assert second_run.success
+    assert len(requests) == 3 and [r.status for r in requests] == [200] * 3
+    assert not any("if-none-match" in r.headers or "if-modified-since" in r.headers for r in requests)
+    for category, pages in PAGES.items():
+        second = latest_manifest(store, "demo", category)
+        for n in range(1, pages + 1):
+            entry = second.pages[n]
+            assert entry.url.startswith(mirror.base_url) and not first[category].pages[n].url.startswith(mirror.base_url)
+            assert (entry.http_status, entry.not_modified) == (200, False)
+            assert entry.body_key == first[category].page_key(n)  # the body stored from the other address
+            assert entry.etag is not None and entry.bytes == first[category].pages[n].bytes
+        assert not store.exists(f"{second.prefix}/pages")
+        assert second.data_version == first[category].data_version
+    md = run_metadata(second_run)
+    assert (md["raw_pages"]["pages_unchanged"], md["raw_pages"]["bytes_stored"]) == (3, 0)
+    assert (md["parsed_products"]["pages_parsed"], md["products_table"]["rows_loaded"]) == (0, 0)
+
+
 def test_last_modified_alone_is_revalidated_with_if_modified_since(tmp_path, instance):
     from scrape_assets_tests.conftest import serving
 

@@ -108,17 +108,26 @@ class FetchConfigChangedError(ManifestError):
 
     Attributes:
         differing_keys: the config keys whose values differ, sorted.
+        changes: for keys in ``changes`` (given by the caller): ``(snapshot's value, current value)``,
+            shown in the message (``None``: the key is missing on that side). The fetch config holds
+            no secret: the site, the base URL (never with credentials), the User-Agent and the
+            fetch policy's numbers.
     """
 
-    def __init__(self, location: str, differing_keys: list[str]):
+    def __init__(self, location: str, differing_keys: list[str], changes: dict[str, tuple] | None = None):
         self.differing_keys = differing_keys
+        self.changes = dict(changes or {})
         moved = " or from another start URL (the spec moved the category)" if "start_url" in differing_keys else ""
+        keys = ", ".join(
+            f"{key}: {self.changes[key][0]!r} then, {self.changes[key][1]!r} now" if key in self.changes else key
+            for key in differing_keys
+        )
         super().__init__(
             location,
             f"the incomplete snapshot was fetched with a different config{moved} "
-            f"(differing keys: {', '.join(differing_keys)}); restore the earlier settings to resume it, or "
+            f"(differing keys: {keys}); restore the earlier settings to resume it, or "
             "start a new snapshot: run config `ops: {raw_pages: {config: {new_snapshot: true}}}` "
-            "(`scrape-assets demo --new-snapshot`)",
+            "(the demo: `.venv/bin/scrape-assets demo --new-snapshot` in the clone)",
         )
 
 

@@ -608,7 +608,10 @@ def _resume_refusal(
     if latest.fetch_config_hash == config_hash(fetch_config) and not moved:
         return None
     keys = differing_keys(latest.fetch_config, fetch_config) if latest.fetch_config_hash != config_hash(fetch_config) else []
-    return FetchConfigChangedError(latest.key, sorted(keys + (["start_url"] if moved else [])))
+    changes = {key: (latest.fetch_config.get(key), fetch_config.get(key)) for key in keys}
+    if moved:
+        changes["start_url"] = (latest.start_url, start_url)
+    return FetchConfigChangedError(latest.key, sorted(keys + (["start_url"] if moved else [])), changes)
 
 
 def _reopen(store: ObjectStore, manifest: Manifest, run_id: str | None) -> Manifest:

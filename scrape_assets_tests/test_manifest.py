@@ -63,7 +63,8 @@ def test_changed_config_refuses_resume_listing_keys_unless_new_snapshot(tmp_path
     with pytest.raises(FetchConfigChangedError) as info:
         _open(store, fetch_config=changed)
     assert info.value.differing_keys == ["max_attempts", "requests_per_second"]
-    assert "max_attempts, requests_per_second" in str(info.value)
+    # Each with what the snapshot was fetched with and what it is now, so the earlier settings can be restored.
+    assert "(differing keys: max_attempts: 3 then, 5 now, requests_per_second: 5.0 then, 1.0 now)" in str(info.value)
     assert "new_snapshot: true" in str(info.value)
     fresh, resumed = _open(store, fetch_config=changed, new_snapshot=True, now=T0)
     assert resumed is False
@@ -81,7 +82,7 @@ def test_a_category_moved_to_another_start_url_refuses_to_resume_its_old_snapsho
     refused = resume_conflict(store, site="demo", category="travel", fetch_config=CONFIG, start_url=moved)
     assert refused.differing_keys == ["start_url"] and refused.location == old.key
     assert "fetched with a different config or from another start URL (the spec moved the category) " \
-        "(differing keys: start_url)" in str(refused)
+        "(differing keys: start_url: 'http://x/t/index.html' then, 'http://x/moved/index.html' now)" in str(refused)
     with pytest.raises(FetchConfigChangedError) as info:
         open_snapshot(store, site="demo", category="travel", start_url=moved, fetch_config=CONFIG, now=T0)
     assert info.value.differing_keys == ["start_url"]

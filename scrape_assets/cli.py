@@ -263,8 +263,10 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
                 f"{counted(run['pages_parsed'], 'page')} re-parsed, "
                 f"{counted(run['partitions_unchanged'], 'category')} unchanged"), "parsed_products"),
             "  loaded          " + step("rows_loaded", lambda: (
-                f"{counted(run['rows_loaded'], 'row')} (re)loaded, "
-                f"{run['rows_carried_forward']:,} kept from pages that failed this time"), "products_table"),
+                f"{counted(run['rows_loaded'], 'row')} (re)loaded"
+                # Only by this run's loads: an unchanged category keeps its carried rows unloaded (Summary below).
+                + (f", and {counted(kept, 'earlier row')} kept in those categories for pages that failed"
+                   if (kept := run["rows_carried_forward"]) else "")), "products_table"),
             "",
         ]
     lines += [

@@ -40,7 +40,7 @@ def test_demo_command_runs_all_categories_in_one_run_and_prints_summary(tmp_path
     assert (home / "dagster.yaml").read_text() == (REPO_ROOT / "dagster.yaml").read_text()  # the project's settings
     assert "  requests        38 (0 not modified: 304), 0 pages failed for good" in out
     assert "  parsed          38 pages re-parsed, 0 categories unchanged" in out
-    assert "  loaded          678 rows (re)loaded, 0 kept from pages that failed this time" in out
+    assert "  loaded          678 rows (re)loaded" in out
     assert "categories      12/12" in out
     assert "pages           38 done, 0 failed" in out
     assert "success rate    100.0%" in out
@@ -428,6 +428,30 @@ def test_the_summary_counts_rows_carried_forward_from_pages_that_failed(tmp_path
     wh.close()
     assert ("  carried forward 2 of those rows were not seen in the latest snapshot (a page of their category failed; oldest "
             f"fetched {day1}): travel (2); the pages are in `dead_letters`") in _demo_summary(tmp_path, url)
+
+
+def test_this_runs_loaded_line_counts_only_rows_this_runs_loads_kept():
+    """A category left unchanged keeps its carried rows without a load: "This run" does not
+    claim 0 kept while the Summary below counts them (the rows of earlier loads)."""
+    import io
+
+    from scrape_assets.cli import print_summary
+
+    summary = {"site": "demo", "categories": 12, "categories_configured": 12, "pages_done": 37, "pages_failed": 1,
+               "success_rate": 37 / 38, "products_loaded": 678, "dead_letters": 1, "object_storage": "/d",
+               "warehouse": "sqlite:///w", "products_carried_forward": {"default": 20},
+               "carried_forward_oldest_fetch": "2026-12-14T08:00:00Z"}
+    run = {"success": True, "requests_made": 38, "pages_not_modified": 30, "pages_failed": 1, "pages_parsed": 7,
+           "partitions_unchanged": 10, "rows_loaded": 94, "rows_carried_forward": 0, "dead_letters": 1}
+    for carried, expected in ((0, "  loaded          94 rows (re)loaded"),
+                              (1, "  loaded          94 rows (re)loaded, and 1 earlier row kept in those categories "
+                                  "for pages that failed"),
+                              (20, "  loaded          94 rows (re)loaded, and 20 earlier rows kept in those "
+                                   "categories for pages that failed")):
+        out = io.StringIO()
+        print_summary(summary, {**run, "rows_carried_forward": carried}, out=out)
+        assert expected in out.getvalue().splitlines()
+        assert "  carried forward 20 of those rows" in out.getvalue()
 
 
 def test_serve_demo_refuses_a_bad_port_date_or_busy_address_in_one_line(monkeypatch, capsys):

@@ -319,8 +319,8 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
 
 def _ui_port(env: Mapping[str, str]) -> str:
     """The port ``make ui`` serves the UI on: ``UI_PORT`` when exported (the Makefile reads it too), else 3000."""
-    port = env.get("UI_PORT", "").strip()
-    return port if port.isdigit() else "3000"
+    port = env.get("UI_PORT", "").strip()  # else `make ui` refuses it (digits only) or takes 3000 (empty)
+    return port if port.isascii() and port.isdigit() else "3000"
 
 
 def ui_url(env: Mapping[str, str]) -> str:

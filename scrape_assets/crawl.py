@@ -263,7 +263,7 @@ class PartitionCrawler:
         self._bytes = 0
         self._previous: dict[str, tuple[Manifest, int]] = {}
         self._saved: dict[str, int] = {}  # storage key -> size of the saved copies in _previous
-        self._by_hash: dict[str, tuple[Manifest, int]] = {}  # the copies in _previous by content hash
+        self._by_hash: dict[str, list[tuple[Manifest, int]]] = {}  # the copies in _previous by content hash
 
     async def run(self, *, new_snapshot: bool = False) -> CrawlReport:
         """Crawl (or resume) the partition; return its report.
@@ -291,7 +291,10 @@ class PartitionCrawler:
         if not manifest.is_complete:  # a complete one is read (and written into) by later stages
             swept += self.store.sweep_temp_files(manifest.prefix)
         self._previous = self._previous_pages(manifest)
-        self._by_hash = {e.content_hash: (m, k) for m, k in self._previous.values() if (e := m.pages[k]).content_hash}
+        self._by_hash = {}
+        for m, k in self._previous.values():  # the latest snapshot's copies first
+            if content_hash := m.pages[k].content_hash:
+                self._by_hash.setdefault(content_hash, []).append((m, k))
         self._latest = UNREAD  # used: a later run() reads again
         if not manifest.is_complete:
             await self._list_saved_copies()
@@ -706,11 +709,10 @@ class PartitionCrawler:
         content_hash = old.content_hash if page.http_status == 304 else "sha256:" + hashlib.sha256(page.body).hexdigest()
         same = old is not None and content_hash == old.content_hash and (
             page.http_status == 304 or self._saved_copy_ok(*previous))  # else the new body is stored
-        # The same bytes saved under another URL: the pages' URLs changed (SCRAPE_BASE_URL now names
-        # a mirror, or the site again), so no copy matched by URL; the hash still spares storing it.
-        twin = None if same or page.http_status == 304 else self._by_hash.get(content_hash)
-        if twin is not None and not self._saved_copy_ok(*twin):
-            twin = None
+        # No saved copy under this URL (SCRAPE_BASE_URL now names a mirror, or the site again, so
+        # every page's URL changed): a copy of the same bytes under another URL spares storing it.
+        twin = None if old is not None else next(
+            (copy for copy in self._by_hash.get(content_hash, ()) if self._saved_copy_ok(*copy)), None)
         if same or twin:
             # Not modified (304) or byte-identical: point at the stored body, store nothing.
             source = previous if same else twin

@@ -103,24 +103,30 @@ class ManifestError(ScrapeError):
         super().__init__(f"{location}: {message}")
 
 
+#: A fetch config key missing on one side of :class:`FetchConfigChangedError`'s ``changes``.
+ABSENT = "<absent>"
+
+
 class FetchConfigChangedError(ManifestError):
     """Resuming an incomplete snapshot was refused because the fetch config changed.
 
     Attributes:
         differing_keys: the config keys whose values differ, sorted.
         changes: for keys in ``changes`` (given by the caller): ``(snapshot's value, current value)``,
-            shown in the message (``None``: the key is missing on that side). The fetch config holds
-            no secret: the site, the base URL (never with credentials), the User-Agent and the
-            fetch policy's numbers.
+            shown in the message (:data:`ABSENT`: the key is missing on that side). The caller
+            redacts URLs (the message reaches logs and alerts).
     """
 
     def __init__(self, location: str, differing_keys: list[str], changes: dict[str, tuple] | None = None):
         self.differing_keys = differing_keys
         self.changes = dict(changes or {})
         moved = " or from another start URL (the spec moved the category)" if "start_url" in differing_keys else ""
+        def shown(value) -> str:
+            return "absent" if value is ABSENT else repr(value)
+
         keys = ", ".join(
-            f"{key}: {self.changes[key][0]!r} then, {self.changes[key][1]!r} now" if key in self.changes else key
-            for key in differing_keys
+            f"{key} (was {shown(self.changes[key][0])}, now {shown(self.changes[key][1])})" if key in self.changes
+            else key for key in differing_keys
         )
         super().__init__(
             location,

@@ -43,8 +43,8 @@ from typing import Literal
 import orjson
 
 from scrape_assets.content_type import header_charset
-from scrape_assets.errors import FetchConfigChangedError, ManifestError, StorageError
-from scrape_assets.storage import ObjectStore, check_key
+from scrape_assets.errors import ABSENT, FetchConfigChangedError, ManifestError, StorageError
+from scrape_assets.storage import ObjectStore, check_key, redact_url
 
 FORMAT_VERSION = 1
 #: Fold the journal into manifest.json after this many lines.
@@ -608,9 +608,17 @@ def _resume_refusal(
     if latest.fetch_config_hash == config_hash(fetch_config) and not moved:
         return None
     keys = differing_keys(latest.fetch_config, fetch_config) if latest.fetch_config_hash != config_hash(fetch_config) else []
-    changes = {key: (latest.fetch_config.get(key), fetch_config.get(key)) for key in keys}
-    if moved:
-        changes["start_url"] = (latest.start_url, start_url)
+    def value(config: dict, key: str):
+        if key not in config:
+            return ABSENT
+        return redact_url(config[key]) if key.endswith("_url") and isinstance(config[key], str) else config[key]
+
+    changes = {key: (value(latest.fetch_config, key), value(fetch_config, key)) for key in keys}
+    for key, (was, now) in changes.items():
+        if was == now:  # URLs differing only where credentials hide
+            changes[key] = (was, f"{now} (differs in user info or query, not shown)")
+    if moved:  # URLs without user info or query (the message reaches logs and alerts)
+        changes["start_url"] = (redact_url(latest.start_url), redact_url(start_url))
     return FetchConfigChangedError(latest.key, sorted(keys + (["start_url"] if moved else [])), changes)
 
 

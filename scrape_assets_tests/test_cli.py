@@ -705,7 +705,7 @@ def test_the_summary_points_at_the_port_make_ui_uses():
 
     assert ui_url({}) == "http://127.0.0.1:3000"
     assert ui_url({"UI_PORT": "3001"}) == "http://127.0.0.1:3001"  # exported: `make ui` takes it as well
-    assert ui_url({"UI_PORT": "oops"}) == "http://127.0.0.1:3000"
+    assert ui_url({"UI_PORT": "oops"}) == ui_url({"UI_PORT": "３００１"}) == "http://127.0.0.1:3000"  # `make ui` refuses both
     assert ui_command({"UI_PORT": "3001"}).endswith("make ui UI_PORT=3001")  # `make demo UI_PORT=3001`: not exported
     assert "UI_PORT" not in ui_command({"UI_PORT": "3000"}) + ui_command({})
 
@@ -727,7 +727,7 @@ def test_make_ui_takes_another_port_when_3000_is_taken():
                                  timeout=60)
         assert planned.returncode == 0, planned.stderr
         assert planned.stdout.splitlines()[-1].endswith(f"/dagster dev -w workspace.yaml -p {port}")
-    for bad in ("oops", "30 01", "3001x"):  # refused before anything runs, naming the value
+    for bad in ("oops", "30 01", "3001x", "３００１"):  # refused before anything runs, naming the value
         planned = subprocess.run(["make", "-n", "ui", f"UI_PORT={bad}"], cwd=REPO_ROOT, env=env, capture_output=True,
                                  text=True, timeout=60)
         assert planned.returncode == 2

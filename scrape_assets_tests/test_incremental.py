@@ -436,6 +436,16 @@ def test_after_the_base_url_changes_unchanged_pages_are_asked_whole_but_not_stor
     assert (md["raw_pages"]["pages_unchanged"], md["raw_pages"]["bytes_stored"]) == (3, 0)
     assert (md["parsed_products"]["pages_parsed"], md["products_table"]["rows_loaded"]) == (0, 0)
 
+    # A prune keeps what the mirror's snapshots read: the first snapshot, whose parse stands for them.
+    from scrape_assets.retention import prune
+
+    plans = prune(store, "demo", list(PAGES), keep=1, owner="test")
+    assert [(p.category, p.kept_for_parse, p.deleted) for p in plans] == [
+        (c, [first[c].snapshot_id], []) for c in ("travel", "mystery")]
+    for category, pages in PAGES.items():
+        latest = latest_manifest(store, "demo", category)
+        assert all(len(store.read_bytes(latest.body_key(n))) == latest.pages[n].bytes for n in range(1, pages + 1))
+
 
 def test_last_modified_alone_is_revalidated_with_if_modified_since(tmp_path, instance):
     from scrape_assets_tests.conftest import serving

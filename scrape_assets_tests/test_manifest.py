@@ -64,7 +64,15 @@ def test_changed_config_refuses_resume_listing_keys_unless_new_snapshot(tmp_path
         _open(store, fetch_config=changed)
     assert info.value.differing_keys == ["max_attempts", "requests_per_second"]
     # Each with what the snapshot was fetched with and what it is now, so the earlier settings can be restored.
-    assert "(differing keys: max_attempts: 3 then, 5 now, requests_per_second: 5.0 then, 1.0 now)" in str(info.value)
+    assert "(differing keys: max_attempts (was 3, now 5), requests_per_second (was 5.0, now 1.0))" in str(info.value)
+    # A key one side lacks says so; URLs lose their user info and query (the message reaches logs and alerts).
+    from scrape_assets.manifest import resume_conflict
+
+    refused = resume_conflict(store, site="demo", category="travel",
+                              fetch_config={**CONFIG, "base_url": "http://u:secret@x/?token=t", "proxy": True})
+    assert ("base_url (was 'http://x/', now 'http://x/ (differs in user info or query, not shown)'), "
+            "proxy (was absent, now True)") in str(refused)
+    assert "secret" not in str(refused) and "token" not in str(refused)
     assert "new_snapshot: true" in str(info.value)
     fresh, resumed = _open(store, fetch_config=changed, new_snapshot=True, now=T0)
     assert resumed is False
@@ -82,7 +90,7 @@ def test_a_category_moved_to_another_start_url_refuses_to_resume_its_old_snapsho
     refused = resume_conflict(store, site="demo", category="travel", fetch_config=CONFIG, start_url=moved)
     assert refused.differing_keys == ["start_url"] and refused.location == old.key
     assert "fetched with a different config or from another start URL (the spec moved the category) " \
-        "(differing keys: start_url: 'http://x/t/index.html' then, 'http://x/moved/index.html' now)" in str(refused)
+        "(differing keys: start_url (was 'http://x/t/index.html', now 'http://x/moved/index.html'))" in str(refused)
     with pytest.raises(FetchConfigChangedError) as info:
         open_snapshot(store, site="demo", category="travel", start_url=moved, fetch_config=CONFIG, now=T0)
     assert info.value.differing_keys == ["start_url"]

@@ -191,6 +191,45 @@ def test_a_run_that_failed_outside_any_step_is_alerted_with_its_error(instance, 
         "DagsterUserCodeProcessError: the code location could not be loaded")
 
 
+def test_one_alert_a_run_and_none_after_a_forced_termination(instance, webhook_server):
+    """Run monitoring fails a run past its dagster/max_runtime, then the run's worker reports
+    the interrupted step (a second RUN_FAILURE): one alert. "Force termination" marks a live run
+    canceled, then its worker's failure turns it to FAILURE: a stop by hand, no alert."""
+    from dagster import DagsterEventType
+    from dagster._core.test_utils import create_run_for_test
+
+    from scrape_assets.defs.sensors import needs_no_alert
+
+    def failures(run):
+        return [e.dagster_event for e in instance.all_logs(run.run_id, of_type=DagsterEventType.RUN_FAILURE)]
+
+    def evaluate(run, failure):
+        context = dg.build_run_status_sensor_context(
+            sensor_name="run_failure_alert_sensor", dagster_instance=instance, dagster_run=run, dagster_event=failure,
+            resources={"alerts": AlertsResource(webhook_url=webhook_server.url)},
+        ).for_run_failure()
+        return run_failure_alert_sensor(context)
+
+    timed_out = create_run_for_test(instance, job_name="daily_scrape_job", status=dg.DagsterRunStatus.STARTED)
+    instance.report_run_failed(timed_out, "Exceeded maximum runtime of 25 seconds.")
+    instance.report_run_failed(timed_out, 'Execution of run for "daily_scrape_job" failed. Steps failed: [\'raw_pages\'].')
+    first, second = failures(timed_out)
+    assert evaluate(timed_out, first) is None and evaluate(timed_out, second).skip_message.startswith(
+        f"run {timed_out.run_id[:8]}: failed before (alerted then)")
+    (alert,) = webhook_server.received
+    assert alert["run_id"] == timed_out.run_id and "Exceeded maximum runtime of 25 seconds" in alert["text"]
+
+    forced = create_run_for_test(instance, job_name="daily_scrape_job", status=dg.DagsterRunStatus.STARTED)
+    instance.report_run_canceled(forced, "This pipeline was forcibly marked as canceled from outside the execution "
+                                         "context.")
+    instance.report_run_failed(forced, 'Execution of run for "daily_scrape_job" failed. Steps failed: [\'raw_pages\'].')
+    (failure,) = failures(forced)
+    assert "canceled by hand" in evaluate(forced, failure).skip_message
+    assert len(webhook_server.received) == 1
+    # An event the run's log does not hold (a sensor's own test context): alerted, never lost.
+    assert needs_no_alert(instance, forced.run_id, first) is None
+
+
 def test_a_run_failed_by_the_schema_check_is_alerted_with_the_categories_and_why(tmp_path, instance, webhook_server):
     """"Steps failed: ['parsed_products']" alone sends the operator to the UI to learn which
     category failed and why; the alert says both."""

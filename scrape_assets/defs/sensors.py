@@ -159,8 +159,12 @@ def run_failure_alert_sensor(context: dg.RunFailureSensorContext, alerts: Alerts
     """Alert when a run fails (crash, storage error, refused resume...), with why
     (:func:`run_failure_text`): the run's own reason, then when its schema check failed the
     failing categories and their reasons (the check's ``failed_categories``), otherwise each
-    failed step's error (its first line, shortened), or the run's error when no step failed."""
+    failed step's error (its first line, shortened), or the run's error when no step failed.
+
+    One alert a run, none for a deliberate stop (:func:`needs_no_alert`)."""
     run = context.dagster_run
+    if quiet := needs_no_alert(context.instance, run.run_id, context.failure_event):
+        return dg.SkipReason(f"run {run.run_id[:8]}: {quiet}")
     message = run_failure_text(
         context.failure_event.message, getattr(context.failure_event.event_specific_data, "error", None),
         step_failure_reasons(context.get_step_failure_events()), schema_check_failures(context.instance, run.run_id))
@@ -169,6 +173,30 @@ def run_failure_alert_sensor(context: dg.RunFailureSensorContext, alerts: Alerts
         webhook_url=alerts.webhook_url,
         fields={"kind": "run_failure", "run_id": run.run_id, "job": run.job_name},
     )
+
+
+def needs_no_alert(instance: dg.DagsterInstance, run_id: str, failure: dg.DagsterEvent) -> str | None:
+    """Why the run failure ``failure`` (one of the run's RUN_FAILURE events) gets no alert, or None.
+
+    A run can fail twice: Dagster's run monitoring fails a run past its ``dagster/max_runtime``
+    and interrupts it, then the run's worker reports the interrupted step's failure (a second
+    RUN_FAILURE): the first was alerted. And "Force termination" marks a live run canceled at
+    once, then its worker reports the same step failure, which turns the run to FAILURE: a stop
+    by hand, not a failure to page anyone for. (A plain "Terminate" ends the run CANCELED, no
+    RUN_FAILURE.) When ``failure`` is not found among the run's events, it is alerted.
+    """
+    from dagster import DagsterEventType
+
+    events = [e.dagster_event for e in instance.all_logs(
+        run_id, of_type={DagsterEventType.RUN_FAILURE, DagsterEventType.RUN_CANCELED})]
+    if failure not in events:
+        return None
+    earlier = {event.event_type for event in events[:events.index(failure)] if event is not None}
+    if DagsterEventType.RUN_CANCELED in earlier:
+        return "canceled by hand (forced termination) before its worker reported this failure: no alert"
+    if earlier:
+        return "failed before (alerted then); this is its worker reporting the interrupted steps: no second alert"
+    return None
 
 
 def run_failure_text(said: str | None, error, reasons: list[str], why: dict[str, str]) -> str:

@@ -128,6 +128,18 @@ def _host(url: str) -> str | None:
     return parts.hostname if parts.scheme in ("http", "https") else None
 
 
+def base_url_problem(url: str) -> str | None:
+    """What a fetch base URL (``SCRAPE_BASE_URL``, the ``site`` resource's ``base_url``) should be,
+    when ``url`` is not that; None when it is. The value itself is never in the text (user
+    info or a query may hold a secret)."""
+    if not _host(url):
+        return "an absolute http(s) URL with a host, e.g. http://127.0.0.1:8000/"
+    if "@" in urlsplit(url).netloc:
+        # Every page would be refused (credentials are not sent) and the URL stored in manifests and dead letters.
+        return "a URL without user:password@ (credentials in URLs are not sent; a site behind a login is out of scope)"
+    return None
+
+
 def _number(env, name: str, kind: type, minimum: float, maximum: float | None = None):
     what = "an integer" if kind is int else "a number"
     expected = f"{what} ≥ {minimum}" + (f" and ≤ {maximum:g}" if maximum is not None else "")
@@ -184,14 +196,10 @@ def load_settings(env: dict | None = None) -> Settings:
     if proxy:
         ProxyURL.from_setting(proxy)  # fail early, without echoing a password
     base_url = env.get("SCRAPE_BASE_URL") or None
-    if base_url and not _host(base_url):
+    if base_url and (problem := base_url_problem(base_url)):
         # User info or a query may hold a secret: such a value is not echoed.
         shown = "<hidden>" if any(c in base_url for c in "@?#") else base_url
-        raise SettingsError("SCRAPE_BASE_URL", shown, "an absolute http(s) URL with a host, e.g. http://127.0.0.1:8000/")
-    if base_url and "@" in urlsplit(base_url).netloc:
-        # Every page would be refused (credentials are not sent) and the URL stored in manifests and dead letters.
-        raise SettingsError("SCRAPE_BASE_URL", "<hidden>", "a URL without user:password@ (credentials in URLs are not "
-                            "sent; a site behind a login is out of scope)")
+        raise SettingsError("SCRAPE_BASE_URL", shown, problem)
     max_attempts = _number(env, "SCRAPE_MAX_ATTEMPTS", int, 1, maximum=MAX_ATTEMPTS)
     user_agent = env.get("SCRAPE_USER_AGENT") or None
     problem = None if user_agent is None else user_agent_problem(user_agent)

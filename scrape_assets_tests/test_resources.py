@@ -139,6 +139,8 @@ def test_a_setting_out_of_range_or_unsendable_stops_at_start_up(monkeypatch, nam
         ("site", "max_concurrency", 100_000, "less than or equal to 256"),
         ("site", "max_attempts", 1000, "less than or equal to 100"),
         ("site", "user_agent", "shop-bot (jörg@example.de)", "character 'ö' (U+00F6) is not printable ASCII"),
+        ("site", "base_url", "ftp://mirror.example/", "expected an absolute http(s) URL with a host"),
+        ("site", "base_url", "http://u:SECRET@mirror.example/", "expected a URL without user:password@"),
         ("store", "lock_wait_s", 1e7, "less than or equal to 86400"),
     ],
 )
@@ -151,6 +153,9 @@ def test_the_launchpad_has_the_bounds_of_the_settings(resource, field, value, ex
     with pytest.raises(pydantic.ValidationError) as refused:
         cls(**base, **{field: value})
     assert field in str(refused.value) and expected in str(refused.value)
+    if resource == "site":  # a refused value is not echoed: a base_url's user info may be a password
+        assert "SECRET" not in str(refused.value) and "input_value" not in str(refused.value)
+    assert SiteResource(base_url="").fetch_base_url() == SiteResource().fetch_base_url()  # empty: the spec's
 
 
 def test_resume_max_age_from_run_config_has_the_settings_bounds(tmp_path):

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import dagster as dg
-from pydantic import Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from scrape_assets import __version__
 from scrape_assets.errors import SettingsError
@@ -26,6 +26,7 @@ from scrape_assets.settings import (
     MAX_LOCK_WAIT_S,
     MAX_RESUME_MAX_AGE_H,
     MIN_RESUME_MAX_AGE_H,
+    base_url_problem,
     load_settings,
 )
 from scrape_assets.spec import (
@@ -50,6 +51,9 @@ USER_AGENT = f"scrape_assets/{__version__} (polite catalogue crawler; httpx+aioh
 class SiteResource(dg.ConfigurableResource):
     """The site to scrape and how politely (spec + overrides)."""
 
+    # A refused value is not echoed in the error (a base_url's user info or query may hold a secret).
+    model_config = ConfigDict(hide_input_in_errors=True)
+
     site: str = Field(default="demo", description="shipped spec name or path to a spec YAML")
     base_url: str | None = Field(default=None, description="fetch from this base instead of the spec's (a mirror)")
     requests_per_second: float | None = Field(default=None, gt=0, le=MAX_REQUESTS_PER_SECOND,
@@ -60,6 +64,13 @@ class SiteResource(dg.ConfigurableResource):
                               description="HTTP attempts per page before it is dead-lettered")
     timeout_s: float = Field(default=20.0, gt=0, description="per-request timeout in seconds")
     user_agent: str = Field(default=USER_AGENT, description="the User-Agent header: printable ASCII, a contact in it")
+
+    @field_validator("base_url")
+    @classmethod
+    def _fetchable(cls, value: str | None) -> str | None:  # the same rule as SCRAPE_BASE_URL (run config, launchpad)
+        if value and (problem := base_url_problem(value)):  # empty: the spec's, as unset
+            raise ValueError(f"base_url: expected {problem}")
+        return value
 
     @field_validator("user_agent")
     @classmethod

@@ -137,6 +137,8 @@ def base_url_problem(url: str) -> str | None:
     if "@" in urlsplit(url).netloc:
         # Every page would be refused (credentials are not sent) and the URL stored in manifests and dead letters.
         return "a URL without user:password@ (credentials in URLs are not sent; a site behind a login is out of scope)"
+    if urlsplit(url).query or urlsplit(url).fragment or url.rstrip().endswith(("?", "#")):
+        return "a URL without a query or fragment (pages are resolved against the base URL's path; a query is dropped)"
     return None
 
 

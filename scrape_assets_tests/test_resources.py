@@ -141,6 +141,7 @@ def test_a_setting_out_of_range_or_unsendable_stops_at_start_up(monkeypatch, nam
         ("site", "user_agent", "shop-bot (jörg@example.de)", "character 'ö' (U+00F6) is not printable ASCII"),
         ("site", "base_url", "ftp://mirror.example/", "expected an absolute http(s) URL with a host"),
         ("site", "base_url", "http://u:SECRET@mirror.example/", "expected a URL without user:password@"),
+        ("site", "base_url", "http://mirror.example/?token=SECRET", "expected a URL without a query or fragment"),
         ("store", "lock_wait_s", 1e7, "less than or equal to 86400"),
     ],
 )
@@ -155,7 +156,10 @@ def test_the_launchpad_has_the_bounds_of_the_settings(resource, field, value, ex
     assert field in str(refused.value) and expected in str(refused.value)
     if resource == "site":  # a refused value is not echoed: a base_url's user info may be a password
         assert "SECRET" not in str(refused.value) and "input_value" not in str(refused.value)
-    assert SiteResource(base_url="").fetch_base_url() == SiteResource().fetch_base_url()  # empty: the spec's
+
+
+def test_an_empty_base_url_in_the_launchpad_is_the_specs():
+    assert SiteResource(base_url="").fetch_base_url() == SiteResource().fetch_base_url() == "http://demo.scrape-assets.invalid/"
 
 
 def test_resume_max_age_from_run_config_has_the_settings_bounds(tmp_path):

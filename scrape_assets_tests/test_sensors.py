@@ -194,40 +194,43 @@ def test_a_run_that_failed_outside_any_step_is_alerted_with_its_error(instance, 
 def test_one_alert_a_run_and_none_after_a_forced_termination(instance, webhook_server):
     """Run monitoring fails a run past its dagster/max_runtime, then the run's worker reports
     the interrupted step (a second RUN_FAILURE): one alert. "Force termination" marks a live run
-    canceled, then its worker's failure turns it to FAILURE: a stop by hand, no alert."""
-    from dagster import DagsterEventType
+    canceled, then its worker's failure turns it to FAILURE: a stop by hand, no alert. Through
+    the sensor's ticks, as the daemon runs it: both failures of a run in one tick."""
+    from dagster._core.events import DagsterEvent, RunFailureReason
     from dagster._core.test_utils import create_run_for_test
 
     from scrape_assets.defs.sensors import needs_no_alert
 
-    def failures(run):
-        return [e.dagster_event for e in instance.all_logs(run.run_id, of_type=DagsterEventType.RUN_FAILURE)]
+    resources = {"alerts": AlertsResource(webhook_url=webhook_server.url)}
 
-    def evaluate(run, failure):
-        context = dg.build_run_status_sensor_context(
-            sensor_name="run_failure_alert_sensor", dagster_instance=instance, dagster_run=run, dagster_event=failure,
-            resources={"alerts": AlertsResource(webhook_url=webhook_server.url)},
-        ).for_run_failure()
-        return run_failure_alert_sensor(context)
+    def tick(cursor):
+        data = run_failure_alert_sensor.evaluate_tick(
+            dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources))
+        return data.cursor  # (Dagster refuses, raising, a tick whose failures got a SkipReason and a reaction)
 
-    timed_out = create_run_for_test(instance, job_name="daily_scrape_job", status=dg.DagsterRunStatus.STARTED)
-    instance.report_run_failed(timed_out, "Exceeded maximum runtime of 25 seconds.")
-    instance.report_run_failed(timed_out, 'Execution of run for "daily_scrape_job" failed. Steps failed: [\'raw_pages\'].')
-    first, second = failures(timed_out)
-    assert evaluate(timed_out, first) is None and evaluate(timed_out, second).skip_message.startswith(
-        f"run {timed_out.run_id[:8]}: failed before (alerted then)")
-    (alert,) = webhook_server.received
-    assert alert["run_id"] == timed_out.run_id and "Exceeded maximum runtime of 25 seconds" in alert["text"]
+    def worker_failure(run):  # what the run's own worker reports (its pid on the event)
+        event = DagsterEvent.job_failure(run.job_name, "Steps failed: ['raw_pages'].", RunFailureReason.STEP_FAILURE)
+        instance.report_dagster_event(event, run.run_id)
 
-    forced = create_run_for_test(instance, job_name="daily_scrape_job", status=dg.DagsterRunStatus.STARTED)
+    def new_run():
+        return create_run_for_test(instance, job_name="daily_scrape_job", status=dg.DagsterRunStatus.STARTED)
+
+    cursor = tick(None)
+    timed_out, forced, raced = new_run(), new_run(), new_run()
+    instance.report_run_failed(timed_out, "Exceeded maximum runtime of 25 seconds.")  # run monitoring
+    worker_failure(timed_out)
     instance.report_run_canceled(forced, "This pipeline was forcibly marked as canceled from outside the execution "
                                          "context.")
-    instance.report_run_failed(forced, 'Execution of run for "daily_scrape_job" failed. Steps failed: [\'raw_pages\'].')
-    (failure,) = failures(forced)
-    assert "canceled by hand" in evaluate(forced, failure).skip_message
-    assert len(webhook_server.received) == 1
-    # An event the run's log does not hold (a sensor's own test context): alerted, never lost.
-    assert needs_no_alert(instance, forced.run_id, first) is None
+    worker_failure(forced)
+    # The worker stopped (RUN_CANCELED) before run monitoring reported the timeout: still alerted.
+    instance.report_run_canceled(raced, "Run was canceled.")
+    instance.report_run_failed(raced, "Exceeded maximum runtime of 25 seconds.")
+    cursor = tick(tick(cursor))
+    assert [a["run_id"] for a in webhook_server.received] == [timed_out.run_id, raced.run_id]
+    assert all("Exceeded maximum runtime of 25 seconds" in a["text"] for a in webhook_server.received)
+    # A failure the run's log does not hold: alerted, never lost.
+    stray = DagsterEvent.job_failure("daily_scrape_job", "x", RunFailureReason.STEP_FAILURE)
+    assert needs_no_alert(instance, forced.run_id, stray) is None
 
 
 def test_a_run_failed_by_the_schema_check_is_alerted_with_the_categories_and_why(tmp_path, instance, webhook_server):

@@ -164,7 +164,10 @@ def run_failure_alert_sensor(context: dg.RunFailureSensorContext, alerts: Alerts
     One alert a run, none for a deliberate stop (:func:`needs_no_alert`)."""
     run = context.dagster_run
     if quiet := needs_no_alert(context.instance, run.run_id, context.failure_event):
-        return dg.SkipReason(f"run {run.run_id[:8]}: {quiet}")
+        # Logged, not a SkipReason: a tick handling several failures (both of a timed-out run)
+        # must answer each with a reaction (None), or Dagster refuses the whole tick.
+        context.log.info(f"run {run.run_id[:8]}: {quiet}")
+        return None
     message = run_failure_text(
         context.failure_event.message, getattr(context.failure_event.event_specific_data, "error", None),
         step_failure_reasons(context.get_step_failure_events()), schema_check_failures(context.instance, run.run_id))
@@ -178,15 +181,20 @@ def run_failure_alert_sensor(context: dg.RunFailureSensorContext, alerts: Alerts
 def needs_no_alert(instance: dg.DagsterInstance, run_id: str, failure: dg.DagsterEvent) -> str | None:
     """Why the run failure ``failure`` (one of the run's RUN_FAILURE events) gets no alert, or None.
 
-    A run can fail twice: Dagster's run monitoring fails a run past its ``dagster/max_runtime``
-    and interrupts it, then the run's worker reports the interrupted step's failure (a second
-    RUN_FAILURE): the first was alerted. And "Force termination" marks a live run canceled at
-    once, then its worker reports the same step failure, which turns the run to FAILURE: a stop
-    by hand, not a failure to page anyone for. (A plain "Terminate" ends the run CANCELED, no
-    RUN_FAILURE.) When ``failure`` is not found among the run's events, it is alerted.
+    Only a failure the run's worker reported itself (its event has the worker's ``pid``) may
+    go unalerted, and only after an earlier end of the run: Dagster's run monitoring fails a
+    run past its ``dagster/max_runtime`` (an event from outside the run, no ``pid``: alerted)
+    and interrupts it, then the worker reports the interrupted step (a second RUN_FAILURE:
+    the first was alerted, unless the sensor was off or the webhook refused it then). And
+    "Force termination" marks a live run canceled at once, then its worker reports the same
+    step failure, which turns the run to FAILURE: a stop by hand, not a failure to page
+    anyone for. (A plain "Terminate" ends the run CANCELED, no RUN_FAILURE.) A failure not
+    found among the run's events is alerted.
     """
     from dagster import DagsterEventType
 
+    if failure.pid is None:  # reported from outside the run: monitoring, a start timeout...
+        return None
     events = [e.dagster_event for e in instance.all_logs(
         run_id, of_type={DagsterEventType.RUN_FAILURE, DagsterEventType.RUN_CANCELED})]
     if failure not in events:

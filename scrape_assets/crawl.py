@@ -291,13 +291,13 @@ class PartitionCrawler:
         if not manifest.is_complete:  # a complete one is read (and written into) by later stages
             swept += self.store.sweep_temp_files(manifest.prefix)
         self._previous = self._previous_pages(manifest)
-        self._by_hash = {}
-        for m, k in self._previous.values():  # the latest snapshot's copies first
-            if content_hash := m.pages[k].content_hash:
-                self._by_hash.setdefault(content_hash, []).append((m, k))
         self._latest = UNREAD  # used: a later run() reads again
-        if not manifest.is_complete:
+        if not manifest.is_complete:  # pages to fetch: the saved copies they may reuse
             await self._list_saved_copies()
+            self._by_hash = {}
+            for m, k in self._previous.values():  # the latest snapshot's copies first
+                if content_hash := m.pages[k].content_hash:
+                    self._by_hash.setdefault(content_hash, []).append((m, k))
         lost = self._requeue_lost_bodies(manifest) if resumed and not manifest.is_complete else 0
         c = manifest.counts()
         if resumed:

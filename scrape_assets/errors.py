@@ -121,6 +121,7 @@ class FetchConfigChangedError(ManifestError):
         self.differing_keys = differing_keys
         self.changes = dict(changes or {})
         moved = " or from another start URL (the spec moved the category)" if "start_url" in differing_keys else ""
+
         def shown(value) -> str:
             return "absent" if value is ABSENT else repr(value)
 

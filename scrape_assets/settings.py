@@ -134,10 +134,11 @@ def base_url_problem(url: str) -> str | None:
     info or a query may hold a secret)."""
     if not _host(url):
         return "an absolute http(s) URL with a host, e.g. http://127.0.0.1:8000/"
-    if "@" in urlsplit(url).netloc:
+    parts = urlsplit(url)  # parsable: _host read it
+    if "@" in parts.netloc:
         # Every page would be refused (credentials are not sent) and the URL stored in manifests and dead letters.
         return "a URL without user:password@ (credentials in URLs are not sent; a site behind a login is out of scope)"
-    if urlsplit(url).query or urlsplit(url).fragment or url.rstrip().endswith(("?", "#")):
+    if parts.query or parts.fragment or url.rstrip().endswith(("?", "#")):
         return "a URL without a query or fragment (pages are resolved against the base URL's path; a query is dropped)"
     return None
 

@@ -197,9 +197,11 @@ def needs_no_alert(instance: dg.DagsterInstance, run_id: str, failure: dg.Dagste
         return None
     events = [e.dagster_event for e in instance.all_logs(
         run_id, of_type={DagsterEventType.RUN_FAILURE, DagsterEventType.RUN_CANCELED})]
-    if failure not in events:
+    try:
+        at = events.index(failure)
+    except ValueError:
         return None
-    earlier = {event.event_type for event in events[:events.index(failure)] if event is not None}
+    earlier = {event.event_type for event in events[:at] if event is not None}
     if DagsterEventType.RUN_CANCELED in earlier:
         return "canceled by hand (forced termination) before its worker reported this failure: no alert"
     if earlier:

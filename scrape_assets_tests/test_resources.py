@@ -158,6 +158,35 @@ def test_the_launchpad_has_the_bounds_of_the_settings(resource, field, value, ex
         assert "SECRET" not in str(refused.value) and "input_value" not in str(refused.value)
 
 
+@pytest.mark.parametrize(
+    ("field", "good", "bad", "expected"),
+    [
+        ("base_url", "http://mirror.example/", "ftp://mirror.example/", "expected an absolute http(s) URL with a host"),
+        ("user_agent", "acme-prices/1.0 (+mailto:ops@example.com)", "shop-bot (jörg@example.de)",
+         "is not printable ASCII"),
+    ],
+)
+def test_an_env_var_field_is_checked_for_its_value_when_a_run_starts(monkeypatch, field, good, bad, expected):
+    """``SiteResource(base_url=dg.EnvVar("MIRROR"))`` is Dagster's way to read a value at run
+    time: the definition is not refused for the variable's name, the run for a bad value."""
+
+    @dg.asset
+    def probe(site: SiteResource) -> str:
+        return getattr(site, field)
+
+    site = SiteResource(**{field: dg.EnvVar("SCRAPE_TEST_SITE_VALUE")})  # the name alone is no URL: accepted
+    monkeypatch.setenv("SCRAPE_TEST_SITE_VALUE", good)
+    result = dg.materialize([probe], resources={"site": site}, instance=dg.DagsterInstance.ephemeral())
+    assert result.output_for_node("probe") == good
+    monkeypatch.setenv("SCRAPE_TEST_SITE_VALUE", bad)
+    result = dg.materialize([probe], resources={"site": site}, instance=dg.DagsterInstance.ephemeral(),
+                            raise_on_error=False)
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.event_type_value == "RESOURCE_INIT_FAILURE"]
+    assert expected in failure.event_specific_data.error.message
+    assert bad not in failure.event_specific_data.error.message  # not echoed, as in the launchpad
+
+
 def test_an_empty_base_url_in_the_launchpad_is_the_specs():
     assert SiteResource(base_url="").fetch_base_url() == SiteResource().fetch_base_url() == "http://demo.scrape-assets.invalid/"
 

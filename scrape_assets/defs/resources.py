@@ -65,20 +65,23 @@ class SiteResource(dg.ConfigurableResource):
     timeout_s: float = Field(default=20.0, gt=0, description="per-request timeout in seconds")
     user_agent: str = Field(default=USER_AGENT, description="the User-Agent header: printable ASCII, a contact in it")
 
-    @field_validator("base_url")
+    # "wrap" validators see a dg.EnvVar as such (an "after" one gets its name as a plain str):
+    # an EnvVar is checked when a run starts, once Dagster has read the variable's value.
+    @field_validator("base_url", mode="wrap")
     @classmethod
-    def _fetchable(cls, value: str | None) -> str | None:  # the same rule as SCRAPE_BASE_URL (run config, launchpad)
-        if value and (problem := base_url_problem(value)):  # empty: the spec's, as unset
-            raise ValueError(f"base_url: expected {problem}")
-        return value
+    def _fetchable(cls, value, handler) -> str | None:  # the same rule as SCRAPE_BASE_URL (run config, launchpad)
+        checked = handler(value)
+        if not isinstance(value, dg.EnvVar) and checked and (problem := base_url_problem(checked)):
+            raise ValueError(f"base_url: expected {problem}")  # empty: the spec's, as unset
+        return checked
 
-    @field_validator("user_agent")
+    @field_validator("user_agent", mode="wrap")
     @classmethod
-    def _sendable(cls, value: str) -> str:  # the same rule as SCRAPE_USER_AGENT, before any snapshot is opened
-        problem = user_agent_problem(value)
-        if problem:
+    def _sendable(cls, value, handler) -> str:  # the same rule as SCRAPE_USER_AGENT, before any snapshot is opened
+        checked = handler(value)
+        if not isinstance(value, dg.EnvVar) and (problem := user_agent_problem(checked)):
             raise ValueError(f"expected {USER_AGENT_EXPECTED}; this one: {problem}")
-        return value
+        return checked
     proxy_url: str | None = Field(
         default=None, description="http:// forward proxy for all fetches; secret: set via SCRAPE_PROXY_URL"
     )

@@ -15,6 +15,7 @@ import functools
 import operator
 import os
 import random
+import re
 import sqlite3
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
@@ -120,16 +121,18 @@ class Warehouse:
 
     def __init__(self, url: str, *, create: bool = True):
         self.url = url
+        _check_user_info(url)
         try:
             self.engine = sa.create_engine(url)
         except ImportError as exc:  # a valid URL whose database driver is not installed
+            hint = " (pip install -e '.[postgres]')" if getattr(exc, "name", None) == "psycopg" else ""
             raise SettingsError("SCRAPE_WAREHOUSE_URL", redact_url(url),
-                                f"a SQLAlchemy URL whose driver is installed in this environment ({exc})") from exc
+                                f"a SQLAlchemy URL whose driver is installed in this environment ({exc}){hint}") from exc
         except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
             raise SettingsError("SCRAPE_WAREHOUSE_URL", redact_url(url), f"a SQLAlchemy URL ({exc})") from exc
         except ValueError as exc:  # a port that is not a number, or a query value the driver refuses
             try:
-                shown = sa.engine.make_url(url).render_as_string(hide_password=True)
+                shown = shown_url(sa.engine.make_url(url))
             except ValueError:  # the port: its text may be the rest of a password, so nothing of it is shown
                 raise SettingsError("SCRAPE_WAREHOUSE_URL", redact_url(url),
                                     "a SQLAlchemy URL whose port, if any, is a number") from None
@@ -168,8 +171,8 @@ class Warehouse:
         return self.engine.dialect.name == "sqlite"
 
     def describe(self) -> str:
-        """The URL without password, for logs and metadata."""
-        return self.engine.url.render_as_string(hide_password=True)
+        """The URL without its password, for logs and metadata (see :func:`shown_url`)."""
+        return shown_url(self.engine.url)
 
     def unreadable(self, exc: Exception) -> str:
         """One line for a database error met using this warehouse (down, locked, not a database, other tables).
@@ -471,6 +474,39 @@ class Warehouse:
             query = query.where(table.c.category == category)
         with self.engine.connect() as conn:
             return [dict(r._mapping) for r in conn.execute(query)]
+
+
+def shown_url(url: sa.URL) -> str:
+    """``url`` as logs, metadata and errors may show it: no password, no query values.
+
+    The password is ``***``; so is every query parameter's value except SQLite's
+    (``?password=...`` is a password to libpq and psycopg, and a driver may take other
+    secrets there: ``sslpassword``); the parameters' names stay, to say what was set.
+    """
+    if not url.query or url.get_backend_name() == "sqlite":
+        return url.render_as_string(hide_password=True)
+    hidden = "&".join(f"{name}=***" for name in sorted(url.query))
+    return f"{url.set(query={}).render_as_string(hide_password=True)}?{hidden}"
+
+
+def _check_user_info(url: str) -> None:
+    """Refuse a URL whose user name or password holds an unencoded ``@`` (nothing of it shown).
+
+    SQLAlchemy splits ``postgresql://scraper:Pa55@word@db.internal/shop`` at the first
+    ``@``: the password would be "Pa55" and the host "word@db.internal", which a driver
+    error would then print. RFC 3986 section 3.2.1: user info is percent-encoded.
+
+    Raises:
+        SettingsError: naming ``SCRAPE_WAREHOUSE_URL``.
+    """
+    scheme, sep, rest = url.partition("://")
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    if sep and authority.count("@") > 1:
+        raise SettingsError(
+            "SCRAPE_WAREHOUSE_URL", f"{scheme}://<hidden>",
+            "a URL whose user name and password are percent-encoded ('@' as %40, ':' as %3A, '/' as %2F), "
+            "or the password left out of the URL and set in PGPASSWORD (PostgreSQL)",
+        )
 
 
 def database_error(exc: Exception) -> str:

@@ -124,3 +124,22 @@ def test_processes_creating_the_tables_at_once_all_succeed(postgres_url):
     assert errors == []
     assert Warehouse(postgres_url, create=False).existing_tables() == {
         "products", "dead_letters", "price_history", "partition_loads", "warehouse_site"}
+
+
+def test_a_password_in_the_urls_query_is_in_no_event_nor_message(tmp_path, instance, postgres_url):
+    """libpq takes ``?password=`` as the password; the run's metadata, events and errors show ``***``.
+
+    (The test server trusts its socket's users, so the password is accepted and unused.)
+    """
+    url = f"{postgres_url}&password=SECRET-PW"
+    result = materialize(instance, _on_postgres(tmp_path, url), ["travel"])
+    assert result.success
+    shown = run_metadata(result)["products_table"]["warehouse"]
+    assert shown.startswith("postgresql+psycopg://postgres@/t_") and shown.endswith("?host=***&password=***")
+    logged = [str(record) for record in instance.all_logs(result.run_id)]
+    assert logged and not [line for line in logged if "SECRET-PW" in line]
+    wh = Warehouse(url.replace("/t_", "/no_such_db_"))  # the server refuses it: the error names the URL
+    with pytest.raises(Exception) as refused:
+        wh.existing_tables()
+    message = wh.unreadable(refused.value)
+    assert "no_such_db_" in message and "SECRET-PW" not in message

@@ -12,6 +12,7 @@ from decimal import Decimal
 import pytest
 import sqlalchemy as sa
 
+from scrape_assets.errors import SettingsError
 from scrape_assets.warehouse import (
     Warehouse,
     dead_letters,
@@ -593,3 +594,37 @@ class _DriverError(Exception):
 )
 def test_may_recover_reads_the_sqlstate_class_of_a_postgresql_error(error, recoverable):
     assert may_recover(error) is recoverable
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://scraper:hunter2@db.internal:5432/shop", "postgresql://scraper:***@db.internal:5432/shop"),
+        ("postgresql://scraper@db.internal/shop?password=hunter2&sslmode=require",
+         "postgresql://scraper@db.internal/shop?password=***&sslmode=***"),
+        ("sqlite:////data/warehouse.db", "sqlite:////data/warehouse.db"),
+    ],
+)
+def test_a_warehouse_is_described_without_its_password_wherever_the_url_holds_it(url, shown):
+    """``describe()`` feeds logs, run metadata and errors: libpq takes ``?password=`` too."""
+    assert Warehouse(url).describe() == shown
+
+
+def test_an_unencoded_at_sign_in_the_password_is_refused_showing_none_of_it():
+    """SQLAlchemy would split ``Pa55@word`` at its ``@``: password "Pa55", host "word@db...",
+    and the driver's "failed to resolve host" would print the rest of the password."""
+    with pytest.raises(SettingsError) as refused:
+        Warehouse("postgresql://scraper:Pa55@SECRET-TAIL@db.internal:5432/shop")
+    message = str(refused.value)
+    assert "SCRAPE_WAREHOUSE_URL" in message and "%40" in message and "PGPASSWORD" in message
+    assert "SECRET" not in message and "Pa55" not in message
+    assert Warehouse("postgresql://scraper:Pa55%40SECRET@db.internal/shop?options=a@b").describe() == \
+        "postgresql://scraper:***@db.internal/shop?options=***"
+
+
+def test_a_missing_postgresql_driver_names_the_extra_that_installs_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # "import psycopg" now fails as if not installed
+    with pytest.raises(SettingsError) as refused:
+        Warehouse("postgresql://scraper:hunter2@db.internal/shop")
+    assert "driver is installed" in str(refused.value) and "pip install -e '.[postgres]'" in str(refused.value)
+    assert "hunter2" not in str(refused.value)

@@ -95,6 +95,10 @@ class StorageError(ScrapeError):
         super().__init__(f"{location}: {message}")
 
 
+class MissingBucketError(StorageError):
+    """The object store's bucket does not exist (S3's NoSuchBucket): no retry creates it."""
+
+
 class ManifestError(ScrapeError):
     """A manifest cannot be read, or does not belong to the partition it was loaded for."""
 

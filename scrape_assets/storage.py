@@ -32,7 +32,7 @@ from urllib.parse import urlsplit, urlunsplit
 from upath import UPath
 
 from scrape_assets.crashpoints import crashpoint
-from scrape_assets.errors import StorageError
+from scrape_assets.errors import MissingBucketError, StorageError
 
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,127}$")
 TEMP_SUFFIX = ".tmp"
@@ -230,7 +230,8 @@ class ObjectStore:
                     with self._errors("", "bucket check", (FileNotFoundError, PermissionError)):
                         self.root.fs.info(bucket)  # not fs.exists: it answers False for any error
                 except FileNotFoundError:
-                    raise self._error("", f"bucket {bucket!r} does not exist: create it, or fix the URL") from None
+                    raise self._error("", f"bucket {bucket!r} does not exist: create it, or fix the URL",
+                                      MissingBucketError) from None
                 except PermissionError:
                     # A policy may grant the prefix and not the bucket (HeadBucket), or the keys
                     # are wrong (S3 says 403 to both): one listing of the root tells them apart.
@@ -467,9 +468,9 @@ class ObjectStore:
             detail += f" ({hint})"
         return detail
 
-    def _error(self, key: str, message: str) -> StorageError:
-        """A StorageError at ``key`` (the root itself when empty), knowing the root it is under."""
-        error = StorageError(f"{self.describe()}/{key}" if key else self.describe(), message)
+    def _error(self, key: str, message: str, cls: type[StorageError] = StorageError) -> StorageError:
+        """A StorageError (or ``cls``) at ``key`` (the root itself when empty), knowing the root it is under."""
+        error = cls(f"{self.describe()}/{key}" if key else self.describe(), message)
         error.root = self.describe()
         return error
 

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 
 import pytest
 
+from scrape_assets.defs.assets.raw_pages import storage_refused
 from scrape_assets.errors import StorageError
 from scrape_assets.manifest import has_snapshot, latest_manifest, list_snapshots
 from scrape_assets.storage import ObjectStore
@@ -241,6 +242,7 @@ def test_an_unreachable_endpoint_or_a_missing_bucket_is_a_storage_error_naming_t
         missing.ensure_writable()
     assert str(caught.value) == (f"s3://{name}-missing/objects: bucket '{name}-missing' does not exist: create it, "
                                  "or fix the URL")
+    assert storage_refused(caught.value)  # raw_pages fails at once: its RetryPolicy would not create the bucket
     with pytest.raises(StorageError, match=r"write failed"):
         missing.write_bytes_atomic("demo/travel/x.json", b"{}")
     assert f"{name}-missing" not in [b["Name"] for b in client.list_buckets()["Buckets"]]  # no bucket made by mistake

@@ -16,7 +16,14 @@ from scrape_assets.defs.assets.partition_metadata import add_per_category
 from scrape_assets.defs.partitions import category_partitions, run_categories
 from scrape_assets.defs.pools import configured_host_pool
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource
-from scrape_assets.errors import FetchConfigChangedError, PartitionLockedError, SettingsError, SpecError, StorageError
+from scrape_assets.errors import (
+    FetchConfigChangedError,
+    MissingBucketError,
+    PartitionLockedError,
+    SettingsError,
+    SpecError,
+    StorageError,
+)
 from scrape_assets.gc_tuning import freeze_again
 from scrape_assets.interrupts import CrawlInterrupted, run_interruptible
 from scrape_assets.manifest import Manifest, latest_manifest, resume_conflict
@@ -115,10 +122,11 @@ def storage_refused(exc: StorageError) -> bool:
 
     True for a refusal (no permission: ``PermissionError``, which s3fs also raises for S3's
     AccessDenied; a read-only file system), a path that cannot become a folder (a file in
-    the way: ENOTDIR, EEXIST) and a missing filesystem driver (s3fs not installed). Anything
-    else (a remote store not answering, a full disk being cleaned) may pass: False.
+    the way: ENOTDIR, EEXIST), a missing filesystem driver (s3fs not installed) and a
+    missing bucket. Anything else (a remote store not answering, a full disk being cleaned)
+    may pass: False.
     """
-    return refusal(exc.__cause__)
+    return isinstance(exc, MissingBucketError) or refusal(exc.__cause__)
 
 
 class InterruptedRunSnapshots:

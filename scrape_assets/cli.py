@@ -385,7 +385,8 @@ def pool_holders_notice(instance, pool: str | None) -> str | None:
         holders.append(f"{run_id} ({run.status.value.lower() if run else 'not a run of this instance'})")
     return (f"scrape-assets: raw_pages will wait for the pool {pool} (one fetching step per host), held by run "
             f"{', '.join(holders)}: if that run was killed, free its slot from its page in the UI (`make ui`, \"Free "
-            "concurrency slots\"); until then this process waits, using a core (Ctrl-C does not stop it: kill it)")
+            "concurrency slots\") or with `scrape-assets fail-run RUN_ID`; until then this process waits, using a "
+            "core (Ctrl-C does not stop it: kill it)")
 
 
 #: Tags of a ``scrape-assets demo`` run: who launched it, and the process and host running it,
@@ -478,6 +479,48 @@ def fail_dead_demo_runs(instance) -> list[str]:
         lines.append(f"scrape-assets: run {run.run_id}, left started by a {DEMO_LAUNCHER} that is gone (pid {pid}), "
                      "marked failed")
     return lines
+
+
+def run_fail_run(run_id: str) -> int:
+    """``scrape-assets fail-run RUN_ID``: mark failed a run whose process is gone, free its slots.
+
+    What the UI's "Terminate" and "Free concurrency slots" do, for a machine without the UI
+    (CI with an instance that outlives its jobs): a ``dagster asset materialize`` killed
+    with SIGKILL on S3 storage stays "started" holding its host's pool slot, and the next
+    run waits for it (the README's "Runs and limits"). The operator says the process is
+    gone; only a ``scrape-assets demo`` run's process can be checked here (same machine and
+    boot), and one still running is refused. A run already ended only has its slots freed.
+    The failure is the instance's (``RUN_FAILURE`` with the reason), so the alert sensor
+    reports it. Returns 0, or 2 for an unknown run or a demo process still running.
+    """
+    import dagster as dg
+
+    with _instance() as instance:
+        run = instance.get_run_by_id(run_id)
+        if run is None:
+            raise ScrapeError(f"no run {run_id} on the Dagster instance at {os.environ['DAGSTER_HOME']} "
+                              "(DAGSTER_HOME): expected the id of one of its runs, as the UI or `dagster run list` shows")
+        ended = run.status not in (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
+        if not ended:
+            if run.tags.get(PROCESS_TAG) and _demo_process_gone(run.tags[PROCESS_TAG]) is False:
+                raise ScrapeError(f"run {run_id} is {run.status.value.lower()} and its {DEMO_LAUNCHER} process "
+                                  f"(pid {run.tags.get(PID_TAG, '?')}) is still running: stop that process instead "
+                                  "(Ctrl-C), or terminate the run from the UI")
+            instance.report_run_failed(run, message="marked failed with `scrape-assets fail-run`: its process is "
+                                                    "gone, said the operator")
+        pools = _pools_held(instance, run_id)
+        instance.event_log_storage.free_concurrency_slots_for_run(run_id)
+    status = f"was already {run.status.value.lower()}" if ended else f"was {run.status.value.lower()}, now failed"
+    freed = f"freed its slot in {', '.join(pools)}" if pools else "it held no concurrency slot"
+    print(f"scrape-assets: run {run_id} {status}; {freed}")
+    return 0
+
+
+def _pools_held(instance, run_id: str) -> list[str]:
+    """The pools in which ``run_id`` holds a concurrency slot, sorted."""
+    storage = instance.event_log_storage
+    return sorted(key for key in storage.get_concurrency_keys()
+                  if any(slot.run_id == run_id for slot in storage.get_concurrency_info(key).claimed_slots))
 
 
 def run_demo(new_snapshot: bool = False) -> int:
@@ -731,6 +774,9 @@ def main(argv: list[str] | None = None) -> int:
     prune.add_argument("--keep", type=_at_least_one, required=True, metavar="N",
                        help="complete snapshots to keep per category (>= 1)")
     prune.add_argument("--dry-run", action="store_true", help="report what would be deleted; delete nothing")
+    fail_run = command("fail-run", "mark failed a run left started by a killed process and free its concurrency "
+                                   "slots (the UI's Terminate and Free concurrency slots)")
+    fail_run.add_argument("run_id", metavar="RUN_ID", help="the run's id, as the UI or `dagster run list` shows it")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -740,6 +786,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_serve_demo(args.host, args.port, args.faults)
         if args.command == "prune":
             return run_prune(args.keep, args.dry_run)
+        if args.command == "fail-run":
+            return run_fail_run(args.run_id)
         if args.command == "categories":
             return _to_a_reader(run_categories_command)
         if args.command == "summary":

@@ -669,6 +669,48 @@ def test_a_demo_killed_outright_leaves_no_run_started_after_the_next_demo(tmp_pa
     assert "38/38 pages done" in again.stderr  # the killed run's pages resumed, the day completed
 
 
+def test_fail_run_marks_a_killed_run_failed_and_frees_its_pool_slot(tmp_path, monkeypatch, capsys):
+    """Without the UI (CI sharing an instance): a run killed on S3 storage holds its host's
+    pool slot while "started"; `scrape-assets fail-run` does what Terminate and "Free
+    concurrency slots" do, and refuses a demo run whose process still runs."""
+    from scrape_assets import cli
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    pool = "scrape-host-127.0.0.1:8000"
+    with cli._instance() as instance:
+        def started(run_id: str, **tags) -> None:
+            instance.add_run(dg.DagsterRun(job_name="daily_scrape_job", run_id=run_id, tags=tags,
+                                           status=dg.DagsterRunStatus.STARTED))
+
+        started("killed-run")
+        started("live-demo-run", **{cli.PROCESS_TAG: cli.process_identity(), cli.PID_TAG: str(os.getpid())})
+        storage = instance.event_log_storage
+        storage.set_concurrency_slots(pool, 1)
+        assert storage.claim_concurrency_slot(pool, "killed-run", "raw_pages").is_claimed
+        assert not storage.claim_concurrency_slot(pool, "next-run", "raw_pages").is_claimed  # it would wait
+        storage.free_concurrency_slot_for_step("next-run", "raw_pages")  # the pending claim, not a slot
+
+    assert cli.main(["fail-run", "killed-run"]) == 0
+    assert capsys.readouterr().out == f"scrape-assets: run killed-run was started, now failed; freed its slot in {pool}\n"
+    with cli._instance() as instance:
+        assert instance.get_run_by_id("killed-run").status == dg.DagsterRunStatus.FAILURE
+        (failure,) = instance.all_logs("killed-run", of_type=dg.DagsterEventType.RUN_FAILURE)
+        assert "marked failed with `scrape-assets fail-run`" in failure.message
+        assert instance.event_log_storage.claim_concurrency_slot(pool, "next-run", "raw_pages").is_claimed
+
+    assert cli.main(["fail-run", "killed-run"]) == 0  # again: nothing left to do, and it says so
+    assert capsys.readouterr().out == "scrape-assets: run killed-run was already failure; it held no concurrency slot\n"
+    assert cli.main(["fail-run", "live-demo-run"]) == 2
+    assert capsys.readouterr().err == (
+        f"scrape-assets: error: run live-demo-run is started and its scrape-assets demo process (pid {os.getpid()}) "
+        "is still running: stop that process instead (Ctrl-C), or terminate the run from the UI\n")
+    assert cli.main(["fail-run", "no-such-run"]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"scrape-assets: error: no run no-such-run on the Dagster instance at {tmp_path / 'home'} (DAGSTER_HOME)")
+    with cli._instance() as instance:
+        assert instance.get_run_by_id("live-demo-run").status == dg.DagsterRunStatus.STARTED
+
+
 def test_a_demo_run_is_marked_failed_only_if_its_process_is_gone():
     """Exactly: the same boot, pid namespace, number and start time is the same process."""
     from scrape_assets import cli
@@ -814,8 +856,8 @@ def test_the_demo_says_up_front_which_run_holds_the_host_pool_it_will_wait_for(i
     assert pool_holders_notice(instance, pool) == (
         "scrape-assets: raw_pages will wait for the pool scrape-host-127.0.0.1:8000 (one fetching step per host), held "
         "by run 0f0f0f0f-dead-run (not a run of this instance): if that run was killed, free its slot from its page in "
-        "the UI (`make ui`, \"Free concurrency slots\"); until then this process waits, using a core (Ctrl-C does not "
-        "stop it: kill it)")
+        "the UI (`make ui`, \"Free concurrency slots\") or with `scrape-assets fail-run RUN_ID`; until then this process "
+        "waits, using a core (Ctrl-C does not stop it: kill it)")
     instance.event_log_storage.free_concurrency_slots_for_run("0f0f0f0f-dead-run")
     assert pool_holders_notice(instance, pool) is None
 

@@ -15,7 +15,6 @@ import functools
 import operator
 import os
 import random
-import re
 import sqlite3
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
@@ -476,32 +475,48 @@ class Warehouse:
             return [dict(r._mapping) for r in conn.execute(query)]
 
 
-def shown_url(url: sa.URL) -> str:
-    """``url`` as logs, metadata and errors may show it: no password, no query values.
+#: Query parameters whose values logs, metadata and errors may show: libpq's connection
+#: target and TLS mode, which say which server failed (``?host=`` is how several hosts or a
+#: Unix socket are given). Every other value is hidden.
+_SHOWN_QUERY_KEYS = frozenset({"host", "hostaddr", "port", "sslmode", "connect_timeout", "application_name",
+                               "target_session_attrs"})
 
-    The password is ``***``; so is every query parameter's value except SQLite's
-    (``?password=...`` is a password to libpq and psycopg, and a driver may take other
-    secrets there: ``sslpassword``); the parameters' names stay, to say what was set.
+
+def shown_url(url: sa.URL) -> str:
+    """``url`` as logs, metadata and errors may show it: no password, no secret query values.
+
+    The password is ``***``; so is the value of every query parameter other than
+    :data:`_SHOWN_QUERY_KEYS` (``?password=...`` is a password to libpq and psycopg, and a
+    driver may take other secrets there: ``sslpassword``), except SQLite's; the
+    parameters' names stay, to say what was set.
     """
     if not url.query or url.get_backend_name() == "sqlite":
         return url.render_as_string(hide_password=True)
-    hidden = "&".join(f"{name}=***" for name in sorted(url.query))
-    return f"{url.set(query={}).render_as_string(hide_password=True)}?{hidden}"
+    shown = url.set(query={k: v for k, v in url.query.items() if k in _SHOWN_QUERY_KEYS})
+    rendered = shown.render_as_string(hide_password=True)
+    hidden = "&".join(f"{name}=***" for name in sorted(url.query) if name not in _SHOWN_QUERY_KEYS)
+    return f"{rendered}{'&' if shown.query else '?'}{hidden}" if hidden else rendered
 
 
 def _check_user_info(url: str) -> None:
-    """Refuse a URL whose user name or password holds an unencoded ``@`` (nothing of it shown).
+    """Refuse a URL whose password holds an unencoded ``@`` (nothing of it shown).
 
-    SQLAlchemy splits ``postgresql://scraper:Pa55@word@db.internal/shop`` at the first
-    ``@``: the password would be "Pa55" and the host "word@db.internal", which a driver
-    error would then print. RFC 3986 section 3.2.1: user info is percent-encoded.
+    SQLAlchemy takes the password up to the first ``@`` after the user name:
+    ``postgresql://scraper:Pa55@word@db.internal/shop`` would have the password "Pa55" and
+    the host "word@db.internal", which a driver error would then print. So the check is on
+    the host SQLAlchemy parsed (an ``@`` in a user name, ``user@server:pw@host``, parses
+    right and passes). RFC 3986 section 3.2.1: user info is percent-encoded. A URL
+    SQLAlchemy cannot parse is left to :class:`Warehouse`, which shows none of it.
 
     Raises:
         SettingsError: naming ``SCRAPE_WAREHOUSE_URL``.
     """
-    scheme, sep, rest = url.partition("://")
-    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
-    if sep and authority.count("@") > 1:
+    try:
+        host = sa.engine.make_url(url).host or ""
+    except (sa.exc.ArgumentError, ValueError):
+        return
+    if "@" in host:
+        scheme = url.partition("://")[0]
         raise SettingsError(
             "SCRAPE_WAREHOUSE_URL", f"{scheme}://<hidden>",
             "a URL whose user name and password are percent-encoded ('@' as %40, ':' as %3A, '/' as %2F), "

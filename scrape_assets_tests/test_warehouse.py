@@ -601,7 +601,9 @@ def test_may_recover_reads_the_sqlstate_class_of_a_postgresql_error(error, recov
     [
         ("postgresql://scraper:hunter2@db.internal:5432/shop", "postgresql://scraper:***@db.internal:5432/shop"),
         ("postgresql://scraper@db.internal/shop?password=hunter2&sslmode=require",
-         "postgresql://scraper@db.internal/shop?password=***&sslmode=***"),
+         "postgresql://scraper@db.internal/shop?sslmode=require&password=***"),  # the target shown, secrets not
+        ("postgresql://scraper@/shop?host=/run/pg&sslpassword=hunter2", "postgresql://scraper@/shop?host=%2Frun%2Fpg&sslpassword=***"),
+        ("postgresql://scraper@azure-srv:hunter2@db.internal/shop", "postgresql://scraper%40azure-srv:***@db.internal/shop"),
         ("sqlite:////data/warehouse.db", "sqlite:////data/warehouse.db"),
     ],
 )
@@ -610,11 +612,12 @@ def test_a_warehouse_is_described_without_its_password_wherever_the_url_holds_it
     assert Warehouse(url).describe() == shown
 
 
-def test_an_unencoded_at_sign_in_the_password_is_refused_showing_none_of_it():
+@pytest.mark.parametrize("password", ["Pa55@SECRET-TAIL", "Pa55/x@SECRET-TAIL", "Pa55?x@SECRET-TAIL", "Pa55#x@SECRET-TAIL"])
+def test_an_unencoded_at_sign_in_the_password_is_refused_showing_none_of_it(password):
     """SQLAlchemy would split ``Pa55@word`` at its ``@``: password "Pa55", host "word@db...",
     and the driver's "failed to resolve host" would print the rest of the password."""
     with pytest.raises(SettingsError) as refused:
-        Warehouse("postgresql://scraper:Pa55@SECRET-TAIL@db.internal:5432/shop")
+        Warehouse(f"postgresql://scraper:{password}@db.internal:5432/shop")
     message = str(refused.value)
     assert "SCRAPE_WAREHOUSE_URL" in message and "%40" in message and "PGPASSWORD" in message
     assert "SECRET" not in message and "Pa55" not in message

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 import threading
 import uuid
@@ -17,6 +18,13 @@ import pytest
 for _name in [n for n in os.environ if n.startswith("SCRAPE_")]:
     del os.environ[_name]
 os.environ["SCRAPE_DATA_DIR"] = tempfile.mkdtemp(prefix="scrape-assets-tests-")
+
+# A shell without job control (a CI script, `nohup make test &`) starts the suite with SIGINT
+# ignored, which every child inherits, and a Python started so never raises KeyboardInterrupt:
+# the tests that stop a child with Ctrl-C (serve-demo) would wait for it in vain. With a
+# handler here, children start with SIGINT's default disposition, as at a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REALDATA = REPO_ROOT.parent / "shared" / "realdata" / "books.toscrape.com"

@@ -34,7 +34,6 @@ from scrape_assets.demo_site import (
     respond,
 )
 from scrape_assets.spec import load_spec
-from scrape_assets_tests import sigint_as_at_a_terminal
 
 DAY = datetime.date(2024, 5, 1)
 NEXT_DAY = datetime.date(2024, 5, 2)
@@ -342,8 +341,7 @@ def test_request_log_counts_requests_per_path(server):
 def test_serve_forever_prints_its_address_and_stops_on_ctrl_c():
     code = "from scrape_assets.demo_site import serve_forever; serve_forever('127.0.0.1', 0)"
     env = {**os.environ, DATE_ENV_VAR: DAY.isoformat()}
-    process = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True,
-                               preexec_fn=sigint_as_at_a_terminal)
+    process = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
     try:
         line = process.stdout.readline()
         match = re.fullmatch(r"demo catalogue on (http://127\.0\.0\.1:\d+/) \(12 categories, 38 pages; day "

@@ -37,7 +37,6 @@ from scrape_assets.faults import (
     parse_fault_spec,
     retry_after_waits,
 )
-from scrape_assets_tests import sigint_as_at_a_terminal
 from scrape_assets_tests.fault_scenarios import (
     CATEGORIES,
     DAY,
@@ -545,7 +544,7 @@ def test_serve_demo_with_faults_applies_them_and_stops_on_ctrl_c(tmp_path):
     cli = Path(sys.executable).with_name("scrape-assets")
     env = {**os.environ, "SCRAPE_DEMO_DATE": DAY.isoformat()}
     process = subprocess.Popen([str(cli), "serve-demo", "--port", "0", "--faults", str(spec)], env=env,
-                               stdout=subprocess.PIPE, text=True, preexec_fn=sigint_as_at_a_terminal)
+                               stdout=subprocess.PIPE, text=True)
     try:
         line = process.stdout.readline()
         match = re.fullmatch(

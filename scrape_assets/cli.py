@@ -458,7 +458,8 @@ def fail_dead_demo_runs(instance) -> list[str]:
     Judged only when the run's process ran on this boot of this kernel in this pid
     namespace (:data:`PROCESS_TAG`): runs of other machines, containers or boots, of other
     launchers, and of demo processes still running are left alone. The failure is the
-    instance's (``RUN_FAILURE`` event with the reason), so the run-failure alert reports it.
+    instance's (``RUN_FAILURE`` event with the reason); a demo run belongs to no code
+    location, so the run-failure alert sensor does not see it (the README's "Alerts").
     """
     import dagster as dg
 
@@ -482,37 +483,54 @@ def fail_dead_demo_runs(instance) -> list[str]:
 
 
 def run_fail_run(run_id: str) -> int:
-    """``scrape-assets fail-run RUN_ID``: mark failed a run whose process is gone, free its slots.
+    """``scrape-assets fail-run RUN_ID``: end a run whose process is gone, free its slots.
 
-    What the UI's "Terminate" and "Free concurrency slots" do, for a machine without the UI
-    (CI with an instance that outlives its jobs): a ``dagster asset materialize`` killed
-    with SIGKILL on S3 storage stays "started" holding its host's pool slot, and the next
-    run waits for it (the README's "Runs and limits"). The operator says the process is
-    gone; only a ``scrape-assets demo`` run's process can be checked here (same machine and
-    boot), and one still running is refused. A run already ended only has its slots freed.
-    The failure is the instance's (``RUN_FAILURE`` with the reason), so the alert sensor
-    reports it. Returns 0, or 2 for an unknown run or a demo process still running.
+    The UI's "Free concurrency slots" (and Terminate's end of the run), for a machine
+    without the UI (CI with an instance that outlives its jobs): a ``dagster asset
+    materialize`` killed with SIGKILL on S3 storage stays "started" holding its host's pool
+    slot, and the next run waits for it (the README's "Runs and limits"). A run "starting"
+    or "started" is marked failed (``RUN_FAILURE`` with the reason; the alert sensor sees
+    it only for runs the daemon or the UI launched: command-line runs belong to no code
+    location); one stuck "canceling" is marked canceled. The operator says the process is
+    gone: only a ``scrape-assets demo`` run's process can be checked (same machine, boot
+    and pid namespace), and one still running is refused. A run that ended only has its
+    slots freed. Prints what it did; returns 0.
+
+    Raises:
+        ScrapeError: no such run (the full id is needed), a run queued or not started
+            (nothing to free: delete it), or a demo run whose process still runs.
     """
     import dagster as dg
 
+    live = (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING)
+    reason = "ended with `scrape-assets fail-run`: its process is gone, said the operator"
     with _instance() as instance:
         run = instance.get_run_by_id(run_id)
         if run is None:
             raise ScrapeError(f"no run {run_id} on the Dagster instance at {os.environ['DAGSTER_HOME']} "
-                              "(DAGSTER_HOME): expected the id of one of its runs, as the UI or `dagster run list` shows")
-        ended = run.status not in (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
-        if not ended:
+                              "(DAGSTER_HOME): expected the full id of one of its runs, as the run's page in the UI "
+                              "or `dagster run list` shows it")
+        status = run.status.value.lower()
+        if run.status in (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED):
+            raise ScrapeError(f"run {run_id} is {status}: it has not started and holds no slot; delete it from the UI "
+                              f"or with `dagster run delete {run_id}` if it should not start")
+        if run.status in live:
             if run.tags.get(PROCESS_TAG) and _demo_process_gone(run.tags[PROCESS_TAG]) is False:
-                raise ScrapeError(f"run {run_id} is {run.status.value.lower()} and its {DEMO_LAUNCHER} process "
+                raise ScrapeError(f"run {run_id} is {status} and its {DEMO_LAUNCHER} process "
                                   f"(pid {run.tags.get(PID_TAG, '?')}) is still running: stop that process instead "
                                   "(Ctrl-C), or terminate the run from the UI")
-            instance.report_run_failed(run, message="marked failed with `scrape-assets fail-run`: its process is "
-                                                    "gone, said the operator")
+            if run.status == dg.DagsterRunStatus.CANCELING:
+                instance.report_run_canceled(run, message=reason)
+            else:
+                instance.report_run_failed(run, message=reason)
         pools = _pools_held(instance, run_id)
         instance.event_log_storage.free_concurrency_slots_for_run(run_id)
-    status = f"was already {run.status.value.lower()}" if ended else f"was {run.status.value.lower()}, now failed"
-    freed = f"freed its slot in {', '.join(pools)}" if pools else "it held no concurrency slot"
-    print(f"scrape-assets: run {run_id} {status}; {freed}")
+    if run.status in live:
+        done = f"was {status}, now {'canceled' if run.status == dg.DagsterRunStatus.CANCELING else 'failed'}"
+    else:
+        done = f"had already ended ({status})"
+    freed = f"freed its slot{'s' if len(pools) > 1 else ''} in {', '.join(pools)}" if pools else "it held no slot"
+    print(f"scrape-assets: run {run_id} {done}; {freed}")
     return 0
 
 
@@ -775,8 +793,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="complete snapshots to keep per category (>= 1)")
     prune.add_argument("--dry-run", action="store_true", help="report what would be deleted; delete nothing")
     fail_run = command("fail-run", "mark failed a run left started by a killed process and free its concurrency "
-                                   "slots (the UI's Terminate and Free concurrency slots)")
-    fail_run.add_argument("run_id", metavar="RUN_ID", help="the run's id, as the UI or `dagster run list` shows it")
+                                   "slots (the UI's Free concurrency slots)")
+    fail_run.add_argument("run_id", metavar="RUN_ID",
+                          help="the run's full id, as its page in the UI or `dagster run list` shows it")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:

@@ -671,44 +671,55 @@ def test_a_demo_killed_outright_leaves_no_run_started_after_the_next_demo(tmp_pa
 
 def test_fail_run_marks_a_killed_run_failed_and_frees_its_pool_slot(tmp_path, monkeypatch, capsys):
     """Without the UI (CI sharing an instance): a run killed on S3 storage holds its host's
-    pool slot while "started"; `scrape-assets fail-run` does what Terminate and "Free
-    concurrency slots" do, and refuses a demo run whose process still runs."""
+    pool slot while "started"; `scrape-assets fail-run` ends it and frees the slot, and
+    refuses a demo run whose process still runs and a run that has not started."""
     from scrape_assets import cli
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
-    pool = "scrape-host-127.0.0.1:8000"
+    pool, other = "scrape-host-127.0.0.1:8000", "scrape-host-mirror.example"
     with cli._instance() as instance:
-        def started(run_id: str, **tags) -> None:
-            instance.add_run(dg.DagsterRun(job_name="daily_scrape_job", run_id=run_id, tags=tags,
-                                           status=dg.DagsterRunStatus.STARTED))
+        def add(run_id: str, status=dg.DagsterRunStatus.STARTED, **tags) -> None:
+            instance.add_run(dg.DagsterRun(job_name="daily_scrape_job", run_id=run_id, tags=tags, status=status))
 
-        started("killed-run")
-        started("live-demo-run", **{cli.PROCESS_TAG: cli.process_identity(), cli.PID_TAG: str(os.getpid())})
+        add("killed-run")
+        add("stuck-canceling", dg.DagsterRunStatus.CANCELING)
+        add("queued-run", dg.DagsterRunStatus.NOT_STARTED)  # a queued one needs a code location; the same answer
+        add("live-demo-run", **{cli.PROCESS_TAG: cli.process_identity(), cli.PID_TAG: str(os.getpid())})
         storage = instance.event_log_storage
-        storage.set_concurrency_slots(pool, 1)
-        assert storage.claim_concurrency_slot(pool, "killed-run", "raw_pages").is_claimed
+        for key in (pool, other):
+            storage.set_concurrency_slots(key, 1)
+            assert storage.claim_concurrency_slot(key, "killed-run", "raw_pages").is_claimed
         assert not storage.claim_concurrency_slot(pool, "next-run", "raw_pages").is_claimed  # it would wait
         storage.free_concurrency_slot_for_step("next-run", "raw_pages")  # the pending claim, not a slot
 
     assert cli.main(["fail-run", "killed-run"]) == 0
-    assert capsys.readouterr().out == f"scrape-assets: run killed-run was started, now failed; freed its slot in {pool}\n"
+    assert capsys.readouterr().out == (f"scrape-assets: run killed-run was started, now failed; freed its slots in "
+                                       f"{pool}, {other}\n")
+    assert cli.main(["fail-run", "stuck-canceling"]) == 0
+    assert capsys.readouterr().out == "scrape-assets: run stuck-canceling was canceling, now canceled; it held no slot\n"
     with cli._instance() as instance:
         assert instance.get_run_by_id("killed-run").status == dg.DagsterRunStatus.FAILURE
         (failure,) = instance.all_logs("killed-run", of_type=dg.DagsterEventType.RUN_FAILURE)
-        assert "marked failed with `scrape-assets fail-run`" in failure.message
+        assert "ended with `scrape-assets fail-run`" in failure.message
+        assert instance.get_run_by_id("stuck-canceling").status == dg.DagsterRunStatus.CANCELED
         assert instance.event_log_storage.claim_concurrency_slot(pool, "next-run", "raw_pages").is_claimed
 
     assert cli.main(["fail-run", "killed-run"]) == 0  # again: nothing left to do, and it says so
-    assert capsys.readouterr().out == "scrape-assets: run killed-run was already failure; it held no concurrency slot\n"
+    assert capsys.readouterr().out == "scrape-assets: run killed-run had already ended (failure); it held no slot\n"
     assert cli.main(["fail-run", "live-demo-run"]) == 2
     assert capsys.readouterr().err == (
         f"scrape-assets: error: run live-demo-run is started and its scrape-assets demo process (pid {os.getpid()}) "
         "is still running: stop that process instead (Ctrl-C), or terminate the run from the UI\n")
-    assert cli.main(["fail-run", "no-such-run"]) == 2
+    assert cli.main(["fail-run", "queued-run"]) == 2
+    assert capsys.readouterr().err == (
+        "scrape-assets: error: run queued-run is not_started: it has not started and holds no slot; delete it from the UI "
+        "or with `dagster run delete queued-run` if it should not start\n")
+    assert cli.main(["fail-run", "killed"]) == 2  # a short id is not enough
     assert capsys.readouterr().err.startswith(
-        f"scrape-assets: error: no run no-such-run on the Dagster instance at {tmp_path / 'home'} (DAGSTER_HOME)")
+        f"scrape-assets: error: no run killed on the Dagster instance at {tmp_path / 'home'} (DAGSTER_HOME)")
     with cli._instance() as instance:
-        assert instance.get_run_by_id("live-demo-run").status == dg.DagsterRunStatus.STARTED
+        statuses = {run_id: instance.get_run_by_id(run_id).status for run_id in ("live-demo-run", "queued-run")}
+        assert statuses == {"live-demo-run": dg.DagsterRunStatus.STARTED, "queued-run": dg.DagsterRunStatus.NOT_STARTED}
 
 
 def test_a_demo_run_is_marked_failed_only_if_its_process_is_gone():

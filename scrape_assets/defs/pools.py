@@ -9,7 +9,8 @@ across all runs of the instance ("blocked by concurrency limit" in the UI). Limi
 killed with SIGKILL keeps its slot while it is "started"; once it is marked failed or
 terminated, the daemon frees the slot a minute later (``run_monitoring:
 free_slots_after_run_end_seconds`` in ``dagster.yaml``), or free it from the run's page
-in the UI ("Free concurrency slots"). The flock needs none of this.
+in the UI ("Free concurrency slots"), or with ``scrape-assets fail-run RUN_ID``. The flock
+needs none of this.
 """
 
 from urllib.parse import urlsplit

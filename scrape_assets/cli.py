@@ -514,6 +514,7 @@ def run_fail_run(run_id: str) -> int:
         if run.status in (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED):
             raise ScrapeError(f"run {run_id} is {status}: it has not started and holds no slot; delete it from the UI "
                               f"or with `dagster run delete {run_id}` if it should not start")
+        done = f"had already ended ({status})"
         if run.status in live:
             if run.tags.get(PROCESS_TAG) and _demo_process_gone(run.tags[PROCESS_TAG]) is False:
                 raise ScrapeError(f"run {run_id} is {status} and its {DEMO_LAUNCHER} process "
@@ -521,14 +522,12 @@ def run_fail_run(run_id: str) -> int:
                                   "(Ctrl-C), or terminate the run from the UI")
             if run.status == dg.DagsterRunStatus.CANCELING:
                 instance.report_run_canceled(run, message=reason)
+                done = f"was {status}, now canceled"
             else:
                 instance.report_run_failed(run, message=reason)
+                done = f"was {status}, now failed"
         pools = _pools_held(instance, run_id)
         instance.event_log_storage.free_concurrency_slots_for_run(run_id)
-    if run.status in live:
-        done = f"was {status}, now {'canceled' if run.status == dg.DagsterRunStatus.CANCELING else 'failed'}"
-    else:
-        done = f"had already ended ({status})"
     freed = f"freed its slot{'s' if len(pools) > 1 else ''} in {', '.join(pools)}" if pools else "it held no slot"
     print(f"scrape-assets: run {run_id} {done}; {freed}")
     return 0

@@ -619,7 +619,7 @@ def _resume_refusal(
             changes[key] = (was, f"{now} (differs in user info or query, not shown)")
     if moved:  # URLs without user info or query (the message reaches logs and alerts)
         changes["start_url"] = (redact_url(latest.start_url), redact_url(start_url))
-    return FetchConfigChangedError(latest.key, sorted(keys + (["start_url"] if moved else [])), changes)
+    return FetchConfigChangedError(latest.key, sorted(changes), changes)  # every differing key has its change
 
 
 def _reopen(store: ObjectStore, manifest: Manifest, run_id: str | None) -> Manifest:

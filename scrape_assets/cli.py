@@ -201,6 +201,7 @@ def summarize(resources: dict) -> dict:
         "warehouse_site": owner,
         "ui_command": ui_command(os.environ),
         "ui_url": ui_url(os.environ),
+        "ui_exports": ui_exports(os.environ),
     }
 
 
@@ -312,7 +313,8 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
             f" (tables of site {summary['warehouse_site']!r}, not {summary['site']!r}: the products and dead "
             "letters counted above are theirs)"
             if summary.get("warehouse_site") not in (None, summary["site"]) else ""),
-        f"  Dagster UI      {summary.get('ui_command', 'make ui')}  (then open {summary.get('ui_url', ui_url({}))})",
+        f"  Dagster UI      {summary.get('ui_command', 'make ui')}  (then open {summary.get('ui_url', ui_url({}))})"
+        + (f"; with {' and '.join(summary['ui_exports'])} exported as for this run" if summary.get("ui_exports") else ""),
     ]
     print("\n".join(lines), file=sys.stdout if out is None else out)
 
@@ -364,6 +366,15 @@ def ui_command(env: Mapping[str, str]) -> str:
     if (port := _ui_port(env)) != "3000":  # exported now, perhaps not in the shell that runs it
         parts.append(f"UI_PORT={port}")
     return " ".join(parts)
+
+
+def ui_exports(env: Mapping[str, str]) -> list[str]:
+    """The variables :func:`ui_command` leaves out that the UI needs too: storage and warehouse URLs set in ``env``.
+
+    Their values may hold credentials, so the summary names them instead of printing them;
+    without them the UI's code location would read ``./data`` and show another store.
+    """
+    return [name for name in ("SCRAPE_STORAGE_URL", "SCRAPE_WAREHOUSE_URL") if env.get(name, "").strip()]
 
 
 def pool_holders_notice(instance, pool: str | None) -> str | None:

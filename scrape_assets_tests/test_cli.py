@@ -763,6 +763,28 @@ def test_the_summary_points_at_the_port_make_ui_uses():
     assert "UI_PORT" not in ui_command({"UI_PORT": "3000"}) + ui_command({})
 
 
+def test_the_ui_line_names_the_storage_and_warehouse_variables_it_leaves_out(tmp_path, monkeypatch):
+    """Their values may hold credentials: the line names them, so the UI is not started on ./data by mistake."""
+    import io
+
+    from scrape_assets.cli import print_summary, summarize, ui_exports
+    from scrape_assets.defs.resources import build_resources
+
+    assert ui_exports({}) == ui_exports({"SCRAPE_STORAGE_URL": " ", "SCRAPE_WAREHOUSE_URL": ""}) == []
+    assert ui_exports({"SCRAPE_WAREHOUSE_URL": "postgresql://u:pw@db/w"}) == ["SCRAPE_WAREHOUSE_URL"]
+    monkeypatch.chdir(tmp_path)
+    for name in ("SCRAPE_SITE", "SCRAPE_BASE_URL", "UI_PORT", "DAGSTER_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SCRAPE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("SCRAPE_STORAGE_URL", str(tmp_path / "store"))
+    monkeypatch.setenv("SCRAPE_WAREHOUSE_URL", f"sqlite:///{tmp_path / 'w.db'}")
+    out = io.StringIO()
+    print_summary(summarize(build_resources(secrets_as_env_vars=False)), out=out)
+    assert out.getvalue().splitlines()[-1] == (
+        f"  Dagster UI      SCRAPE_DATA_DIR={tmp_path / 'data'} make ui  (then open http://127.0.0.1:3000); "
+        "with SCRAPE_STORAGE_URL and SCRAPE_WAREHOUSE_URL exported as for this run")
+
+
 def test_make_demo_installs_the_project_without_the_test_extra():
     """A demo user gets the pipeline's dependencies, not moto, pgserver's PostgreSQL and pytest."""
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "MFLAGS")}

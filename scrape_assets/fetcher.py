@@ -377,9 +377,7 @@ class PageFetcher:
                 nothing, or nothing we kept; a later redirect hop waiting for its slot
                 included), e.g. to uncount it. Not called for a cancel while the first hop waits
                 for a slot (nothing counted yet) or during the backoff after a failed attempt
-                (that one counts). On Python 3.10, ``asyncio.wait_for`` (the deadline there, see
-                :func:`~scrape_assets.politeness.within_deadline`) may swallow a cancel that arrives
-                as a request (or the robots.txt download) ends: the attempt then finishes normally.
+                (that one counts).
 
         Returns:
             The :class:`FetchedPage` (status 200, 203 or 304).

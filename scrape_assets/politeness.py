@@ -58,21 +58,17 @@ RobotsReason = Literal["robots_disallowed", "robots_unreachable"]
 
 
 _T = TypeVar("_T")
-_HAS_TIMEOUT = hasattr(asyncio, "timeout")  # Python 3.11+
 
 
 async def within_deadline(deadline_s: float, work: Awaitable[_T]) -> _T:
     """``await work``, or raise ``TimeoutError`` after ``deadline_s`` seconds (``work`` cancelled).
 
-    ``asyncio.timeout`` where it exists (Python 3.11+): ``work`` runs in the caller's task,
-    where ``asyncio.wait_for`` (before 3.12) wraps it in a new task, costs more per request
-    and may swallow a cancel that arrives as ``work`` ends (the caller then goes on as if
-    it had not been cancelled). Python 3.10 keeps ``wait_for`` and that caveat.
+    ``asyncio.timeout``: ``work`` runs in the caller's task, where ``asyncio.wait_for``
+    (before 3.12) wraps it in a new task, costs more per request and may swallow a cancel
+    that arrives as ``work`` ends (the caller then goes on as if it had not been cancelled).
     """
-    if _HAS_TIMEOUT:
-        async with asyncio.timeout(deadline_s):
-            return await work
-    return await asyncio.wait_for(work, deadline_s)  # pragma: no cover - Python 3.10
+    async with asyncio.timeout(deadline_s):
+        return await work
 
 
 @dataclass(frozen=True)

@@ -139,7 +139,7 @@ def parse_fetched_at(value: str | None) -> datetime.datetime | None:
     if not value:
         return None
     try:
-        moment = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))  # Python 3.10 reads no "Z"
+        moment = datetime.datetime.fromisoformat(value)
     except ValueError:
         return None
     return moment if moment.tzinfo else moment.replace(tzinfo=datetime.timezone.utc)

@@ -13,7 +13,12 @@ export SCRAPE_DATA_DIR ?= $(CURDIR)/data
 
 .PHONY: demo test ui serve-demo clean bench bench-quick
 
+# Python 3.11 or newer (pandas 3 needs it), checked before .venv exists: a .venv made by an
+# older one would stay, and every later make would fail in pip.
 $(BIN)/python:
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  echo "make: $(PYTHON) is not Python 3.11 or newer ($$($(PYTHON) --version 2>/dev/null || echo 'not found')):" \
+	       "give one, e.g. make $(or $(MAKECMDGOALS),demo) PYTHON=python3.12" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 

@@ -785,6 +785,25 @@ def test_the_ui_line_names_the_storage_and_warehouse_variables_it_leaves_out(tmp
         "with SCRAPE_STORAGE_URL and SCRAPE_WAREHOUSE_URL exported as for this run")
 
 
+def test_make_refuses_a_python_older_than_3_11_before_making_the_venv(tmp_path):
+    """pandas 3 needs 3.11: the refusal names the interpreter and its version, and leaves no .venv behind."""
+    import shutil
+
+    for name in ("Makefile", "pyproject.toml", "dagster.yaml"):
+        shutil.copy(REPO_ROOT / name, tmp_path / name)
+    old = tmp_path / "python3.10"  # answers like Python 3.10 would: a version, and "too old" to the check
+    old.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo "Python 3.10.13"; exit 0; }\nexit 1\n')
+    old.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "MFLAGS")}
+    for goal, python, version in (("demo", str(old), "Python 3.10.13"), ("test", "no-such-python", "not found")):
+        done = subprocess.run(["make", goal, f"PYTHON={python}"], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode != 0
+        assert (f"make: {python} is not Python 3.11 or newer ({version}): give one, e.g. make {goal} "
+                "PYTHON=python3.12") in done.stderr
+        assert not (tmp_path / ".venv").exists()
+
+
 def test_make_demo_installs_the_project_without_the_test_extra():
     """A demo user gets the pipeline's dependencies, not moto, pgserver's PostgreSQL and pytest."""
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "MFLAGS")}

@@ -46,14 +46,13 @@ def test_collapse_alerts_once_then_clears_on_recovery(tmp_path, instance, webhoo
     cursor, result = _tick(instance, cursor, webhook_server.url)
     # One message for the evaluation's three collapses, each listed.
     [message] = webhook_server.received
-    expected = [
-        "all: success rate 0% is below the floor 90%",
+    expected = [  # the run's own first, then its categories by name
+        "whole run: success rate 0% is below the floor 90%",
         "mystery: success rate 0% is below the floor 90%",
         "travel: success rate 0% is below the floor 90%",
     ]
-    assert message["kind"] == "collapse" and sorted(message["alerts"]) == expected
-    assert message["text"].startswith("scrape_assets: 3 collapses\n- ")
-    assert sorted(message["text"].split("\n")[1:]) == [f"- {t}" for t in expected]
+    assert message["kind"] == "collapse" and message["alerts"] == expected
+    assert message["text"] == "scrape_assets: 3 collapses\n" + "\n".join(f"- {t}" for t in expected)
     assert result.skip_message == "3 alert(s) sent in one message"
 
     # Same cursor again, and another collapsed run: still one alert per collapse.
@@ -72,7 +71,36 @@ def test_collapse_alerts_once_then_clears_on_recovery(tmp_path, instance, webhoo
     assert webhook_server.received[-1]["alerts"] == ["travel: success rate 0% is below the floor 90%"]
     assert len(webhook_server.received) == 2
     state = json.loads(cursor)["state"]
-    assert set(state["collapsed"]) == {"rate:travel", "rate:mystery", "rate:all"}
+    assert set(state["collapsed"]) == {"rate:travel", "rate:mystery", "rate:whole run"}
+
+
+def test_a_category_named_all_has_a_collapse_of_its_own(monkeypatch):
+    """books.toscrape.com has a category "all": its collapse is not cleared by the healthy run it is part of."""
+    from types import SimpleNamespace
+
+    from scrape_assets.defs import sensors
+
+    runs = []
+
+    def records(instance, asset, cursor):  # each run's raw_pages event: "all" dead, the run healthy overall
+        if asset != "raw_pages" or cursor == str(len(runs)):
+            return [], cursor
+        metadata = {"by_category": {"all": {"success_rate": 0.0}, "travel": {"success_rate": 1.0}},
+                    "categories": 52, "success_rate": 0.97}
+        event = SimpleNamespace(storage_id=len(runs), run_id=f"run-{len(runs)}", asset_materialization=SimpleNamespace(
+            metadata={k: SimpleNamespace(value=v) for k, v in metadata.items()}))
+        return [event], str(len(runs))
+
+    monkeypatch.setattr(sensors, "_new_records", records)
+    cursor = json.dumps({})
+    found = []
+    for n in range(3):
+        runs.append(n)
+        alerts, cursor = sensors.evaluate(None, cursor)
+        found.append(alerts)
+    assert found == [["all: success rate 0% is below the floor 90%"], [], []]  # one alert a collapse
+    state = json.loads(cursor)["state"]
+    assert state["history"]["whole run"] == [0.97] * 3 and state["history"]["all"] == [0.0] * 3
 
 
 def test_products_falling_to_zero_alerts(tmp_path, instance, webhook_server):
@@ -372,7 +400,7 @@ def test_a_run_whose_events_span_two_evaluations_counts_once_for_all(tmp_path, i
     for _ in range(3):
         _, cursor = sensors.evaluate(instance, cursor)
     state = json.loads(cursor)["state"]
-    assert state["history"] == {"travel": [0.0], "mystery": [0.0], "all": [0.0]}
+    assert state["history"] == {"travel": [0.0], "mystery": [0.0], "whole run": [0.0]}
     assert len(json.loads(cursor)["runs"]) == 1
 
 

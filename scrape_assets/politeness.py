@@ -231,7 +231,7 @@ class RobotsCache:
             if retry_after is None:  # a decision, not a failure to retry
                 return robots
             if attempt >= self._max_attempts:
-                return robots if attempt == 1 else replace(robots, detail=f"{robots.detail}, {attempt} attempts")
+                return robots if attempt == 1 else replace(robots, detail=f"{robots.detail}; robots.txt requested {attempt} times")
             delay = backoff_delay_s(
                 attempt, retry_after_s=parse_retry_after(retry_after or None, datetime.now(timezone.utc)),
                 rng=self._rng, **self._backoff,

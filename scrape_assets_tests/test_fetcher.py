@@ -441,7 +441,7 @@ def test_robots_unreachable_is_permanent_with_its_own_reason():
     with pytest.raises(PermanentFetchError) as raised:
         harness.fetch()
     assert raised.value.reason == "robots_unreachable"
-    assert raised.value.detail == "robots.txt answered HTTP 503, 3 attempts"
+    assert raised.value.detail == "robots.txt answered HTTP 503; robots.txt requested 3 times"
     # robots.txt gets the policy's attempts and backoff (fake sleep, seeded jitter), no page request.
     assert harness.paths == ["/robots.txt"] * 3
     assert len(harness.sleeps) == 2

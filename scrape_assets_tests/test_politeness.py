@@ -125,7 +125,7 @@ def test_server_error_is_retried_then_disallows_everything_with_a_reason(status)
     first, second = asyncio.run(main())
     assert (first.allowed, first.reason) == (False, "robots_unreachable")
     assert (second.allowed, second.reason) == (False, "robots_unreachable")
-    assert f"HTTP {status}" in first.detail and first.detail.endswith(", 3 attempts")
+    assert f"HTTP {status}" in first.detail and first.detail.endswith("; robots.txt requested 3 times")
     assert len(requests) == 3  # max_attempts, then the decision holds for the run: no more requests
     assert len(sleeps) == 2 and 0 <= sleeps[0] <= 0.5 and 0 <= sleeps[1] <= 1.0  # full jitter, doubling
 
@@ -186,7 +186,7 @@ def test_a_408_is_retried_then_read_as_a_4xx_and_a_url_we_cannot_send_is_not_ret
 
     timed_out, refused = asyncio.run(main())
     # A page's request retries a 408 (RFC 9110 §15.5.9); the last answer is still a 4xx: allowed (RFC 9309 §2.3.1.3).
-    assert (timed_out.allowed, timed_out.detail) == (True, "robots.txt answered HTTP 408; allowing all, 3 attempts")
+    assert (timed_out.allowed, timed_out.detail) == (True, "robots.txt answered HTTP 408; allowing all; robots.txt requested 3 times")
     # A page's request does not retry what cannot be sent (unsupported_url): one request, refused.
     assert (refused.allowed, refused.reason) == (False, "robots_unreachable")
     assert [r.url.host for r in requests] == ["shop.test"] * 3 + ["other.test"]
@@ -259,7 +259,7 @@ def test_stalled_robots_txt_is_unreachable_after_the_deadline():
 
     decision, took_s = asyncio.run(main())
     assert decision.reason == "robots_unreachable"
-    assert decision.detail.endswith(", 2 attempts")
+    assert decision.detail.endswith("; robots.txt requested 2 times")
     assert len(sleeps) == 1  # a timed-out attempt is retried like a 5xx
     assert took_s < 5
 

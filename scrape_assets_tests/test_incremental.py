@@ -137,6 +137,9 @@ def test_unchanged_second_run_reparses_nothing_reloads_nothing_and_history_has_n
     # Nothing parsed, so no worker count in the summary line (none was started).
     assert any(e.message.startswith("2 categories: 0 pages parsed, 2 categories unchanged, ")
                for e in instance.all_logs(second.run_id))
+    assert any(e.message.startswith("2 categories: 0 rows loaded into products (0 categories reloaded, 0 earlier "
+                                    "rows kept in them; 2 unchanged, their rows as they were)")
+               for e in instance.all_logs(second.run_id))
     assert md["products_table"]["rows_loaded"] == 0
     assert md["products_table"]["partitions_reloaded"] == 0
     assert md["products_table"]["rows_by_category"] == {"travel": 11, "mystery": 32}
@@ -306,8 +309,8 @@ def test_a_snapshot_left_incomplete_days_ago_is_not_resumed_by_todays_run(tmp_pa
     assert any(m.startswith("1 category: 1 page parsed (up to ") and ", 0 categories unchanged, 11 products, " in m
                for m in logs)
     assert any(f"travel: parsed 11 products from 1 page of snapshot {today.snapshot_id}" in m for m in logs)
-    assert any(m.startswith("1 category: 11 rows loaded into products (1 category reloaded), 0 earlier rows kept")
-               for m in logs)
+    assert any(m.startswith("1 category: 11 rows loaded into products (1 category reloaded, 0 earlier rows kept in "
+                            "them; 0 unchanged, their rows as they were)") for m in logs)
     assert any(f"travel: not resuming snapshot {stale.snapshot_id}: started {stale.created_at}, more than 20 h ago" in m
                for m in logs)
     history = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(price_history)

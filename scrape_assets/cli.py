@@ -606,7 +606,8 @@ def _load_held_back(defs, instance, run_id: str, resources: dict, keys: list[str
     the daemon's runs; return the lines saying so (None when nothing was held back).
     """
     from scrape_assets.defs.jobs import partition_range_tags
-    from scrape_assets.defs.sensors import HELD_BACK_TAG, consecutive_ranges, held_back_by_schema_check, split_by_schema
+    from scrape_assets.defs.sensors import (DEAD_LETTERS, HELD_BACK_TAG, consecutive_ranges, held_back_by_schema_check,
+                                            split_by_schema)
 
     parsed = held_back_by_schema_check(instance, instance.get_run_by_id(run_id))
     if not parsed:
@@ -617,16 +618,25 @@ def _load_held_back(defs, instance, run_id: str, resources: dict, keys: list[str
                  f"loaded (the error above says why, per category; the table keeps {its} earlier rows)"]
     lines += [f"  parse state of {c} unreadable ({e}): not loaded" for c, e in unreadable.items()]
     job = defs.resolve_job_def("load_job")
-    loaded, loadable = [], [c for c in passed if c in keys]  # (a category since removed from the spec has no partition)
-    for first, last in consecutive_ranges(loadable, keys):
-        load = job.execute_in_process(instance=instance, raise_on_error=False,
-                                      tags={**partition_range_tags(first, last), HELD_BACK_TAG: run_id},
-                                      run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
-        span = first if first == last else f"{first}...{last}"
-        loaded.append(span if load.success else f"{span} (FAILED: run {load.run_id})")
-    if loaded:
+
+    def follow_up(categories: list[str], asset_selection=None) -> list[str]:
+        done = []
+        for first, last in consecutive_ranges(categories, keys):
+            run = job.execute_in_process(instance=instance, raise_on_error=False, asset_selection=asset_selection,
+                                         tags={**partition_range_tags(first, last), HELD_BACK_TAG: run_id},
+                                         run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
+            span = first if first == last else f"{first}...{last}"
+            done.append(span if run.success else f"{span} (FAILED: run {run.run_id})")
+        return done
+
+    # (a category since removed from the spec has no partition)
+    loadable, failing = [c for c in passed if c in keys], [c for c in failed if c in keys]
+    if loaded := follow_up(loadable):
         lines.append(f"  loaded the {counted(len(loadable), 'category')} that passed it, held back with them: "
                      + ", ".join(loaded))
+    if recorded := follow_up(failing, [DEAD_LETTERS]):  # held back too: the pages and cards that failed
+        lines.append(f"  recorded the dead letters of the {counted(len(failing), 'category')} that failed it "
+                     f"(table `dead_letters`): " + ", ".join(recorded))
     return "\n".join(lines)
 
 

@@ -12,7 +12,7 @@ import dagster as dg
 import yaml
 from fsspec.registry import _registry as fsspec_classes  # protocol -> imported class
 
-from scrape_assets.warehouse import Warehouse, products
+from scrape_assets.warehouse import Warehouse, dead_letters, products
 from scrape_assets_tests.conftest import REPO_ROOT
 
 
@@ -942,6 +942,12 @@ def test_demo_loads_the_categories_that_passed_when_one_fails_the_schema_check(t
             "loaded below)") in lines
     rows = Warehouse(f"sqlite:///{tmp_path / 'data' / 'warehouse.db'}").rows_by_category(products)
     assert "fiction" not in rows and sum(rows.values()) == 678 - 65 and len(rows) == 11
+    # The failing category's dead letters were held back too: recorded after, one per rejected card.
+    assert "  recorded the dead letters of the 1 category that failed it (table `dead_letters`): fiction" in lines
+    letters = Warehouse(f"sqlite:///{tmp_path / 'data' / 'warehouse.db'}").rows(dead_letters)
+    assert {(r["category"], r["stage"], r["reason"]) for r in letters} == {
+        ("fiction", "parse", "price: no element matches 'p.price_color'")} and len(letters) == 65
+    assert "  dead letters    65 (table `dead_letters`)" in lines
     # ... and the summary (of this run, and `scrape-assets summary` on later days) says which one is failing
     assert [line for line in lines if line.startswith("  schema failed ")] == [
         "  schema failed   1 whose latest parse failed the schema check, `products` holding their earlier rows, "

@@ -18,7 +18,8 @@ from scrape_assets.defs.sensors import (
     run_failure_alert_sensor,
     success_rate_collapse_sensor,
 )
-from scrape_assets.warehouse import Warehouse, products
+from scrape_assets.manifest import latest_manifest
+from scrape_assets.warehouse import Warehouse, dead_letters, products
 from scrape_assets_tests.conftest import REPO_ROOT, make_resources, materialize, run_metadata
 
 DEAD_HOST = "http://127.0.0.1:9/"  # discard port: connection refused, every page fails
@@ -454,15 +455,18 @@ def test_categories_a_failed_schema_check_held_back_are_loaded_by_a_follow_up_ru
         tick = held_back_load_sensor.evaluate_tick(
             dg.build_sensor_context(instance=instance, resources=resources, cursor=first.cursor))
         requests = tick.run_requests
-        # travel and classics are not consecutive in the spec's order: one run per range.
-        ranges = [(r.tags["dagster/asset_partition_range_start"], r.tags["dagster/asset_partition_range_end"])
-                  for r in requests]
-        assert ranges == [("travel", "travel"), ("classics", "classics")]
+        # travel and classics are not consecutive in the spec's order: one run per range; then
+        # mystery's dead letters (held back with the load), without products_table.
+        ranges = [(r.tags["dagster/asset_partition_range_start"], r.tags["dagster/asset_partition_range_end"],
+                   r.asset_selection) for r in requests]
+        assert ranges == [("travel", "travel", None), ("classics", "classics", None),
+                          ("mystery", "mystery", [dg.AssetKey("dead_letters")])]
         assert {r.tags[HELD_BACK_TAG] for r in requests} == {failed_again.run_id}
         # Queued like daily runs (never beside one), ended by run monitoring if its process dies.
         assert {(r.tags["scrape/day"], r.tags["dagster/max_runtime"]) for r in requests} == {("2026-12-01", "72000")}
         assert [r.run_key for r in requests] == [f"held-back-{failed_again.run_id}-travel",
-                                                 f"held-back-{failed_again.run_id}-classics"]
+                                                 f"held-back-{failed_again.run_id}-classics",
+                                                 f"held-back-dead-letters-{failed_again.run_id}-mystery"]
         later = held_back_load_sensor.evaluate_tick(
             dg.build_sensor_context(instance=instance, resources=resources, cursor=tick.cursor))
         assert later.run_requests == []  # each failed run is seen once
@@ -473,9 +477,12 @@ def test_categories_a_failed_schema_check_held_back_are_loaded_by_a_follow_up_ru
         ).resolve_job_def("load_job")
         requests_before = len(server.fault_log)
         for request in requests:
-            result = job.execute_in_process(instance=instance, tags=request.tags)
+            result = job.execute_in_process(instance=instance, tags=request.tags, asset_selection=request.asset_selection)
             assert result.success
-            assert run_metadata(result)["products_table"]["partitions_reloaded"] == 0  # unchanged input
+            if request.asset_selection is None:
+                assert run_metadata(result)["products_table"]["partitions_reloaded"] == 0  # unchanged input
+            else:
+                assert "products_table" not in run_metadata(result)
     after = {c: sorted((r["product_id"], r["snapshot_id"]) for r in wh.rows(products) if r["category"] == c)
              for c in categories}
     assert after == before  # unchanged rows stay as they were; mystery keeps its earlier rows
@@ -484,6 +491,10 @@ def test_categories_a_failed_schema_check_held_back_are_loaded_by_a_follow_up_ru
     assert len(today) == 1  # the day's prices of the categories that passed, written by the follow-up
     assert Counter(r["category"] for r in history if r["snapshot_date"] in today) == {"travel": 11, "classics": 19}
     assert len(server.fault_log) == requests_before
+    # mystery's 32 cards the parser rejected are dead letters of the snapshot that failed.
+    letters = wh.rows(dead_letters)
+    assert Counter((r["category"], r["stage"]) for r in letters) == {("mystery", "parse"): 32}
+    assert {r["snapshot_id"] for r in letters} == {latest_manifest(res["store"].store(), "demo", "mystery").snapshot_id}
     wh.close()
 
 
@@ -511,11 +522,12 @@ def test_held_back_load_sensor_launches_nothing_for_other_failures_and_alerts_wh
     skip = held_back_load_sensor(_failure_context(instance, parse_only, good, "held_back_load_sensor"))
     assert isinstance(skip, dg.SkipReason) and "nothing held back" in skip.skip_message
 
-    # Every category failed: nothing to load.
+    # Every category failed: nothing to load, their dead letters to record (one range).
     blocked = materialize(instance, broken, ["travel", "mystery"], raise_on_error=False)
     assert not blocked.success
-    skip = held_back_load_sensor(_failure_context(instance, blocked, good, "held_back_load_sensor"))
-    assert skip.skip_message == f"run {blocked.run_id[:8]}: none of the categories it parsed passed the schema check"
+    [letters] = held_back_load_sensor(_failure_context(instance, blocked, good, "held_back_load_sensor"))
+    assert (letters.asset_selection, letters.tags["dagster/asset_partition_range_start"],
+            letters.tags["dagster/asset_partition_range_end"]) == ([dg.AssetKey("dead_letters")], "travel", "mystery")
 
     # Its categories cannot be read (the spec is gone now): an alert names them instead of a silent skip.
     unreadable = _sensor_resources(make_resources(tmp_path, site=str(tmp_path / "gone.yaml")), webhook_server.url)
@@ -539,18 +551,21 @@ def test_held_back_load_sensor_skips_what_it_cannot_load_and_loads_the_rest(tmp_
     assert not failed.success
     resources = _sensor_resources(changed, webhook_server.url)
 
-    def ranges():
+    def ranges():  # the loads (mystery failed: its dead letters are recorded apart)
         result = held_back_load_sensor(_failure_context(instance, failed, resources, "held_back_load_sensor"))
         if isinstance(result, dg.SkipReason):
             return result.skip_message
-        return [(r.tags["dagster/asset_partition_range_start"], r.tags["dagster/asset_partition_range_end"]) for r in result]
+        return [(r.tags["dagster/asset_partition_range_start"], r.tags["dagster/asset_partition_range_end"])
+                for r in result if r.asset_selection is None]
 
     assert ranges() == [("travel", "travel"), ("classics", "classics")]
     # travel left the spec since: no partition to run it in.
     monkeypatch.setattr(sensors, "category_partitions", dg.StaticPartitionsDefinition(["mystery", "classics", "poetry"]))
     assert ranges() == [("classics", "classics")]
     monkeypatch.setattr(sensors, "category_partitions", dg.StaticPartitionsDefinition(["mystery", "poetry"]))
-    assert ranges() == f"run {failed.run_id[:8]}: the categories that passed (classics, travel) are no longer in the spec"
+    assert ranges() == []  # mystery's dead letters only
+    monkeypatch.setattr(sensors, "category_partitions", dg.StaticPartitionsDefinition(["poetry"]))
+    assert ranges() == f"run {failed.run_id[:8]}: the categories it parsed (classics, mystery, travel) are no longer in the spec"
     monkeypatch.undo()
     # classics' parse state is unreadable: travel is still loaded, and an alert names classics.
     (tmp_path / "objects" / "demo" / "classics" / "parse_state.json").write_text("{not json")

@@ -309,6 +309,7 @@ def _shortened(text: str, limit: int) -> str:
 
 #: Tag of the runs ``held_back_load_sensor`` launches: the failed run whose load they finish.
 HELD_BACK_TAG = "scrape/held_back_by"
+DEAD_LETTERS = dg.AssetKey("dead_letters")
 
 
 def consecutive_ranges(chosen: list[str], keys: list[str]) -> list[tuple[str, str]]:
@@ -375,9 +376,10 @@ def _held_back_alert(run: dg.DagsterRun, what: str, alerts: AlertsResource) -> d
 def held_back_load_sensor(
     context: dg.RunFailureSensorContext, site: SiteResource, store: ObjectStoreResource, alerts: AlertsResource
 ):
-    """After a run failed its blocking schema check, load its categories that passed (``load_job``).
+    """After a run failed its blocking schema check, load its categories that passed (``load_job``),
+    and record the dead letters of those that failed (``load_job``'s ``dead_letters`` alone).
 
-    One run per consecutive range of them in the spec's order (partition ranges cannot skip
+    One run per consecutive range of each in the spec's order (partition ranges cannot skip
     a key), tagged ``scrape/held_back_by=<run id>`` and like a daily run (``scrape/day``,
     ``dagster/max_runtime``: queued behind daily runs, never beside one); each is launched
     once (its run key). The sensor sees each failed run once, so what it cannot read (the
@@ -399,31 +401,39 @@ def held_back_load_sensor(
         return _held_back_alert(run, f"failed its schema check, and its categories ({', '.join(parsed)}) could not be "
                                      f"read to load those that passed ({type(exc).__name__}: {exc}); load them with "
                                      "load_job", alerts)
-    gone = [c for c in passed if c not in keys]  # removed from the spec since: no partition to run
+    gone = sorted(c for c in passed + failed if c not in keys)  # removed from the spec since: no partition to run
     ranges = consecutive_ranges([c for c in passed if c in keys], keys)
+    letter_ranges = consecutive_ranges([c for c in failed if c in keys], keys)
     if gone:
         context.log.warning(f"run {run.run_id[:8]}: not loading {', '.join(gone)}: no longer categories of the spec")
     if unreadable:
         _held_back_alert(run, "failed its schema check; these categories' parse state could not be read, load them "
                               "with load_job if they passed: " + "; ".join(f"{c} ({e})" for c, e in unreadable.items()),
                          alerts)
-    if not ranges:
-        why = (f"the categories that passed ({', '.join(gone)}) are no longer in the spec" if gone
-               else "no category it parsed could be read" if unreadable and not failed
-               else "none of the categories it parsed passed the schema check")
+    if not ranges and not letter_ranges:
+        why = (f"the categories it parsed ({', '.join(gone)}) are no longer in the spec" if gone
+               else "no category it parsed could be read")
         return dg.SkipReason(f"run {run.run_id[:8]}: {why}")
     context.log.info(
         f"run {run.run_id[:8]} failed its schema check ({', '.join(failed) or 'no category readable as failed'}); "
-        f"loading the categories that passed: {', '.join(f'{a}...{b}' if a != b else a for a, b in ranges)}"
+        f"loading the categories that passed: {_spans(ranges) or 'none'}; recording the dead letters of those that "
+        f"failed: {_spans(letter_ranges) or 'none'}"
     )
+    tags = {HELD_BACK_TAG: run.run_id, **queue_tags(run.tags.get(QUEUE_TAG, "held-back"))}
     return [
-        dg.RunRequest(
-            run_key=f"held-back-{run.run_id}-{first}",
-            tags={**partition_range_tags(first, last), HELD_BACK_TAG: run.run_id,
-                  **queue_tags(run.tags.get(QUEUE_TAG, "held-back"))},
-        )
+        dg.RunRequest(run_key=f"held-back-{run.run_id}-{first}", tags={**partition_range_tags(first, last), **tags})
         for first, last in ranges
+    ] + [
+        # The failed categories' own dead letters (pages that failed for good, the cards the
+        # parser rejected): the blocking check held dead_letters back with products_table.
+        dg.RunRequest(run_key=f"held-back-dead-letters-{run.run_id}-{first}", asset_selection=[DEAD_LETTERS],
+                      tags={**partition_range_tags(first, last), **tags})
+        for first, last in letter_ranges
     ]
+
+
+def _spans(ranges: list[tuple[str, str]]) -> str:
+    return ", ".join(f"{first}...{last}" if first != last else first for first, last in ranges)
 
 
 defs = dg.Definitions(sensors=[success_rate_collapse_sensor, run_failure_alert_sensor, held_back_load_sensor])

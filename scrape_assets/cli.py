@@ -314,7 +314,7 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
             "letters counted above are theirs)"
             if summary.get("warehouse_site") not in (None, summary["site"]) else ""),
         f"  Dagster UI      {summary.get('ui_command', 'make ui')}  (then open {summary.get('ui_url', ui_url({}))})"
-        + (f"; with {' and '.join(summary['ui_exports'])} exported as for this run" if summary.get("ui_exports") else ""),
+        + (f"; with {' and '.join(summary['ui_exports'])} exported as for the pipeline's runs" if summary.get("ui_exports") else ""),
     ]
     print("\n".join(lines), file=sys.stdout if out is None else out)
 

@@ -1,6 +1,6 @@
 """Success-rate collapse detection: a pure function over observations and a small state.
 
-A *collapse* of a subject (a category, or ``all`` for a whole run) is any of:
+A *collapse* of a subject (a category, or a whole run: the sensor's ``RUN_SUBJECT``) is any of:
 
 - its page success rate is below ``floor`` (default 0.9);
 - its rate dropped by more than ``max_drop`` (default 0.3) below the median of its

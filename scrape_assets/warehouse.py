@@ -745,9 +745,9 @@ def _switch_to_wal(cursor: sqlite3.Cursor) -> None:
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
     """Whether SQLite refused for a lock another connection holds (SQLITE_BUSY, https://sqlite.org/rescode.html#busy).
 
-    Its extended codes count (the primary code is the low byte). Before Python 3.11 errors
-    carry no result code: the message decides ("database is locked"; SQLITE_LOCKED reads
-    "database table is locked").
+    Its extended codes count (the primary code is the low byte). An error sqlite3 did not
+    raise carries no result code: the message decides ("database is locked"; SQLITE_LOCKED
+    reads "database table is locked").
     """
     code = getattr(exc, "sqlite_errorcode", None)
     return code & 0xFF == 5 if code is not None else "database is locked" in str(exc)

@@ -782,7 +782,7 @@ def test_the_ui_line_names_the_storage_and_warehouse_variables_it_leaves_out(tmp
     print_summary(summarize(build_resources(secrets_as_env_vars=False)), out=out)
     assert out.getvalue().splitlines()[-1] == (
         f"  Dagster UI      SCRAPE_DATA_DIR={tmp_path / 'data'} make ui  (then open http://127.0.0.1:3000); "
-        "with SCRAPE_STORAGE_URL and SCRAPE_WAREHOUSE_URL exported as for this run")
+        "with SCRAPE_STORAGE_URL and SCRAPE_WAREHOUSE_URL exported as for the pipeline's runs")
 
 
 def test_make_refuses_a_python_older_than_3_11_before_making_the_venv(tmp_path):

@@ -75,6 +75,27 @@ def test_collapse_alerts_once_then_clears_on_recovery(tmp_path, instance, webhoo
     assert set(state["collapsed"]) == {"rate:travel", "rate:mystery", "rate:whole run"}
 
 
+def test_a_cursor_from_before_whole_run_forgets_what_it_recorded_under_all(monkeypatch):
+    from scrape_assets.defs import sensors
+
+    monkeypatch.setattr(sensors, "_new_records", lambda instance, asset, cursor: ([], cursor))
+    recorded = {"history": {"all": [0.5], "travel": [1.0]}, "collapsed": {"rate:all": "x", "rate:travel": "y"}}
+    _, cursor = sensors.evaluate(None, json.dumps({"state": recorded}))  # format 1: no "format" key
+    state = json.loads(cursor)["state"]
+    assert (state["history"], state["collapsed"]) == ({"travel": [1.0]}, {"rate:travel": "y"})
+    assert json.loads(cursor)["format"] == 2
+    # A cursor of this format keeps a category "all" as it is.
+    _, again = sensors.evaluate(None, json.dumps({"format": 2, "state": recorded}))
+    assert json.loads(again)["state"]["history"] == recorded["history"]
+
+
+def test_alerts_are_listed_whole_run_first_then_by_category():
+    from scrape_assets.defs.sensors import _alert_order
+
+    texts = ["art: b", "art-history: a", "whole run: c", "a1: d"]
+    assert sorted(texts, key=_alert_order) == ["whole run: c", "a1: d", "art: b", "art-history: a"]
+
+
 def test_a_category_named_all_has_a_collapse_of_its_own(monkeypatch):
     """books.toscrape.com has a category "all": its collapse is not cleared by the healthy run it is part of."""
     from types import SimpleNamespace
@@ -149,8 +170,9 @@ def test_alerts_the_webhook_refused_are_sent_with_the_next_evaluation(tmp_path, 
     assert refused["alerts"] == ["travel: success rate 0% is below the floor 90%"]
     assert "held since" not in refused["text"]
     assert "\n(some held since 20" in delivered["text"] and "the webhook refused them then" in delivered["text"]
-    assert delivered["alerts"] == ["travel: success rate 0% is below the floor 90%",
-                                   "mystery: success rate 0% is below the floor 90%"]
+    # Held and new ones together, sorted by category; the cursor kept them oldest first.
+    assert delivered["alerts"] == ["mystery: success rate 0% is below the floor 90%",
+                                   "travel: success rate 0% is below the floor 90%"]
     assert "unsent" not in json.loads(cursor)
     _tick(instance, cursor, webhook_server.url)
     assert len(webhook_server.received) == 2  # delivered once
@@ -565,7 +587,8 @@ def test_held_back_load_sensor_skips_what_it_cannot_load_and_loads_the_rest(tmp_
     monkeypatch.setattr(sensors, "category_partitions", dg.StaticPartitionsDefinition(["mystery", "poetry"]))
     assert ranges() == []  # mystery's dead letters only
     monkeypatch.setattr(sensors, "category_partitions", dg.StaticPartitionsDefinition(["poetry"]))
-    assert ranges() == f"run {failed.run_id[:8]}: the categories it parsed (classics, mystery, travel) are no longer in the spec"
+    assert ranges() == (f"run {failed.run_id[:8]}: no follow-up for the categories it parsed: classics, mystery, travel "
+                        "no longer in the spec")
     monkeypatch.undo()
     # classics' parse state is unreadable: travel is still loaded, and an alert names classics.
     (tmp_path / "objects" / "demo" / "classics" / "parse_state.json").write_text("{not json")

@@ -177,7 +177,7 @@ def test_only_a_busy_database_is_retried():
     from scrape_assets.warehouse import _is_busy
 
     locked = sqlite3.OperationalError("database is locked")
-    assert _is_busy(locked)  # Python 3.10: no result code, the message decides
+    assert _is_busy(locked)  # not raised by sqlite3: no result code, the message decides
     locked.sqlite_errorcode = 5 | (3 << 8)  # SQLITE_BUSY_SNAPSHOT: an extended code of SQLITE_BUSY
     assert _is_busy(locked)
     table_locked = sqlite3.OperationalError("database table is locked")

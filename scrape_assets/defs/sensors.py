@@ -42,6 +42,8 @@ MAX_LINES = 30
 # spec.PARTITION_KEY_PATTERN) shares its history or its collapse; books.toscrape.com has
 # a category "all".
 RUN_SUBJECT = "whole run"
+#: The collapse sensor's cursor format: 2 since the run's subject is RUN_SUBJECT.
+CURSOR_FORMAT = 2
 
 
 def _new_records(instance, asset: str, cursor: str | None):
@@ -49,9 +51,10 @@ def _new_records(instance, asset: str, cursor: str | None):
     return result.records, (result.cursor if result.records else cursor)
 
 
-def _alert_order(text: str) -> tuple[bool, str]:
+def _alert_order(text: str) -> tuple[bool, str, str]:
     """The whole run's alert first, then the categories' by name: a long list is scanned by category."""
-    return (not text.startswith(f"{RUN_SUBJECT}:"), text)
+    subject = text.split(":", 1)[0]  # subjects have no ":"
+    return (subject != RUN_SUBJECT, subject, text)
 
 
 def evaluate(instance, cursor: str | None, rules: CollapseRules = RULES) -> tuple[list[str], str]:
@@ -66,11 +69,16 @@ def evaluate(instance, cursor: str | None, rules: CollapseRules = RULES) -> tupl
     builds the state, over as many evaluations as reading it takes (:data:`BATCH` events of
     each asset per evaluation; ``catching_up`` in the cursor): once it is read, just the
     collapses still open at its end alert, never one that recovered within it. Alerts come
-    in :func:`_alert_order`.
+    in the order they were found (the messages sort them: :func:`_alert_order`).
     """
     data = json.loads(cursor) if cursor else {}
     catching_up = cursor is None or bool(data.get("catching_up"))
     state = CollapseState.from_dict(data.get("state"))
+    if cursor is not None and data.get("format") != CURSOR_FORMAT:
+        # A cursor from when a run's own rate was the subject "all": that history and
+        # collapse cannot be told from those of a category named "all", so both go.
+        state.history.pop("all", None)
+        state.collapsed.pop("rate:all", None)
     positions = dict(data.get("positions", {}))
     runs_observed = list(data.get("runs", []))
     events = []
@@ -101,13 +109,14 @@ def evaluate(instance, cursor: str | None, rules: CollapseRules = RULES) -> tupl
         if asset == "raw_pages" and metadata.get("categories", len(table)) > 1 and run_id not in runs_observed:
             runs_observed.append(run_id)
             alerts.append(observe_rate(state, RUN_SUBJECT, float(metadata["success_rate"]), rules))
-    alerts = sorted((a for a in alerts if a), key=_alert_order)
+    alerts = [a for a in alerts if a]
     if catching_up:  # replaying the history: once it is all read, alert only what is still collapsed
         # Keys are "rate:{subject}" or "products:{source}:{subject}"; subjects have no ":".
         alerts = [] if more else sorted((f"{key.rsplit(':', 1)[1]}: {reason}" for key, reason in state.collapsed.items()),
                                         key=_alert_order)
     new_cursor = json.dumps(
-        {"positions": positions, "state": state.to_dict(), "runs": runs_observed[-RUNS_REMEMBERED:],
+        {"format": CURSOR_FORMAT, "positions": positions, "state": state.to_dict(),
+         "runs": runs_observed[-RUNS_REMEMBERED:],
          **({"catching_up": True} if catching_up and more else {})}, sort_keys=True
     )
     return alerts, new_cursor
@@ -137,10 +146,11 @@ def success_rate_collapse_sensor(context: dg.SensorEvaluationContext, alerts: Al
     found, new_cursor = evaluate(context.instance, context.cursor)
     for text in found:
         context.log.warning(f"collapse: {text}")
-    pending, sent = unsent + found, True
+    pending, sent = unsent + found, True  # oldest first: what is dropped below when too many are held
     if pending:
-        sent = send_alert(alert_message(pending, held_since if unsent else None), webhook_url=alerts.webhook_url,
-                          fields={"kind": "collapse", "alerts": pending})
+        shown = sorted(pending, key=_alert_order)
+        sent = send_alert(alert_message(shown, held_since if unsent else None), webhook_url=alerts.webhook_url,
+                          fields={"kind": "collapse", "alerts": shown})
     cursor = json.loads(new_cursor)
     if pending and not sent and alerts.webhook_url:  # refused or unreachable: try again next time
         if len(pending) > MAX_UNSENT:
@@ -405,15 +415,15 @@ def held_back_load_sensor(
     ranges = consecutive_ranges([c for c in passed if c in keys], keys)
     letter_ranges = consecutive_ranges([c for c in failed if c in keys], keys)
     if gone:
-        context.log.warning(f"run {run.run_id[:8]}: not loading {', '.join(gone)}: no longer categories of the spec")
+        context.log.warning(f"run {run.run_id[:8]}: no follow-up for {', '.join(gone)}: no longer categories of the spec")
     if unreadable:
         _held_back_alert(run, "failed its schema check; these categories' parse state could not be read, load them "
                               "with load_job if they passed: " + "; ".join(f"{c} ({e})" for c, e in unreadable.items()),
                          alerts)
     if not ranges and not letter_ranges:
-        why = (f"the categories it parsed ({', '.join(gone)}) are no longer in the spec" if gone
-               else "no category it parsed could be read")
-        return dg.SkipReason(f"run {run.run_id[:8]}: {why}")
+        why = [f"{', '.join(gone)} no longer in the spec"] if gone else []
+        why += [f"{', '.join(unreadable)} unreadable"] if unreadable else []
+        return dg.SkipReason(f"run {run.run_id[:8]}: no follow-up for the categories it parsed: {'; '.join(why)}")
     context.log.info(
         f"run {run.run_id[:8]} failed its schema check ({', '.join(failed) or 'no category readable as failed'}); "
         f"loading the categories that passed: {_spans(ranges) or 'none'}; recording the dead letters of those that "

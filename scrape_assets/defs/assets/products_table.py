@@ -104,7 +104,7 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
               "rows_carried_forward": sum(carried.values())}
     log.close(
         f"{counted(len(states), 'category')}: {counted(totals['rows_loaded'], 'row')} loaded into products "
-        f"({counted(totals['partitions_reloaded'], 'category')} reloaded, "
+        f"({counted(len(to_load), 'category')} reloaded, "
         f"{counted(totals['rows_carried_forward'], 'earlier row')} kept in them; "
         f"{len(states) - len(to_load)} unchanged, their rows as they were)"
     )

@@ -41,7 +41,9 @@ from scrape_assets.storage import ObjectStore
 #: U+FFFD is a reject; "Page 1 of 1,234"; browsers' codecs for legacy labels, bytes
 #: invalid in UTF-8 read as windows-1252; line breaks separate words in text fields;
 #: mirror URLs matched by origin.
-PARSER_VERSION = "5"
+#: 6: a rating may be a whole number 1..5 in its text ("4", "4/5", "4 of 5", "4 out of 5
+#: stars") when no word One..Five is there; a product_id reject shows its regex as written.
+PARSER_VERSION = "6"
 
 
 @dataclass

@@ -251,4 +251,7 @@ def _line(category: str, products: int, pages: int, snapshot_id: str, rejects: i
     return (
         f"{category}: parsed {counted(products, 'product')} from {counted(pages, 'page')} of snapshot {snapshot_id} "
         f"({counted(rejects, 'rejected card')}; schema {'passed' if report.passed else 'FAILED'})"
+        + (": no product card found; if the category is not empty, check the spec's selectors.product (with "
+           "pagination.results_count the schema check tells an empty listing from one it cannot read)"
+           if pages and not products and not rejects and report.passed else "")
     )

@@ -430,23 +430,33 @@ def _suits(code: str, symbol: str) -> bool:
 _RATING_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5}
 
 
-def parse_rating(class_attr: str) -> int:
-    """Read a star rating from a class attribute such as ``"star-rating Three"``.
+#: A whole rating out of 5 written as a number: "4", "4.0", "4/5", "4 of 5", "4 out of 5 stars".
+_RATING_NUMBER = re.compile(r"\s*([1-5])(?:[.,]0+)?\s*(?:(?:/|of|out\s+of)\s*5(?:[.,]0+)?)?\s*(?:stars?)?\s*",
+                            re.IGNORECASE)
+
+
+def parse_rating(value: str) -> int:
+    """Read a star rating: a class attribute such as ``"star-rating Three"``, or a number.
 
     Args:
-        class_attr: space-separated class names; exactly one must be a word One..Five
-            (any case).
+        value: space-separated words of which exactly one is One..Five (any case), as in
+            books.toscrape.com's class attribute; else the whole text a whole number 1..5,
+            alone or out of 5 (``"4"``, ``"4/5"``, ``"4 of 5"``, ``"4 out of 5 stars"``).
 
     Returns:
         The rating, 1..5.
 
     Raises:
-        ValueError: no such word, or more than one; the message quotes ``class_attr``.
+        ValueError: neither form (a half star such as ``"4.5/5"`` too), or two rating words;
+            the message quotes ``value``.
     """
-    found = {_RATING_WORDS[token.lower()] for token in class_attr.split() if token.lower() in _RATING_WORDS}
-    if len(found) != 1:
-        raise ValueError(f"expected exactly one rating word One..Five in {class_attr!r}")
-    return found.pop()
+    found = {_RATING_WORDS[token.lower()] for token in value.split() if token.lower() in _RATING_WORDS}
+    if len(found) == 1:
+        return found.pop()
+    if not found and (number := _RATING_NUMBER.fullmatch(value)):
+        return int(number.group(1))
+    raise ValueError(f"expected exactly one rating word One..Five, or a whole number 1..5 out of 5 ('4', '4/5'), "
+                     f"in {value!r}")
 
 
 # --- page structure -------------------------------------------------------------------------
@@ -770,7 +780,9 @@ def parse_listing(
                 raise _FieldError(f"url: {href!r} cannot be resolved against the page ({exc})") from None
             match = id_pattern.search(url)
             if match is None or not match.group(1):
-                raise _FieldError(f"product_id: {spec.product_id.regex!r} does not match {url!r}")
+                hint = ("" if selectors.url.attr else
+                        " (selectors.url has no attr, so the link's text was read: attr: href?)")
+                raise _FieldError(f"product_id: '{spec.product_id.regex}' does not match {url!r}{hint}")
             if len(match.group(1)) > MAX_PRODUCT_ID_CHARS:
                 raise _FieldError(f"product_id: {len(match.group(1))} characters in {url!r}; the warehouse keeps "
                                   f"at most {MAX_PRODUCT_ID_CHARS}")

@@ -55,12 +55,26 @@ class _Strict(BaseModel):
 
 
 class Field_(_Strict):
-    """Where one product field lives inside a card: a CSS selector, and an attribute or the text."""
+    """Where one product field lives inside a card: a CSS selector, and an attribute or the text.
+
+    Written as a mapping (``{css: h3 > a, attr: href}``), or as a plain selector string, which
+    takes the element's text (``price: p.price_color`` is ``{css: p.price_color}``).
+    """
 
     css: str = Field(min_length=1)
     attr: str | None = None
 
     _valid_css = field_validator("css")(_css)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain_selector(cls, value):
+        if isinstance(value, str):
+            return {"css": value}
+        if not isinstance(value, dict):
+            raise ValueError(f"expected a CSS selector, or a mapping such as {{css: 'h3 > a', attr: href}}, "
+                             f"got {value!r}")
+        return value
 
 
 class Selectors(_Strict):
@@ -70,7 +84,8 @@ class Selectors(_Strict):
     title: Field_
     url: Field_
     price: Field_
-    rating: Field_ = Field(description="element whose class holds a word One..Five")
+    rating: Field_ = Field(description="element whose class holds a word One..Five, or whose text is a "
+                                       "whole number 1..5 ('4', '4/5', '4 of 5', '4 out of 5 stars')")
     availability: Field_
 
     _valid_css = field_validator("product")(_css)
@@ -288,7 +303,8 @@ class SiteSpec(_Strict):
         for key, path in value.items():
             if urlsplit(path).netloc or path.startswith("/") or ".." in path.split("/"):
                 raise ValueError(
-                    f"category {key!r}: expected a path relative to base_url without '..', got {path!r}"
+                    f"category {key!r}: expected a path relative to base_url, with no leading '/', no host and no "
+                    f"'..' (e.g. 'shop/c/kitchen/index.html'), got {path!r}"
                 )
         return value
 

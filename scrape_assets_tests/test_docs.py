@@ -37,3 +37,16 @@ def test_readme_has_a_contents_line_naming_every_section():
     contents = next(line for line in text.split("\n\n") if line.startswith("Contents:"))
     sections = [line[3:] for line in text.splitlines() if line.startswith("## ")]
     assert all(f"(#{github_anchor(s)})" in contents for s in sections), sections
+
+
+def test_the_readme_spec_example_loads(tmp_path):
+    """The spec a newcomer copies from "Adding a site" is one the pipeline accepts, as written."""
+    from scrape_assets.spec import load_spec
+
+    text = (REPO_ROOT / "README.md").read_text()
+    section = text[text.index("## Adding a site"):]
+    example = re.search(r"```yaml\n(.*?)```", section, re.DOTALL).group(1)
+    (tmp_path / "my_shop.yaml").write_text(example)
+    spec = load_spec(str(tmp_path / "my_shop.yaml"))
+    assert (spec.name, list(spec.categories), spec.decimal_mark) == ("my_shop", ["travel"], ",")
+    assert (spec.selectors.availability.css, spec.selectors.availability.attr) == ("p.availability", None)

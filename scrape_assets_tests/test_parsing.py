@@ -256,13 +256,17 @@ def test_parse_price_without_number_names_the_input(text):
         ("star-rating Four", 4),
         ("star-rating Five", 5),
         ("  five  star-rating ", 5),
+        # A rating in the text, as a number out of 5 (sites other than books.toscrape.com).
+        ("4", 4), ("4/5", 4), (" 1 / 5 ", 1), ("5.0", 5), ("3,0/5", 3), ("4 of 5", 4), ("2 out of 5 stars", 2),
+        ("1 Star", 1),
     ],
 )
 def test_parse_rating(class_attr, expected):
     assert parse_rating(class_attr) == expected
 
 
-@pytest.mark.parametrize("class_attr", ["star-rating", "star-rating Six", "", "star-rating One Two"])
+@pytest.mark.parametrize("class_attr", ["star-rating", "star-rating Six", "", "star-rating One Two", "4.5/5", "6",
+                                        "0/5", "4/10", "rated 4/5", "Four 4/5 One"])
 def test_parse_rating_rejects_bad_input_naming_it(class_attr):
     with pytest.raises(ValueError) as info:
         parse_rating(class_attr)
@@ -464,11 +468,12 @@ def test_parse_listing_bad_cards_become_rejects(spec):
         ),
         Reject(
             url="https://books.toscrape.com/catalogue/bad-rating_14/index.html",
-            reason="rating: expected exactly one rating word One..Five in 'star-rating Six'",
+            reason="rating: expected exactly one rating word One..Five, or a whole number 1..5 out of 5 ('4', "
+                   "'4/5'), in 'star-rating Six'",
         ),
         Reject(
             url="https://books.toscrape.com/catalogue/no-id/index.html",
-            reason="product_id: '_(\\\\d+)/index\\\\.html$' does not match "
+            reason="product_id: '_(\\d+)/index\\.html$' does not match "  # the regex as the spec has it
             "'https://books.toscrape.com/catalogue/no-id/index.html'",
         ),
         Reject(url=page_url, reason="url: no element matches 'h3 > a'"),
@@ -713,3 +718,12 @@ def test_url_joiner_resolves_a_listings_shared_prefix_once():
     assert join._prefixes == {"../../../": "http://h/catalogue/", "/": "http://h/"}
     assert join("../../../a/../b") == "http://h/catalogue/b" and join("?page=3") == "http://h/catalogue/category/books/travel_2/page-2.html?page=3"
     assert set(join._prefixes) == {"../../../", "/"}  # those went to urljoin whole
+
+
+def test_a_url_selector_without_attr_is_named_when_the_product_id_does_not_match(spec):
+    """Forgetting ``attr: href`` reads the link's text: the reject says where to look."""
+    textual = spec.model_copy(update={"selectors": spec.selectors.model_copy(
+        update={"url": spec.selectors.url.model_copy(update={"attr": None})})})
+    (reject,) = parse_listing(_page(_card()), textual, "https://books.toscrape.com/catalogue/page-3.html").rejects
+    assert reject.reason.startswith("product_id: '_(\\d+)/index\\.html$' does not match ")
+    assert reject.reason.endswith(" (selectors.url has no attr, so the link's text was read: attr: href?)")

@@ -146,6 +146,21 @@ def test_a_category_with_fewer_cards_than_its_site_counts_is_a_warning_not_a_fai
             "(pagination, the spec's max_pages)?") in warnings
 
 
+def test_a_product_selector_matching_nothing_without_a_results_count_is_named_in_the_log(tmp_path, instance):
+    """Without pagination.results_count (or a pager) an empty listing and an unreadable one look
+    alike, so the schema passes; the category's parse line says what to check."""
+    data = yaml.safe_load(importlib_resources.files("scrape_assets.sites").joinpath("demo.yaml").read_text())
+    data["selectors"]["product"] = "li.products"
+    del data["pagination"]["results_count"]
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(data))
+    result = materialize(instance, make_resources(tmp_path, site=str(tmp_path / "spec.yaml")), ["travel"])
+    assert result.success
+    assert any("travel: parsed 0 products from 1 page of snapshot " in e.user_message and e.user_message.endswith(
+        "(0 rejected cards; schema passed): no product card found; if the category is not empty, check the spec's "
+        "selectors.product (with pagination.results_count the schema check tells an empty listing from one it "
+        "cannot read)") for e in instance.all_logs(result.run_id))
+
+
 def test_blocking_check_stops_products_table_and_earlier_rows_stay(tmp_path, instance):
     good = make_resources(tmp_path)
     assert materialize(instance, good, ["travel"]).success

@@ -43,7 +43,12 @@ def _demo_dict() -> dict:
         (lambda d: d["selectors"].update(prodct="x"), "selectors.prodct", "unknown key"),
         (lambda d: d["selectors"].update(prodct=d["selectors"].pop("product")), "selectors.prodct", "unknown key"),
         (lambda d: d["categories"].update({"Bad Key!": "x.html"}), "categories.Bad Key!", "category keys must match"),
-        (lambda d: d["categories"].update(escape="../../etc/passwd"), "categories", "without '..'"),
+        (lambda d: d["categories"].update(escape="../../etc/passwd"), "categories", "no '..'"),
+        (lambda d: d["categories"].update(rooted="/shop/c/kitchen/index.html"), "categories",
+         "category 'rooted': expected a path relative to base_url, with no leading '/'"),
+        (lambda d: d["selectors"].update(rating=["span.score"]), "selectors.rating",
+         "expected a CSS selector, or a mapping such as {css: 'h3 > a', attr: href}, got ['span.score']"),
+        (lambda d: d["selectors"].update(rating="span..score"), "selectors.rating.css", "not a CSS selector"),
         (lambda d: d["pagination"].update(page_url="page.html"), "pagination.page_url", "{n}"),
         (lambda d: d["pagination"].update(page_url="page-{n}-{x}.html"), "pagination.page_url",
          "only placeholder is {n}"),
@@ -194,3 +199,14 @@ def test_the_currency_list_is_pycountrys_read_without_importing_it():
             "from scrape_assets.parsing import parse_price\nassert parse_price('12 CHF', 'EUR')[1] == 'CHF'\n"
             "assert 'pycountry' not in sys.modules\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_field_selector_may_be_written_as_a_plain_string(tmp_path):
+    """``price: p.price_color`` reads the element's text, as ``{css: p.price_color}`` does."""
+    data = _demo_dict()
+    data["selectors"].update(price="p.price_color", rating="span.score")
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump(data))
+    selectors = load_spec(str(path)).selectors
+    assert (selectors.price.css, selectors.price.attr) == ("p.price_color", None)
+    assert (selectors.rating.css, selectors.rating.attr) == ("span.score", None)

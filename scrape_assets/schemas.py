@@ -56,8 +56,8 @@ _INT_COLUMNS = ("rating", "page_number")
 #: UTC timestamps as written by ``datetime.now(timezone.utc).isoformat()`` (or with ``Z``).
 FETCHED_AT_PATTERN = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(Z|\+00:00)$"
 LAYOUT_GUARD_MESSAGE = (
-    "page parsed to zero products while the site says it has some: the spec's selectors.product matched no "
-    "card there, or every card on it was rejected (reject_reasons); the layout may have changed"
+    "page parsed to zero products while the site says it has some: no card matched selectors.product, or all "
+    "were rejected; the layout may have changed"
 )
 UNRECOGNISED_PAGE_CHECK = "unrecognised_page"
 UNRECOGNISED_PAGE_MESSAGE = (

@@ -260,7 +260,14 @@ class Validation(_Strict):
     their pages change.
     """
 
-    max_rejected_share: float = Field(default=DEFAULT_MAX_REJECTED_SHARE, ge=0, le=1)
+    max_rejected_share: float = Field(default=DEFAULT_MAX_REJECTED_SHARE, allow_inf_nan=False)
+
+    @field_validator("max_rejected_share")
+    @classmethod
+    def _a_fraction(cls, value: float) -> float:
+        if not 0 <= value <= 1:
+            raise ValueError(f"expected a fraction from 0 to 1 (0.05 is 5%), got {value}")
+        return value
 
 
 class SiteSpec(_Strict):

@@ -63,6 +63,12 @@ def _demo_dict() -> dict:
         # One request every ~116 days: a typo of a few zeros, refused as SCRAPE_REQUESTS_PER_SECOND refuses it.
         (lambda d: d["politeness"].update(requests_per_second=0.0000001), "politeness.requests_per_second",
          "greater than or equal to 0.001"),
+        (lambda d: d.update(validation={"max_rejected_share": 5}), "validation.max_rejected_share",
+         "expected a fraction from 0 to 1 (0.05 is 5%), got 5"),
+        (lambda d: d.update(validation={"max_rejected_share": -0.1}), "validation.max_rejected_share",
+         "expected a fraction from 0 to 1 (0.05 is 5%), got -0.1"),
+        (lambda d: d.update(validation={"max_rejected_share": float("nan")}), "validation.max_rejected_share",
+         "finite number"),
         (lambda d: d.update(incremental={"revalidate": "sometimes"}), "incremental.revalidate",
          "'every_page', 'first_page' or 'sitemap'"),
     ],

@@ -607,7 +607,7 @@ def _load_held_back(defs, instance, run_id: str, resources: dict, keys: list[str
     """
     from scrape_assets.defs.jobs import partition_range_tags
     from scrape_assets.defs.sensors import (DEAD_LETTERS, HELD_BACK_TAG, consecutive_ranges, held_back_by_schema_check,
-                                            split_by_schema)
+                                            range_label, split_by_schema)
 
     parsed = held_back_by_schema_check(instance, instance.get_run_by_id(run_id))
     if not parsed:
@@ -625,7 +625,7 @@ def _load_held_back(defs, instance, run_id: str, resources: dict, keys: list[str
             run = job.execute_in_process(instance=instance, raise_on_error=False, asset_selection=asset_selection,
                                          tags={**partition_range_tags(first, last), HELD_BACK_TAG: run_id},
                                          run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
-            span = first if first == last else f"{first}...{last}"
+            span = range_label(first, last)
             done.append(span if run.success else f"{span} (FAILED: run {run.run_id})")
         return done
 

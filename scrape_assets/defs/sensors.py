@@ -442,8 +442,13 @@ def held_back_load_sensor(
     ]
 
 
+def range_label(first: str, last: str) -> str:
+    """A partition range as Dagster's CLI takes it: ``first...last``, or ``first`` alone."""
+    return first if first == last else f"{first}...{last}"
+
+
 def _spans(ranges: list[tuple[str, str]]) -> str:
-    return ", ".join(f"{first}...{last}" if first != last else first for first, last in ranges)
+    return ", ".join(range_label(first, last) for first, last in ranges)
 
 
 defs = dg.Definitions(sensors=[success_rate_collapse_sensor, run_failure_alert_sensor, held_back_load_sensor])

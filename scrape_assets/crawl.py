@@ -66,22 +66,26 @@ class CrawlProgress:
 
         4,210/10,000 pages done, 3 failed for good; 37/100 categories complete; 312 pages/s
 
-    plus one line for each of the first :data:`MAX_FAILURE_LINES` pages that fail for good.
-    ``pages/s`` counts the pages this run settled (done or failed for good) per second of
+    plus one line for each of the first :data:`MAX_FAILURE_LINES` pages that fail for good,
+    given to ``warn`` (a WARNING in Dagster's log: a lost page stands out among the INFO
+    progress lines). ``pages/s`` counts the pages this run settled (done or failed for good) per second of
     the crawl: a site answering half its pages with 404 at 20 requests/s shows 20, not 10.
     Per-category figures go into the asset's metadata instead.
 
     Args:
         categories: categories in the run.
-        emit: called with each line (``context.log.info`` in an asset).
+        emit: called with each progress line (``context.log.info`` in an asset).
+        warn: called with each failed page's line and the line that caps them
+            (``context.log.warning`` in an asset); ``None``: ``emit``.
         every_s: seconds between periodic lines.
         clock: monotonic seconds (injectable for tests).
     """
 
-    def __init__(self, categories: int, emit: ProgressCallback, *, every_s: float = LOG_EVERY_S,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(self, categories: int, emit: ProgressCallback, *, warn: ProgressCallback | None = None,
+                 every_s: float = LOG_EVERY_S, clock: Callable[[], float] = time.monotonic):
         self.categories = categories
         self.emit = emit
+        self.warn = emit if warn is None else warn
         self.every_s = every_s
         self.clock = clock
         self._planned: dict[str, int] = {}
@@ -119,9 +123,9 @@ class CrawlProgress:
         self.pages_failed += 1
         self._settled_now += 1  # pages/s counts every page this run settled, failed ones too
         if self.pages_failed <= MAX_FAILURE_LINES:
-            self.emit(line)
+            self.warn(line)
         elif self.pages_failed == MAX_FAILURE_LINES + 1:
-            self.emit("more pages failed for good: only counted from now on (all are in the manifests and dead_letters)")
+            self.warn("more pages failed for good: only counted from now on (all are in the manifests and dead_letters)")
         self._tick()
 
     def category_done(self) -> None:
@@ -251,7 +255,8 @@ class PartitionCrawler:
         self.fetch_base_url = fetch_base_url
         self.max_attempts = max_attempts
         if not isinstance(progress, CrawlProgress):
-            progress = CrawlProgress(1, progress or (lambda line: logger.info(line)))
+            progress = (CrawlProgress(1, progress) if progress is not None
+                        else CrawlProgress(1, lambda line: logger.info(line), warn=lambda line: logger.warning(line)))
         self.progress = progress
         self._lock = asyncio.Lock()
         self._page_urls: UrlJoiner | None = None  # resolves page_url against the snapshot's start URL

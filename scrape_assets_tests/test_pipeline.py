@@ -330,6 +330,10 @@ def test_a_failed_fetch_never_deletes_rows_loaded_earlier(tmp_path, instance):
         assert (r["snapshot_id"] != new_snapshot) == carried, r
     letters = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(dead_letters)
     assert sorted((r["category"], r["http_status"]) for r in letters) == [("mystery", 404), ("travel", 500)]
+    # raw_pages warns of each page lost (the run itself succeeds): it stands out in the log
+    lost = sorted((e.level, e.user_message.split(" failed for good ")[0]) for e in instance.all_logs(result.run_id)
+                  if e.step_key == "raw_pages" and " failed for good (" in (e.user_message or ""))
+    assert lost == [(logging.WARNING, "mystery: page 2"), (logging.WARNING, "travel: page 1")]
     checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
     assert checks == {"parsed_products_match_schema": True, "parsed_products_match_site_count": True,
                       "products_table_matches_parsed": True}

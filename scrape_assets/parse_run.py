@@ -31,7 +31,6 @@ import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from scrape_assets.counts import counted
 from scrape_assets.errors import ManifestError
@@ -50,9 +49,7 @@ from scrape_assets.gc_tuning import gc_freeze_enabled
 from scrape_assets.manifest import Manifest, latest_manifest
 from scrape_assets.spec import SiteSpec
 from scrape_assets.storage import ObjectStore
-
-if TYPE_CHECKING:
-    from scrape_assets.validation_report import ValidationReport
+from scrape_assets.validation_report import ValidationReport, common_reasons
 
 #: Most worker processes :func:`default_workers` suggests (memory: each is a copy-on-write fork).
 MAX_DEFAULT_WORKERS = 4
@@ -131,7 +128,7 @@ def _validate(parsed: ParsedSnapshot, spec: SiteSpec) -> ValidationReport:
     pages = pages_frame(parsed.pages, max_rejected_share=spec.validation.max_rejected_share)
     report = validate_parsed(products_frame(parsed.products), pages)
     if not report.passed and parsed.rejects:  # say which field stopped parsing, not only which pages
-        reasons = dict(collections.Counter(r["reason"] for r in parsed.rejects).most_common(5))
+        reasons = common_reasons(r["reason"] for r in parsed.rejects)
         for case in report.failure_cases:
             if case["check"] == REJECTED_SHARE_CHECK:
                 case["reject_reasons"] = reasons

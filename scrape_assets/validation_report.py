@@ -7,6 +7,9 @@ needed validating, does not pay for that import.
 
 from __future__ import annotations
 
+import re
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 #: At most this many failure cases are kept in a ValidationReport (the count covers all).
@@ -36,6 +39,35 @@ class ValidationReport:
     failure_count: int
     failure_cases: list[dict] = field(default_factory=list)
     by_check: dict[str, int] = field(default_factory=dict)
+
+
+#: A quoted value ('...' or "..." as repr writes them) or a number in a reject reason.
+_VALUE = re.compile(r"""'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|\d+(?:[.,]\d+)*""")
+
+
+def reason_kind(reason: str) -> str:
+    """``reason`` with its quoted values and numbers blanked: the key reject reasons are counted by.
+
+    ``"product_id: '(\\d+)' does not match 'https://x/a-1'"`` and the same with another URL
+    are one kind, so a cause met by 30 cards counts 30, not 1 thirty times.
+    """
+    return _VALUE.sub("…", reason)
+
+
+def common_reasons(reasons: Iterable[str], *, limit: int = 5) -> dict[str, int]:
+    """The ``limit`` most common kinds of reject reason (:func:`reason_kind`), most common first.
+
+    Each kind is shown by its first reason as written (with one card's values) and counts
+    every reason of that kind: ``{"price: no number in 'N/A' (expected ...)": 30}`` for 30
+    cards whose prices were 'N/A', 'TBA', ... Ties keep the order first met.
+    """
+    first: dict[str, str] = {}
+    counts: Counter[str] = Counter()
+    for reason in reasons:
+        kind = reason_kind(reason)
+        first.setdefault(kind, reason)
+        counts[kind] += 1
+    return {first[kind]: n for kind, n in counts.most_common(limit)}
 
 
 def check_key(case: dict) -> str:

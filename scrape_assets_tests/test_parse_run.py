@@ -247,3 +247,35 @@ def test_a_crash_while_re_parsing_a_snapshot_leaves_no_state_vouching_for_unchec
     monkeypatch.undo()  # the next parse (no crash) parses again and vouches for its rows
     [result] = parse_run.parse_partitions(store, new_rules, ["travel"])
     assert result.figures["pages_parsed"] == 1 and load_parse_state(store, "demo", "travel").validated
+
+
+def test_reject_reasons_quoting_each_cards_value_are_counted_as_one_cause(crawled):
+    """A product_id regex that misses most URLs: every reject quotes its own URL, yet the
+    check's most common reasons count them as one cause, shown by its first card."""
+    from scrape_assets.extract import extract_snapshot
+    from scrape_assets.schemas import REJECTED_SHARE_CHECK
+
+    spec = SPEC.model_copy(update={"product_id": SPEC.product_id.model_copy(update={"regex": r"_(\d*7)/index\.html$"})})
+    store = ObjectStore(str(crawled))
+    manifest = latest_manifest(store, "demo", "mystery", complete=True)
+    parsed = extract_snapshot(store, manifest, spec, fetch_base_url=manifest.fetch_config.get("base_url", spec.base_url))
+    rejected = len(parsed.rejects)
+    assert 0 < len(parsed.products) < rejected  # ids ending in 7 only
+    assert len({r["reason"] for r in parsed.rejects}) == rejected  # each reason names its card's URL
+    report = parse_run._validate(parsed, spec)
+    (reasons,) = [c["reject_reasons"] for c in report.failure_cases if c["check"] == REJECTED_SHARE_CHECK][:1]
+    assert reasons == {parsed.rejects[0]["reason"]: rejected}
+    assert parsed.rejects[0]["reason"].startswith(r"product_id: '_(\d*7)/index\.html$' does not match 'http")
+
+
+def test_reason_kinds_blank_quoted_values_and_numbers_only():
+    from scrape_assets.validation_report import common_reasons, reason_kind
+
+    assert reason_kind("price: 0.00 in '£0,00' is not above zero") == "price: … in … is not above zero"
+    assert reason_kind('url: "it\'s" cannot be resolved') == "url: … cannot be resolved"
+    reasons = ["rating: no element matches 'p.star'", "price: no number in 'N/A' (expected an amount such as '£51.77')",
+               "price: no number in 'TBA' (expected an amount such as '£51.77')", "rating: no element matches 'p.stars'"]
+    # one kind per template; shown by its first reason; most common first, ties in the order met
+    assert common_reasons(reasons) == {"rating: no element matches 'p.star'": 2,
+                                       "price: no number in 'N/A' (expected an amount such as '£51.77')": 2}
+    assert common_reasons(reasons, limit=1) == {"rating: no element matches 'p.star'": 2}

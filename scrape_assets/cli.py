@@ -209,10 +209,17 @@ def run_figures(result) -> dict:
     """What one run did, from its materialization metadata (pages, 304s, parses, loads)."""
     from scrape_assets.defs.assets.partition_metadata import metadata_by_asset
 
+    from scrape_assets.defs.assets.parsed_products import COUNT_CHECK
+
     assets = metadata_by_asset(event.materialization for event in result.get_asset_materialization_events())
     raw, parsed, table, letters = (assets.get(a, {}) for a in ("raw_pages", "parsed_products", "products_table", "dead_letters"))
+    short: dict[str, dict] = {}  # category -> {cards_found, site_says}: the WARN check that does not stop the run
+    for evaluation in result.get_asset_check_evaluations():
+        if evaluation.check_name == COUNT_CHECK and not evaluation.passed and "mismatched" in evaluation.metadata:
+            short.update(evaluation.metadata["mismatched"].value)
     return {
         "success": result.success,
+        "categories_short_of_site_count": short,
         "requests_made": raw.get("requests_made"),
         "pages_done": raw.get("pages_done"),
         "pages_not_modified": raw.get("pages_not_modified"),
@@ -263,6 +270,10 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
             "  parsed          " + step("pages_parsed", lambda: (
                 f"{counted(run['pages_parsed'], 'page')} re-parsed, "
                 f"{counted(run['partitions_unchanged'], 'category')} unchanged"), "parsed_products"),
+            *([f"  fewer cards     than the site counts in {counted(len(short), 'category')}: " + _first_names(
+                [f"{c} ({f['cards_found']:,} of {f['site_says']:,})" for c, f in short.items()])
+               + " (pages the crawl did not reach: pagination, the spec's max_pages? loaded all the same)"]
+              if (short := run.get("categories_short_of_site_count")) else []),
             "  loaded          " + step("rows_loaded", lambda: (
                 f"{counted(run['rows_loaded'], 'row')} (re)loaded"
                 # Only by this run's loads: an unchanged category keeps its carried rows unloaded (Summary below).

@@ -40,6 +40,7 @@ def test_demo_command_runs_all_categories_in_one_run_and_prints_summary(tmp_path
     assert (home / "dagster.yaml").read_text() == (REPO_ROOT / "dagster.yaml").read_text()  # the project's settings
     assert "  requests        38 (0 not modified: 304), 0 pages failed for good" in out
     assert "  parsed          38 pages re-parsed, 0 categories unchanged" in out
+    assert "fewer cards" not in out  # every category holds as many cards as its page counts
     assert "  loaded          678 rows (re)loaded" in out
     assert "categories      12/12" in out
     assert "pages           38 done, 0 failed" in out

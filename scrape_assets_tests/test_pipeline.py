@@ -144,6 +144,19 @@ def test_a_category_with_fewer_cards_than_its_site_counts_is_a_warning_not_a_fai
     warnings = [e.user_message for e in instance.all_logs(result.run_id) if e.level == logging.WARNING]
     assert ("default: 60 product cards found on its pages, the site says 232 results: pages the crawl did not reach "
             "(pagination, the spec's max_pages)?") in warnings
+    # and `scrape-assets demo`'s account of the run says so beside its other figures
+    import io
+
+    from scrape_assets.cli import print_summary, run_figures
+
+    run = run_figures(result)
+    assert run["categories_short_of_site_count"] == {"default": {"cards_found": 60, "site_says": 232}}
+    out = io.StringIO()
+    print_summary({"site": "demo", "categories": 1, "categories_configured": 12, "pages_done": 3, "pages_failed": 0,
+                   "success_rate": 1.0, "products_loaded": 60, "dead_letters": 0, "object_storage": "/d/objects",
+                   "warehouse": "sqlite:////d/warehouse.db", "warehouse_site": "demo"}, run, out=out)
+    assert ("  fewer cards     than the site counts in 1 category: default (60 of 232) (pages the crawl did not reach: "
+            "pagination, the spec's max_pages? loaded all the same)") in out.getvalue().splitlines()
 
 
 def test_a_product_selector_matching_nothing_without_a_results_count_is_named_in_the_log(tmp_path, instance):

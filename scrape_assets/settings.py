@@ -158,6 +158,35 @@ def _number(env, name: str, kind: type, minimum: float, maximum: float | None = 
     return value
 
 
+#: A protocol written with "//" but no colon ("s3//bucket"): a relative folder to fsspec.
+_PROTOCOL_WITHOUT_COLON = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)//")
+
+
+def _protocol_meant(url: str) -> str | None:
+    """``s3//key:secret@bucket/prefix`` -> ``s3://bucket/prefix`` (credentials dropped); ``None``
+    when ``url`` does not start with a protocol and ``//``."""
+    match = None if "://" in url else _PROTOCOL_WITHOUT_COLON.match(url)
+    return None if match is None else redact_url(f"{match.group(1)}://{url[match.end():]}")
+
+
+def storage_url_problem(url: str) -> str | None:
+    """What is wrong with ``SCRAPE_STORAGE_URL=url`` that no store would report, or ``None``.
+
+    A value without ``://`` or ``::`` is a local folder to fsspec, so ``s3//bucket/prefix``
+    would write pages under ``./s3/bucket/prefix`` without a word; a relative folder
+    depends on the current folder of each process (the CLI, the UI's code server, a run
+    worker), which need not be the same. Both are refused; ``~`` is expanded.
+    """
+    if "://" in url or "::" in url or ":" in url.partition("/")[0]:
+        return None  # a URL (or s3:/bucket, which the store reports): the store decides
+    if meant := _protocol_meant(url):
+        return f"an object store URL with '://' after its protocol, e.g. {meant}, or an absolute folder"
+    if not os.path.isabs(os.path.expanduser(url)):
+        return (f"an absolute folder (this one is {os.path.abspath(url)} from this process's folder; the UI's code "
+                "server and run workers may start in another) or an object store URL such as s3://bucket/prefix")
+    return None
+
+
 def load_settings(env: dict | None = None) -> Settings:
     """Read and validate ``SCRAPE_*`` variables (``env`` defaults to ``os.environ``).
 
@@ -214,6 +243,10 @@ def load_settings(env: dict | None = None) -> Settings:
         raise SettingsError("SCRAPE_STORAGE_URL", redact_url(storage_url),
                             "a folder or an object store URL such as s3://bucket/prefix (memory:// keeps nothing once "
                             "the process ends, and a run's steps, the summary and the next run are other processes)")
+    if storage_url and (problem := storage_url_problem(storage_url)):
+        meant = _protocol_meant(storage_url)
+        shown = redact_url(storage_url) if meant is None else meant.replace("://", "//", 1)  # as typed, credentials out
+        raise SettingsError("SCRAPE_STORAGE_URL", shown, problem)
     resume_max_age_h = _number(env, "SCRAPE_RESUME_MAX_AGE_H", float, MIN_RESUME_MAX_AGE_H, maximum=MAX_RESUME_MAX_AGE_H)
     return Settings(
         site=site,

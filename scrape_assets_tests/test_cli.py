@@ -206,6 +206,17 @@ def test_bad_inputs_each_give_one_clear_error_naming_the_input(tmp_path):
             "scrape-assets: error: SCRAPE_STORAGE_URL='memory://objects' is invalid: expected a folder or an object "
             "store URL such as s3://bucket/prefix (memory:// keeps nothing once the process ends",
         ),
+        "storage URL without its colon": (  # else a folder ./s3/bucket/prefix, without a word
+            {"SCRAPE_STORAGE_URL": "s3//key:secret-token@bucket/prefix"},
+            "scrape-assets: error: SCRAPE_STORAGE_URL='s3//bucket/prefix' is invalid: expected an object store URL "
+            "with '://' after its protocol, e.g. s3://bucket/prefix, or an absolute folder",
+        ),
+        "storage in a relative folder": (
+            {"SCRAPE_STORAGE_URL": "objects"},
+            f"scrape-assets: error: SCRAPE_STORAGE_URL='objects' is invalid: expected an absolute folder (this one is "
+            f"{tmp_path / 'objects'} from this process's folder; the UI's code server and run workers may start in "
+            "another) or an object store URL such as s3://bucket/prefix",
+        ),
         "storage in memory behind a cache": (
             {"SCRAPE_STORAGE_URL": "simplecache::memory://objects"},
             "scrape-assets: error: SCRAPE_STORAGE_URL='simplecache::memory://objects' is invalid: expected a folder",

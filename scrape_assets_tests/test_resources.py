@@ -298,3 +298,14 @@ def test_every_scrape_variable_the_package_reads_is_a_known_setting():
     names = {n for n in names if not n.endswith("_")} - {"SCRAPE_ASSETS"}  # not prefixes, nor the Python name in defs/jobs.py
     assert names <= settings.KNOWN_VARIABLES, names - settings.KNOWN_VARIABLES
     assert "SCRAPE_DATA_DIR" in names and "SCRAPE_CRASHPOINT" in names  # the scan found them
+
+
+def test_storage_urls_the_settings_accept_and_refuse():
+    from scrape_assets.settings import storage_url_problem
+
+    for fine in ("/srv/scrape/objects", "~/objects", "s3://bucket/prefix", "file:///srv/objects",
+                 "simplecache::s3://bucket/p", "s3:/bucket"):  # the last: the store names its missing bucket
+        assert storage_url_problem(fine) is None, fine
+    assert storage_url_problem("gs//bucket/p").startswith("an object store URL with '://' after its protocol, "
+                                                          "e.g. gs://bucket/p")
+    assert storage_url_problem("./objects").startswith("an absolute folder (this one is ")

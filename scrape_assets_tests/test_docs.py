@@ -50,3 +50,23 @@ def test_the_readme_spec_example_loads(tmp_path):
     spec = load_spec(str(tmp_path / "my_shop.yaml"))
     assert (spec.name, list(spec.categories), spec.decimal_mark) == ("my_shop", ["travel"], ",")
     assert (spec.selectors.availability.css, spec.selectors.availability.attr) == ("p.availability", None)
+
+
+def test_options_the_readme_gives_dagster_asset_materialize_exist():
+    """Every ``--option`` in a ``dagster asset materialize`` command of the README (a code
+    span, or a code block's command with its continuation lines) is one the command takes:
+    a copied command must not stop at "No such option"."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    text = (REPO_ROOT / "README.md").read_text().replace("\\\n", " ")
+    commands = re.findall(r"dagster asset materialize([^`\n]*)", re.sub(r"`\s*\n\s*", "` ", text))
+    commands += re.findall(r"dagster asset materialize([^`]*?)`", text.replace("\n", " "))
+    used = {option for command in commands for option in re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", command)}
+    assert {"--select", "--partition", "--partition-range"} <= used  # the README's commands were found
+    dagster = Path(sys.executable).with_name("dagster")
+    help_text = subprocess.run([str(dagster), "asset", "materialize", "--help"], capture_output=True, text=True,
+                               timeout=120, check=True).stdout
+    taken = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", help_text))
+    assert used <= taken, f"not options of dagster asset materialize: {sorted(used - taken)}"

@@ -37,6 +37,8 @@ from scrape_assets.manifest import (
     load_manifest,
     open_snapshot,
     snapshot_folders,
+    retry_time,
+    seconds_until,
     snapshot_sort_key,
     utc_now_iso,
 )
@@ -465,6 +467,7 @@ class PartitionCrawler:
         entry.etag, entry.last_modified, entry.body_key = old.etag, old.last_modified, previous.body_key(m)
         entry.final_url = old.final_url
         entry.assumed_unchanged = True
+        entry.last_error = entry.retry_at = None  # of an attempt an earlier run made on it
 
     def _same_as_saved(self, entry: PageEntry) -> bool:
         """Whether a done page holds the content of its saved copy (a 304, the same bytes, or a
@@ -649,7 +652,7 @@ class PartitionCrawler:
     def _fail_for_good(self, n: int, reason: str) -> None:
         """Record page ``n`` as failed (it becomes a dead letter) and report it."""
         entry = self.manifest.pages[n]
-        entry.status, entry.last_error = "failed", reason
+        entry.status, entry.last_error, entry.retry_at = "failed", reason, None
         self.manifest.record(self.store, n)
         self.progress.page_failed(f"{self.category}: page {n} failed for good ({reason}) {entry.url}")
 
@@ -665,8 +668,17 @@ class PartitionCrawler:
         entry = manifest.pages[n]
         if entry.attempts >= self.max_attempts:
             # The last allowed attempt was in flight when an earlier run died.
-            self._fail_for_good(n, entry.last_error or "attempts_exhausted: interrupted on the last attempt")
+            self._fail_for_good(n, "attempts_exhausted: interrupted on the last attempt" + (
+                f" (the one before: {entry.last_error})" if entry.last_error else ""))
             return
+
+        async def on_retry(exc: FetchError, delay_s: float) -> None:
+            # Persisted before the back-off: a run resuming after a crash waits out the rest of
+            # it, Retry-After included, instead of asking again at once.
+            entry.retry_at = retry_time(delay_s)
+            entry.last_error = exc.reason + (f": {exc.detail}" if exc.detail else "")
+            entry.http_status = exc.http_status
+            manifest.record(self.store, n)
 
         async def on_attempt(attempt: int) -> None:
             entry.attempts = attempt
@@ -689,6 +701,7 @@ class PartitionCrawler:
             return self.fetcher.fetch(
                 entry.url, prior_attempts=entry.attempts, on_attempt=on_attempt, headers=headers or None,
                 on_attempt_cancelled=lambda _attempt: self._give_back_attempt(n),  # in flight when cancelled
+                on_retry=on_retry, wait_s=seconds_until(entry.retry_at),
                 # The copy's validators go to the URL it came from (its redirect target), no other (RFC 9110 §15.4).
                 validators_url=(old.final_url or old.url) if headers else None,
             )
@@ -750,7 +763,7 @@ class PartitionCrawler:
         entry.final_url = page.final_url if page.redirected else None
         entry.content_hash = content_hash
         entry.fetched_at = utc_now_iso()
-        entry.last_error = None
+        entry.last_error = entry.retry_at = None
         # The response's validators; the saved copy's only for the same content (a 304 may omit
         # them). One that cannot be sent back as a header (non-ASCII) is not kept.
         entry.etag = sendable_validator(page.headers.get("etag") or (old.etag if same else None))

@@ -355,6 +355,8 @@ class PageFetcher:
         headers: Mapping[str, str] | None = None,
         on_attempt_cancelled: Callable[[int], None] | None = None,
         validators_url: str | None = None,
+        on_retry: Callable[[TransientFetchError, float], Awaitable[None]] | None = None,
+        wait_s: float = 0.0,
     ) -> FetchedPage:
         """Fetch ``url`` with GET, following same-origin redirects, retrying transient failures.
 
@@ -378,6 +380,13 @@ class PageFetcher:
                 included), e.g. to uncount it. Not called for a cancel while the first hop waits
                 for a slot (nothing counted yet) or during the backoff after a failed attempt
                 (that one counts).
+            on_retry: awaited after a failed attempt that will be retried, before the
+                back-off, with the error and the back-off in seconds (``Retry-After``
+                honoured, RFC 9110 §10.2.3), e.g. to persist when the page may be asked
+                again, so that a run resuming after a crash waits too. Its exceptions propagate.
+            wait_s: seconds to wait before the first attempt (what remains of an earlier
+                run's back-off for this page), with the back-off's sleep; at most
+                ``max(policy.retry_after_max_s, policy.backoff_max_s)``.
 
         Returns:
             The :class:`FetchedPage` (status 200, 203 or 304).
@@ -394,7 +403,7 @@ class PageFetcher:
             raise ValueError(f"prior_attempts must be >= 0, got {prior_attempts}")
         try:
             return await self._fetch(url, prior_attempts, on_attempt, dict(headers or {}), on_attempt_cancelled,
-                                     validators_url)
+                                     validators_url, on_retry, wait_s)
         except FetchError as exc:
             # INFO: the error is raised to the caller, who reports it (the crawler: one line per
             # page failed for good, and the dead letters); a WARNING here printed it twice.
@@ -415,6 +424,8 @@ class PageFetcher:
         extra_headers: dict[str, str],
         on_attempt_cancelled: Callable[[int], None] | None = None,
         validators_url: str | None = None,
+        on_retry: Callable[[TransientFetchError, float], Awaitable[None]] | None = None,
+        wait_s: float = 0.0,
     ) -> FetchedPage:
         try:
             parsed = httpx.URL(url)
@@ -432,6 +443,11 @@ class PageFetcher:
                 url, "attempts_exhausted", f"{prior_attempts} of {max_attempts} attempts already made",
                 attempts=prior_attempts,
             )
+        if wait_s > 0:  # an earlier run's back-off (or Retry-After) for this page, not over yet
+            wait_s = min(wait_s, max(self.policy.retry_after_max_s, self.policy.backoff_max_s))
+            logger.info("%s: waiting %.2f s more before attempt %d, as the earlier run's back-off asked", url, wait_s,
+                        prior_attempts + 1)
+            await self._sleep(wait_s)
         attempt = prior_attempts
         while True:
             attempt += 1
@@ -452,6 +468,8 @@ class PageFetcher:
                     rng=self._rng,
                 )
                 logger.info("attempt %d/%d on %s failed (%s); retrying in %.2f s", attempt, max_attempts, url, exc.reason, delay)
+                if on_retry is not None:
+                    await on_retry(exc, delay)
                 await self._sleep(delay)
 
     async def _check_robots(self, page_url: str, url: str, attempts: int, parsed: httpx.URL | None = None) -> None:

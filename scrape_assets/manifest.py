@@ -60,6 +60,29 @@ def utc_now_iso(now: datetime | None = None) -> str:
     return (now or datetime.now(timezone.utc)).strftime(_ISO_SECONDS)
 
 
+def retry_time(delay_s: float, now: datetime | None = None) -> str:
+    """``delay_s`` seconds after ``now`` (default: the clock), as :func:`utc_now_iso` gives it,
+    rounded up to the second: a :attr:`PageEntry.retry_at` is never earlier than asked."""
+    until = (now or datetime.now(timezone.utc)) + timedelta(seconds=max(delay_s, 0.0))
+    if until.microsecond:
+        until += timedelta(microseconds=1_000_000 - until.microsecond)
+    return utc_now_iso(until)
+
+
+def seconds_until(when: str | None, now: datetime | None = None) -> float:
+    """Seconds from ``now`` (default: the clock) to the UTC ISO 8601 time ``when``; 0 when
+    ``when`` is ``None``, past, or not such a time (a hand-edited manifest waits for nothing)."""
+    if not when:
+        return 0.0
+    try:
+        moment = datetime.fromisoformat(when)
+    except ValueError:
+        return 0.0
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return max((moment - (now or datetime.now(timezone.utc))).total_seconds(), 0.0)
+
+
 #: A snapshot folder's name: :func:`new_snapshot_id`'s, with ``-N`` for a later one in the same second.
 SNAPSHOT_ID = re.compile(r"\d{4}-\d{2}-\d{2}T\d{6}Z(-\d+)?")
 
@@ -115,6 +138,11 @@ class PageEntry:
         final_url: the URL that answered after same-origin redirects, when it is not
             ``url`` (a category moved with a 301): the page's relative links are resolved
             against it, as a browser does. ``None`` when the page was not redirected.
+        retry_at: while a ``pending`` page waits between attempts: the UTC ISO 8601 time
+            (rounded up to the second) before which it is not asked again, from its last
+            failure's back-off or ``Retry-After`` (RFC 9110 §10.2.3); a run resuming the
+            snapshot waits until then. ``last_error`` and ``http_status`` then describe
+            that failure. ``None`` otherwise.
     """
 
     url: str
@@ -132,6 +160,7 @@ class PageEntry:
     not_modified: bool = False
     assumed_unchanged: bool = False
     final_url: str | None = None
+    retry_at: str | None = None
 
 
 _ENTRY_FIELDS = tuple(f.name for f in fields(PageEntry))
@@ -146,12 +175,13 @@ def _charset_mark(content_type: str | None) -> str:
 def _entry_dict(entry: PageEntry) -> dict:
     """The entry's fields as a dict (what ``dataclasses.asdict`` gives, without its deep copies).
 
-    ``final_url`` only when set (a redirected page): manifests of pages never redirected stay
-    readable by versions that predate the field.
+    ``final_url`` and ``retry_at`` only when set (a redirected page, a page between two
+    attempts): manifests without them stay readable by versions that predate the fields.
     """
     out = {name: getattr(entry, name) for name in _ENTRY_FIELDS}
-    if out["final_url"] is None:
-        del out["final_url"]
+    for optional in ("final_url", "retry_at"):
+        if out[optional] is None:
+            del out[optional]
     return out
 
 

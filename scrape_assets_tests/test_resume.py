@@ -498,3 +498,98 @@ def test_raw_pages_refuses_to_resume_a_snapshot_of_the_categorys_old_url(tmp_pat
     fresh = latest_manifest(object_store, "demo", "travel")
     assert report.snapshot_id == fresh.snapshot_id != old.snapshot_id
     assert fresh.start_url != old_url and fresh.pages[1].url == fresh.start_url and fresh.is_complete
+
+
+PAGE_2 = r"mystery_3/page-2\.html$"
+
+
+def _stop_during_page_2s_back_off(site, store) -> None:
+    """Crawl mystery until page 2's back-off is recorded in its manifest, then cancel the crawl
+    (as a run stopped there; a SIGKILL leaves the same manifest)."""
+    import asyncio
+    import logging
+
+    from scrape_assets.defs.assets.raw_pages import crawl_partitions
+
+    def waiting() -> bool:
+        manifest = latest_manifest(ObjectStore(store.url), "demo", "mystery")
+        return manifest is not None and 2 in manifest.pages and manifest.pages[2].retry_at is not None
+
+    async def run():
+        crawl = asyncio.create_task(crawl_partitions(site, store, ["mystery"], new_snapshot=False,
+                                                     log=logging.getLogger("t")))
+        while not waiting():
+            assert not crawl.done()
+            await asyncio.sleep(0.02)
+        crawl.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await crawl
+
+    asyncio.run(run())
+
+
+def _resume_mystery(site, store):
+    import asyncio
+    import logging
+
+    from scrape_assets.defs.assets.raw_pages import crawl_partitions
+
+    [report] = asyncio.run(crawl_partitions(site, store, ["mystery"], new_snapshot=False, log=logging.getLogger("t")))
+    return report
+
+
+def test_a_resumed_page_waits_out_the_retry_after_its_last_answer_asked_for(tmp_path):
+    """Mystery's page 2 answers 503 with Retry-After: 3; the crawl is stopped during that
+    back-off and resumed at once. The manifest kept when the page may be asked again, so the
+    resumed run waits out the rest instead of asking at once (RFC 9110 §10.2.3); the page's
+    entry says why it waits, and forgets it once done."""
+    from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
+    from scrape_assets.faults import FaultSpec
+    from scrape_assets.manifest import seconds_until
+    from scrape_assets_tests.fault_scenarios import fault_server
+
+    store = ObjectStoreResource(url=str(tmp_path / "objects"))
+    spec = FaultSpec.model_validate({"rules": [{"match": PAGE_2, "fault": "http_error", "status": 503,
+                                                "retry_after_s": 3}]})
+    with fault_server(spec) as server:
+        site = SiteResource(site="demo", base_url=server.base_url, max_attempts=3)
+        _stop_during_page_2s_back_off(site, store)
+        entry = latest_manifest(ObjectStore(store.url), "demo", "mystery").pages[2]
+        assert (entry.status, entry.attempts, entry.http_status) == ("pending", 1, 503)
+        assert entry.last_error.startswith("http_503")
+        assert 1.5 < seconds_until(entry.retry_at) <= 4  # 3 s asked, rounded up to the second
+        server.spec = FaultSpec()  # the site is fine again: only the wait is left
+        resumed = time.monotonic()
+        report = _resume_mystery(site, store)
+        answers = [e for e in server.fault_log if e.path.endswith("mystery_3/page-2.html")]
+    assert report.resumed and (report.pages_done, report.pages_failed) == (2, 0)
+    assert [(e.attempt, e.status) for e in answers] == [(1, 503), (2, 200)]
+    assert answers[1].at_s - answers[0].answered_s >= 3.0  # not before Retry-After, across the two runs
+    assert answers[1].at_s - resumed > 1.0  # the resumed run waited (it started well inside the 3 s)
+    entry = latest_manifest(ObjectStore(store.url), "demo", "mystery").pages[2]
+    assert (entry.status, entry.attempts, entry.retry_at, entry.last_error) == ("done", 2, None, None)
+
+
+def test_a_page_whose_last_attempt_was_cut_short_keeps_the_failure_before_it(tmp_path):
+    """Page 2 failed with a 503, then a run died while its last allowed attempt was in flight:
+    the resume dead-letters it without asking again, and the dead letter names that 503."""
+    from scrape_assets.defs.assets.dead_letters import dead_letter_rows
+    from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
+    from scrape_assets.faults import FaultSpec
+    from scrape_assets_tests.fault_scenarios import fault_server
+
+    store = ObjectStoreResource(url=str(tmp_path / "objects"))
+    spec = FaultSpec.model_validate({"rules": [{"match": PAGE_2, "fault": "http_error", "status": 503,
+                                                "retry_after_s": 1}]})
+    with fault_server(spec) as server:
+        site = SiteResource(site="demo", base_url=server.base_url, max_attempts=2)
+        _stop_during_page_2s_back_off(site, store)
+        manifest = latest_manifest(ObjectStore(store.url), "demo", "mystery")
+        manifest.pages[2].attempts = 2  # the last attempt sent, then the process died
+        manifest.save(ObjectStore(store.url))
+        report = _resume_mystery(site, store)
+        asked = [e for e in server.fault_log if e.path.endswith("mystery_3/page-2.html")]
+    assert len(asked) == 1 and (report.pages_done, report.pages_failed) == (1, 1)  # not asked again
+    [letter] = dead_letter_rows(latest_manifest(ObjectStore(store.url), "demo", "mystery"), [])
+    assert letter["reason"].startswith("attempts_exhausted: interrupted on the last attempt (the one before: http_503")
+    assert (letter["http_status"], letter["attempts"]) == (503, 2)

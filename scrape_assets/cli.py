@@ -562,8 +562,10 @@ def _pools_held(instance, run_id: str) -> list[str]:
                   if any(slot.run_id == run_id for slot in storage.get_concurrency_info(key).claimed_slots))
 
 
-def run_demo(new_snapshot: bool = False) -> int:
-    """Materialize all assets for all categories in one run; print a summary. Returns an exit code."""
+def run_demo(new_snapshot: bool = False, min_success_rate: float | None = None) -> int:
+    """Materialize all assets for all categories in one run; print a summary. Returns an exit code:
+    1 when the run failed, or when the summary's success rate is below ``min_success_rate``
+    (a fraction; :func:`below_success_rate`)."""
     from scrape_assets.definitions import defs
     from scrape_assets.defs.jobs import all_categories_tags, category_partitions
     from scrape_assets.defs.resources import build_resources
@@ -607,6 +609,9 @@ def run_demo(new_snapshot: bool = False) -> int:
         print(held_back)
     if not result.success:
         print(f"\nrun {result.run_id} did not succeed; see `{summary['ui_command']}` for the failed step", file=sys.stderr)
+        return 1
+    if short := below_success_rate(summary, min_success_rate):
+        print(f"\nscrape-assets: {short}", file=sys.stderr)
         return 1
     return 0
 
@@ -776,6 +781,35 @@ def _to_a_reader(write: Callable[[], int]) -> int:
         return 1
 
 
+def _percent(text: str) -> float:
+    """argparse type: a percentage 0..100, with or without its ``%`` (``90``, ``99.5%``), as a fraction."""
+    try:
+        value = float(text.strip().removesuffix("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage from 0 to 100, e.g. 90 or 99.5%, got {text!r}") from None
+    if not 0 <= value <= 100:  # nan too
+        raise argparse.ArgumentTypeError(f"expected a percentage from 0 to 100, e.g. 90 or 99.5%, got {text!r}")
+    return value / 100
+
+
+def below_success_rate(summary: dict, minimum: float | None) -> str | None:
+    """Why ``summary`` (:func:`summarize`) falls short of ``--min-success-rate`` (a fraction), or ``None``.
+
+    The rate is the summary's: pages done / (done + failed) over the latest complete snapshot
+    of every category. No complete snapshot at all falls short too (nothing was fetched).
+    """
+    if minimum is None:
+        return None
+    done, failed = summary["pages_done"], summary["pages_failed"]
+    if done + failed == 0:
+        return (f"no complete snapshot of {summary['site']} in {summary['object_storage']} yet: nothing to hold to "
+                f"--min-success-rate {minimum:.1%}")
+    if summary["success_rate"] >= minimum:
+        return None
+    return (f"success rate {summary['success_rate']:.1%} ({done:,} pages done, {failed:,} failed in the latest complete "
+            f"snapshots) is below --min-success-rate {minimum:.1%}; the failed pages' reasons are in `dead_letters`")
+
+
 def _port(text: str) -> int:
     """argparse type: a TCP port 0..65535 (0: any free port)."""
     try:
@@ -812,12 +846,17 @@ def main(argv: list[str] | None = None) -> int:
 
     demo = command("demo", "materialize every asset for every category of the site in one run, then print a summary")
     demo.add_argument("--new-snapshot", action="store_true", help="start new snapshots even if one is incomplete")
+    rate_help = ("exit 1 when the summary's success rate (pages done / done + failed, latest complete snapshot of "
+                 "every category) is below this percentage, e.g. 90: a site that is down fails CI (default: never)")
+    demo.add_argument("--min-success-rate", type=_percent, metavar="PERCENT", help=rate_help)
     serve = command("serve-demo", "serve the demo catalogue over real sockets until Ctrl-C")
     serve.add_argument("--port", type=_port, default=8000, help="0..65535; 0 picks a free port (default 8000)")
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default 127.0.0.1; another address exposes the demo to the network)")
     serve.add_argument("--faults", metavar="FILE", help="inject the faults of this spec (see scrape_assets/faults.py)")
-    command("summary", "print what is stored now: categories, pages, products, dead letters (reads only)")
+    summary_command = command("summary", "print what is stored now: categories, pages, products, dead letters "
+                                         "(reads only)")
+    summary_command.add_argument("--min-success-rate", type=_percent, metavar="PERCENT", help=rate_help)
     command("categories", "list the site's categories (the partition keys) in the spec's order, one per line")
     prune = command("prune", "delete old snapshots, keeping the newest N complete ones per category")
     prune.add_argument("--keep", type=_at_least_one, required=True, metavar="N",
@@ -831,7 +870,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "demo":
-            return run_demo(new_snapshot=args.new_snapshot)
+            return run_demo(new_snapshot=args.new_snapshot, min_success_rate=args.min_success_rate)
         if args.command == "serve-demo":
             return run_serve_demo(args.host, args.port, args.faults)
         if args.command == "prune":
@@ -844,7 +883,11 @@ def main(argv: list[str] | None = None) -> int:
             from scrape_assets.defs.resources import build_resources
 
             summary = summarize(build_resources(secrets_as_env_vars=False))
-            return _to_a_reader(lambda: print_summary(summary) or 0)
+            code = _to_a_reader(lambda: print_summary(summary) or 0)
+            if code == 0 and (short := below_success_rate(summary, args.min_success_rate)):
+                print(f"scrape-assets: {short}", file=sys.stderr)
+                return 1
+            return code
     except StorageError as exc:  # e.g. an unknown protocol, found when the definitions load
         usable = "can read" if args.command == "summary" or getattr(args, "dry_run", False) else "can write"
         print(f"scrape-assets: error: {storage_setting_error(exc, usable)}", file=sys.stderr)

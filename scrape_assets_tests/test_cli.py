@@ -984,3 +984,47 @@ def test_a_relative_dagster_home_is_taken_from_the_current_folder(tmp_path, monk
     with _instance() as instance:
         assert instance.root_directory == str(tmp_path / "home")
     assert os.environ["DAGSTER_HOME"] == str(tmp_path / "home") and (tmp_path / "home" / "dagster.yaml").is_file()
+
+
+def test_min_success_rate_makes_a_site_that_is_down_fail_the_command(tmp_path):
+    """A run whose pages all failed succeeds (failures are data): CI that wants a red build
+    for it gives --min-success-rate to demo or summary, which then exit 1 saying why."""
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on: the site is down
+        probe.bind(("127.0.0.1", 0))
+        down = f"http://127.0.0.1:{probe.getsockname()[1]}/"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCRAPE_")}
+    env.update(DAGSTER_HOME=str(tmp_path / "home"), SCRAPE_DATA_DIR=str(tmp_path / "data"), SCRAPE_MAX_ATTEMPTS="1")
+    cli = [str(Path(sys.executable).with_name("scrape-assets"))]
+
+    def run(*args, **more):
+        return subprocess.run(cli + list(args), env={**env, **more}, capture_output=True, text=True, timeout=300,
+                              cwd=tmp_path)
+
+    outage = run("demo", "--min-success-rate", "90", SCRAPE_BASE_URL=down)
+    assert outage.returncode == 1, outage.stderr[-3000:]
+    assert "  success rate    0.0%" in outage.stdout
+    assert outage.stderr.rstrip().splitlines()[-1] == (
+        "scrape-assets: success rate 0.0% (0 pages done, 12 failed in the latest complete snapshots) is below "
+        "--min-success-rate 90.0%; the failed pages' reasons are in `dead_letters`")
+    assert run("summary").returncode == 0  # without the option: the summary's old contract
+    summary = run("summary", "--min-success-rate", "90%")
+    assert summary.returncode == 1 and "is below --min-success-rate 90.0%" in summary.stderr
+    assert "  success rate    0.0%" in summary.stdout  # printed all the same
+    healthy = run("demo", "--min-success-rate", "100")  # the in-process demo site: every page done
+    assert healthy.returncode == 0, healthy.stderr[-3000:]
+    assert run("summary", "--min-success-rate", "100").returncode == 0
+    bad = run("summary", "--min-success-rate", "150")
+    assert bad.returncode == 2 and "expected a percentage from 0 to 100, e.g. 90 or 99.5%, got '150'" in bad.stderr
+
+
+def test_min_success_rate_of_a_storage_without_snapshots_is_not_met():
+    from scrape_assets.cli import below_success_rate
+
+    empty = {"site": "demo", "object_storage": "/d/objects", "pages_done": 0, "pages_failed": 0, "success_rate": 1.0}
+    assert below_success_rate(empty, None) is None
+    assert below_success_rate(empty, 0.0).startswith("no complete snapshot of demo in /d/objects yet")
+    some = {**empty, "pages_done": 9, "pages_failed": 1, "success_rate": 0.9}
+    assert below_success_rate(some, 0.9) is None
+    assert below_success_rate(some, 0.95).startswith("success rate 90.0% (9 pages done, 1 failed")

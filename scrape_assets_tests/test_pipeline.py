@@ -297,6 +297,46 @@ def _serve(spec_text: str, port: int = 0):
     return server
 
 
+def test_a_page_that_lost_every_card_is_a_dead_letter_of_the_held_back_category(tmp_path, instance):
+    """Travel's page comes back with no product card but its results count: the blocking
+    check holds the load back, and the follow-up's dead_letters records the page itself
+    (it has no rejected card that could stand for it), then forgets it once it parses."""
+    broken = _serve("rules:\n  - {match: 'travel_2/index\\.html$', fault: zero_products}\n")
+    try:
+        res = make_resources(tmp_path, base_url=broken.base_url)
+        result = materialize(instance, res, ["travel", "mystery"], raise_on_error=False)
+        assert not result.success
+        checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
+        assert checks["parsed_products_match_schema"] is False
+        # what held_back_load_sensor (and scrape-assets demo) run for the failing category
+        assert materialize(instance, res, ["travel"], selection=["dead_letters"]).success
+        letters = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(dead_letters)
+        assert [(r["category"], r["stage"], r["http_status"], r["attempts"], r["url"].rsplit("/", 2)[-2:])
+                for r in letters] == [("travel", "parse", 200, 1, ["travel_2", "index.html"])]
+        assert letters[0]["reason"].startswith("layout_guard: no product card matched selectors.product while the "
+                                               "site says the page lists products")
+    finally:
+        broken.shutdown()
+        broken.server_close()
+    healthy = _serve("rules: []\n", broken.server_address[1])
+    try:
+        assert materialize(instance, res, ["travel", "mystery"]).success
+    finally:
+        healthy.shutdown()
+        healthy.server_close()
+    assert Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(dead_letters) == []
+
+
+def test_dead_letters_of_pages_name_what_the_schema_refused():
+    from scrape_assets.defs.assets.dead_letters import NO_CARD_REASON, UNRECOGNISED_REASON, page_parse_failure
+
+    page = {"site_claims_products": True, "cards_found": 20, "products_parsed": 0, "listing_recognised": True}
+    assert page_parse_failure(page) is None  # every card rejected: the cards are the dead letters
+    assert page_parse_failure({**page, "cards_found": 0}) == NO_CARD_REASON
+    assert page_parse_failure({**page, "cards_found": 0, "site_claims_products": False}) is None  # an empty listing
+    assert page_parse_failure({**page, "cards_found": 0, "listing_recognised": False}) == UNRECOGNISED_REASON
+
+
 def test_a_failed_fetch_never_deletes_rows_loaded_earlier(tmp_path, instance):
     """Pages that fail (or are never reached) keep their earlier rows, carried forward."""
     healthy = _serve("rules: []\n")

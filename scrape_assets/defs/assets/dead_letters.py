@@ -14,11 +14,31 @@ from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import dead_letters as dead_letters_table
 
 
-def dead_letter_rows(manifest: Manifest, parse_rejects: list[dict]) -> list[dict]:
+#: Reasons of a page that parsed to nothing the schema's page guards accept (stage ``parse``):
+#: its cards, if any, are dead letters of their own.
+NO_CARD_REASON = ("layout_guard: no product card matched selectors.product while the site says the page lists "
+                  "products; the layout may have changed")
+UNRECOGNISED_REASON = ("unrecognised_page: neither a product card nor the listing's pager, next link or results "
+                       "count (a bot check, or an error page served with status 200?)")
+
+
+def page_parse_failure(page: dict) -> str | None:
+    """Why a parsed page (a ``ParsedSnapshot.pages`` row) fails the schema's page guards with no
+    card to blame (``layout_guard`` with no card found, ``unrecognised_page``), or ``None``."""
+    if not page["listing_recognised"]:
+        return UNRECOGNISED_REASON
+    if page["site_claims_products"] and page["cards_found"] == 0:
+        return NO_CARD_REASON
+    return None
+
+
+def dead_letter_rows(manifest: Manifest, parse_rejects: list[dict], parsed_pages: list[dict] = ()) -> list[dict]:
     """Rows ``category, url, stage, reason, http_status, attempts, snapshot_id, recorded_at``.
 
     Failed pages come from the manifest (stage ``fetch``); product cards the parser
-    rejected come from ``parsed.json`` (stage ``parse``).
+    rejected come from ``parsed.json`` (stage ``parse``), as do pages of ``parsed_pages``
+    that hold no card while the site says they list products, or that are no listing at
+    all (:func:`page_parse_failure`; stage ``parse``, with the page's HTTP status and attempts).
     """
     now = utc_now_iso()
     rows = [
@@ -48,6 +68,18 @@ def dead_letter_rows(manifest: Manifest, parse_rejects: list[dict]) -> list[dict
         }
         for reject in parse_rejects
     ]
+    for page in parsed_pages:
+        if (reason := page_parse_failure(page)) and (entry := manifest.pages.get(page["page_number"])) is not None:
+            rows.append({
+                "category": manifest.category,
+                "url": entry.url,
+                "stage": "parse",
+                "reason": reason,
+                "http_status": entry.http_status,
+                "attempts": entry.attempts,
+                "snapshot_id": manifest.snapshot_id,
+                "recorded_at": now,
+            })
     return rows
 
 
@@ -93,8 +125,13 @@ def dead_letters(
                 counts[category] = 0
                 continue
             state = load_parse_state(object_store, spec.name, category)
-            rejects = load_current(object_store, spec.name, category)[0].rejects if state is None or state.rejects else []
-            rows = dead_letter_rows(manifest, rejects)
+            rejects, pages = [], []
+            # parsed.json is read only when it may hold dead letters: rejected cards, or pages the
+            # schema refused (a passing category's pages all passed its page guards).
+            if state is None or state.rejects or not state.validated:
+                current = load_current(object_store, spec.name, category)[0]
+                rejects, pages = current.rejects, (current.pages if state is None or not state.validated else [])
+            rows = dead_letter_rows(manifest, rejects, pages)
             object_store.sweep_temp_files(manifest.prefix, names=["dead_letters.json"])  # left by a crash
             # A snapshot this run opened is written without a read first (on S3 a GET, most
             # likely of a file not there yet); one an earlier run opened is read first.

@@ -158,6 +158,17 @@ def _number(env, name: str, kind: type, minimum: float, maximum: float | None = 
     return value
 
 
+def _file_in_the_way(folder: Path) -> Path | None:
+    """``folder`` itself, or the nearest of its parents that exists, when that is not a folder."""
+    try:
+        for path in (folder, *folder.parents):
+            if path.exists():
+                return None if path.is_dir() else path
+    except OSError:  # not ours to look into: the write probe says what is wrong
+        return None
+    return None
+
+
 #: A protocol written with "//" but no colon ("s3//bucket"): a relative folder to fsspec.
 _PROTOCOL_WITHOUT_COLON = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)//")
 
@@ -204,6 +215,9 @@ def load_settings(env: dict | None = None) -> Settings:
             logger.warning("%s is not a setting of scrape_assets: ignored%s", name,
                            f" (did you mean {close}?)" if close else " (the settings: README, Configuration)")
     data_path = data_folder(env)
+    if (blocker := _file_in_the_way(data_path)) is not None:
+        raise SettingsError("SCRAPE_DATA_DIR", env.get("SCRAPE_DATA_DIR") or DEFAULT_DATA_DIR,
+                            f"a folder this process can write ({blocker} is a file, not a folder)")
     site = env.get("SCRAPE_SITE") or "demo"
     try:
         load_spec(site)  # fail early, naming the input

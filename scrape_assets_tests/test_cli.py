@@ -131,7 +131,7 @@ def test_bad_inputs_each_give_one_clear_error_naming_the_input(tmp_path):
         "unwritable data dir": (
             {"SCRAPE_DATA_DIR": str(blocker / "data")},
             f"scrape-assets: error: SCRAPE_DATA_DIR='{blocker / 'data'}' is invalid: expected a folder this "
-            "process can write (object storage is not writable",
+            f"process can write ({blocker} is a file, not a folder)",
         ),
         "unreachable storage URL": (
             {"SCRAPE_STORAGE_URL": "nosuchproto://key:secret-token@bucket/prefix"},
@@ -1028,3 +1028,32 @@ def test_min_success_rate_of_a_storage_without_snapshots_is_not_met():
     some = {**empty, "pages_done": 9, "pages_failed": 1, "success_rate": 0.9}
     assert below_success_rate(some, 0.9) is None
     assert below_success_rate(some, 0.95).startswith("success rate 90.0% (9 pages done, 1 failed")
+
+
+def test_bad_settings_stop_dagster_asset_materialize_before_it_creates_a_run(tmp_path):
+    """A mistyped warehouse URL, or a data folder under a file, is found when the definitions
+    load: the command ends with the line naming the variable, and the instance has no run."""
+    import dagster as dg
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    dagster = str(Path(sys.executable).with_name("dagster"))
+    cases = {
+        "SCRAPE_WAREHOUSE_URL": ("nosuchdb://u:secret-token@x/y",
+                                 "SCRAPE_WAREHOUSE_URL='nosuchdb://x/y' is invalid: expected a SQLAlchemy URL"),
+        "SCRAPE_DATA_DIR": (str(blocker / "data"), f"SCRAPE_DATA_DIR='{blocker / 'data'}' is invalid: expected a "
+                                                   f"folder this process can write ({blocker} is a file, not a folder)"),
+    }
+    for name, (value, expected) in cases.items():
+        home = tmp_path / f"home-{name}"
+        home.mkdir()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SCRAPE_")}
+        env.update({"DAGSTER_HOME": str(home), "SCRAPE_DATA_DIR": str(tmp_path / "data"), name: value})
+        done = subprocess.run([dagster, "asset", "materialize", "-m", "scrape_assets.definitions", "--select",
+                               "raw_pages", "--partition", "travel"], env=env, capture_output=True, text=True,
+                              timeout=300, cwd=tmp_path)
+        assert done.returncode != 0, name
+        assert expected in done.stderr, (name, done.stderr[-2000:])
+        assert "secret-token" not in done.stderr + done.stdout, name
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            assert instance.get_runs() == [], name  # stopped before a run was created

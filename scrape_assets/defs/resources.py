@@ -243,6 +243,10 @@ def build_resources(env: dict | None = None, *, secrets_as_env_vars: bool = True
     """
     settings = load_settings(env)
     values = dict(os.environ if env is None else env)
+    if settings.warehouse_url_set:
+        # Parsed here, when the definitions load (no connection is made): a mistyped URL or a
+        # missing driver stops `dagster asset materialize` before it creates a run, not in raw_pages.
+        Warehouse(values["SCRAPE_WAREHOUSE_URL"]).close()
 
     def secret(name: str, is_set: bool) -> str | None:
         if not is_set:

@@ -652,7 +652,7 @@ class PartitionCrawler:
     def _fail_for_good(self, n: int, reason: str) -> None:
         """Record page ``n`` as failed (it becomes a dead letter) and report it."""
         entry = self.manifest.pages[n]
-        entry.status, entry.last_error, entry.retry_at = "failed", reason, None
+        entry.status, entry.last_error, entry.retry_at, entry.failed_at = "failed", reason, None, utc_now_iso()
         self.manifest.record(self.store, n)
         self.progress.page_failed(f"{self.category}: page {n} failed for good ({reason}) {entry.url}")
 

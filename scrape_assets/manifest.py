@@ -143,6 +143,8 @@ class PageEntry:
             failure's back-off or ``Retry-After`` (RFC 9110 §10.2.3); a run resuming the
             snapshot waits until then. ``last_error`` and ``http_status`` then describe
             that failure. ``None`` otherwise.
+        failed_at: UTC ISO 8601 time the page was recorded ``failed`` (its dead letter's
+            ``recorded_at``); ``None`` for other pages.
     """
 
     url: str
@@ -161,9 +163,11 @@ class PageEntry:
     assumed_unchanged: bool = False
     final_url: str | None = None
     retry_at: str | None = None
+    failed_at: str | None = None
 
 
 _ENTRY_FIELDS = tuple(f.name for f in fields(PageEntry))
+_OPTIONAL_FIELDS = ("final_url", "retry_at", "failed_at")  # written only when set
 
 
 def _charset_mark(content_type: str | None) -> str:
@@ -175,11 +179,12 @@ def _charset_mark(content_type: str | None) -> str:
 def _entry_dict(entry: PageEntry) -> dict:
     """The entry's fields as a dict (what ``dataclasses.asdict`` gives, without its deep copies).
 
-    ``final_url`` and ``retry_at`` only when set (a redirected page, a page between two
-    attempts): manifests without them stay readable by versions that predate the fields.
+    ``final_url``, ``retry_at`` and ``failed_at`` only when set (a redirected page, a page
+    between two attempts, a failed page): manifests without them stay readable by versions
+    that predate the fields.
     """
     out = {name: getattr(entry, name) for name in _ENTRY_FIELDS}
-    for optional in ("final_url", "retry_at"):
+    for optional in _OPTIONAL_FIELDS:
         if out[optional] is None:
             del out[optional]
     return out

@@ -205,8 +205,9 @@ def test_manifest_round_trip_and_corruption_is_reported(tmp_path):
     manifest.pages[3] = PageEntry(url="http://x/t/page-3.html", status="done", final_url="http://x/moved/page-3.html")
     text = manifest.to_json().decode()
 
-    def entry(p: PageEntry) -> dict:  # final_url, retry_at only when set: older versions read the rest
-        return {k: v for k, v in dataclasses.asdict(p).items() if k not in ("final_url", "retry_at") or v is not None}
+    def entry(p: PageEntry) -> dict:  # final_url, retry_at, failed_at only when set: older versions read the rest
+        return {k: v for k, v in dataclasses.asdict(p).items()
+                if k not in ("final_url", "retry_at", "failed_at") or v is not None}
 
     assert json.loads(text) == json.loads(json.dumps(dataclasses.asdict(manifest) | {
         "pages": {str(n): entry(p) for n, p in manifest.pages.items()}}))

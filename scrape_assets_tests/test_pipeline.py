@@ -7,6 +7,7 @@ import json
 import logging
 import shutil
 import sqlite3
+import time
 from collections import Counter
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -315,6 +316,10 @@ def test_a_page_that_lost_every_card_is_a_dead_letter_of_the_held_back_category(
                 for r in letters] == [("travel", "parse", 200, 1, ["travel_2", "index.html"])]
         assert letters[0]["reason"].startswith("layout_guard: no product card matched selectors.product while the "
                                                "site says the page lists products")
+        time.sleep(1.1)  # recorded_at has whole seconds
+        # run again (another follow-up, a re-parse backfill): the time it was first recorded stays
+        assert materialize(instance, res, ["travel"], selection=["dead_letters"]).success
+        assert Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(dead_letters) == letters
     finally:
         broken.shutdown()
         broken.server_close()
@@ -383,6 +388,9 @@ def test_a_failed_fetch_never_deletes_rows_loaded_earlier(tmp_path, instance):
         assert (r["snapshot_id"] != new_snapshot) == carried, r
     letters = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(dead_letters)
     assert sorted((r["category"], r["http_status"]) for r in letters) == [("mystery", 404), ("travel", 500)]
+    # each one's time is when its page was recorded failed, in the manifest
+    failed_at = {(c, latest_manifest(store, "demo", c).pages[n].failed_at) for c, n in (("mystery", 2), ("travel", 1))}
+    assert {(r["category"], r["recorded_at"]) for r in letters} == failed_at
     # raw_pages warns of each page lost (the run itself succeeds): it stands out in the log
     lost = sorted((e.level, e.user_message.split(" failed for good ")[0]) for e in instance.all_logs(result.run_id)
                   if e.step_key == "raw_pages" and " failed for good (" in (e.user_message or ""))

@@ -590,6 +590,8 @@ def test_a_page_whose_last_attempt_was_cut_short_keeps_the_failure_before_it(tmp
         report = _resume_mystery(site, store)
         asked = [e for e in server.fault_log if e.path.endswith("mystery_3/page-2.html")]
     assert len(asked) == 1 and (report.pages_done, report.pages_failed) == (1, 1)  # not asked again
-    [letter] = dead_letter_rows(latest_manifest(ObjectStore(store.url), "demo", "mystery"), [])
+    resumed = latest_manifest(ObjectStore(store.url), "demo", "mystery")
+    [letter] = dead_letter_rows(resumed, [])
+    assert letter["recorded_at"] == resumed.pages[2].failed_at is not None  # when the resume recorded it
     assert letter["reason"].startswith("attempts_exhausted: interrupted on the last attempt (the one before: http_503")
     assert (letter["http_status"], letter["attempts"]) == (503, 2)

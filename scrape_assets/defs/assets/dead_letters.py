@@ -35,6 +35,8 @@ def page_parse_failure(page: dict) -> str | None:
 def dead_letter_rows(manifest: Manifest, parse_rejects: list[dict], parsed_pages: list[dict] = ()) -> list[dict]:
     """Rows ``category, url, stage, reason, http_status, attempts, snapshot_id, recorded_at``.
 
+    ``recorded_at`` is when the failure was recorded: a failed page's ``failed_at`` in the
+    manifest, else now (see :func:`keep_recorded_at` for rows recorded by an earlier run).
     Failed pages come from the manifest (stage ``fetch``); product cards the parser
     rejected come from ``parsed.json`` (stage ``parse``), as do pages of ``parsed_pages``
     that hold no card while the site says they list products, or that are no listing at
@@ -50,7 +52,7 @@ def dead_letter_rows(manifest: Manifest, parse_rejects: list[dict], parsed_pages
             "http_status": entry.http_status,
             "attempts": entry.attempts,
             "snapshot_id": manifest.snapshot_id,
-            "recorded_at": now,
+            "recorded_at": entry.failed_at or now,  # (a manifest older than failed_at: now)
         }
         for _, entry in sorted(manifest.pages.items())
         if entry.status == "failed"
@@ -81,6 +83,15 @@ def dead_letter_rows(manifest: Manifest, parse_rejects: list[dict], parsed_pages
                 "recorded_at": now,
             })
     return rows
+
+
+def keep_recorded_at(rows: list[dict], earlier: list[dict]) -> list[dict]:
+    """``rows`` with the ``recorded_at`` of the same dead letter in ``earlier`` (the table's rows
+    of the category): same snapshot, URL, stage and reason. Running ``dead_letters`` again (a
+    follow-up load, a re-parse backfill) then leaves the time a failure was first recorded."""
+    first = {(r["snapshot_id"], r["url"], r["stage"], r["reason"]): r["recorded_at"] for r in earlier}
+    return [{**row, "recorded_at": first.get((row["snapshot_id"], row["url"], row["stage"], row["reason"]),
+                                             row["recorded_at"])} for row in rows]
 
 
 def dead_letters_key(manifest: Manifest) -> str:
@@ -132,6 +143,8 @@ def dead_letters(
                 current = load_current(object_store, spec.name, category)[0]
                 rejects, pages = current.rejects, (current.pages if state is None or not state.validated else [])
             rows = dead_letter_rows(manifest, rejects, pages)
+            if rows and in_table.get(category):
+                rows = keep_recorded_at(rows, wh.rows(dead_letters_table, category))
             object_store.sweep_temp_files(manifest.prefix, names=["dead_letters.json"])  # left by a crash
             # A snapshot this run opened is written without a read first (on S3 a GET, most
             # likely of a file not there yet); one an earlier run opened is read first.

@@ -272,7 +272,7 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
                 f"{counted(run['partitions_unchanged'], 'category')} unchanged"), "parsed_products"),
             *([f"  fewer cards     than the site counts in {counted(len(short), 'category')}: " + _first_names(
                 [f"{c} ({f['cards_found']:,} of {f['site_says']:,})" for c, f in short.items()])
-               + " (pages the crawl did not reach: pagination, the spec's max_pages? loaded all the same)"]
+               + " (pages the crawl did not reach: pagination, the spec's max_pages?)"]
               if (short := run.get("categories_short_of_site_count")) else []),
             "  loaded          " + step("rows_loaded", lambda: (
                 f"{counted(run['rows_loaded'], 'row')} (re)loaded"

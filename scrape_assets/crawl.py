@@ -681,7 +681,7 @@ class PartitionCrawler:
             manifest.record(self.store, n)
 
         async def on_attempt(attempt: int) -> None:
-            entry.attempts = attempt
+            entry.attempts, entry.retry_at = attempt, None  # the wait is over
             try:
                 manifest.record(self.store, n)
             except StorageError:

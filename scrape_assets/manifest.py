@@ -168,6 +168,15 @@ class PageEntry:
 
 _ENTRY_FIELDS = tuple(f.name for f in fields(PageEntry))
 _OPTIONAL_FIELDS = ("final_url", "retry_at", "failed_at")  # written only when set
+_ENTRY_FIELD_SET = frozenset(_ENTRY_FIELDS)
+
+
+def _page_entry(data: dict) -> PageEntry:
+    """A page entry from its JSON object; keys of a later version's fields are ignored (a
+    missing ``url`` still raises ``TypeError``)."""
+    if data.keys() <= _ENTRY_FIELD_SET:
+        return PageEntry(**data)
+    return PageEntry(**{k: v for k, v in data.items() if k in _ENTRY_FIELD_SET})
 
 
 def _charset_mark(content_type: str | None) -> str:
@@ -180,8 +189,11 @@ def _entry_dict(entry: PageEntry) -> dict:
     """The entry's fields as a dict (what ``dataclasses.asdict`` gives, without its deep copies).
 
     ``final_url``, ``retry_at`` and ``failed_at`` only when set (a redirected page, a page
-    between two attempts, a failed page): manifests without them stay readable by versions
-    that predate the fields.
+    between two attempts, a failed page). A version that predates a field cannot read an
+    entry holding it (its ``PageEntry(**entry)`` refuses the key): rolling back past the
+    version that added ``retry_at`` and ``failed_at`` needs the snapshots made since set
+    aside. :func:`_page_entry` ignores keys it does not know, so later fields do not stop
+    this version.
     """
     out = {name: getattr(entry, name) for name in _ENTRY_FIELDS}
     for optional in _OPTIONAL_FIELDS:
@@ -320,7 +332,7 @@ class Manifest:
             if not isinstance(pages, dict) or not all(isinstance(p, dict) for p in pages.values()):
                 raise ManifestError(location, "unreadable manifest: expected `pages` to be an object of page number -> "
                                               f"entry object, got {_json_kind(pages)}")
-            pages = {int(n): PageEntry(**p) for n, p in pages.items()}
+            pages = {int(n): _page_entry(p) for n, p in pages.items()}
             return cls(pages=pages, **data)
         except ManifestError:
             raise
@@ -379,7 +391,7 @@ class Manifest:
                 continue
             try:
                 record = _loads(line)
-                seq, n, entry = int(record["seq"]), int(record["page"]), PageEntry(**record["entry"])
+                seq, n, entry = int(record["seq"]), int(record["page"]), _page_entry(record["entry"])
             except (ValueError, TypeError, KeyError) as exc:
                 if i == len(lines) - 1:
                     self._journal_torn = True  # torn by a crash mid-append: the next change saves in full
@@ -389,7 +401,7 @@ class Manifest:
                     if glued <= 0:
                         raise ValueError("no line glued after a torn one")
                     record = _loads(line[glued:])
-                    seq, n, entry = int(record["seq"]), int(record["page"]), PageEntry(**record["entry"])
+                    seq, n, entry = int(record["seq"]), int(record["page"]), _page_entry(record["entry"])
                 except (ValueError, TypeError, KeyError):
                     raise ManifestError(location, f"journal line {i + 1} unreadable: {exc}") from exc
             if seq > self.journal_seq:

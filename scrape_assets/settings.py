@@ -158,7 +158,7 @@ def _number(env, name: str, kind: type, minimum: float, maximum: float | None = 
     return value
 
 
-def _file_in_the_way(folder: Path) -> Path | None:
+def file_in_the_way(folder: Path) -> Path | None:
     """``folder`` itself, or the nearest of its parents that exists, when that is not a folder."""
     try:
         for path in (folder, *folder.parents):
@@ -186,10 +186,17 @@ def storage_url_problem(url: str) -> str | None:
     A value without ``://`` or ``::`` is a local folder to fsspec, so ``s3//bucket/prefix``
     would write pages under ``./s3/bucket/prefix`` without a word; a relative folder
     depends on the current folder of each process (the CLI, the UI's code server, a run
-    worker), which need not be the same. Both are refused; ``~`` is expanded.
+    worker), which need not be the same. Both are refused, as is any value fsspec reads as
+    a relative folder (``s3:bucket``, ``C:/data``); ``~/objects`` is the user's home
+    (:class:`~scrape_assets.storage.ObjectStore` expands it).
     """
-    if "://" in url or "::" in url or ":" in url.partition("/")[0]:
-        return None  # a URL (or s3:/bucket, which the store reports): the store decides
+    from upath import UPath
+
+    try:
+        if UPath(url).protocol != "":
+            return None  # a URL (s3://, file://, simplecache::..., s3:/bucket): the store decides
+    except (ValueError, ImportError):  # an unknown protocol: the store names it
+        return None
     if meant := _protocol_meant(url):
         return f"an object store URL with '://' after its protocol, e.g. {meant}, or an absolute folder"
     if not os.path.isabs(os.path.expanduser(url)):
@@ -215,9 +222,6 @@ def load_settings(env: dict | None = None) -> Settings:
             logger.warning("%s is not a setting of scrape_assets: ignored%s", name,
                            f" (did you mean {close}?)" if close else " (the settings: README, Configuration)")
     data_path = data_folder(env)
-    if (blocker := _file_in_the_way(data_path)) is not None:
-        raise SettingsError("SCRAPE_DATA_DIR", env.get("SCRAPE_DATA_DIR") or DEFAULT_DATA_DIR,
-                            f"a folder this process can write ({blocker} is a file, not a folder)")
     site = env.get("SCRAPE_SITE") or "demo"
     try:
         load_spec(site)  # fail early, naming the input

@@ -159,6 +159,8 @@ class ObjectStore:
     """
 
     def __init__(self, url: str, storage_options: dict | None = None):
+        if url.startswith("~"):  # the user's home, as a shell would (fsspec would make ./~ of it)
+            url = os.path.expanduser(url)
         self.url = url
         options = dict(storage_options or {})
         scheme = url.partition("://")[0].lower() if "://" in url else ""

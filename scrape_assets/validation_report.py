@@ -41,8 +41,9 @@ class ValidationReport:
     by_check: dict[str, int] = field(default_factory=dict)
 
 
-#: A quoted value ('...' or "..." as repr writes them) or a number in a reject reason.
-_VALUE = re.compile(r"""'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|\d+(?:[.,]\d+)*""")
+#: A quoted value ('...' or "..." as repr writes them; an opening quote follows no letter or
+#: digit, so the apostrophe of "spec's" opens none) or a number in a reject reason.
+_VALUE = re.compile(r"""(?<!\w)'(?:[^'\\]|\\.)*'|(?<!\w)"(?:[^"\\]|\\.)*"|\d+(?:[.,]\d+)*""")
 
 
 def reason_kind(reason: str) -> str:

@@ -865,3 +865,22 @@ def test_a_closed_client_sends_nothing_more():
         return transport._session
 
     assert asyncio.run(main()) is None  # no new aiohttp session left open behind the closed client
+
+
+def test_an_earlier_runs_back_off_is_waited_out_first_and_each_retry_is_reported_before_its_wait():
+    """wait_s (what remains of an earlier run's back-off) is slept before the first request,
+    capped at the longest back-off the policy allows; on_retry hears each failure that will
+    be retried, with its wait, before the wait (so the crawler can persist it)."""
+    retries: list[tuple[str, int | None, float]] = []
+    harness = Harness(sequence(httpx.Response(503, headers={"Retry-After": "7"}), httpx.Response(200, content=b"ok")))
+
+    async def on_retry(exc, delay_s: float) -> None:
+        retries.append((exc.reason, exc.http_status, delay_s))
+        assert harness.sleeps == [5.0]  # reported before the back-off's sleep
+
+    page = harness.fetch(wait_s=5.0, on_retry=on_retry)
+    assert page.http_status == 200 and len(harness.requests) == 2
+    assert harness.sleeps[0] == 5.0 and retries == [("http_503", 503, harness.sleeps[1])] and harness.sleeps[1] >= 7
+    capped = Harness(sequence(httpx.Response(200, content=b"ok")))
+    capped.fetch(wait_s=10_000.0)
+    assert capped.sleeps == [max(POLICY.retry_after_max_s, POLICY.backoff_max_s)]  # a clock gone wrong waits no longer

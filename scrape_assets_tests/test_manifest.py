@@ -575,3 +575,22 @@ def test_latest_manifest_reads_newest_first_and_passes_over_folders_that_are_not
     assert list_snapshots(store, "demo", "travel") == ["2026-11-29T000000Z", "2026-11-30T000000Z",
                                                        "2026-11-30T000000Z-2"]
     assert latest_manifest(store, "demo", "mystery") is None
+
+
+def test_entry_fields_of_a_later_version_are_ignored_on_reading(tmp_path):
+    """A manifest (and a journal line) written by a later version with a field this one does
+    not know still loads, with the fields it knows."""
+    store = ObjectStore(str(tmp_path))
+    manifest = Manifest(site="demo", category="travel", snapshot_id="2026-12-03T190000Z", fetch_config={},
+                        fetch_config_hash="h", start_url="http://x/t/index.html")
+    manifest.pages[1] = PageEntry(url="http://x/t/index.html", status="done", attempts=1)
+    data = json.loads(manifest.to_json())
+    data["pages"]["1"]["seen_by_a_later_version"] = True
+    loaded = Manifest.from_json(json.dumps(data).encode(), "m")
+    assert loaded.pages == manifest.pages
+    line = {"seq": 1, "page": 1, "entry": {**data["pages"]["1"], "status": "failed"}}
+    loaded.replay_journal(json.dumps(line).encode() + b"\n", "j")
+    assert (loaded.pages[1].status, loaded.journal_seq) == ("failed", 1)
+    with pytest.raises(ManifestError, match="unreadable manifest"):  # a missing url is still refused
+        del data["pages"]["1"]["url"]
+        Manifest.from_json(json.dumps(data).encode(), "m")

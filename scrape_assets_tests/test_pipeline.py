@@ -157,7 +157,7 @@ def test_a_category_with_fewer_cards_than_its_site_counts_is_a_warning_not_a_fai
                    "success_rate": 1.0, "products_loaded": 60, "dead_letters": 0, "object_storage": "/d/objects",
                    "warehouse": "sqlite:////d/warehouse.db", "warehouse_site": "demo"}, run, out=out)
     assert ("  fewer cards     than the site counts in 1 category: default (60 of 232) (pages the crawl did not reach: "
-            "pagination, the spec's max_pages? loaded all the same)") in out.getvalue().splitlines()
+            "pagination, the spec's max_pages?)") in out.getvalue().splitlines()
 
 
 def test_a_product_selector_matching_nothing_without_a_results_count_is_named_in_the_log(tmp_path, instance):
@@ -342,6 +342,22 @@ def test_dead_letters_of_pages_name_what_the_schema_refused():
     assert page_parse_failure({**page, "cards_found": 0, "listing_recognised": False}) == UNRECOGNISED_REASON
 
 
+def test_a_dead_letters_time_is_its_failures_and_stays_the_first_recorded():
+    from scrape_assets.defs.assets.dead_letters import dead_letter_rows, keep_recorded_at
+    from scrape_assets.manifest import Manifest, PageEntry
+
+    manifest = Manifest(site="demo", category="travel", snapshot_id="2026-12-03T190000Z", fetch_config={},
+                        fetch_config_hash="h", start_url="http://x/t/index.html")
+    manifest.pages[1] = PageEntry(url="http://x/t/index.html", status="failed", attempts=3, http_status=503,
+                                  last_error="http_503", failed_at="2020-01-01T00:00:00Z")
+    [fetch, parse] = dead_letter_rows(manifest, [{"url": "http://x/p/1", "reason": "price: no number"}])
+    assert fetch["recorded_at"] == "2020-01-01T00:00:00Z"  # the manifest's, not the run's
+    earlier = [{**parse, "recorded_at": t} for t in ("2026-12-01T00:00:09Z", "2026-12-01T00:00:01Z")]
+    assert [r["recorded_at"] for r in keep_recorded_at([fetch, parse], earlier)] == [
+        "2020-01-01T00:00:00Z", "2026-12-01T00:00:01Z"]  # the earliest of the same dead letter
+    assert keep_recorded_at([parse], [{**parse, "snapshot_id": "other", "recorded_at": "x"}]) == [parse]
+
+
 def test_a_failed_fetch_never_deletes_rows_loaded_earlier(tmp_path, instance):
     """Pages that fail (or are never reached) keep their earlier rows, carried forward."""
     healthy = _serve("rules: []\n")
@@ -443,7 +459,7 @@ def test_dead_letters_leaves_a_partition_without_dead_letters_as_it_is(tmp_path,
     letter = {"category": "travel", "url": "http://x/", "stage": "parse", "reason": "no price", "http_status": None,
               "attempts": 0, "snapshot_id": "s0", "recorded_at": "2026-01-01T00:00:00+00:00"}
     with monkeypatch.context() as patched:
-        patched.setattr(asset_module, "dead_letter_rows", lambda manifest, rejects: [letter])
+        patched.setattr(asset_module, "dead_letter_rows", lambda manifest, rejects, pages=(): [letter])
         assert run_dead_letters(read=False) == 1
     assert json.loads(letters_file.read_text()) == [letter]
     assert transactions == ["travel"]

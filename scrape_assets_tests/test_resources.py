@@ -309,3 +309,14 @@ def test_storage_urls_the_settings_accept_and_refuse():
     assert storage_url_problem("gs//bucket/p").startswith("an object store URL with '://' after its protocol, "
                                                           "e.g. gs://bucket/p")
     assert storage_url_problem("./objects").startswith("an absolute folder (this one is ")
+    for relative in ("s3:bucket/x", "C:/data", "file:relative"):  # fsspec reads each as a relative folder
+        assert storage_url_problem(relative).startswith("an absolute folder"), relative
+
+
+def test_a_storage_folder_under_home_is_the_users_home(monkeypatch, tmp_path):
+    from scrape_assets.storage import ObjectStore
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    store = ObjectStore("~/objects")
+    store.write_bytes_atomic("demo/x.txt", b"x")
+    assert (tmp_path / "objects" / "demo" / "x.txt").read_bytes() == b"x"  # not ./~/objects

@@ -9,6 +9,7 @@ never displays them.
 import os
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -27,6 +28,7 @@ from scrape_assets.settings import (
     MAX_RESUME_MAX_AGE_H,
     MIN_RESUME_MAX_AGE_H,
     base_url_problem,
+    file_in_the_way,
     load_settings,
 )
 from scrape_assets.spec import (
@@ -243,10 +245,16 @@ def build_resources(env: dict | None = None, *, secrets_as_env_vars: bool = True
     """
     settings = load_settings(env)
     values = dict(os.environ if env is None else env)
-    if settings.warehouse_url_set:
-        # Parsed here, when the definitions load (no connection is made): a mistyped URL or a
-        # missing driver stops `dagster asset materialize` before it creates a run, not in raw_pages.
-        Warehouse(values["SCRAPE_WAREHOUSE_URL"]).close()
+    if secrets_as_env_vars:
+        # The definitions' load (the scrape-assets commands check these themselves, saying
+        # whether they read or write): a mistyped warehouse URL, a missing driver, or a data
+        # folder under a file stops `dagster asset materialize` before it creates a run.
+        if settings.warehouse_url_set:
+            Warehouse(values["SCRAPE_WAREHOUSE_URL"]).close()  # parsed; no connection is made
+        if not (settings.storage_url_set and settings.warehouse_url_set):  # the data folder is used
+            if (blocker := file_in_the_way(Path(settings.data_dir))) is not None:
+                raise SettingsError("SCRAPE_DATA_DIR", values.get("SCRAPE_DATA_DIR") or settings.data_dir,
+                                    f"a folder this process can write ({blocker} is a file, not a folder)")
 
     def secret(name: str, is_set: bool) -> str | None:
         if not is_set:

@@ -89,7 +89,10 @@ def keep_recorded_at(rows: list[dict], earlier: list[dict]) -> list[dict]:
     """``rows`` with the ``recorded_at`` of the same dead letter in ``earlier`` (the table's rows
     of the category): same snapshot, URL, stage and reason. Running ``dead_letters`` again (a
     follow-up load, a re-parse backfill) then leaves the time a failure was first recorded."""
-    first = {(r["snapshot_id"], r["url"], r["stage"], r["reason"]): r["recorded_at"] for r in earlier}
+    first: dict[tuple, str] = {}
+    for r in earlier:  # the earliest of rows sharing the key (a card listed twice, say)
+        key = (r["snapshot_id"], r["url"], r["stage"], r["reason"])
+        first[key] = min(first.get(key, r["recorded_at"]), r["recorded_at"])
     return [{**row, "recorded_at": first.get((row["snapshot_id"], row["url"], row["stage"], row["reason"]),
                                              row["recorded_at"])} for row in rows]
 
@@ -141,7 +144,9 @@ def dead_letters(
             # schema refused (a passing category's pages all passed its page guards).
             if state is None or state.rejects or not state.validated:
                 current = load_current(object_store, spec.name, category)[0]
-                rejects, pages = current.rejects, (current.pages if state is None or not state.validated else [])
+                # Pages by number: only when the parse stands for this manifest (same pages).
+                failing = state is not None and not state.validated and state.latest_snapshot_id == manifest.snapshot_id
+                rejects, pages = current.rejects, (current.pages if failing else [])
             rows = dead_letter_rows(manifest, rejects, pages)
             if rows and in_table.get(category):
                 rows = keep_recorded_at(rows, wh.rows(dead_letters_table, category))

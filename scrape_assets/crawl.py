@@ -26,6 +26,7 @@ from datetime import datetime, timedelta, timezone
 from urllib.parse import urljoin, urlsplit
 
 from scrape_assets.batched_log import LOG_EVERY_S
+from scrape_assets.counts import counted
 from scrape_assets.crashpoints import crashpoint
 from scrape_assets.errors import FetchError, ManifestError, PermanentFetchError, StorageError
 from scrape_assets.fetcher import PageFetcher, same_origin, sendable_validator, validators_differ
@@ -66,12 +67,15 @@ class CrawlProgress:
     category would cost more than the pages (100 categories = hundreds of events). This
     emits one line every ``every_s`` seconds and a last one when every category is done::
 
-        4,210/10,000 pages done, 3 failed for good; 37/100 categories complete; 312 pages/s
+        4,210/10,000 pages done, 3 failed for good, 57 retries; 37/100 categories complete; 312 pages/s
 
     plus one line for each of the first :data:`MAX_FAILURE_LINES` pages that fail for good,
     given to ``warn`` (a WARNING in Dagster's log: a lost page stands out among the INFO
     progress lines). ``pages/s`` counts the pages this run settled (done or failed for good) per second of
     the crawl: a site answering half its pages with 404 at 20 requests/s shows 20, not 10.
+    ``retries`` (shown once there is one) counts this run's failed attempts that were
+    retried after a back-off (5xx, 429, timeouts...): a site in trouble shows there before
+    pages fail for good.
     Per-category figures go into the asset's metadata instead.
 
     Args:
@@ -95,6 +99,7 @@ class CrawlProgress:
         self._final: set[str] = set()  # categories whose every page is known (discovery complete)
         self.pages_done = 0
         self.pages_failed = 0
+        self.retries = 0
         self.categories_done = 0
         self._settled_now = 0
         self._started = self._last = clock()
@@ -130,6 +135,11 @@ class CrawlProgress:
             self.warn("more pages failed for good: only counted from now on (all are in the manifests and dead_letters)")
         self._tick()
 
+    def page_retried(self) -> None:
+        """A page's attempt failed and will be retried after a back-off."""
+        self.retries += 1
+        self._tick()
+
     def category_done(self) -> None:
         self.categories_done += 1
         if self.categories_done == self.categories:
@@ -143,7 +153,8 @@ class CrawlProgress:
     def line(self) -> str:
         elapsed = max(self.clock() - self._started, 1e-9)
         return (
-            f"{self.pages_done:,}/{self._known:,} pages done, {self.pages_failed:,} failed for good; "
+            f"{self.pages_done:,}/{self._known:,} pages done, {self.pages_failed:,} failed for good"
+            + (f", {counted(self.retries, 'retry', 'retries')}" if self.retries else "") + "; "
             f"{self.categories_done}/{self.categories} categories complete; {self._settled_now / elapsed:,.0f} pages/s"
         )
 
@@ -679,6 +690,7 @@ class PartitionCrawler:
             entry.last_error = exc.reason + (f": {exc.detail}" if exc.detail else "")
             entry.http_status = exc.http_status
             manifest.record(self.store, n)
+            self.progress.page_retried()
 
         async def on_attempt(attempt: int) -> None:
             entry.attempts, entry.retry_at = attempt, None  # the wait is over

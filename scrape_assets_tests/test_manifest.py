@@ -594,3 +594,20 @@ def test_entry_fields_of_a_later_version_are_ignored_on_reading(tmp_path):
     with pytest.raises(ManifestError, match="unreadable manifest"):  # a missing url is still refused
         del data["pages"]["1"]["url"]
         Manifest.from_json(json.dumps(data).encode(), "m")
+
+
+def test_crawl_progress_counts_retries_once_there_is_one():
+    from scrape_assets.crawl import CrawlProgress
+
+    now = [0.0]
+    lines: list[str] = []
+    progress = CrawlProgress(1, lines.append, every_s=1.0, clock=lambda: now[0])
+    progress.planned("a", 2)
+    now[0] = 2.0
+    progress.page_retried()  # a 503, retried after its back-off: the line shows it
+    progress.page_retried()
+    progress.page_done()
+    progress.page_done()
+    progress.category_done()
+    assert lines == ["0/2 pages done, 0 failed for good, 1 retry; 0/1 categories complete; 0 pages/s",
+                     "2/2 pages done, 0 failed for good, 2 retries; 1/1 categories complete; 1 pages/s"]

@@ -595,3 +595,31 @@ def test_a_page_whose_last_attempt_was_cut_short_keeps_the_failure_before_it(tmp
     assert letter["recorded_at"] == resumed.pages[2].failed_at is not None  # when the resume recorded it
     assert letter["reason"].startswith("attempts_exhausted: interrupted on the last attempt (the one before: http_503")
     assert (letter["http_status"], letter["attempts"]) == (503, 2)
+
+
+def test_the_crawls_progress_line_counts_the_retries(tmp_path):
+    """Travel's page answers 503 once: the crawl's last progress line says 1 retry."""
+    import logging
+
+    from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
+    from scrape_assets.faults import FaultSpec
+    from scrape_assets_tests.fault_scenarios import fault_server
+
+    lines: list[str] = []
+
+    class Recorder(logging.Logger):
+        def info(self, msg, *args, **kwargs):
+            lines.append(str(msg))
+
+    spec = FaultSpec.model_validate({"rules": [{"match": r"travel_2/index\.html$", "fault": "http_error",
+                                                "status": 503, "retry_after_s": 0, "first_n": 1}]})
+    with fault_server(spec) as server:
+        site = SiteResource(site="demo", base_url=server.base_url, max_attempts=3)
+        import asyncio
+
+        from scrape_assets.defs.assets.raw_pages import crawl_partitions
+
+        [report] = asyncio.run(crawl_partitions(site, ObjectStoreResource(url=str(tmp_path / "objects")), ["travel"],
+                                                new_snapshot=False, log=Recorder("t")))
+    assert (report.pages_done, report.pages_failed) == (1, 0)
+    assert lines[-1].startswith("1/1 pages done, 0 failed for good, 1 retry; 1/1 categories complete; ")

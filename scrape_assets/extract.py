@@ -195,6 +195,9 @@ class ParseState:
     validated: bool = False  # the rows passed the pandera schema (products_table loads only these)
     products: int = 0  # rows in parsed.json
     rejects: int = 0  # product cards the parser rejected (dead letters of stage "parse")
+    #: when that latest snapshot was completed (UTC ISO 8601): its day is the price_history
+    #: day (None in a state written before the field: the snapshot id's day)
+    latest_completed_at: str | None = None
 
 
 def input_version(manifest: Manifest, spec: SiteSpec) -> str:

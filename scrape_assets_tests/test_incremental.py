@@ -625,3 +625,20 @@ def test_a_run_over_several_categories_marks_all_of_them_stale_when_one_changed(
     assert {k for k in pair if not parsed[k]["unchanged"]} == {changed}
     resolver = get_stale_status_resolver(instance, graph)
     assert {k: resolver.get_status(dg.AssetKey("parsed_products"), k) for k in pair} == {k: StaleStatus.FRESH for k in pair}
+
+
+def test_a_snapshot_completed_after_midnight_files_its_prices_under_that_day(tmp_path, instance):
+    """A run killed late one evening and resumed by the next morning's run completes its
+    snapshot the next day: its prices are that day's in price_history (the day it started
+    has no complete snapshot), not the start's, which would leave the next day empty."""
+    res = make_resources(tmp_path)
+    assert materialize(instance, res, ["travel"], selection=["raw_pages"]).success
+    store = ObjectStore(str(tmp_path / "objects"))
+    manifest = latest_manifest(store, "demo", "travel")
+    # as if started on 2031-01-01 at 22:00 and completed on resume after midnight
+    manifest.completed_at = "2031-01-02T02:03:04Z"
+    manifest.save(store)
+    assert materialize(instance, res, ["travel"], selection=["parsed_products", "products_table"]).success
+    history = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(price_history)
+    assert {r["snapshot_date"] for r in history} == {"2031-01-02"} and len(history) == 11
+    assert {r["snapshot_id"] for r in history} == {manifest.snapshot_id}

@@ -10,7 +10,7 @@ from scrape_assets.defs.assets.partition_metadata import add_per_category
 from scrape_assets.defs.partitions import category_partitions, run_categories
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource
 from scrape_assets.errors import ManifestError
-from scrape_assets.extract import load_parse_state, load_parsed
+from scrape_assets.extract import ParseState, load_parse_state, load_parsed
 from scrape_assets.manifest import has_snapshot, load_manifest, utc_now_iso
 from scrape_assets.warehouse import Warehouse, products
 
@@ -73,7 +73,7 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
             input_version=state.input_version,
             snapshot_id=state.snapshot_id,
             loaded_at=utc_now_iso(),
-            history_date=snapshot_date(state.latest_snapshot_id),
+            history_date=history_day(state),
             history_snapshot_id=state.latest_snapshot_id,
             # Nothing to carry when the snapshot saw every page (the usual case): no rows are read back.
             carry_unseen=manifest is not None and not manifest.sees_every_page,
@@ -114,6 +114,14 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
 def snapshot_date(snapshot_id: str) -> str:
     """``2026-11-30T084512Z`` -> ``2026-11-30`` (the UTC day of the snapshot)."""
     return snapshot_id[:10]
+
+
+def history_day(state: ParseState) -> str:
+    """The ``price_history`` day of a category's latest snapshot: the UTC day it was completed
+    (``YYYY-MM-DD``). A snapshot started late one day and resumed after midnight (its run was
+    killed) holds the prices seen when it was completed, so they are that day's; the day
+    it started has no complete snapshot. A state written before the field: the day it started."""
+    return (state.latest_completed_at or "")[:10] or snapshot_date(state.latest_snapshot_id)
 
 
 @dg.asset(

@@ -305,7 +305,8 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
         shown = ", ".join(f"{c} ({n:,})" for c, n in list(carried.items())[:10]) + (", ..." if len(carried) > 10 else "")
         lines.append(
             f"  carried forward {sum(carried.values()):,} of those rows were not seen in the latest snapshot (a page "
-            f"of their category failed; oldest fetched {summary['carried_forward_oldest_fetch']}): {shown}; the pages are in "
+            f"of their category failed; the oldest parsed from a body fetched {summary['carried_forward_oldest_fetch']}, "
+            f"later 304s not counted): {shown}; the pages are in "
             "`dead_letters`"
         )
     stale = summary.get("products_of_categories_not_in_spec") or {}

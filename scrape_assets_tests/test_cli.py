@@ -438,8 +438,9 @@ def test_the_summary_counts_rows_carried_forward_from_pages_that_failed(tmp_path
                      history_date="2026-12-02", history_snapshot_id="s2", carry_unseen=True)
     assert wh.carried_forward() == {"travel": (2, day1)}
     wh.close()
-    assert ("  carried forward 2 of those rows were not seen in the latest snapshot (a page of their category failed; oldest "
-            f"fetched {day1}): travel (2); the pages are in `dead_letters`") in _demo_summary(tmp_path, url)
+    assert ("  carried forward 2 of those rows were not seen in the latest snapshot (a page of their category failed; the "
+            f"oldest parsed from a body fetched {day1}, later 304s not counted): travel (2); the pages are in "
+            "`dead_letters`") in _demo_summary(tmp_path, url)
 
 
 def test_this_runs_loaded_line_counts_only_rows_this_runs_loads_kept():

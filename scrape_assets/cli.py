@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import math
 import os
 import shlex
 import shutil
@@ -787,8 +788,8 @@ def _percent(text: str) -> float:
     try:
         value = float(text.strip().removesuffix("%"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a percentage from 0 to 100, e.g. 90 or 99.5%, got {text!r}") from None
-    if not 0 <= value <= 100:  # nan too
+        value = math.nan
+    if not 0 <= value <= 100:  # nan (not a number at all, or "nan") too
         raise argparse.ArgumentTypeError(f"expected a percentage from 0 to 100, e.g. 90 or 99.5%, got {text!r}")
     return value / 100
 

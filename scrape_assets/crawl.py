@@ -37,9 +37,9 @@ from scrape_assets.manifest import (
     latest_manifest,
     load_manifest,
     open_snapshot,
-    snapshot_folders,
     retry_time,
     seconds_until,
+    snapshot_folders,
     snapshot_sort_key,
     utc_now_iso,
 )
@@ -687,7 +687,7 @@ class PartitionCrawler:
             # Persisted before the back-off: a run resuming after a crash waits out the rest of
             # it, Retry-After included, instead of asking again at once.
             entry.retry_at = retry_time(delay_s)
-            entry.last_error = exc.reason + (f": {exc.detail}" if exc.detail else "")
+            entry.last_error = exc.recorded_reason
             entry.http_status = exc.http_status
             manifest.record(self.store, n)
             self.progress.page_retried()
@@ -734,7 +734,7 @@ class PartitionCrawler:
                 raise PermanentFetchError(entry.url, "unexpected_304", "304 Not Modified without a conditional request", http_status=304)
         except FetchError as exc:
             entry.http_status = exc.http_status
-            self._fail_for_good(n, exc.reason + (f": {exc.detail}" if exc.detail else ""))
+            self._fail_for_good(n, exc.recorded_reason)
             return
         content_hash = old.content_hash if page.http_status == 304 else "sha256:" + hashlib.sha256(page.body).hexdigest()
         same = old is not None and content_hash == old.content_hash and (

@@ -185,6 +185,12 @@ class FetchError(ScrapeError):
         self.attempts = attempts
         super().__init__(f"{url}: {reason}" + (f" ({detail})" if detail else ""))
 
+    @property
+    def recorded_reason(self) -> str:
+        """``reason: detail`` (``reason`` alone without a detail): what a manifest keeps as the
+        page's ``last_error``, and its dead letter's reason."""
+        return self.reason + (f": {self.detail}" if self.detail else "")
+
 
 class TransientFetchError(FetchError):
     """A failure worth retrying (RFC 9110 5xx, 408, 429, timeouts, connection errors)."""

@@ -207,20 +207,24 @@ def parse_partitions(
             pool.shutdown(wait=True, cancel_futures=True)
 
 
+def _standing_for(manifest: Manifest) -> dict:
+    """The parse state's fields naming the latest complete snapshot its rows stand for."""
+    return {"latest_snapshot_id": manifest.snapshot_id, "latest_completed_at": manifest.completed_at}
+
+
 def _reuse(store: ObjectStore, spec: SiteSpec, category: str, manifest: Manifest, version: str,
            state: ParseState) -> PartitionParse:
     """Same input as the current parse: keep its rows (validate again only if they failed)."""
     figures = {"snapshot_id": manifest.snapshot_id, "parsed_snapshot_id": state.snapshot_id, "pages_parsed": 0,
                "products": state.products, "rejects": state.rejects, "unchanged": state.validated}
     if state.validated:
-        save_parse_state(store, spec.name, category, replace(state, latest_snapshot_id=manifest.snapshot_id, latest_completed_at=manifest.completed_at))
+        save_parse_state(store, spec.name, category, replace(state, **_standing_for(manifest)))
         return PartitionParse(category, figures, None,
                               f"{category}: unchanged since snapshot {state.snapshot_id}: 0 pages re-parsed")
     parsed, _ = load_current(store, spec.name, category)
     report = _validate(parsed, spec)
     save_parse_state(store, spec.name, category,
-                     replace(state, latest_snapshot_id=manifest.snapshot_id, latest_completed_at=manifest.completed_at,
-                             validated=report.passed))
+                     replace(state, **_standing_for(manifest), validated=report.passed))
     return PartitionParse(category, figures, report, _line(category, state.products, 0, state.snapshot_id,
                                                             state.rejects, report))
 
@@ -235,9 +239,8 @@ def _save(store: ObjectStore, spec: SiteSpec, category: str, manifest: Manifest,
     save_parsed(store, manifest, encoded.data)
     save_parse_state(
         store, spec.name, category,
-        ParseState(snapshot_id=encoded.snapshot_id, input_version=version, latest_snapshot_id=manifest.snapshot_id,
-                   validated=encoded.report.passed, products=encoded.products, rejects=encoded.rejects,
-                   latest_completed_at=manifest.completed_at),
+        ParseState(snapshot_id=encoded.snapshot_id, input_version=version, **_standing_for(manifest),
+                   validated=encoded.report.passed, products=encoded.products, rejects=encoded.rejects),
     )
     figures = {"snapshot_id": manifest.snapshot_id, "parsed_snapshot_id": encoded.snapshot_id,
                "pages_parsed": encoded.pages, "products": encoded.products, "rejects": encoded.rejects,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -528,6 +529,23 @@ def _stop_during_page_2s_back_off(site, store) -> None:
     asyncio.run(run())
 
 
+@contextlib.contextmanager
+def _page_2_stopped_in_its_back_off(tmp_path, *, retry_after_s: float, max_attempts: int):
+    """Yield ``(server, site, store)``: mystery's page 2 answered 503 with ``Retry-After:
+    retry_after_s`` and the crawl was stopped during that back-off; the server still runs."""
+    from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
+    from scrape_assets.faults import FaultSpec
+    from scrape_assets_tests.fault_scenarios import fault_server
+
+    store = ObjectStoreResource(url=str(tmp_path / "objects"))
+    spec = FaultSpec.model_validate({"rules": [{"match": PAGE_2, "fault": "http_error", "status": 503,
+                                                "retry_after_s": retry_after_s}]})
+    with fault_server(spec) as server:
+        site = SiteResource(site="demo", base_url=server.base_url, max_attempts=max_attempts)
+        _stop_during_page_2s_back_off(site, store)
+        yield server, site, store
+
+
 def _resume_mystery(site, store):
     import asyncio
     import logging
@@ -543,17 +561,10 @@ def test_a_resumed_page_waits_out_the_retry_after_its_last_answer_asked_for(tmp_
     back-off and resumed at once. The manifest kept when the page may be asked again, so the
     resumed run waits out the rest instead of asking at once (RFC 9110 §10.2.3); the page's
     entry says why it waits, and forgets it once done."""
-    from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
     from scrape_assets.faults import FaultSpec
     from scrape_assets.manifest import seconds_until
-    from scrape_assets_tests.fault_scenarios import fault_server
 
-    store = ObjectStoreResource(url=str(tmp_path / "objects"))
-    spec = FaultSpec.model_validate({"rules": [{"match": PAGE_2, "fault": "http_error", "status": 503,
-                                                "retry_after_s": 3}]})
-    with fault_server(spec) as server:
-        site = SiteResource(site="demo", base_url=server.base_url, max_attempts=3)
-        _stop_during_page_2s_back_off(site, store)
+    with _page_2_stopped_in_its_back_off(tmp_path, retry_after_s=3, max_attempts=3) as (server, site, store):
         entry = latest_manifest(ObjectStore(store.url), "demo", "mystery").pages[2]
         assert (entry.status, entry.attempts, entry.http_status) == ("pending", 1, 503)
         assert entry.last_error.startswith("http_503")
@@ -574,16 +585,8 @@ def test_a_page_whose_last_attempt_was_cut_short_keeps_the_failure_before_it(tmp
     """Page 2 failed with a 503, then a run died while its last allowed attempt was in flight:
     the resume dead-letters it without asking again, and the dead letter names that 503."""
     from scrape_assets.defs.assets.dead_letters import dead_letter_rows
-    from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
-    from scrape_assets.faults import FaultSpec
-    from scrape_assets_tests.fault_scenarios import fault_server
 
-    store = ObjectStoreResource(url=str(tmp_path / "objects"))
-    spec = FaultSpec.model_validate({"rules": [{"match": PAGE_2, "fault": "http_error", "status": 503,
-                                                "retry_after_s": 1}]})
-    with fault_server(spec) as server:
-        site = SiteResource(site="demo", base_url=server.base_url, max_attempts=2)
-        _stop_during_page_2s_back_off(site, store)
+    with _page_2_stopped_in_its_back_off(tmp_path, retry_after_s=1, max_attempts=2) as (server, site, store):
         manifest = latest_manifest(ObjectStore(store.url), "demo", "mystery")
         manifest.pages[2].attempts = 2  # the last attempt sent, then the process died
         manifest.save(ObjectStore(store.url))

@@ -43,45 +43,19 @@ def dead_letter_rows(manifest: Manifest, parse_rejects: list[dict], parsed_pages
     all (:func:`page_parse_failure`; stage ``parse``, with the page's HTTP status and attempts).
     """
     now = utc_now_iso()
-    rows = [
-        {
-            "category": manifest.category,
-            "url": entry.url,
-            "stage": "fetch",
-            "reason": entry.last_error or "failed",
-            "http_status": entry.http_status,
-            "attempts": entry.attempts,
-            "snapshot_id": manifest.snapshot_id,
-            "recorded_at": entry.failed_at or now,  # (a manifest older than failed_at: now)
-        }
-        for _, entry in sorted(manifest.pages.items())
-        if entry.status == "failed"
-    ]
-    rows += [
-        {
-            "category": manifest.category,
-            "url": reject["url"],
-            "stage": "parse",
-            "reason": reject["reason"],
-            "http_status": None,
-            "attempts": 0,
-            "snapshot_id": manifest.snapshot_id,
-            "recorded_at": now,
-        }
-        for reject in parse_rejects
-    ]
+
+    def row(url: str, stage: str, reason: str, http_status: int | None, attempts: int, recorded_at: str) -> dict:
+        return {"category": manifest.category, "url": url, "stage": stage, "reason": reason,
+                "http_status": http_status, "attempts": attempts, "snapshot_id": manifest.snapshot_id,
+                "recorded_at": recorded_at}
+
+    rows = [row(entry.url, "fetch", entry.last_error or "failed", entry.http_status, entry.attempts,
+                entry.failed_at or now)  # (a manifest older than failed_at: now)
+            for _, entry in sorted(manifest.pages.items()) if entry.status == "failed"]
+    rows += [row(reject["url"], "parse", reject["reason"], None, 0, now) for reject in parse_rejects]
     for page in parsed_pages:
         if (reason := page_parse_failure(page)) and (entry := manifest.pages.get(page["page_number"])) is not None:
-            rows.append({
-                "category": manifest.category,
-                "url": entry.url,
-                "stage": "parse",
-                "reason": reason,
-                "http_status": entry.http_status,
-                "attempts": entry.attempts,
-                "snapshot_id": manifest.snapshot_id,
-                "recorded_at": now,
-            })
+            rows.append(row(entry.url, "parse", reason, entry.http_status, entry.attempts, now))
     return rows
 
 
@@ -89,12 +63,13 @@ def keep_recorded_at(rows: list[dict], earlier: list[dict]) -> list[dict]:
     """``rows`` with the ``recorded_at`` of the same dead letter in ``earlier`` (the table's rows
     of the category): same snapshot, URL, stage and reason. Running ``dead_letters`` again (a
     follow-up load, a re-parse backfill) then leaves the time a failure was first recorded."""
+    def key(r: dict) -> tuple:
+        return r["snapshot_id"], r["url"], r["stage"], r["reason"]
+
     first: dict[tuple, str] = {}
     for r in earlier:  # the earliest of rows sharing the key (a card listed twice, say)
-        key = (r["snapshot_id"], r["url"], r["stage"], r["reason"])
-        first[key] = min(first.get(key, r["recorded_at"]), r["recorded_at"])
-    return [{**row, "recorded_at": first.get((row["snapshot_id"], row["url"], row["stage"], row["reason"]),
-                                             row["recorded_at"])} for row in rows]
+        first[key(r)] = min(first.get(key(r), r["recorded_at"]), r["recorded_at"])
+    return [{**r, "recorded_at": first.get(key(r), r["recorded_at"])} for r in rows]
 
 
 def dead_letters_key(manifest: Manifest) -> str:

@@ -521,7 +521,8 @@ def run_fail_run(run_id: str) -> int:
     slots freed. Prints what it did; returns 0.
 
     Raises:
-        ScrapeError: no such run (the full id is needed), a run queued or not started
+        ScrapeError: no such run (the full id, or the 8-character short id when only one run
+            has it), a run queued or not started
             (nothing to free: delete it), or a demo run whose process still runs.
     """
     import dagster as dg
@@ -529,11 +530,8 @@ def run_fail_run(run_id: str) -> int:
     live = (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING)
     reason = "ended with `scrape-assets fail-run`: its process is gone, said the operator"
     with _instance() as instance:
-        run = instance.get_run_by_id(run_id)
-        if run is None:
-            raise ScrapeError(f"no run {run_id} on the Dagster instance at {os.environ['DAGSTER_HOME']} "
-                              "(DAGSTER_HOME): expected the full id of one of its runs, as the run's page in the UI "
-                              "or `dagster run list` shows it")
+        run = _run_by_id_or_short_id(instance, run_id)
+        run_id = run.run_id
         status = run.status.value.lower()
         if run.status in (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED):
             raise ScrapeError(f"run {run_id} is {status}: it has not started and holds no slot; delete it from the UI "
@@ -555,6 +553,33 @@ def run_fail_run(run_id: str) -> int:
     freed = f"freed its slot{'s' if len(pools) > 1 else ''} in {', '.join(pools)}" if pools else "it held no slot"
     print(f"scrape-assets: run {run_id} {done}; {freed}")
     return 0
+
+
+SHORT_ID_CHARS = 8
+"""Characters of a run id the UI's run lists and this project's alerts show (``1a2b3c4d``)."""
+
+
+def _run_by_id_or_short_id(instance, run_id: str):
+    """The run whose id is ``run_id``, or the only one it begins (at least ``SHORT_ID_CHARS``).
+
+    Raises:
+        ScrapeError: no such run, a prefix shorter than the short id, or one several runs share.
+    """
+    run = instance.get_run_by_id(run_id)
+    if run is not None:
+        return run
+    where = f"on the Dagster instance at {os.environ['DAGSTER_HOME']} (DAGSTER_HOME)"
+    expected = (f"expected a run's id, full or its first {SHORT_ID_CHARS} characters as the UI's run lists and the "
+                "alerts show it (`dagster run list` shows full ids)")
+    if len(run_id) < SHORT_ID_CHARS:
+        raise ScrapeError(f"no run {run_id} {where}: {expected}")
+    matches = [each for each in instance.get_run_ids() if each.startswith(run_id)]
+    if not matches:
+        raise ScrapeError(f"no run {run_id} {where}: {expected}")
+    if len(matches) > 1:
+        raise ScrapeError(f"{len(matches)} runs {where} have ids beginning {run_id}: "
+                          f"{', '.join(sorted(matches)[:5])}{', ...' if len(matches) > 5 else ''}; give more of the id")
+    return instance.get_run_by_id(matches[0])
 
 
 def _pools_held(instance, run_id: str) -> list[str]:
@@ -867,7 +892,8 @@ def main(argv: list[str] | None = None) -> int:
     fail_run = command("fail-run", "mark failed a run left started by a killed process and free its concurrency "
                                    "slots (the UI's Free concurrency slots)")
     fail_run.add_argument("run_id", metavar="RUN_ID",
-                          help="the run's full id, as its page in the UI or `dagster run list` shows it")
+                          help="the run's id: full (`dagster run list`), or its first 8 characters as the UI's "
+                               "run lists and the alerts show it")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:

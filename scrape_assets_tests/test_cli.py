@@ -698,6 +698,9 @@ def test_fail_run_marks_a_killed_run_failed_and_frees_its_pool_slot(tmp_path, mo
         add("stuck-canceling", dg.DagsterRunStatus.CANCELING)
         add("queued-run", dg.DagsterRunStatus.NOT_STARTED)  # a queued one needs a code location; the same answer
         add("live-demo-run", **{cli.PROCESS_TAG: cli.process_identity(), cli.PID_TAG: str(os.getpid())})
+        add("1a2b3c4d-5e6f-4a0b-8c1d-2e3f4a5b6c7d")  # as alerts name it: run 1a2b3c4d
+        add("feedbeef-0000-4000-8000-000000000001")
+        add("feedbeef-0000-4000-8000-000000000002")
         storage = instance.event_log_storage
         for key in (pool, other):
             storage.set_concurrency_slots(key, 1)
@@ -727,12 +730,25 @@ def test_fail_run_marks_a_killed_run_failed_and_frees_its_pool_slot(tmp_path, mo
     assert capsys.readouterr().err == (
         "scrape-assets: error: run queued-run is not_started: it has not started and holds no slot; delete it from the UI "
         "or with `dagster run delete queued-run` if it should not start\n")
-    assert cli.main(["fail-run", "killed"]) == 2  # a short id is not enough
-    assert capsys.readouterr().err.startswith(
-        f"scrape-assets: error: no run killed on the Dagster instance at {tmp_path / 'home'} (DAGSTER_HOME)")
+    assert cli.main(["fail-run", "killed"]) == 2  # fewer characters than the short id the UI shows
+    assert capsys.readouterr().err == (
+        f"scrape-assets: error: no run killed on the Dagster instance at {tmp_path / 'home'} (DAGSTER_HOME): expected "
+        "a run's id, full or its first 8 characters as the UI's run lists and the alerts show it (`dagster run list` "
+        "shows full ids)\n")
+    assert cli.main(["fail-run", "1a2b3c4d"]) == 0  # the short id of the alert or the UI's run list
+    assert capsys.readouterr().out == ("scrape-assets: run 1a2b3c4d-5e6f-4a0b-8c1d-2e3f4a5b6c7d was started, now failed; "
+                                       "it held no slot\n")
+    assert cli.main(["fail-run", "feedbeef"]) == 2  # two runs begin so: neither is touched
+    assert capsys.readouterr().err == (
+        f"scrape-assets: error: 2 runs on the Dagster instance at {tmp_path / 'home'} (DAGSTER_HOME) have ids beginning "
+        "feedbeef: feedbeef-0000-4000-8000-000000000001, feedbeef-0000-4000-8000-000000000002; give more of the id\n")
     with cli._instance() as instance:
-        statuses = {run_id: instance.get_run_by_id(run_id).status for run_id in ("live-demo-run", "queued-run")}
-        assert statuses == {"live-demo-run": dg.DagsterRunStatus.STARTED, "queued-run": dg.DagsterRunStatus.NOT_STARTED}
+        statuses = {run_id: instance.get_run_by_id(run_id).status
+                    for run_id in ("live-demo-run", "queued-run", "feedbeef-0000-4000-8000-000000000001",
+                                   "1a2b3c4d-5e6f-4a0b-8c1d-2e3f4a5b6c7d")}
+        assert statuses == {"live-demo-run": dg.DagsterRunStatus.STARTED, "queued-run": dg.DagsterRunStatus.NOT_STARTED,
+                            "feedbeef-0000-4000-8000-000000000001": dg.DagsterRunStatus.STARTED,
+                            "1a2b3c4d-5e6f-4a0b-8c1d-2e3f4a5b6c7d": dg.DagsterRunStatus.FAILURE}
 
 
 def test_a_demo_run_is_marked_failed_only_if_its_process_is_gone():

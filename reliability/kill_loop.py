@@ -658,6 +658,7 @@ def main(argv: list[str] | None = None) -> int:
         import tempfile
 
         args.workdir = Path(tempfile.mkdtemp(prefix="kill-loop-"))
+    args.workdir = args.workdir.resolve()  # the warehouse URLs built from it must be absolute
     categories = [c.strip() for c in args.categories.split(",") if c.strip()]
     try:
         result = run_kill_loop(

@@ -111,7 +111,10 @@ def redact_url(url: str, *, keep_path: bool = True) -> str:
     host = parts.hostname or ""
     if port:
         host = f"{host}:{port}"
-    return urlunsplit((parts.scheme, host, parts.path if keep_path else "/…", "", ""))
+    path = parts.path if keep_path else "/…"
+    if not host and url[len(parts.scheme) + 1:].startswith("//"):  # sqlite:///w.db, file:///x: urlunsplit drops "//"
+        return f"{parts.scheme}://{path}"
+    return urlunsplit((parts.scheme, host, path, "", ""))
 
 
 def check_key(key: str) -> list[str]:

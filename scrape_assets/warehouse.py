@@ -97,6 +97,22 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 _DDL_LOCK_KEY = 0x5C7A9E_7AB1E5
 
 
+def _sqlite_path_problem(file: Path | None) -> str | None:
+    """Why a SQLite database at ``file`` (``None``: in memory) cannot be the warehouse, or ``None``.
+
+    A database in memory is gone when its step's process ends (each step, the summary and
+    the next run are other processes); a relative file depends on each process's current
+    folder (the CLI's, the UI's code server's, a run worker's), which need not be the same.
+    """
+    absolute = "sqlite:////absolute/path/warehouse.db (four slashes), or a server's URL such as postgresql://..."
+    if file is None:
+        return f"a database file that outlives the process: {absolute}; an in-memory database keeps nothing"
+    if not file.is_absolute():  # "~" too: SQLite does not expand it
+        return (f"an absolute path: {absolute} (this one is {Path(file).absolute()} from this process's folder; the "
+                "UI's code server and run workers may start in another)")
+    return None
+
+
 class Warehouse:
     """A SQLAlchemy engine plus the per-partition load operations.
 
@@ -139,6 +155,8 @@ class Warehouse:
                                 f"a SQLAlchemy URL whose query values its driver accepts ({exc})") from None
         if self.engine.dialect.name == "sqlite":
             file = self._sqlite_file()
+            if problem := _sqlite_path_problem(file):
+                raise SettingsError("SCRAPE_WAREHOUSE_URL", redact_url(url), problem)
             if not create and file is not None and _unwritable_and_unused(file):
                 # Same URL (describe() shows it); connections opened as immutable (SQLite URI parameter).
                 self.engine = sa.create_engine(url, creator=functools.partial(_connect_immutable, file))

@@ -146,3 +146,12 @@ def test_list_files_recurses_with_sizes_and_delete_listed_removes_temp_files_too
 
 def test_redact_url_hides_a_host_that_may_be_part_of_a_password():
     assert redact_url("http://user:pa/ss@proxy.corp:3128") == "http://<hidden>"  # 'pa' is no port
+
+
+def test_redact_url_keeps_the_slashes_of_a_url_without_a_host():
+    """``sqlite:////abs/w.db`` is an absolute path and ``sqlite:///w.db`` a relative one: an
+    error showing the URL must not turn one into the other (urlunsplit drops the "//")."""
+    assert redact_url("sqlite:////srv/data/warehouse.db") == "sqlite:////srv/data/warehouse.db"
+    assert redact_url("sqlite:///data/w.db?mode=ro") == "sqlite:///data/w.db"
+    assert redact_url("file:///srv/objects") == "file:///srv/objects"
+    assert redact_url("postgresql://scraper:hunter2@db.internal/shop") == "postgresql://db.internal/shop"

@@ -631,3 +631,26 @@ def test_a_missing_postgresql_driver_names_the_extra_that_installs_it(monkeypatc
         Warehouse("postgresql://scraper:hunter2@db.internal/shop")
     assert "driver is installed" in str(refused.value) and "pip install -e '.[postgres]'" in str(refused.value)
     assert "hunter2" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("sqlite:///data/warehouse.db", "expected an absolute path: sqlite:////absolute/path/warehouse.db (four slashes)"),
+        ("sqlite:///~/warehouse.db", "expected an absolute path"),  # SQLite would make a folder named "~"
+        ("sqlite:///file:data/w.db?mode=rw&uri=true", "expected an absolute path"),
+        ("sqlite://", "expected a database file that outlives the process"),
+        ("sqlite:///:memory:", "expected a database file that outlives the process"),
+    ],
+)
+def test_a_sqlite_warehouse_in_memory_or_at_a_relative_path_is_refused(tmp_path, monkeypatch, url, expected):
+    """Each process (the CLI, the UI's code server, a run worker) has its own current folder
+    and memory: such a warehouse would split into several, or keep nothing. The URL is shown
+    as set, and where a relative one would have landed from here."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SettingsError) as refused:
+        Warehouse(url)
+    assert str(refused.value).startswith(f"SCRAPE_WAREHOUSE_URL='{url.split('?')[0]}' is invalid: {expected}")
+    if "absolute path" in expected:
+        assert f"(this one is {tmp_path}/" in str(refused.value)
+    assert list(tmp_path.iterdir()) == []  # no file or folder made

@@ -643,6 +643,15 @@ class UrlJoiner:
         return resolved + rest
 
 
+def _quoted(text: str) -> str:
+    """``text`` in quotes as the spec's YAML shows it (a regex's ``\\d`` stays one backslash), in
+    the quote mark it does not hold, so reject reasons group by kind
+    (:func:`~scrape_assets.validation_report.reason_kind`); ``repr`` when it holds both."""
+    if "'" not in text:
+        return f"'{text}'"
+    return f'"{text}"' if '"' not in text else repr(text)
+
+
 class _FieldError(ValueError):
     """A card field could not be read; ``str()`` is the reject reason."""
 
@@ -782,7 +791,7 @@ def parse_listing(
             if match is None or not match.group(1):
                 hint = ("" if selectors.url.attr else
                         " (selectors.url has no attr, so the link's text was read: attr: href?)")
-                raise _FieldError(f"product_id: '{spec.product_id.regex}' does not match {url!r}{hint}")
+                raise _FieldError(f"product_id: {_quoted(spec.product_id.regex)} does not match {url!r}{hint}")
             if len(match.group(1)) > MAX_PRODUCT_ID_CHARS:
                 raise _FieldError(f"product_id: {len(match.group(1))} characters in {url!r}; the warehouse keeps "
                                   f"at most {MAX_PRODUCT_ID_CHARS}")

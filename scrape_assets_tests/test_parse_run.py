@@ -249,13 +249,17 @@ def test_a_crash_while_re_parsing_a_snapshot_leaves_no_state_vouching_for_unchec
     assert result.figures["pages_parsed"] == 1 and load_parse_state(store, "demo", "travel").validated
 
 
-def test_reject_reasons_quoting_each_cards_value_are_counted_as_one_cause(crawled):
+@pytest.mark.parametrize(("regex", "shown"), [
+    (r"_(\d*7)/index\.html$", r"'_(\d*7)/index\.html$'"),
+    (r"_(\d*7)/index\.html$(?!')", '"' + r"_(\d*7)/index\.html$(?!')" + '"'),  # holds a quote mark: in the other
+])
+def test_reject_reasons_quoting_each_cards_value_are_counted_as_one_cause(crawled, regex, shown):
     """A product_id regex that misses most URLs: every reject quotes its own URL, yet the
     check's most common reasons count them as one cause, shown by its first card."""
     from scrape_assets.extract import extract_snapshot
     from scrape_assets.schemas import REJECTED_SHARE_CHECK
 
-    spec = SPEC.model_copy(update={"product_id": SPEC.product_id.model_copy(update={"regex": r"_(\d*7)/index\.html$"})})
+    spec = SPEC.model_copy(update={"product_id": SPEC.product_id.model_copy(update={"regex": regex})})
     store = ObjectStore(str(crawled))
     manifest = latest_manifest(store, "demo", "mystery", complete=True)
     parsed = extract_snapshot(store, manifest, spec, fetch_base_url=manifest.fetch_config.get("base_url", spec.base_url))
@@ -265,7 +269,7 @@ def test_reject_reasons_quoting_each_cards_value_are_counted_as_one_cause(crawle
     report = parse_run._validate(parsed, spec)
     (reasons,) = [c["reject_reasons"] for c in report.failure_cases if c["check"] == REJECTED_SHARE_CHECK][:1]
     assert reasons == {parsed.rejects[0]["reason"]: rejected}
-    assert parsed.rejects[0]["reason"].startswith(r"product_id: '_(\d*7)/index\.html$' does not match 'http")
+    assert parsed.rejects[0]["reason"].startswith(f"product_id: {shown} does not match 'http")
 
 
 def test_reason_kinds_blank_quoted_values_and_numbers_only():

@@ -271,10 +271,22 @@ class Warehouse:
             return conn.execute(sa.select(warehouse_site.c.site).where(warehouse_site.c.id == 1)).scalar_one_or_none()
 
     def check_site(self, site: str) -> None:
-        """Raise :class:`SettingsError` if these tables belong to another site (reads only; see :meth:`claim_site`)."""
+        """Raise if these tables belong to another site, or have another shape (reads only).
+
+        Every column of every table is selected (no row), so a ``products`` table that
+        someone else made fails here, before a crawl, as the load would fail after it.
+
+        Raises:
+            SettingsError: the tables belong to another site (see :meth:`claim_site`).
+            sqlalchemy.exc.SQLAlchemyError: a table lacks a column ("no such column"), or the
+                database cannot be read (:func:`may_recover` tells which may pass).
+        """
         owner = self.site()
         if owner not in (None, site):
             raise self._other_site(site, owner)
+        with self.engine.connect() as conn:
+            for table in metadata.tables.values():
+                conn.execute(sa.select(*table.c).limit(0)).all()
 
     def claim_site(self, site: str, *, now: str, owns: Callable[[str, str], bool] | None = None) -> None:
         """Make sure these tables hold ``site``'s rows only; the first site to load claims them.

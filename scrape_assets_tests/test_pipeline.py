@@ -770,19 +770,24 @@ def test_an_unreadable_warehouse_stops_raw_pages_before_any_request_and_the_retr
         f"cannot read the warehouse at sqlite:///{not_a_db} (SCRAPE_WAREHOUSE_URL): DatabaseError: file is not a "
         "database; nothing fetched")
     assert not_a_db.read_text() == "not a database" and not (tmp_path / "objects" / "demo").exists()
-    # Tables of another shape: SQLite says "no such column" every time, so no retry either.
-    other_shape = tmp_path / "other.db"
-    with sqlite3.connect(other_shape) as conn:
-        conn.execute("CREATE TABLE warehouse_site (id INTEGER PRIMARY KEY, owner TEXT)")
-    conn.close()
-    res["warehouse"] = WarehouseResource(url=f"sqlite:///{other_shape}")
-    result = materialize(instance, res, ["travel"], selection=["raw_pages"], raise_on_error=False)
-    assert not any(e.event_type_value == "STEP_UP_FOR_RETRY" for e in result.all_events)
-    (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
-    assert failure.step_failure_data.user_failure_data.description == (
-        f"cannot read the warehouse at sqlite:///{other_shape} (SCRAPE_WAREHOUSE_URL): OperationalError: no such "
-        "column: warehouse_site.site; nothing fetched")
-    assert not (tmp_path / "objects" / "demo").exists()
+    # Tables of another shape: SQLite says "no such column" every time, so no retry either;
+    # a `products` table someone else made is refused before the crawl too, not by the load after it.
+    for name, create, missing in [("other.db", "CREATE TABLE warehouse_site (id INTEGER PRIMARY KEY, owner TEXT)",
+                                   "warehouse_site.site"),
+                                  ("theirs.db", "CREATE TABLE products (sku TEXT PRIMARY KEY, name TEXT)",
+                                   "products.category")]:
+        other_shape = tmp_path / name
+        with sqlite3.connect(other_shape) as conn:
+            conn.execute(create)
+        conn.close()
+        res["warehouse"] = WarehouseResource(url=f"sqlite:///{other_shape}")
+        result = materialize(instance, res, ["travel"], selection=["raw_pages"], raise_on_error=False)
+        assert not any(e.event_type_value == "STEP_UP_FOR_RETRY" for e in result.all_events)
+        (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+        assert failure.step_failure_data.user_failure_data.description == (
+            f"cannot read the warehouse at sqlite:///{other_shape} (SCRAPE_WAREHOUSE_URL): OperationalError: no such "
+            f"column: {missing}; nothing fetched")
+        assert not (tmp_path / "objects" / "demo").exists()
 
 
 def test_a_corrupt_parse_state_stops_the_parse_naming_the_file_and_the_remedy(tmp_path, instance):

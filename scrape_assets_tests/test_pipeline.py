@@ -272,9 +272,16 @@ def test_fetch_config_change_refuses_resume_until_new_snapshot(tmp_path, instanc
     assert load_manifest(store, "demo", "travel", manifest.snapshot_id).completed_at is None
     assert {c: list_snapshots(store, "demo", c) for c in categories} == before
 
-    # Back to the earlier config, the snapshot resumes.
-    assert materialize(instance, res, ["travel"], selection=["raw_pages"]).success
+    # Back to the earlier config, the snapshot resumes, also with the spec named by a path:
+    # a copy of the shipped demo spec file is the same fetch config as SCRAPE_SITE=demo.
+    import scrape_assets
+
+    copy = tmp_path / "my-demo.yaml"
+    copy.write_bytes((Path(scrape_assets.__file__).parent / "sites" / "demo.yaml").read_bytes())
+    by_path = make_resources(tmp_path, site=str(copy))
+    assert materialize(instance, by_path, ["travel"], selection=["raw_pages"]).success
     assert latest_manifest(store, "demo", "travel").snapshot_id == manifest.snapshot_id
+    assert latest_manifest(store, "demo", "travel").fetch_config["site"] == "demo"
     manifest.completed_at = None  # died again
     manifest.pages[1].status = "pending"
     manifest.save(store)

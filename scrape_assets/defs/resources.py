@@ -112,8 +112,12 @@ class SiteResource(dg.ConfigurableResource):
         )
 
     def fetch_config(self) -> dict:
-        """The frozen fetch config recorded in each manifest (a change refuses resume)."""
-        return {"site": self.site, "base_url": self.fetch_base_url(), **self.fetch_policy().as_dict()}
+        """The frozen fetch config recorded in each manifest (a change refuses resume).
+
+        ``site`` is the spec's name, not how ``SCRAPE_SITE`` named it: ``demo`` and the path
+        of the same spec file (or a copy of it elsewhere) resume each other's snapshots.
+        """
+        return {"site": self.spec().name, "base_url": self.fetch_base_url(), **self.fetch_policy().as_dict()}
 
     def proxy(self) -> ProxyURL | None:
         """The parsed ``proxy_url`` (None: direct).

@@ -797,6 +797,24 @@ def test_an_unreadable_warehouse_stops_raw_pages_before_any_request_and_the_retr
         assert not (tmp_path / "objects" / "demo").exists()
 
 
+def test_a_manifest_of_another_format_stops_raw_pages_once_before_any_request(tmp_path, instance):
+    """A manifest written by another version reads the same on every attempt: the step fails
+    at once naming it (no RetryPolicy retries), and no category of the run fetches a page."""
+    res = make_resources(tmp_path)
+    assert materialize(instance, res, ["travel"], selection=["raw_pages"]).success
+    store = ObjectStore(str(tmp_path / "objects"))
+    manifest = latest_manifest(store, "demo", "travel")
+    raw = store.read_bytes(manifest.key)
+    store.write_bytes_atomic(manifest.key, raw.replace(b'"format": 1', b'"format": 99', 1))
+    result = materialize(instance, res, ["travel", "mystery"], selection=["raw_pages"], raise_on_error=False)
+    assert not result.success
+    assert not any(e.event_type_value == "STEP_UP_FOR_RETRY" for e in result.all_events)
+    (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert failure.step_failure_data.user_failure_data.description == f"{manifest.key}: format 99, expected 1"
+    assert list_snapshots(store, "demo", "mystery") == [] and list_snapshots(store, "demo", "travel") == [
+        manifest.snapshot_id]
+
+
 def test_a_corrupt_parse_state_stops_the_parse_naming_the_file_and_the_remedy(tmp_path, instance):
     from scrape_assets.storage import ObjectStore
 

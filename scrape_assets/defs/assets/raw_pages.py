@@ -18,6 +18,7 @@ from scrape_assets.defs.pools import configured_host_pool
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource
 from scrape_assets.errors import (
     FetchConfigChangedError,
+    ManifestError,
     MissingBucketError,
     PartitionLockedError,
     SettingsError,
@@ -330,8 +331,9 @@ def _raw_pages(
                     reexecuted_run_ids=[r for r in (context.run.parent_run_id, context.run.root_run_id) if r],
                 )
             )
-    except (FetchConfigChangedError, SpecError, SettingsError, PartitionLockedError) as exc:
-        # Retrying cannot fix these: fail once, with the message that says what to do.
+    except (FetchConfigChangedError, ManifestError, SpecError, SettingsError, PartitionLockedError) as exc:
+        # Retrying cannot fix these (a manifest of another format or not JSON reads the same
+        # next time): fail once, with the message that says what to do.
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
     log = BatchedLog(context.log.info)
     for r in reports:

@@ -475,6 +475,7 @@ class PartitionCrawler:
         old, entry = previous.pages[m], self.manifest.pages[n]
         entry.status, entry.http_status, entry.content_hash = "done", old.http_status, old.content_hash
         entry.bytes, entry.content_type, entry.fetched_at = old.bytes, old.content_type, old.fetched_at
+        entry.body_fetched_at = old.body_fetched_time
         entry.etag, entry.last_modified, entry.body_key = old.etag, old.last_modified, previous.body_key(m)
         entry.final_url = old.final_url
         entry.assumed_unchanged = True
@@ -748,6 +749,8 @@ class PartitionCrawler:
             source = previous if same else twin
             entry.body_key = source[0].body_key(source[1])
             entry.bytes = source[0].pages[source[1]].bytes
+            # Products keep the time their body was fetched: confirming it moves only fetched_at.
+            entry.body_fetched_at = source[0].pages[source[1]].body_fetched_time
             # A 304 may omit the metadata; a 200's is the representation's (a corrected charset
             # label on the same bytes changes how they read: RFC 9110 §8.3).
             entry.content_type = old.content_type if page.http_status == 304 else page.headers.get("content-type")
@@ -767,7 +770,7 @@ class PartitionCrawler:
                 self._give_back_attempt(n)
                 raise
             crashpoint("crawl.after_body_write")
-            entry.body_key = None
+            entry.body_key = entry.body_fetched_at = None
             entry.content_type = page.headers.get("content-type")
             self._bytes += entry.bytes
         entry.status = "done"

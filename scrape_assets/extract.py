@@ -126,7 +126,7 @@ def extract_snapshot(
                     **product,
                     "page_number": n,
                     "snapshot_id": manifest.snapshot_id,
-                    "fetched_at": entry.fetched_at,
+                    "fetched_at": entry.body_fetched_time,  # a 304 since does not move it
                 }
             )
         for reject in page.rejects:

@@ -125,7 +125,9 @@ class PageEntry:
         http_status: last HTTP status, ``None`` when no response arrived.
         content_hash: ``sha256:<hex>`` of the stored body (``done`` only).
         bytes: stored body size in bytes.
-        fetched_at: UTC ISO 8601 time the body was stored.
+        fetched_at: UTC ISO 8601 time of the request that last fetched or confirmed the page
+            (a 304 or the same bytes move it; an adopted page keeps its copy's): how fresh the
+            saved copy is known to be (``incremental.max_days_without_request``, sitemap dates).
         last_error: reason of the last failure, e.g. ``http_404`` or ``timeout: ...``.
         content_type, etag, last_modified: response headers kept for parsing and conditional GET.
         body_key: where the body is stored when it is not this snapshot's own page key: an
@@ -145,6 +147,11 @@ class PageEntry:
             that failure. ``None`` otherwise.
         failed_at: UTC ISO 8601 time the page was recorded ``failed`` (its dead letter's
             ``recorded_at``); ``None`` for other pages.
+        body_fetched_at: when the body reused from an earlier snapshot (``body_key``) was first
+            fetched (UTC ISO 8601), carried from snapshot to snapshot while the page stays
+            unchanged; ``None`` when the body was fetched at ``fetched_at`` (or the entry was
+            written by a version before this field). Products parsed from the page carry
+            :attr:`body_fetched_time`.
     """
 
     url: str
@@ -164,10 +171,17 @@ class PageEntry:
     final_url: str | None = None
     retry_at: str | None = None
     failed_at: str | None = None
+    body_fetched_at: str | None = None
+
+    @property
+    def body_fetched_time(self) -> str | None:
+        """When the body the page reads was fetched (UTC ISO 8601): a 304 or an unchanged
+        re-fetch does not move it."""
+        return self.body_fetched_at or self.fetched_at
 
 
 _ENTRY_FIELDS = tuple(f.name for f in fields(PageEntry))
-_OPTIONAL_FIELDS = ("final_url", "retry_at", "failed_at")  # written only when set
+_OPTIONAL_FIELDS = ("final_url", "retry_at", "failed_at", "body_fetched_at")  # written only when set
 _ENTRY_FIELD_SET = frozenset(_ENTRY_FIELDS)
 
 
@@ -188,8 +202,9 @@ def _charset_mark(content_type: str | None) -> str:
 def _entry_dict(entry: PageEntry) -> dict:
     """The entry's fields as a dict (what ``dataclasses.asdict`` gives, without its deep copies).
 
-    ``final_url``, ``retry_at`` and ``failed_at`` only when set (a redirected page, a page
-    between two attempts, a failed page). A version that predates a field cannot read an
+    ``final_url``, ``retry_at``, ``failed_at`` and ``body_fetched_at`` only when set (a
+    redirected page, a page between two attempts, a failed page, a body reused from an
+    earlier snapshot). A version that predates a field cannot read an
     entry holding it (its ``PageEntry(**entry)`` refuses the key): rolling back past the
     version that added ``retry_at`` and ``failed_at`` needs the snapshots made since set
     aside. :func:`_page_entry` ignores keys it does not know, so later fields do not stop

@@ -179,6 +179,39 @@ def test_parser_version_change_reparses_saved_pages_without_requests(tmp_path, i
     assert demo_server.request_count() == requests  # zero HTTP requests
 
 
+def test_a_reparse_keeps_the_time_each_body_was_fetched_not_the_304s_since(tmp_path, instance, demo_server, monkeypatch):
+    """Rows' ``fetched_at`` is when the body they were parsed from was fetched: the 304s of
+    later snapshots move the manifest's ``fetched_at`` (how fresh the copy is known to be)
+    but not the rows, even when a parser fix re-parses the latest snapshot."""
+    import scrape_assets.crawl as crawl
+    import scrape_assets.extract as extract
+
+    res = make_resources(tmp_path, base_url=demo_server.base_url)
+    assert materialize(instance, res, ["travel", "mystery"]).success
+    store = ObjectStore(str(tmp_path / "objects"))
+    first = {c: latest_manifest(store, "demo", c) for c in PAGES}
+    wh = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}")
+    fetched = {(r["category"], r["product_id"]): r["fetched_at"] for r in wh.rows(products)}
+    assert set(fetched.values()) <= {e.fetched_at for m in first.values() for e in m.pages.values()}
+
+    # Two later days, every page answered 304 (the second 304 confirms a copy already reused).
+    for day in ("2099-01-02T03:04:05Z", "2099-01-03T03:04:05Z"):
+        monkeypatch.setattr(crawl, "utc_now_iso", lambda day=day: day)
+        assert materialize(instance, res, ["travel", "mystery"], selection=["raw_pages"]).success
+        for category in PAGES:
+            entries = latest_manifest(store, "demo", category).pages
+            assert {(e.not_modified, e.fetched_at) for e in entries.values()} == {(True, day)}
+            assert {n: e.body_fetched_at for n, e in entries.items()} == {
+                n: e.fetched_at for n, e in first[category].pages.items()}
+
+    monkeypatch.setattr(extract, "PARSER_VERSION", "test-bump")  # a parser fix: the 304 snapshots re-parsed
+    reparse = materialize(instance, res, ["travel", "mystery"], selection=["parsed_products", "products_table"])
+    assert run_metadata(reparse)["products_table"]["rows_loaded"] == 11 + 32
+    rows = wh.rows(products)
+    assert {r["snapshot_id"] for r in rows} == {latest_manifest(store, "demo", c).snapshot_id for c in PAGES}
+    assert {(r["category"], r["product_id"]): r["fetched_at"] for r in rows} == fetched
+
+
 def test_first_page_revalidation_asks_one_page_per_unchanged_category(tmp_path, instance):
     """Spec opt-in ``incremental.revalidate: first_page``: page 1 unchanged -> pages 2..N adopted, no request."""
     import threading
@@ -403,6 +436,7 @@ def test_without_validators_the_content_hash_decides_and_an_unchanged_body_is_no
             assert (entry.http_status, entry.not_modified) == (200, False)
             assert entry.content_hash == first[category].pages[n].content_hash
             assert entry.body_key == first[category].page_key(n)  # the body stored the first time
+            assert entry.body_fetched_at == first[category].pages[n].fetched_at  # and fetched then
         assert not store.exists(f"{second.prefix}/pages")
         assert second.data_version == first[category].data_version
     md = run_metadata(second_run)

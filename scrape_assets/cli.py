@@ -31,6 +31,7 @@ import shlex
 import shutil
 import socket
 import sys
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -203,6 +204,7 @@ def summarize(resources: dict) -> dict:
         "ui_command": ui_command(os.environ),
         "ui_url": ui_url(os.environ),
         "ui_exports": ui_exports(os.environ),
+        "daemon_heartbeat_age_s": daemon_heartbeat_age(os.environ),
     }
 
 
@@ -327,7 +329,12 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
             "letters counted above are theirs)"
             if summary.get("warehouse_site") not in (None, summary["site"]) else ""),
         f"  Dagster UI      {summary.get('ui_command', 'make ui')}  (then open {summary.get('ui_url', ui_url({}))})"
-        + (f"; with {' and '.join(summary['ui_exports'])} exported as for the pipeline's runs" if summary.get("ui_exports") else ""),
+        + (f"; with {' and '.join(summary['ui_exports'])} exported as for the pipeline's runs" if summary.get("ui_exports") else "")
+        if summary.get("daemon_heartbeat_age_s") is None else
+        # `make ui` (dagster dev) starts a daemon of its own: two on one instance both tick.
+        f"  Dagster UI      the one already serving this instance: a Dagster daemon beat "
+        f"{summary['daemon_heartbeat_age_s']:.0f} s ago (a dagster-daemon service, or `make ui` open); do not "
+        "start `make ui` beside it, it would start a second daemon",
     ]
     print("\n".join(lines), file=sys.stdout if out is None else out)
 
@@ -371,14 +378,46 @@ def ui_command(env: Mapping[str, str]) -> str:
     if env.get("SCRAPE_BASE_URL"):
         parts.append(f"SCRAPE_BASE_URL={shlex.quote(redact_url(env['SCRAPE_BASE_URL']))}")  # never credentials
     parts.append("make ui")
-    home = Path(env.get("DAGSTER_HOME") or ".dagster_home").expanduser().resolve()  # unset: as _instance() does...
-    if not env.get("DAGSTER_HOME") and not (home / "dagster.yaml").is_file():
-        home = _CLONE / ".dagster_home"  # ...when there is an instance there; else `make demo`'s, the clone's
-    if home != _CLONE / ".dagster_home":
+    if (home := _ui_home(env)) != _CLONE / ".dagster_home":
         parts.append(f"DAGSTER_HOME={shlex.quote(str(home))}")
     if (port := _ui_port(env)) != "3000":  # exported now, perhaps not in the shell that runs it
         parts.append(f"UI_PORT={port}")
     return " ".join(parts)
+
+
+def _ui_home(env: Mapping[str, str]) -> Path:
+    """The instance folder the summary's UI line is about: ``DAGSTER_HOME`` (absolute); unset:
+    ``./.dagster_home`` when it holds an instance, as :func:`_instance` uses it, else the clone's."""
+    home = Path(env.get("DAGSTER_HOME") or ".dagster_home").expanduser().resolve()
+    if not env.get("DAGSTER_HOME") and not (home / "dagster.yaml").is_file():
+        home = _CLONE / ".dagster_home"
+    return home
+
+
+DAEMON_SEEN_S = 90
+"""A daemon heartbeat this recent (seconds) means a daemon runs (Dagster's beat every 30 s)."""
+
+
+def daemon_heartbeat_age(env: Mapping[str, str], now: float | None = None) -> float | None:
+    """Seconds since the newest Dagster daemon heartbeat on the instance the UI line names
+    (:func:`_ui_home`) when it is at most :data:`DAEMON_SEEN_S`, else ``None``.
+
+    A daemon runs there: a ``dagster-daemon`` service, or ``make ui`` (``dagster dev``,
+    which starts one) already open. Read only: no instance is created; an instance that
+    cannot be read counts as none (the summary never fails on this).
+    """
+    home = _ui_home(env)
+    if not (home / "dagster.yaml").is_file():
+        return None
+    try:
+        import dagster as dg
+
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            beats = [beat.timestamp for beat in instance.get_daemon_heartbeats().values()]
+    except Exception:  # noqa: BLE001 - a hint only: an unreadable instance shows the plain line
+        return None
+    age = (time.time() if now is None else now) - max(beats, default=float("-inf"))
+    return max(age, 0.0) if age <= DAEMON_SEEN_S else None
 
 
 def ui_exports(env: Mapping[str, str]) -> list[str]:

@@ -814,6 +814,50 @@ def test_the_ui_line_names_the_storage_and_warehouse_variables_it_leaves_out(tmp
         "with SCRAPE_STORAGE_URL and SCRAPE_WAREHOUSE_URL exported as for the pipeline's runs")
 
 
+def test_with_a_daemon_running_on_the_instance_the_ui_line_does_not_suggest_make_ui(tmp_path, monkeypatch):
+    """`make ui` (dagster dev) starts a daemon of its own: beside a dagster-daemon service (or
+    an open `make ui`) it would be a second one. A real daemon's heartbeats are what is read."""
+    import io
+    import shutil
+    import signal
+    import time
+
+    from scrape_assets.cli import DAEMON_SEEN_S, daemon_heartbeat_age, print_summary, summarize
+    from scrape_assets.defs.resources import build_resources
+
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copyfile(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
+    monkeypatch.chdir(tmp_path)
+    for name in ("SCRAPE_SITE", "SCRAPE_BASE_URL", "UI_PORT", "SCRAPE_STORAGE_URL", "SCRAPE_WAREHOUSE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SCRAPE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    assert daemon_heartbeat_age(os.environ) is None  # an instance no daemon ever ran on
+
+    daemon = subprocess.Popen([str(Path(sys.executable).with_name("dagster-daemon")), "run", "-w", "workspace.yaml"],
+                              cwd=REPO_ROOT, env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while (age := daemon_heartbeat_age(os.environ)) is None and daemon.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert age is not None and 0 <= age <= DAEMON_SEEN_S, f"no heartbeat (daemon exit code {daemon.poll()})"
+        out = io.StringIO()
+        print_summary(summarize(build_resources(secrets_as_env_vars=False)), out=out)
+        line = out.getvalue().splitlines()[-1]
+        assert line.startswith("  Dagster UI      the one already serving this instance: a Dagster daemon beat ")
+        assert line.endswith(" s ago (a dagster-daemon service, or `make ui` open); do not start `make ui` beside "
+                             "it, it would start a second daemon")
+    finally:
+        os.killpg(daemon.pid, signal.SIGTERM)
+        daemon.wait(timeout=60)
+    # A daemon stopped for longer than DAEMON_SEEN_S: `make ui` is the way to the UI again.
+    assert daemon_heartbeat_age(os.environ, now=time.time() + DAEMON_SEEN_S + 1) is None
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "nowhere"))  # no instance: nothing read, nothing made
+    assert daemon_heartbeat_age(os.environ) is None and not (tmp_path / "nowhere").exists()
+
+
 def test_make_refuses_a_python_older_than_3_11_before_making_the_venv(tmp_path):
     """pandas 3 needs 3.11: the refusal names the interpreter and its version, and leaves no .venv behind."""
     import shutil

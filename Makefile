@@ -58,9 +58,10 @@ endif
 ui: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster dev -w workspace.yaml -p $(ui_port)
 
-## make serve-demo: the demo catalogue over real sockets on 127.0.0.1:8000
+## make serve-demo: the demo catalogue over real sockets on 127.0.0.1:8000 (DEMO_PORT=8001 for another port)
+DEMO_PORT ?= 8000
 serve-demo: $(VENV)/.installed
-	$(BIN)/scrape-assets serve-demo --port 8000
+	$(BIN)/scrape-assets serve-demo --port "$(or $(strip $(DEMO_PORT)),8000)"
 
 ## make bench: set up with the bench extra (Scrapy, psutil, py-spy), run every benchmark, write BENCHMARKS.md
 ## (1,000 and 10,000 pages, concurrency 8/16/64, 3 pipeline runs each, profiles; 13-40 min on 2 cores). make bench-quick: 1,000 pages, c=16.

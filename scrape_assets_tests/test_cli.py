@@ -903,6 +903,15 @@ def test_make_ui_takes_another_port_when_3000_is_taken():
                           timeout=60).returncode == 0  # only `make ui` serves on it
 
 
+def test_make_serve_demo_takes_another_port_when_8000_is_taken():
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "MFLAGS", "DEMO_PORT")}
+    for extra, port in (([], "8000"), (["DEMO_PORT=8001"], "8001"), (["DEMO_PORT="], "8000")):
+        planned = subprocess.run(["make", "-n", "serve-demo", *extra], cwd=REPO_ROOT, env=env, capture_output=True,
+                                 text=True, timeout=60)
+        assert planned.returncode == 0, planned.stderr
+        assert planned.stdout.splitlines()[-1].endswith(f'/scrape-assets serve-demo --port "{port}"')
+
+
 def test_categories_piped_into_head_ends_quietly(tmp_path):
     """`scrape-assets categories | head -1`: no BrokenPipeError traceback once the reader is gone."""
     spec = yaml.safe_load((REPO_ROOT / "scrape_assets" / "sites" / "demo.yaml").read_text())

@@ -166,6 +166,9 @@ def test_the_daemon_frees_the_pool_slot_a_killed_run_kept_once_the_run_is_failed
     shutil.copy(REPO_ROOT / "dagster.yaml", tmp_path / "dagster.yaml")
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
     pool = host_pool("https://shop.example/")
+    # The name the README gives: the host, lowercased, with the port when the URL names one.
+    assert (pool, host_pool("http://127.0.0.1:8000/"), host_pool("https://Shop.Example:8443/x")) == (
+        "scrape-host-shop.example", "scrape-host-127.0.0.1:8000", "scrape-host-shop.example:8443")
     with dg.DagsterInstance.get() as instance:
         assert instance.run_monitoring_settings["free_slots_after_run_end_seconds"] == 60
         storage = instance.event_log_storage

@@ -66,6 +66,8 @@ class PrunePlan:
         bodies_kept: page bodies left in deleted snapshots' folders because a kept snapshot reads them.
         objects_deleted: how many of ``objects`` are gone (all of them after a complete prune).
         skipped: why the category was not (or only partly) pruned, else None.
+        in_flight: those of ``kept`` newer than the newest complete snapshot (all of them
+            when none is complete): a run resumes the newest.
     """
 
     category: str
@@ -77,16 +79,21 @@ class PrunePlan:
     bodies_kept: int = 0
     objects_deleted: int = 0
     skipped: str | None = None
+    in_flight: list[str] = field(default_factory=list)
 
     def line(self, *, dry_run: bool = False) -> str:
-        """One human-readable line, e.g. ``travel: kept 2 snapshots, deleted 3 (41 objects, 1.2 MB)``."""
+        """One human-readable line, e.g. ``travel: kept 2 snapshots (newest complete <id>, 1 in
+        flight), deleted 3 (41 objects, 1.2 MB)``."""
         if self.skipped:
             return f"{self.category}: skipped: {self.skipped}"
         if not (self.kept or self.objects):
             return f"{self.category}: no snapshots"
         verb = "would delete" if dry_run else "deleted"
+        complete = [s for s in self.kept if s not in self.in_flight]
+        newest = (f"newest complete {complete[-1]}" if complete else "none complete yet") + (
+            f", {len(self.in_flight)} in flight" if self.in_flight else "")
         text = (f"{self.category}: kept {len(self.kept)} snapshot{'s' * (len(self.kept) != 1)}"
-                f"{' (newest ' + self.kept[-1] + ')' if self.kept else ''}, {verb} {len(self.deleted)} "
+                f"{' (' + newest + ')' if self.kept else ''}, {verb} {len(self.deleted)} "
                 f"({len(self.objects)} objects, {_megabytes(self.bytes_freed)})")
         if self.kept_for_parse:
             text += f"; kept {', '.join(self.kept_for_parse)} for the parse state (current parsed.json)"
@@ -120,10 +127,9 @@ def plan_prune(store: ObjectStore, site: str, category: str, keep: int) -> Prune
     manifests = {s: load_manifest(store, site, category, s) for s in snapshots}
     complete = [s for s in snapshots if manifests[s].is_complete]
     keep_ids = set(complete[-keep:])
-    if complete:
-        keep_ids.update(snapshots[snapshots.index(complete[-1]) + 1:])  # in flight: the next run resumes it
-    else:
-        keep_ids.update(snapshots)  # nothing complete yet: nothing is old
+    # In flight (the next run resumes the newest); nothing complete yet: nothing is old.
+    in_flight = snapshots[snapshots.index(complete[-1]) + 1:] if complete else list(snapshots)
+    keep_ids.update(in_flight)
     state = load_parse_state(store, site, category)  # ManifestError when unreadable: which parsed.json is current is unknown
     for_parse = set()
     if state is not None:
@@ -131,7 +137,7 @@ def plan_prune(store: ObjectStore, site: str, category: str, keep: int) -> Prune
         keep_ids |= for_parse
     protected = {manifests[s].body_key(n) for s in keep_ids for n in manifests[s].pages}
     plan = PrunePlan(category, kept=[s for s in snapshots if s in keep_ids],
-                     kept_for_parse=[s for s in snapshots if s in for_parse])
+                     kept_for_parse=[s for s in snapshots if s in for_parse], in_flight=in_flight)
     folders = [n for n in snapshot_folders(store, site, category) if n not in keep_ids]
     for snapshot_id in folders:
         files = sorted(store.list_files(f"{site}/{category}/{snapshot_id}"),

@@ -133,7 +133,8 @@ def test_in_flight_and_abandoned_snapshots_locks_and_leftovers(tmp_path):
     assert sorted(n for n in os.listdir(tmp_path / "objects/demo/travel") if not n.endswith(".lock")) == [
         "2026-11-28T000000Z", "2026-11-29T000000Z", "2026-11-30T000000Z"]  # empty folders removed
     assert os.listdir(tmp_path / "objects/demo/travel/2026-11-28T000000Z") == ["pages"]
-    assert plan.line() == ("travel: kept 2 snapshots (newest 2026-11-30T000000Z), deleted 2 (5 objects, 0.0 MB); "
+    assert plan.line() == ("travel: kept 2 snapshots (newest complete 2026-11-29T000000Z, 1 in flight), deleted 2 "
+                           "(5 objects, 0.0 MB); "
                            "1 page body of deleted snapshots kept: newer snapshots read them")
     # Nothing is deleted twice, and the body stays while a kept snapshot reads it.
     [again] = prune(store, "demo", ["travel"], keep=1, owner="test")
@@ -161,8 +162,14 @@ def test_more_than_ten_snapshots_in_one_second_are_pruned_in_time_order(tmp_path
     [plan] = prune(store, "demo", ["travel"], keep=2, owner="test")
     assert plan.kept == ["2026-11-30T084512Z-8", "2026-11-30T084512Z-9", "2026-11-30T084512Z-10"]
     assert plan.deleted == ids[:8]  # oldest first
-    assert plan.line().startswith("travel: kept 3 snapshots (newest 2026-11-30T084512Z-10), deleted 8")
+    assert plan.line().startswith("travel: kept 3 snapshots (newest complete 2026-11-30T084512Z-9, 1 in flight), "
+                                  "deleted 8")
     assert list_snapshots(store, "demo", "travel") == plan.kept
+    # Only a snapshot in flight: kept, and not called complete.
+    lone = ObjectStore(str(tmp_path / "lone"))
+    one_page_snapshot(lone, ids[-1], complete=False)
+    [plan] = prune(lone, "demo", ["travel"], keep=1, owner="test")
+    assert plan.line() == "travel: kept 1 snapshot (none complete yet, 1 in flight), deleted 0 (0 objects, 0.0 MB)"
 
 
 def test_an_unchanged_categorys_older_parsed_snapshot_is_kept_for_the_table_load(tmp_path):
@@ -250,7 +257,7 @@ def test_cli_prune_reports_and_exits_nonzero_when_a_category_was_skipped(tmp_pat
 
     assert main(["prune", "--keep", "1", "--dry-run"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("travel: kept 1 snapshot (newest 2026-11-29T000000Z), would delete 1 (2 objects")
+    assert out[0].startswith("travel: kept 1 snapshot (newest complete 2026-11-29T000000Z), would delete 1 (2 objects")
     assert out[-1].startswith("dry run: would delete 1 snapshot (0.0 MB) across 12 categories of demo at ")
     assert len(list_snapshots(store, "demo", "travel")) == 2
 

@@ -475,7 +475,7 @@ class PartitionCrawler:
         old, entry = previous.pages[m], self.manifest.pages[n]
         entry.status, entry.http_status, entry.content_hash = "done", old.http_status, old.content_hash
         entry.bytes, entry.content_type, entry.fetched_at = old.bytes, old.content_type, old.fetched_at
-        entry.body_fetched_at = old.body_fetched_time
+        entry.body_fetched_at = old.body_fetched_at  # (fetched_at is the copy's: its body time holds)
         entry.etag, entry.last_modified, entry.body_key = old.etag, old.last_modified, previous.body_key(m)
         entry.final_url = old.final_url
         entry.assumed_unchanged = True

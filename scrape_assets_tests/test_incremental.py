@@ -203,6 +203,18 @@ def test_a_reparse_keeps_the_time_each_body_was_fetched_not_the_304s_since(tmp_p
             assert {(e.not_modified, e.fetched_at) for e in entries.values()} == {(True, day)}
             assert {n: e.body_fetched_at for n, e in entries.items()} == {
                 n: e.fetched_at for n, e in first[category].pages.items()}
+    # Then the spec opts in to `revalidate: first_page`: page 1 a 304, mystery's page 2 adopted
+    # without a request from a snapshot that had it as a 304 (its confirmation time kept, and
+    # the time of its body).
+    spec_file = tmp_path / "demo-first-page.yaml"
+    spec_file.write_text((Path(__file__).resolve().parents[1] / "scrape_assets" / "sites" / "demo.yaml").read_text()
+                         + "incremental:\n  revalidate: first_page\n")
+    monkeypatch.setattr(crawl, "utc_now_iso", lambda: "2099-01-04T03:04:05Z")
+    first_page = make_resources(tmp_path, site=str(spec_file), base_url=demo_server.base_url)
+    assert materialize(instance, first_page, ["travel", "mystery"], selection=["raw_pages"]).success
+    adopted = latest_manifest(store, "demo", "mystery").pages[2]
+    assert (adopted.assumed_unchanged, adopted.fetched_at) == (True, "2099-01-03T03:04:05Z")
+    assert adopted.body_fetched_at == first["mystery"].pages[2].fetched_at
 
     monkeypatch.setattr(extract, "PARSER_VERSION", "test-bump")  # a parser fix: the 304 snapshots re-parsed
     reparse = materialize(instance, res, ["travel", "mystery"], selection=["parsed_products", "products_table"])
@@ -466,6 +478,7 @@ def test_after_the_base_url_changes_unchanged_pages_are_asked_whole_but_not_stor
             assert entry.url.startswith(mirror.base_url) and not first[category].pages[n].url.startswith(mirror.base_url)
             assert (entry.http_status, entry.not_modified) == (200, False)
             assert entry.body_key == first[category].page_key(n)  # the body stored from the other address
+            assert entry.body_fetched_at == first[category].pages[n].fetched_at  # and fetched then
             assert entry.etag is not None and entry.bytes == first[category].pages[n].bytes
         assert not store.exists(f"{second.prefix}/pages")
         assert second.data_version == first[category].data_version

@@ -48,10 +48,14 @@ test: override DAGSTER_HOME := $(CURDIR)/.dagster_home
 test: $(VENV)/.test-installed
 	$(BIN)/python -m pytest
 
+# What is left of $(1) without its digits: empty for a port number (checked before a
+# goal that serves on it runs, so no other text reaches the shell).
+non_digits = $(subst 0,,$(subst 1,,$(subst 2,,$(subst 3,,$(subst 4,,$(subst 5,,$(subst 6,,$(subst 7,,$(subst 8,,$(subst 9,,$(1)))))))))))
+
 ## make ui: the Dagster UI on the same instance as `make demo` (http://127.0.0.1:3000; UI_PORT=3001 for another port)
 ui_port := $(or $(strip $(UI_PORT)),3000)
 ifneq ($(filter ui,$(MAKECMDGOALS)),)
-ifneq ($(subst 0,,$(subst 1,,$(subst 2,,$(subst 3,,$(subst 4,,$(subst 5,,$(subst 6,,$(subst 7,,$(subst 8,,$(subst 9,,$(ui_port))))))))))),)
+ifneq ($(call non_digits,$(ui_port)),)
 $(error UI_PORT=$(UI_PORT) is not a port number: give digits, e.g. make ui UI_PORT=3001 (unset: 3000))
 endif
 endif
@@ -59,9 +63,14 @@ ui: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster dev -w workspace.yaml -p $(ui_port)
 
 ## make serve-demo: the demo catalogue over real sockets on 127.0.0.1:8000 (DEMO_PORT=8001 for another port)
-DEMO_PORT ?= 8000
+demo_port := $(or $(strip $(DEMO_PORT)),8000)
+ifneq ($(filter serve-demo,$(MAKECMDGOALS)),)
+ifneq ($(call non_digits,$(demo_port)),)
+$(error DEMO_PORT=$(DEMO_PORT) is not a port number: give digits, e.g. make serve-demo DEMO_PORT=8001 (unset: 8000))
+endif
+endif
 serve-demo: $(VENV)/.installed
-	$(BIN)/scrape-assets serve-demo --port "$(or $(strip $(DEMO_PORT)),8000)"
+	$(BIN)/scrape-assets serve-demo --port $(demo_port)
 
 ## make bench: set up with the bench extra (Scrapy, psutil, py-spy), run every benchmark, write BENCHMARKS.md
 ## (1,000 and 10,000 pages, concurrency 8/16/64, 3 pipeline runs each, profiles; 13-40 min on 2 cores). make bench-quick: 1,000 pages, c=16.

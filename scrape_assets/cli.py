@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import logging
 import math
@@ -332,9 +333,10 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
         + (f"; with {' and '.join(summary['ui_exports'])} exported as for the pipeline's runs" if summary.get("ui_exports") else "")
         if summary.get("daemon_heartbeat_age_s") is None else
         # `make ui` (dagster dev) starts a daemon of its own: two on one instance both tick.
-        f"  Dagster UI      the one already serving this instance: a Dagster daemon beat "
-        f"{summary['daemon_heartbeat_age_s']:.0f} s ago (a dagster-daemon service, or `make ui` open); do not "
-        "start `make ui` beside it, it would start a second daemon",
+        f"  Dagster UI      not `make ui`: a Dagster daemon beat on this instance {summary['daemon_heartbeat_age_s']:.0f} "
+        "s ago (a dagster-daemon service, or `make ui` already open) and `make ui` would start a second one; open "
+        "the UI already serving the instance, or serve one without a daemon: `.venv/bin/dagster-webserver -w "
+        "workspace.yaml` in the clone, in the runs' environment (README: A production setup)",
     ]
     print("\n".join(lines), file=sys.stdout if out is None else out)
 
@@ -403,17 +405,31 @@ def daemon_heartbeat_age(env: Mapping[str, str], now: float | None = None) -> fl
     (:func:`_ui_home`) when it is at most :data:`DAEMON_SEEN_S`, else ``None``.
 
     A daemon runs there: a ``dagster-daemon`` service, or ``make ui`` (``dagster dev``,
-    which starts one) already open. Read only: no instance is created; an instance that
-    cannot be read counts as none (the summary never fails on this).
+    which starts one) already open. Only an instance on Dagster's default SQLite storage
+    under ``DAGSTER_HOME`` (as the shipped ``dagster.yaml`` has it) is looked at: its
+    ``history/runs.db`` is opened read-only, so nothing is created or migrated and a locked
+    file costs at most a second. With a ``storage:`` (or ``run_storage:``) block, which may
+    name a PostgreSQL server that does not answer, nothing is read: ``None``. Anything that
+    cannot be read counts as no daemon (the summary never fails on this).
     """
-    home = _ui_home(env)
-    if not (home / "dagster.yaml").is_file():
-        return None
-    try:
-        import dagster as dg
+    import sqlite3
 
-        with dg.DagsterInstance.from_config(str(home)) as instance:
-            beats = [beat.timestamp for beat in instance.get_daemon_heartbeats().values()]
+    import yaml
+
+    home = _ui_home(env)
+    try:
+        config = yaml.safe_load((home / "dagster.yaml").read_text(encoding="utf-8")) or {}
+        if not isinstance(config, dict) or config.keys() & {"storage", "run_storage"}:
+            return None
+        runs = home / "history" / "runs.db"
+        if not runs.is_file():
+            return None
+        from dagster._daemon.types import DaemonHeartbeat  # private, pinned (the test runs a real daemon)
+        from dagster._serdes import deserialize_value
+
+        with contextlib.closing(sqlite3.connect(f"{runs.as_uri()}?mode=ro", uri=True, timeout=1)) as conn:
+            bodies = [body for (body,) in conn.execute("SELECT body FROM daemon_heartbeats")]
+        beats = [deserialize_value(body, DaemonHeartbeat).timestamp for body in bodies]
     except Exception:  # noqa: BLE001 - a hint only: an unreadable instance shows the plain line
         return None
     age = (time.time() if now is None else now) - max(beats, default=float("-inf"))

@@ -833,7 +833,8 @@ def test_with_a_daemon_running_on_the_instance_the_ui_line_does_not_suggest_make
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SCRAPE_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("DAGSTER_HOME", str(home))
-    assert daemon_heartbeat_age(os.environ) is None  # an instance no daemon ever ran on
+    assert daemon_heartbeat_age(os.environ) is None  # an instance no daemon ever ran on...
+    assert os.listdir(home) == ["dagster.yaml"]  # ...and reading it made no storage there
 
     daemon = subprocess.Popen([str(Path(sys.executable).with_name("dagster-daemon")), "run", "-w", "workspace.yaml"],
                               cwd=REPO_ROOT, env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -846,9 +847,11 @@ def test_with_a_daemon_running_on_the_instance_the_ui_line_does_not_suggest_make
         out = io.StringIO()
         print_summary(summarize(build_resources(secrets_as_env_vars=False)), out=out)
         line = out.getvalue().splitlines()[-1]
-        assert line.startswith("  Dagster UI      the one already serving this instance: a Dagster daemon beat ")
-        assert line.endswith(" s ago (a dagster-daemon service, or `make ui` open); do not start `make ui` beside "
-                             "it, it would start a second daemon")
+        assert line.startswith("  Dagster UI      not `make ui`: a Dagster daemon beat on this instance ")
+        assert line.endswith(" s ago (a dagster-daemon service, or `make ui` already open) and `make ui` would start a "
+                             "second one; open the UI already serving the instance, or serve one without a daemon: "
+                             "`.venv/bin/dagster-webserver -w workspace.yaml` in the clone, in the runs' environment "
+                             "(README: A production setup)")
     finally:
         os.killpg(daemon.pid, signal.SIGTERM)
         daemon.wait(timeout=60)
@@ -856,6 +859,27 @@ def test_with_a_daemon_running_on_the_instance_the_ui_line_does_not_suggest_make
     assert daemon_heartbeat_age(os.environ, now=time.time() + DAEMON_SEEN_S + 1) is None
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "nowhere"))  # no instance: nothing read, nothing made
     assert daemon_heartbeat_age(os.environ) is None and not (tmp_path / "nowhere").exists()
+
+    # Storage elsewhere (a PostgreSQL server that accepts and never answers, say): not asked at all.
+    import socket
+    import threading
+
+    import pytest
+
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        silent.listen()
+        (home / "dagster.yaml").write_text(
+            (REPO_ROOT / "dagster.yaml").read_text() + "storage:\n  postgres:\n    postgres_db:\n      hostname: "
+            f"127.0.0.1\n      port: {silent.getsockname()[1]}\n      username: u\n      password: p\n      db_name: d\n")
+        monkeypatch.setenv("DAGSTER_HOME", str(home))
+        ages = []
+        asking = threading.Thread(target=lambda: ages.append(daemon_heartbeat_age(os.environ)), daemon=True)
+        asking.start()
+        asking.join(timeout=60)
+        assert ages == [None]
+        silent.settimeout(0)
+        with pytest.raises(BlockingIOError):
+            silent.accept()  # no connection was made to it
 
 
 def test_make_refuses_a_python_older_than_3_11_before_making_the_venv(tmp_path):
@@ -909,7 +933,12 @@ def test_make_serve_demo_takes_another_port_when_8000_is_taken():
         planned = subprocess.run(["make", "-n", "serve-demo", *extra], cwd=REPO_ROOT, env=env, capture_output=True,
                                  text=True, timeout=60)
         assert planned.returncode == 0, planned.stderr
-        assert planned.stdout.splitlines()[-1].endswith(f'/scrape-assets serve-demo --port "{port}"')
+        assert planned.stdout.splitlines()[-1].endswith(f"/scrape-assets serve-demo --port {port}")
+    for bad in ("oops", "80 01", '8001"; echo RAN; echo "', "$$(echo 8001)"):  # refused before anything runs
+        planned = subprocess.run(["make", "-n", "serve-demo", f"DEMO_PORT={bad}"], cwd=REPO_ROOT, env=env,
+                                 capture_output=True, text=True, timeout=60)
+        assert planned.returncode == 2 and "is not a port number" in planned.stderr and "DEMO_PORT=" in planned.stderr
+        assert "serve-demo --port" not in planned.stdout
 
 
 def test_categories_piped_into_head_ends_quietly(tmp_path):

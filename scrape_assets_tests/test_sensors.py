@@ -242,6 +242,43 @@ def test_a_run_that_failed_outside_any_step_is_alerted_with_its_error(instance, 
         "DagsterUserCodeProcessError: the code location could not be loaded")
 
 
+def test_a_run_whose_process_was_killed_is_alerted_with_how_it_died(instance, webhook_server):
+    """A run's process killed (kill -9, the kernel's OOM killer): Dagster's code server logs
+    how it died, then fails the run with generic words; the alert says how, and what to do."""
+    import signal
+
+    from dagster._core.test_utils import create_run_for_test
+    from dagster._utils import get_run_crash_explanation
+
+    alerts = {"alerts": AlertsResource(webhook_url=webhook_server.url)}
+    for exit_code, how in ((-signal.SIGKILL, "was terminated by signal 9 (SIGKILL): killed (kill -9, or by the "
+                                             "kernel when out of memory)"),
+                           (3, "unexpectedly exited with code 3")):
+        run = create_run_for_test(instance, job_name="daily_scrape_job", status=dg.DagsterRunStatus.STARTED)
+        # What dagster._grpc.server does when it finds the run's process gone.
+        instance.report_engine_event(get_run_crash_explanation(f"Run execution process for {run.run_id}", exit_code), run)
+        failure = instance.report_run_failed(run)
+        assert failure.message == "This run has been marked as failed from outside the execution context."
+        context = dg.build_run_status_sensor_context(
+            sensor_name="run_failure_alert_sensor", dagster_instance=instance,
+            dagster_run=instance.get_run_by_id(run.run_id), dagster_event=failure, resources=alerts,
+        ).for_run_failure()
+        run_failure_alert_sensor(context)
+        assert webhook_server.received[-1]["text"] == (
+            f"scrape_assets run {run.run_id[:8]} of daily_scrape_job failed: the run's process {how}; re-execute it "
+            "from failure (raw_pages resumes its snapshots in flight)")
+    # Failed from outside for another reason (no such event): Dagster's words, as they are.
+    run = create_run_for_test(instance, job_name="daily_scrape_job", status=dg.DagsterRunStatus.STARTED)
+    failure = instance.report_run_failed(run)
+    run_failure_alert_sensor(dg.build_run_status_sensor_context(
+        sensor_name="run_failure_alert_sensor", dagster_instance=instance,
+        dagster_run=instance.get_run_by_id(run.run_id), dagster_event=failure, resources=alerts,
+    ).for_run_failure())
+    assert webhook_server.received[-1]["text"] == (
+        f"scrape_assets run {run.run_id[:8]} of daily_scrape_job failed: This run has been marked as failed from "
+        "outside the execution context")
+
+
 def test_one_alert_a_run_and_none_after_a_forced_termination(instance, webhook_server):
     """Run monitoring fails a run past its dagster/max_runtime, then the run's worker reports
     the interrupted step (a second RUN_FAILURE): one alert. "Force termination" marks a live run

@@ -173,6 +173,28 @@ _DAGSTER_RUN_FAILED = re.compile(r'^Execution of (?:run for|step) "[^"]*" failed
 _STEPS_FAILED = re.compile(r"^Steps failed: \[.*\]\.?$")  # (a dynamic step key holds brackets)
 #: The step that evaluates the blocking schema check (it fails with the check).
 SCHEMA_CHECK_STEP = "parsed_products"
+#: Dagster's RUN_FAILURE message when the failure was reported for the run, not by it.
+_FAILED_FROM_OUTSIDE = "This run has been marked as failed from outside the execution context."
+#: The code server's engine event when a run's process died ("... for <run id> was terminated by signal 9 (SIGKILL). ...").
+_PROCESS_DIED = re.compile(r"^Run execution process for \S+ (?P<how>.*)$", re.S)
+
+
+def run_process_death(instance: dg.DagsterInstance, run_id: str) -> str | None:
+    """How the run's process died, from the engine event Dagster's code server logs before it
+    fails a run whose process is gone (``dagster._grpc.server``: "Run execution process for
+    <id> was terminated by signal 9 (SIGKILL)" or "unexpectedly exited with code N"), as
+    ``"the run's process was terminated by signal 9 (SIGKILL): killed (kill -9, or by the
+    kernel when out of memory)"``; ``None`` when there is no such event."""
+    from dagster import DagsterEventType
+
+    for record in reversed(instance.all_logs(run_id, of_type=DagsterEventType.ENGINE_EVENT)):
+        found = _PROCESS_DIED.match((record.dagster_event and record.dagster_event.message) or "")
+        if found:
+            how = found["how"].split(". ", 1)[0].rstrip(".")  # Dagster's advice on memory follows
+            if "SIGKILL" in how:
+                how += ": killed (kill -9, or by the kernel when out of memory)"
+            return f"the run's process {how}"
+    return None
 
 
 @dg.run_failure_sensor(default_status=dg.DefaultSensorStatus.RUNNING)
@@ -189,8 +211,12 @@ def run_failure_alert_sensor(context: dg.RunFailureSensorContext, alerts: Alerts
         # must answer each with a reaction (None), or Dagster refuses the whole tick.
         context.log.info(f"run {run.run_id[:8]}: {quiet}")
         return None
+    said = context.failure_event.message
+    if (said or "").strip() == _FAILED_FROM_OUTSIDE and (died := run_process_death(context.instance, run.run_id)):
+        # Dagster's generic words when its code server found the process gone: say how it died.
+        said = f"{died}; re-execute it from failure (raw_pages resumes its snapshots in flight)"
     message = run_failure_text(
-        context.failure_event.message, getattr(context.failure_event.event_specific_data, "error", None),
+        said, getattr(context.failure_event.event_specific_data, "error", None),
         step_failure_reasons(context.get_step_failure_events()), schema_check_failures(context.instance, run.run_id))
     send_alert(
         f"scrape_assets run {run.run_id[:8]} of {run.job_name} failed: {message}",

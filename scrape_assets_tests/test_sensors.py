@@ -248,6 +248,7 @@ def test_a_run_whose_process_was_killed_is_alerted_with_how_it_died(instance, we
     import signal
 
     from dagster._core.test_utils import create_run_for_test
+    from dagster._grpc.server import DagsterApiServer
     from dagster._utils import get_run_crash_explanation
 
     alerts = {"alerts": AlertsResource(webhook_url=webhook_server.url)}
@@ -255,8 +256,11 @@ def test_a_run_whose_process_was_killed_is_alerted_with_how_it_died(instance, we
                                              "kernel when out of memory)"),
                            (3, "unexpectedly exited with code 3")):
         run = create_run_for_test(instance, job_name="daily_scrape_job", status=dg.DagsterRunStatus.STARTED)
-        # What dagster._grpc.server does when it finds the run's process gone.
-        instance.report_engine_event(get_run_crash_explanation(f"Run execution process for {run.run_id}", exit_code), run)
+        # What dagster._grpc.server does when it finds the run's process gone (seen so with a
+        # daemon-launched run killed with kill -9: "[DagsterApiServer] Run execution process for ...").
+        instance.report_engine_event(get_run_crash_explanation(f"Run execution process for {run.run_id}", exit_code),
+                                     run, cls=DagsterApiServer)
+        assert instance.all_logs(run.run_id)[-1].dagster_event.message.startswith("[DagsterApiServer] Run execution ")
         failure = instance.report_run_failed(run)
         assert failure.message == "This run has been marked as failed from outside the execution context."
         context = dg.build_run_status_sensor_context(

@@ -175,14 +175,16 @@ _STEPS_FAILED = re.compile(r"^Steps failed: \[.*\]\.?$")  # (a dynamic step key 
 SCHEMA_CHECK_STEP = "parsed_products"
 #: Dagster's RUN_FAILURE message when the failure was reported for the run, not by it.
 _FAILED_FROM_OUTSIDE = "This run has been marked as failed from outside the execution context."
-#: The code server's engine event when a run's process died ("... for <run id> was terminated by signal 9 (SIGKILL). ...").
-_PROCESS_DIED = re.compile(r"^Run execution process for \S+ (?P<how>.*)$", re.S)
+#: The code server's engine event when a run's process died ("[DagsterApiServer] Run execution process
+#: for <run id> was terminated by signal 9 (SIGKILL). ...": Dagster puts the reporting class first).
+_PROCESS_DIED = re.compile(r"^(?:\[\w+\] )?Run execution process for \S+ (?P<how>.*)$", re.S)
 
 
 def run_process_death(instance: dg.DagsterInstance, run_id: str) -> str | None:
     """How the run's process died, from the engine event Dagster's code server logs before it
-    fails a run whose process is gone (``dagster._grpc.server``: "Run execution process for
-    <id> was terminated by signal 9 (SIGKILL)" or "unexpectedly exited with code N"), as
+    fails a run whose process is gone (``dagster._grpc.server``: "[DagsterApiServer] Run
+    execution process for <id> was terminated by signal 9 (SIGKILL)" or "unexpectedly exited
+    with code N"), as
     ``"the run's process was terminated by signal 9 (SIGKILL): killed (kill -9, or by the
     kernel when out of memory)"``; ``None`` when there is no such event."""
     from dagster import DagsterEventType

@@ -73,7 +73,7 @@ serve-demo: $(VENV)/.installed
 	$(BIN)/scrape-assets serve-demo --port $(demo_port)
 
 ## make bench: set up with the bench extra (Scrapy, psutil, py-spy), run every benchmark, write BENCHMARKS.md
-## (1,000 and 10,000 pages, concurrency 8/16/64, 3 pipeline runs each, profiles; 13-40 min on 2 cores). make bench-quick: 1,000 pages, c=16.
+## (1,000 and 10,000 pages, concurrency 8/16/64, 3 pipeline runs each, profiles; 12-40 min on 2 cores). make bench-quick: 1,000 pages, c=16.
 $(VENV)/.bench-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e ".[test,bench]"
 	touch $@

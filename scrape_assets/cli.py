@@ -332,7 +332,7 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
         f"  Dagster UI      {summary.get('ui_command', 'make ui')}  (then open {summary.get('ui_url', ui_url({}))})"
         + (f"; with {' and '.join(summary['ui_exports'])} exported as for the pipeline's runs" if summary.get("ui_exports") else "")
         if summary.get("daemon_heartbeat_age_s") is None else
-        # `make ui` (dagster dev) starts a daemon of its own: two on one instance both tick.
+        # `make ui` (dagster dev) starts a daemon of its own; Dagster supports one per instance.
         f"  Dagster UI      not `make ui`: a Dagster daemon beat on this instance {summary['daemon_heartbeat_age_s']:.0f} "
         "s ago (a dagster-daemon service, or `make ui` already open) and `make ui` would start a second one; open "
         "the UI already serving the instance, or serve one without a daemon: `.venv/bin/dagster-webserver -w "

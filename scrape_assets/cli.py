@@ -329,16 +329,23 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
             f" (tables of site {summary['warehouse_site']!r}, not {summary['site']!r}: the products and dead "
             "letters counted above are theirs)"
             if summary.get("warehouse_site") not in (None, summary["site"]) else ""),
-        f"  Dagster UI      {summary.get('ui_command', 'make ui')}  (then open {summary.get('ui_url', ui_url({}))})"
-        + (f"; with {' and '.join(summary['ui_exports'])} exported as for the pipeline's runs" if summary.get("ui_exports") else "")
-        if summary.get("daemon_heartbeat_age_s") is None else
-        # `make ui` (dagster dev) starts a daemon of its own; Dagster supports one per instance.
-        f"  Dagster UI      not `make ui`: a Dagster daemon beat on this instance {summary['daemon_heartbeat_age_s']:.0f} "
-        "s ago (a dagster-daemon service, or `make ui` already open) and `make ui` would start a second one; open "
-        "the UI already serving the instance, or serve one without a daemon: `.venv/bin/dagster-webserver -w "
-        "workspace.yaml` in the clone, in the runs' environment (README: A production setup)",
+        _ui_line(summary),
     ]
     print("\n".join(lines), file=sys.stdout if out is None else out)
+
+
+def _ui_line(summary: dict) -> str:
+    """The summary's last line: the ``make ui`` command for this instance, or, while a Dagster
+    daemon runs on it (``daemon_heartbeat_age_s``), why not: ``make ui`` (dagster dev) starts a
+    daemon of its own, and Dagster supports one per instance."""
+    if (age := summary.get("daemon_heartbeat_age_s")) is not None:
+        return (f"  Dagster UI      not `make ui`: a Dagster daemon beat on this instance {age:.0f} s ago (a "
+                "dagster-daemon service, or `make ui` already open) and `make ui` would start a second one; open "
+                "the UI already serving the instance, or serve one without a daemon: `.venv/bin/dagster-webserver -w "
+                "workspace.yaml` in the clone, in the runs' environment (README: A production setup)")
+    exports = summary.get("ui_exports")
+    return (f"  Dagster UI      {summary.get('ui_command', 'make ui')}  (then open {summary.get('ui_url', ui_url({}))})"
+            + (f"; with {' and '.join(exports)} exported as for the pipeline's runs" if exports else ""))
 
 
 def _ui_port(env: Mapping[str, str]) -> str:

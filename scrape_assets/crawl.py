@@ -28,7 +28,7 @@ from urllib.parse import urljoin, urlsplit
 from scrape_assets.batched_log import LOG_EVERY_S
 from scrape_assets.counts import counted
 from scrape_assets.crashpoints import crashpoint
-from scrape_assets.errors import FetchError, ManifestError, PermanentFetchError, StorageError
+from scrape_assets.errors import FetchError, ManifestError, StorageError
 from scrape_assets.fetcher import PageFetcher, same_origin, sendable_validator, validators_differ
 from scrape_assets.manifest import (
     UNREAD,
@@ -731,8 +731,6 @@ class PartitionCrawler:
                     self._give_back_attempt(n)
                     conditional = {}
                     page = await get(conditional)
-            if page.http_status == 304 and not conditional:
-                raise PermanentFetchError(entry.url, "unexpected_304", "304 Not Modified without a conditional request", http_status=304)
         except FetchError as exc:
             entry.http_status = exc.http_status
             self._fail_for_good(n, exc.recorded_reason)

@@ -344,7 +344,7 @@ def etag_matches(if_none_match: str, etag: str) -> bool:
 def _not_modified_since(if_modified_since: str, last_modified: datetime.datetime) -> bool:
     try:
         since = parsedate_to_datetime(if_modified_since)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return False  # RFC 9110 §13.1.3: an invalid date is ignored
     return last_modified <= (since if since.tzinfo else since.replace(tzinfo=datetime.timezone.utc))
 

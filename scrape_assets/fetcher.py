@@ -271,7 +271,7 @@ def validators_differ(headers: Mapping[str, str], saved) -> str | None:
     if last_modified and saved.last_modified and last_modified != saved.last_modified:
         try:
             same = parsedate_to_datetime(last_modified) == parsedate_to_datetime(saved.last_modified)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, IndexError, OverflowError):  # a year past 9999, say
             same = False
         if not same:
             return f"its Last-Modified {last_modified} is not the saved copy's ({saved.last_modified})"
@@ -389,12 +389,14 @@ class PageFetcher:
                 ``max(policy.retry_after_max_s, policy.backoff_max_s)``.
 
         Returns:
-            The :class:`FetchedPage` (status 200, 203 or 304).
+            The :class:`FetchedPage` (status 200, 203, or 304 from the URL that was sent the
+            conditional ``headers``).
 
         Raises:
             PermanentFetchError: not worth retrying (see the module docstring's table); also
                 ``"invalid_url"`` for a non-http(s) URL or one with credentials (``user:pw@``;
-                a redirect to one is ``"invalid_redirect"``).
+                a redirect to one is ``"invalid_redirect"``); ``"unexpected_304"`` for a 304 from
+                a request (hop) that carried no validator.
             TransientFetchError: the attempts are used up (``attempts`` is the total, prior ones
                 included); ``"attempts_exhausted"`` when ``prior_attempts >= max_attempts``.
                 ``reason``/``http_status``/``retry_after_s`` describe the last failure.
@@ -558,6 +560,11 @@ class PageFetcher:
                 if status != 304 and not body:
                     raise TransientFetchError(url, "empty_body", f"HTTP {status} with an empty body",
                                               http_status=status, attempts=attempt)
+                if status == 304 and not (conditional and hop_headers is extra_headers):
+                    # This hop was sent no validator (a redirect target the saved copy did not come
+                    # from, or no copy at all): its 304 names no copy of ours (RFC 9110 §15.4.5).
+                    raise PermanentFetchError(url, "unexpected_304", "304 Not Modified without a conditional request",
+                                              http_status=304, attempts=attempt)
                 return FetchedPage(
                     url=url,
                     final_url=str(current),

@@ -129,7 +129,7 @@ def _http_date(value: str | None) -> datetime.datetime | None:
         return None
     try:
         moment = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, IndexError, OverflowError):  # a year past 9999, say
         return None
     return moment if moment.tzinfo else moment.replace(tzinfo=datetime.timezone.utc)
 

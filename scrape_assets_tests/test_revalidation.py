@@ -221,6 +221,52 @@ def test_a_304_to_an_unconditional_request_is_a_dead_letter_not_the_old_page(tmp
     assert runs.products() == [("1", "Book one", 10)]  # kept from the page's last good copy
 
 
+def test_a_304_from_a_redirect_target_sent_no_validators_is_a_dead_letter(tmp_path, instance):
+    """Day 2 the category moved (301) to a URL behind a cache answering 304 to everything: our
+    ETag went to the old URL only, so that 304 names no copy of ours and is refused."""
+    site = Site()
+    site.routes["/cat/index.html"] = compliant(listing(1, 1, [card(1, "Book one", "£10.00")]), etag='"v1"')
+    with serve(site) as base:
+        runs = Runs(instance, tmp_path, base)
+        runs.run()
+        site.routes["/cat/index.html"] = lambda _request: (301, {"Location": "/cat-new/index.html"}, b"")
+        site.routes["/cat-new/index.html"] = lambda _request: (304, {}, b"")
+        site.log.clear()
+        md = runs.run()
+    assert site.sent("if-none-match") == [("/cat/index.html", '"v1"'), ("/cat-new/index.html", None)]
+    page1 = runs.manifests()[-1].pages[1]
+    assert (page1.status, page1.http_status, page1.not_modified) == ("failed", 304, False)
+    assert page1.last_error.startswith("unexpected_304")
+    assert (md["raw_pages"]["pages_not_modified"], md["dead_letters"]["dead_letters"]) == (0, 1)
+    assert runs.products() == [("1", "Book one", 10)]  # kept from the page's last good copy
+
+
+@pytest.mark.parametrize("header", ["Mon, 30 Nov 99999999999 10:00:00 GMT", "Mon, 30 Nov 10000 10:00:00 GMT"])
+def test_a_304_with_a_last_modified_out_of_range_is_fetched_whole_not_a_crash(tmp_path, instance, header):
+    """A Last-Modified whose year overflows Python's dates (OverflowError, ValueError) on a
+    304 is a date that does not match the saved copy's: the page is asked whole."""
+    modified = "Mon, 30 Nov 2026 10:00:00 GMT"
+    state = {"day": 1}
+
+    def page(request):
+        headers = {"Content-Type": "text/html; charset=utf-8", "Last-Modified": modified}
+        if state["day"] == 2 and "if-modified-since" in request:
+            return 304, {"Last-Modified": header}, b""
+        return 200, headers, listing(1, 1, [card(1, "Book one", "£10.00")])
+
+    site = Site()
+    site.routes["/cat/index.html"] = page
+    with serve(site) as base:
+        runs = Runs(instance, tmp_path, base)
+        runs.run()
+        state["day"] = 2
+        site.log.clear()
+        md = runs.run()
+    assert site.asked() == [("/cat/index.html", 304), ("/cat/index.html", 200)]
+    assert (md["raw_pages"]["requests_made"], md["raw_pages"]["pages_not_modified"]) == (2, 0)
+    assert runs.manifests()[-1].pages[1].status == "done"
+
+
 @pytest.mark.parametrize("damage", ["deleted", "cut short"])
 def test_a_304_for_a_saved_copy_no_longer_in_storage_fetches_the_page_whole(tmp_path, instance, damage):
     """A 304 lets us reuse a copy we have (RFC 9111 §4.3.3): a body deleted or cut short

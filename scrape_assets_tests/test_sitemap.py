@@ -88,6 +88,11 @@ def test_unchanged_since_the_saved_copy_by_its_last_modified_or_well_before_its_
     assert day.unchanged_since(url, "Tue, 01 Dec 2026 10:00:00 GMT", "2026-12-02T13:00:00Z")
     assert not same.unchanged_since(url, "Tue, 01 Dec 2026 00:00:00 GMT", None)  # nothing known of the copy
     assert not same.unchanged_since("https://shop.example/q", None, "2026-12-09T00:00:00Z")  # not listed
+    # A saved Last-Modified Python cannot hold as a date (OverflowError, a year past 9999) is
+    # no date at all: the margin decides, as without one; no exception stops the crawl.
+    for unreadable in ("Mon, 30 Nov 99999999999 10:00:00 GMT", "Mon, 30 Nov 10000 10:00:00 GMT"):
+        assert same.unchanged_since(url, unreadable, "2026-12-01T01:00:00Z")
+        assert not same.unchanged_since(url, unreadable, "2026-12-01T00:59:59Z")
 
 
 def test_a_urlset_gives_each_listed_pages_lastmod_and_skips_other_origins():

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, fields
@@ -49,7 +50,10 @@ from scrape_assets.storage import ObjectStore, check_key, redact_url
 FORMAT_VERSION = 1
 #: Fold the journal into manifest.json after this many lines.
 COMPACT_EVERY = 1000
+#: After a compaction failed (a full disk, say), try again after this many more lines.
+COMPACT_RETRY_EVERY = 100
 PageStatus = Literal["pending", "done", "failed"]
+logger = logging.getLogger(__name__)
 
 
 _ISO_SECONDS = "%Y-%m-%dT%H:%M:%SZ"
@@ -373,6 +377,12 @@ class Manifest:
         After a torn journal (an append that failed part way, say on a full disk, or a torn
         last line found when loading) the next change is a full save instead: a line
         appended after a torn one would be glued to it.
+
+        Raises:
+            StorageError: the change was not persisted (its append or its full save failed).
+                A failed compaction after a line that was appended is not raised: the change
+                is in the journal; it is logged and tried again :data:`COMPACT_RETRY_EVERY`
+                lines later (a storage that stays broken fails the snapshot's next full save).
         """
         if not store.is_local or getattr(self, "_journal_torn", False):
             self.save(store)
@@ -386,21 +396,34 @@ class Manifest:
             raise
         self._journal_lines = getattr(self, "_journal_lines", 0) + 1
         if self._journal_lines >= COMPACT_EVERY:
-            self.save(store)
+            try:
+                self.save(store)
+            except StorageError as exc:
+                # Raised, it would make the caller undo in memory a change already on disk (an
+                # attempt counted in the journal but never sent, read back on resume).
+                self._journal_lines = COMPACT_EVERY - COMPACT_RETRY_EVERY
+                logger.warning("%s: compaction failed, the journal keeps every change (trying again after "
+                               "%d more lines): %s", self.key, COMPACT_RETRY_EVERY, exc)
 
     def replay_journal(self, raw: bytes, location: str) -> None:
         """Apply journal lines newer than ``journal_seq``; a torn line is ignored.
 
         A line is torn when an append stopped part way (a killed process, a full disk): the
         change it carried never completed, so the state before it is what happened. A torn
-        last line is skipped; a torn line that a later append was glued to (written by a
-        version before the fix in :meth:`record`) loses only its torn part: the line glued
-        after it starts at its last ``{"seq":``, which no JSON string can hold unescaped.
+        last line (any text after the last newline, even text that parses) is skipped; a
+        torn line that a later append was glued to (written by a version before the fix in
+        :meth:`record`) loses only its torn part: the line glued after it starts at its last
+        ``{"seq":``, which no JSON string can hold unescaped.
 
         Raises:
             ManifestError: a line other than the last is not valid and no line follows a torn part.
         """
         lines = raw.split(b"\n")
+        if lines.pop():
+            # No newline after the last line: its append stopped before its end (a crash, a full
+            # disk), even if what it wrote parses (all but the newline); its caller was told
+            # it failed. Skipped, and the next change saves in full rather than glue a line to it.
+            self._journal_torn = True
         for i, line in enumerate(lines):
             if not line:
                 continue
@@ -408,9 +431,6 @@ class Manifest:
                 record = _loads(line)
                 seq, n, entry = int(record["seq"]), int(record["page"]), _page_entry(record["entry"])
             except (ValueError, TypeError, KeyError) as exc:
-                if i == len(lines) - 1:
-                    self._journal_torn = True  # torn by a crash mid-append: the next change saves in full
-                    break
                 glued = line.rfind(b'{"seq":')
                 try:
                     if glued <= 0:

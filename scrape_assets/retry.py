@@ -24,7 +24,6 @@ Status table (``classify_status``)::
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import re
 from datetime import datetime, timezone
@@ -122,8 +121,10 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
         now: the current time; a naive datetime is taken as UTC.
 
     Returns:
-        Seconds to wait (``>= 0``): negative delays and dates in the past give ``0.0``.
-        ``None`` when the header is absent, empty, or neither form parses.
+        Seconds to wait (``>= 0``): negative delays and dates in the past give ``0.0``; a
+        delay too large for a float gives ``math.inf`` (callers cap it, see
+        :func:`backoff_delay_s`). ``None`` when the header is absent, empty, or neither form
+        parses.
     """
     if value is None:
         return None
@@ -131,8 +132,7 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
     if not text:
         return None
     if _DELAY_SECONDS.match(text):
-        seconds = float(text)
-        return max(0.0, seconds) if math.isfinite(seconds) else None
+        return max(0.0, float(text))  # digits past a float's range: inf ("longer than anything"), capped by callers
     try:
         when = parsedate_to_datetime(text)
     except (TypeError, ValueError, IndexError, OverflowError):

@@ -430,6 +430,65 @@ def test_journal_compacts_every_n_lines(tmp_path, monkeypatch):
     assert load_manifest(store, "demo", "travel", manifest.snapshot_id).pages[1].attempts == 7
 
 
+def test_a_journal_line_missing_only_its_newline_is_torn_not_replayed(tmp_path):
+    """An append cut after the line's JSON but before its newline (a full disk) told its caller
+    it failed: the line is not replayed, and the next change is a full save, not glued to it."""
+    store = ObjectStore(str(tmp_path))
+    manifest, _ = _open(store, fetch_config=CONFIG, now=T0)
+    manifest.pages[2] = PageEntry(url="http://x/t/page-2.html")
+    manifest.save(store)
+    manifest.pages[1].attempts = 1
+    manifest.record(store, 1)
+    path = tmp_path / manifest.journal_key
+    path.write_bytes(path.read_bytes()[:-1])  # all of the line but its "\n"
+    resumed = load_manifest(store, "demo", "travel", manifest.snapshot_id)
+    assert resumed.pages[1].attempts == 0 and resumed.journal_seq == 0
+    resumed.pages[2].attempts = 1
+    resumed.record(store, 2)  # a full save: nothing appended after the unterminated line
+    assert not store.exists(manifest.journal_key)
+    resumed.pages[1].attempts = 1
+    resumed.record(store, 1)
+    again = load_manifest(store, "demo", "travel", manifest.snapshot_id)
+    assert (again.pages[1].attempts, again.pages[2].attempts) == (1, 1)
+
+
+def test_a_failed_compaction_does_not_fail_a_change_already_in_the_journal(tmp_path, monkeypatch, caplog):
+    """The line is appended, then folding the journal into manifest.json fails (a disk with
+    room for a line, not for the manifest): the change is durable, so ``record`` does not
+    raise (its caller would undo in memory a change the next run reads back); compaction is
+    tried again COMPACT_RETRY_EVERY lines later."""
+    import scrape_assets.manifest as manifest_module
+    from scrape_assets.errors import StorageError
+
+    monkeypatch.setattr(manifest_module, "COMPACT_EVERY", 3)
+    monkeypatch.setattr(manifest_module, "COMPACT_RETRY_EVERY", 2)
+    disk = {"full": False}
+
+    class _NoRoomForTheManifest(ObjectStore):
+        def write_bytes_atomic(self, key, data, *, sync_folder=True):
+            if disk["full"]:
+                raise StorageError(f"{self.describe()}/{key}", "write failed: [Errno 28] No space left on device")
+            return super().write_bytes_atomic(key, data, sync_folder=sync_folder)
+
+    store = _NoRoomForTheManifest(str(tmp_path))
+    manifest, _ = _open(store, fetch_config=CONFIG, now=T0)
+    disk["full"] = True
+    for attempt in (1, 2, 3):  # the third line is the compaction's turn
+        manifest.pages[1].attempts = attempt
+        manifest.record(store, 1)
+    assert "compaction failed" in caplog.text and "No space left" in caplog.text
+    assert load_manifest(store, "demo", "travel", manifest.snapshot_id).pages[1].attempts == 3
+    assert len(store.read_bytes(manifest.journal_key).splitlines()) == 3
+    disk["full"] = False
+    manifest.pages[1].attempts = 4
+    manifest.record(store, 1)  # one line after the failed one: not yet
+    assert store.exists(manifest.journal_key)
+    manifest.pages[1].attempts = 5
+    manifest.record(store, 1)  # two lines after: compacted
+    assert not store.exists(manifest.journal_key)
+    assert json.loads(store.read_bytes(manifest.key))["pages"]["1"]["attempts"] == 5
+
+
 def test_remote_store_rewrites_the_manifest_on_every_record():
     store = ObjectStore("memory://manifests-test")
     manifest, _ = _open(store, fetch_config=CONFIG, now=T0)

@@ -87,6 +87,8 @@ def test_classify_exception_rejects_non_network_errors():
         ("", None),
         ("soon", None),
         ("Wed, 99 Foo 2025 99:99:99 GMT", None),
+        ("9" * 400, float("inf")),  # past a float's range: the longest wait, capped by the back-off
+        ("-" + "9" * 400, 0.0),
     ],
 )
 def test_parse_retry_after_values(value, expected):
@@ -106,6 +108,10 @@ def test_parse_retry_after_http_date_in_the_past_is_zero():
 def test_parse_retry_after_naive_now_is_utc():
     naive_now = NOW.replace(tzinfo=None)
     assert parse_retry_after("Sat, 01 Mar 2025 12:01:00 GMT", naive_now) == pytest.approx(60.0)
+
+
+def test_a_retry_after_too_large_for_a_float_waits_the_cap_not_the_jitter():
+    assert _delay(1, random.Random(1), retry_after_s=parse_retry_after("9" * 400, NOW)) == 120.0
 
 
 def _delay(attempt, rng, retry_after_s=None, **overrides):

@@ -22,6 +22,11 @@ Outcomes of :meth:`PageFetcher.fetch`::
     error, short/reset body               TransientFetchError "http_<status>", "timeout",
                                           "connection_error", "incomplete_body"
 
+A 429 or 503 with ``Retry-After`` also pauses the whole host (every new request of the run
+to it, robots.txt included) for that long, capped at ``retry_after_max_s``: a 429 (RFC
+6585 §4) says the server limits our rate, a 503 (RFC 9110 §15.6.4) that it is overloaded or
+down, not one URL; the pages not yet sent would only collect more of the same answers.
+
 Deadline: httpx's read timeout applies to each socket read, so a server trickling one byte
 per second never trips it. Every request (one redirect hop) therefore also runs under a total
 deadline of :attr:`FetchPolicy.request_deadline_s` (``3 * timeout_s``), counted from when its
@@ -212,6 +217,8 @@ _COMPRESSIONS = frozenset({"gzip", "x-gzip", "deflate", "br", "zstd", "compress"
                            "pack200-gzip"})
 #: Statuses whose body is the page asked for (203: a proxy's transformed copy of a 200).
 _PAGE_STATUSES = frozenset({200, 203, 304})
+#: Statuses whose Retry-After pauses every request to the host (Too Many Requests, Service Unavailable).
+_HOST_WIDE_STATUSES = frozenset({429, 503})
 
 
 def sendable_validator(value: str | None) -> str | None:
@@ -311,12 +318,13 @@ class PageFetcher:
         client: the run's client, from :func:`build_client` (must not follow redirects).
         policy: the fetch policy.
         sleep: awaited with the back-off delay in seconds between a page's attempts (fake it in tests).
-        robots_sleep: the same between robots.txt's attempts (default: ``sleep``). It must not
-            give up anything pages wait for: a robots.txt fetch holds its origin's lock, so
-            ``raw_pages`` passes :func:`asyncio.sleep` here and its page slots' sleep as
-            ``sleep`` (see :mod:`scrape_assets.page_slots`).
+        robots_sleep: the same between robots.txt's attempts, and how a new limiter waits out a
+            host's pause (default: ``sleep``). It must not give up anything pages wait for: a
+            robots.txt fetch holds its origin's lock, a paused request its host's connection
+            permit, so ``raw_pages`` passes :func:`asyncio.sleep` here and its page slots'
+            sleep as ``sleep`` (see :mod:`scrape_assets.page_slots`).
         rng: jitter source; a fresh unseeded ``random.Random`` when ``None``.
-        clock: monotonic clock in seconds, for ``elapsed_ms``.
+        clock: monotonic clock in seconds, for ``elapsed_ms`` and a new limiter's pauses.
         limiter: per-host limits; a new ``HostLimiter`` from the policy when ``None``.
         robots: robots.txt cache; when ``None`` a new ``RobotsCache`` sharing ``limiter``,
             ``robots_sleep``, ``rng`` and the policy's deadline, ``max_attempts`` and backoff.
@@ -339,7 +347,8 @@ class PageFetcher:
         self._sleep = sleep
         self._rng = rng if rng is not None else random.Random()
         self._clock = clock
-        self.limiter = limiter or HostLimiter(policy.requests_per_second, policy.max_concurrency)
+        self.limiter = limiter or HostLimiter(policy.requests_per_second, policy.max_concurrency,
+                                              sleep=robots_sleep or sleep, clock=clock)
         self.robots = robots or RobotsCache(
             limiter=self.limiter, deadline_s=policy.request_deadline_s, max_attempts=policy.max_attempts,
             backoff_base_s=policy.backoff_base_s, backoff_max_s=policy.backoff_max_s,
@@ -577,10 +586,18 @@ class PageFetcher:
                 )
             if decision == "retry":
                 retry_after_s = parse_retry_after(headers.get("retry-after"), datetime.now(timezone.utc))
+                if retry_after_s and status in _HOST_WIDE_STATUSES:
+                    self._pause_host(current, status, retry_after_s)
                 raise TransientFetchError(
                     url, f"http_{status}", http_status=status, retry_after_s=retry_after_s, attempts=attempt
                 )
             raise PermanentFetchError(url, f"http_{status}", http_status=status, attempts=attempt)
+
+    def _pause_host(self, target: httpx.URL, status: int, retry_after_s: float) -> None:
+        seconds = min(retry_after_s, self.policy.retry_after_max_s)
+        if self.limiter.pause(target.host, seconds):
+            logger.warning("%s answered %d with Retry-After: no request to %s for %.1f s (if this keeps happening, "
+                           "lower the spec's politeness.requests_per_second)", target, status, target.host, seconds)
 
     def _unsupported_codings(self, content_encoding: str) -> list[str]:
         """The compressions in a ``Content-Encoding`` value that the client's ``Accept-Encoding``

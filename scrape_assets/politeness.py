@@ -37,6 +37,7 @@ import asyncio
 import functools
 import logging
 import random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
@@ -302,9 +303,15 @@ class HostLimiter:
     waits for a concurrency permit, then for the rate; the permit is held until the ``async
     with`` block exits, so back-off sleeps belong outside the block.
 
+    :meth:`pause` holds every new slot of a host for a while (a 429 or 503 with
+    ``Retry-After``, RFC 9110 §10.2.3: the server's wait applies to it, not to one URL);
+    requests already in flight go on.
+
     Args:
         requests_per_second: most requests started per second per host (``> 0``).
         max_concurrency: most requests in flight at once per host (``>= 1``).
+        sleep: how a slot waits out a pause (seconds; injectable for tests).
+        clock: seconds of a monotonic clock, the pauses' time base (injectable for tests).
 
     Raises:
         ValueError: a limit is out of range.
@@ -315,7 +322,8 @@ class HostLimiter:
             response = await client.get(url)
     """
 
-    def __init__(self, requests_per_second: float, max_concurrency: int):
+    def __init__(self, requests_per_second: float, max_concurrency: int, *,
+                 sleep: Callable[[float], Awaitable[object]] = asyncio.sleep, clock: Callable[[], float] = time.monotonic):
         if not requests_per_second > 0:
             raise ValueError(f"requests_per_second must be > 0, got {requests_per_second}")
         if max_concurrency < 1:
@@ -323,6 +331,22 @@ class HostLimiter:
         self.requests_per_second = requests_per_second
         self.max_concurrency = max_concurrency
         self._hosts: dict[str, tuple[asyncio.Semaphore, AsyncLimiter]] = {}
+        self._sleep, self._clock = sleep, clock
+        self._paused_until: dict[str, float] = {}  # host -> clock() before which no slot is given
+
+    def pause(self, host: str, seconds: float) -> bool:
+        """Give no new slot for ``host`` during the next ``seconds`` (finite, capped by the caller).
+
+        Returns:
+            Whether this moved the end of the host's pause later (a shorter pause than the
+            one already running changes nothing).
+        """
+        key = host.lower()
+        until, current = self._clock() + seconds, self._paused_until.get(key)
+        if not seconds > 0 or (current is not None and until <= current):
+            return False
+        self._paused_until[key] = until
+        return True
 
     def _limits_for(self, host: str) -> tuple[asyncio.Semaphore, AsyncLimiter]:
         key = host.lower()
@@ -337,5 +361,16 @@ class HostLimiter:
         """Hold one request slot for ``host`` (case-insensitive, without port) while inside."""
         semaphore, rate = self._limits_for(host)
         async with semaphore:
+            if self._paused_until:  # (no dict lookup per request on a host that never paused us)
+                await self._wait_out_pause(host.lower())
             await rate.acquire()
             yield
+
+    async def _wait_out_pause(self, key: str) -> None:
+        until = self._paused_until.get(key)
+        while until is not None and (wait := until - self._clock()) > 0:
+            await self._sleep(wait)
+            later = self._paused_until.get(key)
+            if later == until:  # slept it out (by the clock, or a test's sleep that does not move it)
+                return
+            until = later  # extended meanwhile

@@ -417,6 +417,27 @@ def test_http_date_retry_after_is_never_earlier_than_asked():
     assert 2.0 <= event.retry_after_s < 3.0
 
 
+@pytest.mark.parametrize(("status", "form"), [(429, "seconds"), (503, "http-date")])
+def test_a_retry_after_pauses_every_request_to_the_host_not_only_the_page(tmp_path, instance, status, form):
+    """The site answers travel's page 429 (or 503) with Retry-After: 1 s once. Nothing more
+    reaches it before that second is over: not the page, not mystery's pages waiting for
+    the host's one connection; then every page is fetched."""
+    from scrape_assets_tests.conftest import make_resources, materialize
+
+    fault = {"fault": "http_429"} if status == 429 else {"fault": "http_error", "status": 503}
+    spec = FaultSpec.model_validate({"rules": [
+        {"match": r"travel_2/index\.html$", **fault, "retry_after_s": 1, "retry_after_form": form, "first_n": 1}]})
+    with fault_server(spec) as server:
+        resources = make_resources(tmp_path, base_url=server.base_url, max_concurrency=1)
+        assert materialize(instance, resources, list(CATEGORIES), raise_on_error=False).success
+    log = server.fault_log
+    (refused,) = [e for e in log if e.status == status]
+    later = [e for e in log if e.at_s > refused.answered_s]
+    assert sorted(e.path for e in later) == sorted([page_path("travel", 1), page_path("mystery", 1),
+                                                    page_path("mystery", 2)])
+    assert min(e.at_s for e in later) >= refused.answered_s + refused.retry_after_s - WAIT_TOLERANCE_S
+
+
 @pytest.mark.parametrize("kind", sorted(CONTENT_KINDS | {"robots_disallow"}))
 def test_a_content_fault_is_a_changed_page_for_conditional_gets(kind):
     """The original page's validators get the changed page (200, new ETag); the new ETag gets 304."""

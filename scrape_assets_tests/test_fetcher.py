@@ -37,9 +37,11 @@ class Harness:
         self.requests: list[httpx.Request] = []
         self.sleeps: list[float] = []
         self.on_attempt_calls: list[int] = []
+        self.now = 0.0  # a clock only sleeps move
 
     async def _sleep(self, seconds: float) -> None:
         self.sleeps.append(seconds)
+        self.now += seconds
 
     async def _on_attempt(self, attempt: int) -> None:
         self.on_attempt_calls.append(attempt)
@@ -52,7 +54,7 @@ class Harness:
 
         async def main() -> FetchedPage:
             async with build_client(self.policy, mounts={"all://": httpx.MockTransport(handler)}) as client:
-                fetcher = PageFetcher(client, self.policy, sleep=self._sleep, rng=random.Random(42))
+                fetcher = PageFetcher(client, self.policy, sleep=self._sleep, rng=random.Random(42), clock=lambda: self.now)
                 return await fetcher.fetch(url, on_attempt=self._on_attempt, **kwargs)
 
         return asyncio.run(main())

@@ -373,6 +373,33 @@ def test_host_limiter_hosts_are_independent_and_case_insensitive():
     assert asyncio.run(main()) is True
 
 
+def test_a_pause_holds_new_slots_of_its_host_until_it_ends():
+    """A 429/503's Retry-After pauses the host: no slot is given to it before the pause ends;
+    a shorter pause changes nothing, a longer one made while a slot waits is waited out too."""
+    now, slept = [0.0], []
+
+    async def sleep(seconds):
+        slept.append(seconds)
+        if len(slept) == 1:  # another 429 arrives while the first wait runs
+            assert limiter.pause("shop.test", 7.0)
+        now[0] += seconds
+
+    limiter = HostLimiter(requests_per_second=1000, max_concurrency=2, sleep=sleep, clock=lambda: now[0])
+
+    async def main():
+        assert limiter.pause("Shop.test", 5.0)
+        assert not limiter.pause("shop.test", 3.0)  # ends earlier: the running pause stands
+        assert not limiter.pause("shop.test", 0.0)
+        await _enter(limiter, "other.test")  # another host is not paused
+        assert slept == []
+        await _enter(limiter, "shop.test")
+        assert slept == [5.0, 2.0] and now[0] == 7.0  # 5 s, then what the pause made at 0 s + 7 s left
+        await _enter(limiter, "shop.test")  # over: no wait
+        assert slept == [5.0, 2.0]
+
+    asyncio.run(main())
+
+
 async def _enter(limiter: HostLimiter, host: str) -> None:
     async with limiter.slot(host):
         pass

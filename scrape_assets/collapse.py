@@ -84,7 +84,8 @@ def observe_products(state: CollapseState, subject: str, products: int, source: 
     if products > 0:
         state.nonzero.add(key)
     elif key in state.nonzero:
-        reason = f"{what} fell to zero (its pages failed, a layout change, or an empty site? see dead_letters)"
+        reason = (f"{what} fell to zero (its pages failed, a layout change, or an empty site? see dead_letters and "
+                  "the parsed_products_match_schema check)")
     else:  # a first run whose pages failed, or selectors that never matched
         reason = f"no {what} so far (its pages failed, or the spec's selectors do not match the site?)"
     return _transition(state, key, reason, subject)

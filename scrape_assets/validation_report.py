@@ -92,19 +92,21 @@ def merge_reports(reports: list[ValidationReport]) -> ValidationReport:
 def describe_failures(report: ValidationReport, *, limit: int = 3) -> str:
     """One line saying why a partition failed the schema, from its report's kept cases.
 
-    Per check: its case count, the partition's most common reject reasons where the check
-    carries them (``rejected_share``), the pages it names, and its message (a frame-wide
-    check's, e.g. the layout guard's); at most ``limit`` pages and reasons each. Example:
-    ``pages: rejected_share x2 (reject reasons: "price: no element matches 'p.price_color'"
-    x32; pages 1, 2; more of the partition's product cards were rejected...)``.
+    First the partition's most common reject reasons, when a check carries them
+    (``rejected_share``): the cause, which an alert shortened to a few hundred characters
+    must keep, ahead of the layout guard's long message. Then per check: its case count,
+    the pages it names, and its message (a frame-wide check's, e.g. the layout guard's); at
+    most ``limit`` pages and reasons each. Example: ``reject reasons: "price: no element
+    matches 'p.price_color'" x32; pages: rejected_share x2 (pages 1, 2; more of the
+    partition's product cards were rejected...)``.
     """
     parts = []
+    reasons = next((c["reject_reasons"] for c in report.failure_cases if c.get("reject_reasons")), None)
+    if reasons:
+        parts.append("reject reasons: " + ", ".join(f"{r!r} x{n}" for r, n in list(reasons.items())[:limit]))
     for name, count in report.by_check.items():
         cases = [c for c in report.failure_cases if check_key(c) == name]
         details = []
-        reasons = next((c["reject_reasons"] for c in cases if c.get("reject_reasons")), None)
-        if reasons:  # first: the cause, which an alert shortened to a few hundred characters must keep
-            details.append("reject reasons: " + ", ".join(f"{r!r} x{n}" for r, n in list(reasons.items())[:limit]))
         pages = sorted({c["failure_case"]["page_number"] for c in cases
                         if isinstance(c.get("failure_case"), dict) and "page_number" in c["failure_case"]})
         if pages:

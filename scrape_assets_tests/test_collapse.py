@@ -28,7 +28,7 @@ def test_sharp_drop_against_history_even_above_floor():
 def test_products_to_zero_and_state_round_trip():
     state = CollapseState()
     assert observe_products(state, "mystery", 32) is None
-    assert observe_products(state, "mystery", 0) == "mystery: products parsed fell to zero (its pages failed, a layout change, or an empty site? see dead_letters)"
+    assert observe_products(state, "mystery", 0) == "mystery: products parsed fell to zero (its pages failed, a layout change, or an empty site? see dead_letters and the parsed_products_match_schema check)"
     restored = CollapseState.from_dict(state.to_dict())
     assert observe_products(restored, "mystery", 0) is None
     assert observe_products(restored, "mystery", 30) is None
@@ -43,7 +43,7 @@ def test_a_subject_never_seen_with_products_has_none_so_far_rather_than_a_fall()
         "the site?)")
     assert observe_products(state, "academic", 12, "loaded") is None
     assert observe_products(state, "academic", 0, "loaded") == (
-        "academic: rows in the products table fell to zero (its pages failed, a layout change, or an empty site? see dead_letters)")
+        "academic: rows in the products table fell to zero (its pages failed, a layout change, or an empty site? see dead_letters and the parsed_products_match_schema check)")
     assert CollapseState.from_dict(state.to_dict()).nonzero == {"products:loaded:academic"}
 
 
@@ -53,10 +53,10 @@ def test_parsed_and_loaded_counts_are_separate_collapses():
     assert observe_products(state, "travel", 11, "parsed") is None  # a healthy first day
     for day in range(3):
         parsed = observe_products(state, "travel", 0, "parsed")
-        assert parsed == ("travel: products parsed fell to zero (its pages failed, a layout change, or an empty site? see dead_letters)" if day == 0 else None)
+        assert parsed == ("travel: products parsed fell to zero (its pages failed, a layout change, or an empty site? see dead_letters and the parsed_products_match_schema check)" if day == 0 else None)
         assert observe_products(state, "travel", 11, "loaded") is None  # carried rows: does not clear "parsed"
     assert observe_products(state, "travel", 0, "loaded") == (
-        "travel: rows in the products table fell to zero (its pages failed, a layout change, or an empty site? see dead_letters)")
+        "travel: rows in the products table fell to zero (its pages failed, a layout change, or an empty site? see dead_letters and the parsed_products_match_schema check)")
     assert set(state.collapsed) == {"products:parsed:travel", "products:loaded:travel"}
     assert observe_products(state, "travel", 20, "parsed") is None
     assert set(state.collapsed) == {"products:loaded:travel"}

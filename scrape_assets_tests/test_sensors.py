@@ -135,7 +135,7 @@ def test_products_falling_to_zero_alerts(tmp_path, instance, webhook_server):
     cursor, _ = _tick(instance, cursor, webhook_server.url)
     cursor, _ = _tick(instance, cursor, webhook_server.url)
     assert [m["text"] for m in webhook_server.received] == [
-        "scrape_assets collapse: travel: products parsed fell to zero (its pages failed, a layout change, or an empty site? see dead_letters)"
+        "scrape_assets collapse: travel: products parsed fell to zero (its pages failed, a layout change, or an empty site? see dead_letters and the parsed_products_match_schema check)"
     ]
 
 
@@ -149,7 +149,7 @@ def test_a_category_failing_day_after_day_alerts_once(tmp_path, instance, webhoo
         cursor, _ = _tick(instance, cursor, webhook_server.url)
     [message] = webhook_server.received
     assert sorted(message["alerts"]) == [
-        "travel: products parsed fell to zero (its pages failed, a layout change, or an empty site? see dead_letters)",
+        "travel: products parsed fell to zero (its pages failed, a layout change, or an empty site? see dead_letters and the parsed_products_match_schema check)",
         "travel: success rate 0% is below the floor 90%",
     ]
     assert Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").count(products, "travel") == 11  # carried forward
@@ -227,8 +227,10 @@ def test_a_run_that_failed_outside_any_step_is_alerted_with_its_error(instance, 
     from dagster._utils.error import SerializableErrorInfo
 
     run = create_run_for_test(instance, job_name="daily_scrape_job", status=dg.DagsterRunStatus.FAILURE)
+    # As Dagster writes it (SerializableErrorInfo.to_string: the message, a blank line, the remote stack).
     error = SerializableErrorInfo(message="dagster._core.errors.DagsterUserCodeProcessError: the code location "
-                                  "could not be loaded\n  more lines\n", stack=[], cls_name="DagsterUserCodeProcessError")
+                                  "could not be loaded\n\nStack Trace:\n  File \"x.py\", line 1\n", stack=[],
+                                  cls_name="DagsterUserCodeProcessError")
     failure = DagsterEvent.job_failure("daily_scrape_job", "An exception was thrown during execution.",
                                        RunFailureReason.JOB_INITIALIZATION_FAILURE, error_info=error)
     context = dg.build_run_status_sensor_context(
@@ -338,7 +340,8 @@ def test_a_run_failed_by_the_schema_check_is_alerted_with_the_categories_and_why
     assert not result.success
     check = {c.check_name: c for c in result.get_asset_check_evaluations()}["parsed_products_match_schema"]
     failed = check.metadata["failed_categories"].value
-    assert list(failed) == ["mystery"] and failed["mystery"].startswith("pages: layout_guard x2 (pages 1, 2; ")
+    reasons = "reject reasons: \"price: no element matches 'p.price_color'\" x32; "
+    assert list(failed) == ["mystery"] and failed["mystery"].startswith(reasons + "pages: layout_guard x2 (pages 1, 2; ")
     failure = [e for e in result.all_events if e.event_type_value in ("STEP_FAILURE", "RUN_FAILURE")][-1]
     context = dg.build_run_status_sensor_context(
         sensor_name="run_failure_alert_sensor", dagster_instance=instance,
@@ -349,10 +352,8 @@ def test_a_run_failed_by_the_schema_check_is_alerted_with_the_categories_and_why
     (alert,) = webhook_server.received
     assert alert["text"].startswith(
         f"scrape_assets run {result.run_id[:8]} of __ephemeral_asset_job__ failed: parsed_products_match_schema failed "
-        "for mystery (pages: layout_guard x2 (pages 1, 2; page parsed to zero products")
-    # the cause survives the alert's shortening: the reject reasons come before the long message
-    assert "pages: rejected_share x2 (reject reasons: \"price: no element matches 'p.price_color'\" x32; " \
-        in alert["text"]
+        f"for mystery ({reasons}pages: layout_guard x2 (pages 1, 2; page parsed to zero products")
+    # (the cause survives the alert's shortening: the reject reasons come before the layout guard's long message)
     assert alert["text"].endswith("...)") and len(alert["text"]) < 600
 
 
@@ -693,6 +694,15 @@ def test_run_failure_text_keeps_the_runs_own_reason_and_names_each_step_once():
     assert run_failure_text("Execution of run for \"j\" failed. An exception was thrown during execution.", error, [],
                             {}) == "An exception was thrown during execution: ValueError: bad config"
     assert run_failure_text(None, None, [], {}) == "no reason recorded"
+    # A layout change fails every category alike (counts aside): one entry, not one a category.
+    alike = {f"cat{i}": f"reject reasons: \"price: no element matches 'p.price_color'\" x{10 + i}; page {i}"
+             for i in range(12)}
+    assert run_failure_text(None, None, [], {**alike, "odd": "unrecognised_page x1"}) == (
+        "parsed_products_match_schema failed for cat0, cat1, cat2, cat3, cat4 and 7 more (cat0's: reject reasons: "
+        "\"price: no element matches 'p.price_color'\" x10; page 0); odd (unrecognised_page x1)")
+    many = {f"c{i}": "x" * i for i in range(6)}  # six different reasons: three named, the rest counted
+    assert run_failure_text(None, None, [], many) == (
+        "parsed_products_match_schema failed for c0 (); c1 (x); c2 (xx); and 3 more categories for other reasons")
     dynamic = "Execution of run for \"j\" failed. Steps failed: ['fetch[a]', 'fetch[b]']."  # dynamic step keys
     assert run_failure_text(dynamic, None, ["fetch[a]: OSError: x"], {}) == "fetch[a]: OSError: x"
 
@@ -707,6 +717,14 @@ def test_a_step_whose_retry_policy_gave_up_is_named_with_its_last_error():
     gave_up = SerializableErrorInfo(message="Exceeded max_retries of 3\n", stack=[], cls_name="RetryRequestedFromPolicy",
                                     cause=cause)
     assert error_line(gave_up) == "StorageError: /data/objects: disk full (after 3 retries)"
+    # Dagster wraps some of its messages over lines (a launch with a partition key that is not
+    # one): the whole first paragraph, not its first line cut mid-sentence.
+    wrapped = SerializableErrorInfo(
+        message="dagster._core.errors.DagsterInvalidInvocationError: Partition range mystry to mystry is\n"
+                "                not a valid range. Nonexistent partition keys:\n                ['mystry']\n\n"
+                "Stack (most recent call last): ...\n", stack=[], cls_name="DagsterInvalidInvocationError")
+    assert error_line(wrapped) == ("DagsterInvalidInvocationError: Partition range mystry to mystry is not a valid "
+                                   "range. Nonexistent partition keys: ['mystry']")
     # A dagster.Failure that allowed retries: its description, after them.
     from types import SimpleNamespace
 

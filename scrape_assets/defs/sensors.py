@@ -275,14 +275,33 @@ def run_failure_text(said: str | None, error, reasons: list[str], why: dict[str,
     said = "" if _STEPS_FAILED.match(said) else said
     said = said[:-1] if said.endswith(".") and not said.endswith("...") else said  # ": " + why follows
     if why:
-        parts = [f"{SCHEMA_CHECK} failed for " + "; ".join(
-            f"{category} ({_shortened(text, 300)})" for category, text in why.items())]
+        parts = [f"{SCHEMA_CHECK} failed for " + _schema_failures(why)]
         parts += [r for r in reasons if not r.startswith(f"{SCHEMA_CHECK_STEP}: ")]  # other steps that failed
     elif reasons:
         parts = reasons  # each names its step
     else:  # failed outside any step: its error
         parts = [_shortened(error_line(error), 300)] if error is not None else []
     return ": ".join(filter(None, [said, "; ".join(parts)])) or "no reason recorded"
+
+
+def _schema_failures(why: dict[str, str], groups_shown: int = 3, names_shown: int = 5) -> str:
+    """``travel (why)``, or for categories failing alike (the same reasons but for their
+    counts: a layout change hits every category) one entry naming them and the first one's
+    reasons: ``travel, mystery, classics, romance, fiction and 7 more (travel's: why)``. At
+    most ``groups_shown`` entries; the rest are counted."""
+    groups: dict[str, list[str]] = {}
+    for category, text in why.items():
+        groups.setdefault(re.sub(r"\d+", "#", text), []).append(category)
+    entries = []
+    for names in list(groups.values())[:groups_shown]:
+        text = _shortened(why[names[0]], 300)
+        if len(names) == 1:
+            entries.append(f"{names[0]} ({text})")
+        else:
+            more = f" and {len(names) - names_shown} more" if len(names) > names_shown else ""
+            entries.append(f"{', '.join(names[:names_shown])}{more} ({names[0]}'s: {text})")
+    rest = sum(len(names) for names in list(groups.values())[groups_shown:])
+    return "; ".join(entries) + (f"; and {rest} more categories for other reasons" if rest else "")
 
 
 def step_failure_reasons(events, limit: int = 300) -> list[str]:
@@ -304,19 +323,20 @@ def step_failure_reasons(events, limit: int = 300) -> list[str]:
 
 
 def error_line(error) -> str:
-    """``"<Class>: <first line of the message>"`` of a Dagster ``SerializableErrorInfo``: the
-    exception raised under Dagster's ``DagsterExecutionStepExecutionError`` wrapper, if any, and
-    without the module path Dagster puts before the class name; when the step's RetryPolicy
-    gave up (``RetryRequestedFromPolicy``), its last attempt's error, `` (after N retries)``."""
+    """``"<Class>: <first paragraph of the message>"`` (on one line) of a Dagster
+    ``SerializableErrorInfo``: the exception raised under Dagster's
+    ``DagsterExecutionStepExecutionError`` wrapper, if any, and without the module path Dagster
+    puts before the class name; when the step's RetryPolicy gave up
+    (``RetryRequestedFromPolicy``), its last attempt's error, `` (after N retries)``. A
+    paragraph, not a line: some of Dagster's own messages wrap one sentence over lines."""
     retries = _after_retries(error)
     if retries and error.cause is not None:
         error = error.cause  # the last attempt's error
     if error.cls_name == "DagsterExecutionStepExecutionError" and error.cause is not None:
         error = error.cause  # the step's own exception
-    lines = (error.message or "").strip().splitlines()
-    head, sep, rest = (lines[0] if lines else "").partition(": ")  # "module.Class: message"
-    text = f"{error.cls_name}: {rest}" if sep and head.split(".")[-1] == error.cls_name else (
-        (lines[0] if lines else "") or error.cls_name)
+    first = re.split(r"\n\s*\n", (error.message or "").strip(), maxsplit=1)[0]
+    head, sep, rest = first.partition(": ")  # "module.Class: message"
+    text = f"{error.cls_name}: {rest}" if sep and head.split(".")[-1] == error.cls_name else (first or error.cls_name)
     return " ".join(text.split()) + retries
 
 

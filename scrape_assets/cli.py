@@ -258,8 +258,8 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
             return f"{asset} did not finish"
 
         lines += [
-            "This run" + ("" if run["success"] else
-                          f" (FAILED: see the log above or `{summary.get('ui_command', 'make ui')}`)"),
+            "This run" + ("" if run["success"] else f" (FAILED: see the log above or {_ui_hint(summary)})"),
+            *([f"  failed          {why}"] if not run["success"] and (why := run.get("failure")) else []),
             "  requests        " + step("requests_made", lambda: (
                 f"{run['requests_made']:,} ({run['pages_not_modified']:,} not modified: 304"
                 + (f"; {counted(kept, 'page')} kept without a request" if (kept := run.get("pages_assumed_unchanged")) else "")
@@ -276,7 +276,9 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
                 f"{counted(run['partitions_unchanged'], 'category')} unchanged"), "parsed_products"),
             *([f"  fewer cards     than the site counts in {counted(len(short), 'category')}: " + _first_names(
                 [f"{c} ({f['cards_found']:,} of {f['site_says']:,})" for c, f in short.items()])
-               + " (pages the crawl did not reach: pagination, the spec's max_pages?)"]
+               + (" (no card at all: does the spec's selectors.product still match the site's markup?)"
+                  if all(not f["cards_found"] for f in short.values())
+                  else " (pages the crawl did not reach: pagination, the spec's max_pages?)")]
               if (short := run.get("categories_short_of_site_count")) else []),
             "  loaded          " + step("rows_loaded", lambda: (
                 f"{counted(run['rows_loaded'], 'row')} (re)loaded"
@@ -332,6 +334,14 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
         _ui_line(summary),
     ]
     print("\n".join(lines), file=sys.stdout if out is None else out)
+
+
+def _ui_hint(summary: dict) -> str:
+    """Where to look at a run: the command of :func:`_ui_line`, or, while a daemon runs on the
+    instance (whose UI is likely open already), that UI."""
+    if summary.get("daemon_heartbeat_age_s") is not None:
+        return "the Dagster UI serving this instance"
+    return f"`{summary.get('ui_command', 'make ui')}`"
 
 
 def _ui_line(summary: dict) -> str:
@@ -692,17 +702,34 @@ def run_demo(new_snapshot: bool = False, min_success_rate: float | None = None) 
                              f"{exc}); load those that passed with `dagster job execute -m scrape_assets.definitions "
                              "-j load_job --tags '{\"dagster/asset_partition_range_start\": \"FIRST\", "
                              "\"dagster/asset_partition_range_end\": \"LAST\"}'`")
+        failure = None if result.success else run_failure_reason(instance, result)
     summary = summarize(resources)
-    print_summary(summary, {**run_figures(result), "load_held_back": loaded_after})
+    print_summary(summary, {**run_figures(result), "load_held_back": loaded_after, "failure": failure})
     if held_back:
         print(held_back)
     if not result.success:
-        print(f"\nrun {result.run_id} did not succeed; see `{summary['ui_command']}` for the failed step", file=sys.stderr)
+        print(f"\nrun {result.run_id} did not succeed: {failure}\n(see {_ui_hint(summary)} for the failed step)",
+              file=sys.stderr)
         return 1
     if short := below_success_rate(summary, min_success_rate):
         print(f"\nscrape-assets: {short}", file=sys.stderr)
         return 1
     return 0
+
+
+def run_failure_reason(instance, result) -> str:
+    """Why the in-process run ``result`` failed, in one line: the run-failure alert's text
+    (:func:`scrape_assets.defs.sensors.run_failure_text`): the schema check's failing categories
+    and their reasons, else each failed step's error."""
+    import dagster as dg
+
+    from scrape_assets.defs.sensors import run_failure_text, schema_check_failures, step_failure_reasons
+
+    failure = next((e for e in result.all_events if e.event_type == dg.DagsterEventType.RUN_FAILURE), None)
+    return run_failure_text(failure.message if failure else None,
+                            getattr(failure.event_specific_data, "error", None) if failure else None,
+                            step_failure_reasons(result.get_step_failure_events()),
+                            schema_check_failures(instance, result.run_id))
 
 
 def _load_held_back(defs, instance, run_id: str, resources: dict, keys: list[str]) -> str | None:

@@ -254,6 +254,13 @@ def test_a_run_summary_names_the_steps_that_did_not_finish():
     print_summary(summary, run, out=out)
     lines = out.getvalue().splitlines()
     assert lines[:2] == ["", "This run (FAILED: see the log above or `make ui`)"]  # parted from the run's log
+    out = io.StringIO()  # why, when known; and no `make ui` while a daemon (and so a UI, likely) runs on the instance
+    print_summary({**summary, "daemon_heartbeat_age_s": 4.0},
+                  {**run, "failure": "raw_pages: ScrapeError: partition 'demo/classics' is being written by another run"},
+                  out=out)
+    assert out.getvalue().splitlines()[1:3] == [
+        "This run (FAILED: see the log above or the Dagster UI serving this instance)",
+        "  failed          raw_pages: ScrapeError: partition 'demo/classics' is being written by another run"]
     assert "  requests        40 (3 not modified: 304), 1 page failed for good" in lines
     assert "  parsed          parsed_products did not finish" in lines
     assert "  loaded          products_table did not finish" in lines
@@ -1044,7 +1051,7 @@ def test_demo_loads_the_categories_that_passed_when_one_fails_the_schema_check(t
     assert ("Schema check failed for fiction: its rows are not loaded (the error above says why, per category; the "
             "table keeps its earlier rows)") in lines
     # ... and it does: which checks, on which pages, and what stopped parsing (not only counts)
-    why = next(line for line in (done.stdout + done.stderr).splitlines() if line.startswith("  fiction: pages: "))
+    why = next(line for line in (done.stdout + done.stderr).splitlines() if line.startswith("  fiction: reject reasons: "))
     assert "pages: layout_guard x" in why and "the layout may have changed" in why and "pages 1, 2, 3, ..." in why
     assert "reject reasons: \"price: no element matches 'p.price_color'\" x" in why
     assert ("  loaded the 11 categories that passed it, held back with them: travel...romance, "

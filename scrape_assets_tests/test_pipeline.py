@@ -158,6 +158,13 @@ def test_a_category_with_fewer_cards_than_its_site_counts_is_a_warning_not_a_fai
                    "warehouse": "sqlite:////d/warehouse.db", "warehouse_site": "demo"}, run, out=out)
     assert ("  fewer cards     than the site counts in 1 category: default (60 of 232) (pages the crawl did not reach: "
             "pagination, the spec's max_pages?)") in out.getvalue().splitlines()
+    out = io.StringIO()  # no card at all: the product selector, not the pagination
+    print_summary({"site": "demo", "categories": 1, "categories_configured": 12, "pages_done": 3, "pages_failed": 0,
+                   "success_rate": 1.0, "products_loaded": 0, "dead_letters": 0, "object_storage": "/d/objects",
+                   "warehouse": "sqlite:////d/warehouse.db", "warehouse_site": "demo"},
+                  {**run, "categories_short_of_site_count": {"default": {"cards_found": 0, "site_says": 232}}}, out=out)
+    assert ("  fewer cards     than the site counts in 1 category: default (0 of 232) (no card at all: does the spec's "
+            "selectors.product still match the site's markup?)") in out.getvalue().splitlines()
 
 
 def test_a_product_selector_matching_nothing_without_a_results_count_is_named_in_the_log(tmp_path, instance):
@@ -194,6 +201,12 @@ def test_blocking_check_stops_products_table_and_earlier_rows_stay(tmp_path, ins
     materialized = {e.asset_key.path[0] for e in result.get_asset_materialization_events()}
     assert "products_table" not in materialized
     assert _table(tmp_path) == before  # the earlier rows of the partition stay
+    # `scrape-assets demo` says why in its summary, in the words of the run-failure alert
+    from scrape_assets.cli import run_failure_reason
+
+    assert run_failure_reason(instance, result).startswith(
+        "parsed_products_match_schema failed for travel (reject reasons: \"price: no element matches 'p.price_tag'\" x11; "
+        "pages: layout_guard x1 (page 1; ")
 
 
 def test_a_selector_that_stops_matching_some_cards_blocks_the_load(tmp_path, instance):

@@ -131,7 +131,9 @@ def history_day(state: ParseState) -> str:
     group_name="scrape",
     kinds={"sql", "sqlite"},
     check_specs=[
-        dg.AssetCheckSpec(ROWS_CHECK, asset="products_table", description="rows in table = rows parsed; no duplicate keys")
+        dg.AssetCheckSpec(ROWS_CHECK, asset="products_table",
+                          description="rows in table = rows parsed + rows carried forward (their page failed); "
+                                      "no duplicate keys")
     ],
 )
 def products_table(

@@ -283,7 +283,7 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
             "  loaded          " + step("rows_loaded", lambda: (
                 f"{counted(run['rows_loaded'], 'row')} (re)loaded"
                 # Only by this run's loads: an unchanged category keeps its carried rows unloaded (Summary below).
-                + (f", and {counted(kept, 'earlier row')} kept in those categories for pages that failed"
+                + (f", and {counted(kept, 'earlier row')} kept in those categories for pages that failed or cards rejected"
                    if (kept := run["rows_carried_forward"]) else "")), "products_table"),
             "",
         ]
@@ -311,8 +311,8 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
         shown = ", ".join(f"{c} ({n:,})" for c, n in list(carried.items())[:10]) + (", ..." if len(carried) > 10 else "")
         lines.append(
             f"  carried forward {sum(carried.values()):,} of those rows were not seen in the latest snapshot (a page "
-            f"of their category failed; the oldest parsed from a body fetched {summary['carried_forward_oldest_fetch']}, "
-            f"later 304s not counted): {shown}; the pages are in "
+            f"of their category failed, or their card was rejected; the oldest parsed from a body fetched "
+            f"{summary['carried_forward_oldest_fetch']}, later 304s not counted): {shown}; the pages and cards are in "
             "`dead_letters`"
         )
     stale = summary.get("products_of_categories_not_in_spec") or {}

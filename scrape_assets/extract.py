@@ -54,7 +54,8 @@ class ParsedSnapshot:
         products: one dict per product with the columns of ``schemas.PRODUCT_COLUMNS``.
         pages: one dict per done page: ``category, page_number, products_parsed, cards_found,
             site_claims_products, listing_recognised`` (the layout guards' input).
-        rejects: product cards that could not be parsed: ``url, page_number, reason``.
+        rejects: product cards that could not be parsed: ``url, page_number, reason``, and
+            ``product_id`` when the card's id was read before the field that failed.
     """
 
     category: str
@@ -130,7 +131,8 @@ def extract_snapshot(
                 }
             )
         for reject in page.rejects:
-            out.rejects.append({"url": reject.url or entry.url, "page_number": n, "reason": reject.reason})
+            out.rejects.append({"url": reject.url or entry.url, "page_number": n, "reason": reject.reason,
+                                **({"product_id": reject.product_id} if reject.product_id else {})})
         claims = page.pager.total_pages is not None or bool(page.pager.results_count)
         # A bot check or an error page served as 200 has no card and none of the listing's
         # elements; without a results count in the spec an empty listing may show none either.

@@ -496,10 +496,13 @@ class Reject:
         url: the product URL when it could be read (canonical, like product rows), else the
             URL of the page.
         reason: ``"<field>: <what went wrong>"``, e.g. ``"price: no number in ''"``.
+        product_id: the card's product id when it was read before the field that failed
+            (``products_table`` keeps that product's earlier row), else None.
     """
 
     url: str | None
     reason: str
+    product_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -780,7 +783,7 @@ def parse_listing(
     join = UrlJoiner(page_url)
     for card in cards:
         nodes: dict[str, LexborNode | None] = {}
-        url = None
+        url = product_id = None
         try:
             href = _read(card, "url", selectors.url, nodes)
             try:
@@ -795,6 +798,7 @@ def parse_listing(
             if len(match.group(1)) > MAX_PRODUCT_ID_CHARS:
                 raise _FieldError(f"product_id: {len(match.group(1))} characters in {url!r}; the warehouse keeps "
                                   f"at most {MAX_PRODUCT_ID_CHARS}")
+            product_id = match.group(1)
             title = _read(card, "title", selectors.title, nodes)
             price_text = _read(card, "price", selectors.price, nodes, allow_empty=True)
             rating_text = _read(card, "rating", selectors.rating, nodes)
@@ -818,11 +822,11 @@ def parse_listing(
                 raise _FieldError(f"rating: {exc}") from None
             availability = _read(card, "availability", selectors.availability, nodes)
         except _FieldError as exc:
-            rejects.append(Reject(url=url or page_url, reason=str(exc)))
+            rejects.append(Reject(url=url or page_url, reason=str(exc), product_id=product_id))
             continue
         products.append(
             {
-                "product_id": match.group(1),
+                "product_id": product_id,
                 "title": title,
                 "price": price,
                 "currency": currency,

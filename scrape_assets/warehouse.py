@@ -355,6 +355,7 @@ class Warehouse:
         history_date: str,
         history_snapshot_id: str,
         carry_unseen: bool = False,
+        carry_ids: Collection[str] = (),
     ) -> tuple[int, int]:
         """Load one partition of ``products`` and its day's prices in ``price_history``, in one transaction.
 
@@ -371,6 +372,10 @@ class Warehouse:
                 page drops a product. A failed fetch never deletes good rows. Rows of
                 ``snapshot_id`` itself are never carried: loading it again (re-parsed with
                 new rules) replaces them, as its pages were all read again.
+            carry_ids: product ids whose cards the snapshot rejected (a field that no longer
+                parses): their rows loaded earlier are kept the same way, even when the
+                snapshot saw every page. The product is still listed; its card is a dead
+                letter until a snapshot reads it again.
             input_version: recorded in ``partition_loads`` to recognise an unchanged input.
             history_date: ``YYYY-MM-DD``; ``price_history`` gets that day's row of every product
                 *seen* in the loaded snapshot (its ``snapshot_id`` is the one recorded in
@@ -388,12 +393,14 @@ class Warehouse:
             if rows is not None:
                 rows = list(rows)
                 kept = []
-                if carry_unseen:  # rows are read back only then (usually no page failed)
+                if carry_unseen or carry_ids:  # rows are read back only then (usually no page or card failed)
                     fresh = {r["product_id"] for r in rows}
+                    carry_ids = set(carry_ids)
                     query = sa.select(products).where(products.c.category == category)
                     # Not rows of this very snapshot: a re-parse of it (new rules) saw those pages anew.
                     kept = [dict(r._mapping) for r in conn.execute(query)
-                            if r.product_id not in fresh and r.snapshot_id != snapshot_id]
+                            if r.product_id not in fresh and r.snapshot_id != snapshot_id
+                            and (carry_unseen or r.product_id in carry_ids)]
                 conn.execute(products.delete().where(products.c.category == category))
                 crashpoint("warehouse.after_delete")
                 insert_many(conn, products, rows + kept)
@@ -466,7 +473,7 @@ class Warehouse:
     def carried_forward(self) -> dict[str, tuple[int, str]]:
         """``{category: (rows, oldest fetched_at)}`` of the ``products`` rows not seen in the
         snapshot last loaded for their category (carried forward from pages that failed since,
-        see :meth:`load_products`); categories with none are left out. Reads only: a warehouse
+        or for cards rejected since: see :meth:`load_products`); categories with none are left out. Reads only: a warehouse
         without ``partition_loads`` (older than it) has none to tell.
         """
         p, loads = products, partition_loads

@@ -445,9 +445,9 @@ def test_the_summary_counts_rows_carried_forward_from_pages_that_failed(tmp_path
                      history_date="2026-12-02", history_snapshot_id="s2", carry_unseen=True)
     assert wh.carried_forward() == {"travel": (2, day1)}
     wh.close()
-    assert ("  carried forward 2 of those rows were not seen in the latest snapshot (a page of their category failed; the "
-            f"oldest parsed from a body fetched {day1}, later 304s not counted): travel (2); the pages are in "
-            "`dead_letters`") in _demo_summary(tmp_path, url)
+    assert ("  carried forward 2 of those rows were not seen in the latest snapshot (a page of their category failed, "
+            f"or their card was rejected; the oldest parsed from a body fetched {day1}, later 304s not counted): "
+            "travel (2); the pages and cards are in `dead_letters`") in _demo_summary(tmp_path, url)
 
 
 def test_this_runs_loaded_line_counts_only_rows_this_runs_loads_kept():
@@ -465,9 +465,9 @@ def test_this_runs_loaded_line_counts_only_rows_this_runs_loads_kept():
            "partitions_unchanged": 10, "rows_loaded": 94, "rows_carried_forward": 0, "dead_letters": 1}
     for carried, expected in ((0, "  loaded          94 rows (re)loaded"),
                               (1, "  loaded          94 rows (re)loaded, and 1 earlier row kept in those categories "
-                                  "for pages that failed"),
+                                  "for pages that failed or cards rejected"),
                               (20, "  loaded          94 rows (re)loaded, and 20 earlier rows kept in those "
-                                   "categories for pages that failed")):
+                                   "categories for pages that failed or cards rejected")):
         out = io.StringIO()
         print_summary(summary, {**run, "rows_carried_forward": carried}, out=out)
         assert expected in out.getvalue().splitlines()

@@ -465,11 +465,13 @@ def test_parse_listing_bad_cards_become_rejects(spec):
         Reject(
             url="https://books.toscrape.com/catalogue/no-price_13/index.html",
             reason="price: no number in '' (expected an amount such as '£51.77')",
+            product_id="13",  # read before the price: products_table keeps its earlier row
         ),
         Reject(
             url="https://books.toscrape.com/catalogue/bad-rating_14/index.html",
             reason="rating: expected exactly one rating word One..Five, or a whole number 1..5 out of 5 ('4', "
                    "'4/5'), in 'star-rating Six'",
+            product_id="14",
         ),
         Reject(
             url="https://books.toscrape.com/catalogue/no-id/index.html",

@@ -238,8 +238,11 @@ def test_a_selector_that_stops_matching_some_cards_blocks_the_load(tmp_path, ins
     result = materialize(instance, partial, ["travel", "mystery"], selection=["parsed_products", "products_table"])
     assert result.success
     assert run_metadata(result)["parsed_products"]["pages_parsed"] == 0
-    after = _table(tmp_path)
-    assert 0 < len(after) < len(before) and {r[1] for r in after} < {r[1] for r in before}  # five-star ones left
+    # The five-star products are still listed, their cards rejected: their earlier rows stay,
+    # carried forward (older snapshot_id), as for a page that failed.
+    table = run_metadata(result)["products_table"]
+    assert 0 < table["rows_carried_forward"] == len(before) - table["rows_loaded"]
+    assert {r[:2] for r in _table(tmp_path)} == {r[:2] for r in before}
 
 
 def test_a_second_site_cannot_load_into_the_first_sites_tables(tmp_path, instance):

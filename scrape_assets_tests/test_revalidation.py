@@ -567,6 +567,39 @@ def test_a_product_that_moved_onto_the_page_that_failed_keeps_its_row(tmp_path, 
     assert (md["products_table"]["rows_loaded"], md["products_table"]["rows_carried_forward"]) == (2, 2)
 
 
+def test_a_product_whose_card_is_rejected_keeps_its_earlier_row_until_the_card_parses_again(tmp_path, instance):
+    """Day 2 one card's price no longer parses (1 of 3 cards: under the partial-layout
+    guard, so the category loads): that product is still listed, so its day-1 row stays,
+    carried forward with its day-1 snapshot, beside its dead letter; day 3 reads it again."""
+    state = {"price": "£20.00"}
+
+    def page(_request):
+        cards = [card(1, "Book one", "£10.00"), card(2, "Book two", state["price"]), card(3, "Book three", "£30.00")]
+        return 200, {"Content-Type": "text/html; charset=utf-8"}, listing(1, 1, cards)
+
+    def rows():
+        with contextlib.closing(sqlite3.connect(tmp_path / "warehouse.db")) as db:
+            return db.execute("select product_id, price, snapshot_id from products order by product_id").fetchall()
+
+    site = Site()
+    site.routes["/cat/index.html"] = page
+    with serve(site) as base:
+        runs = Runs(instance, tmp_path, base)
+        runs.run()
+        day1 = runs.manifests()[-1].snapshot_id
+        state["price"] = "price on request"
+        md = runs.run()
+        day2 = runs.manifests()[-1].snapshot_id
+        assert rows() == [("1", 10, day2), ("2", 20, day1), ("3", 30, day2)]
+        assert (md["products_table"]["rows_loaded"], md["products_table"]["rows_carried_forward"]) == (2, 1)
+        assert md["dead_letters"]["dead_letters"] == 1
+        state["price"] = "£25.00"
+        md = runs.run()
+        day3 = runs.manifests()[-1].snapshot_id
+    assert rows() == [("1", 10, day3), ("2", 25, day3), ("3", 30, day3)]
+    assert (md["products_table"]["rows_loaded"], md["products_table"]["rows_carried_forward"]) == (3, 0)
+
+
 def test_a_load_beside_a_re_parse_loads_nothing_the_parse_state_did_not_vouch_for(tmp_path, instance, monkeypatch):
     """parsed_products and products_table lock different scopes, so a re-parse launched from
     the UI (no scrape/day tag) can run beside the sensor's load_job. The load read the parse

@@ -55,7 +55,7 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
     altered = {c: in_place.get(c, 0) for c in unchanged if in_place.get(c, 0) != states[c].products}
     to_load |= set(altered)
     for category, state in states.items():
-        rows, manifest = None, None
+        rows, manifest, rejected = None, None, set()
         if category in to_load:
             manifest = load_manifest(object_store, spec.name, category, state.snapshot_id)
             # On SQLite prices stay decimal strings: bound as the same numbers (200,000 rows: ~0.1 s less in a run).
@@ -67,6 +67,7 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
                 raise ManifestError(f"{spec.name}/{category}", "parsed rows changed while this load read them (a "
                                     "parse of this category ran at the same time): run products_table again")
             rows = parsed.products  # dicts with the table's columns and more (insert_many picks the columns)
+            rejected = {r["product_id"] for r in parsed.rejects if r.get("product_id")}
         loaded[category], carried[category] = wh.load_products(
             category,
             rows,
@@ -77,6 +78,7 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
             history_snapshot_id=state.latest_snapshot_id,
             # Nothing to carry when the snapshot saw every page (the usual case): no rows are read back.
             carry_unseen=manifest is not None and not manifest.sees_every_page,
+            carry_ids=rejected if manifest is not None else (),  # a card that no longer parses keeps its row
         )
         log.add(
             f"{category}: "
@@ -86,7 +88,8 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
                 "unchanged input: products not reloaded"
                 if rows is None
                 else f"loaded {counted(loaded[category], 'row')} into products (parsed from snapshot {state.snapshot_id})"
-                + (f"; kept {counted(carried[category], 'earlier row')} not seen this time (a page failed)" if carried[category] else "")
+                + (f"; kept {counted(carried[category], 'earlier row')} not seen this time (a page failed, or a card "
+                   "was rejected)" if carried[category] else "")
             )
         )
     # The check, for all the run's partitions at once (two queries, not two per partition).
@@ -132,7 +135,8 @@ def history_day(state: ParseState) -> str:
     kinds={"sql", "sqlite"},
     check_specs=[
         dg.AssetCheckSpec(ROWS_CHECK, asset="products_table",
-                          description="rows in table = rows parsed + rows carried forward (their page failed); "
+                          description="rows in table = rows parsed + rows carried forward (their page failed or card was "
+                                      "rejected); "
                                       "no duplicate keys")
     ],
 )
@@ -143,7 +147,8 @@ def products_table(
 
     Delete-then-insert in one transaction per category: a rerun gives the same table. When a
     page failed, earlier rows not seen this time are carried forward, never deleted by a
-    failed fetch (see ``Warehouse.load_products``). An
+    failed fetch, and so is the earlier row of a product whose card was rejected (see
+    ``Warehouse.load_products``). An
     unchanged input is not reloaded; ``price_history`` gets the prices seen that day either way (not
     those of carried-forward rows).
     """

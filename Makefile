@@ -52,7 +52,8 @@ test: $(VENV)/.test-installed
 # goal that serves on it runs, so no other text reaches the shell).
 non_digits = $(subst 0,,$(subst 1,,$(subst 2,,$(subst 3,,$(subst 4,,$(subst 5,,$(subst 6,,$(subst 7,,$(subst 8,,$(subst 9,,$(1)))))))))))
 
-## make ui: the Dagster UI on the same instance as `make demo` (http://127.0.0.1:3000; UI_PORT=3001 for another port)
+## make ui: the Dagster UI on the same instance as `make demo` (http://127.0.0.1:3000; UI_PORT=3001 for another port).
+## It refuses while a daemon runs on the instance (another make ui, a dagster-daemon service): UI_FORCE=1 starts anyway.
 ui_port := $(or $(strip $(UI_PORT)),3000)
 ifneq ($(filter ui,$(MAKECMDGOALS)),)
 ifneq ($(call non_digits,$(ui_port)),)
@@ -60,6 +61,7 @@ $(error UI_PORT=$(UI_PORT) is not a port number: give digits, e.g. make ui UI_PO
 endif
 endif
 ui: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml
+	$(if $(UI_FORCE),,$(BIN)/scrape-assets daemon-check)
 	$(BIN)/dagster dev -w workspace.yaml -p $(ui_port)
 
 ## make serve-demo: the demo catalogue over real sockets on 127.0.0.1:8000 (DEMO_PORT=8001 for another port)

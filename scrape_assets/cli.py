@@ -415,11 +415,16 @@ def _ui_home(env: Mapping[str, str]) -> Path:
 
 DAEMON_SEEN_S = 90
 """A daemon heartbeat this recent (seconds) means a daemon runs (Dagster's beat every 30 s)."""
+UI_DAEMON_SEEN_S = 40
+"""What ``make ui`` (``daemon-check``) takes for a live daemon: each of a daemon's loops beats
+every 30 s, so a live one's newest beat is younger; a UI stopped just now blocks its restart
+for less than a minute."""
 
 
-def daemon_heartbeat_age(env: Mapping[str, str], now: float | None = None) -> float | None:
+def daemon_heartbeat_age(env: Mapping[str, str], now: float | None = None,
+                         within_s: float = DAEMON_SEEN_S) -> float | None:
     """Seconds since the newest Dagster daemon heartbeat on the instance the UI line names
-    (:func:`_ui_home`) when it is at most :data:`DAEMON_SEEN_S`, else ``None``.
+    (:func:`_ui_home`) when it is at most ``within_s``, else ``None``.
 
     A daemon runs there: a ``dagster-daemon`` service, or ``make ui`` (``dagster dev``,
     which starts one) already open. Only an instance on Dagster's default SQLite storage
@@ -450,7 +455,23 @@ def daemon_heartbeat_age(env: Mapping[str, str], now: float | None = None) -> fl
     except Exception:  # noqa: BLE001 - a hint only: an unreadable instance shows the plain line
         return None
     age = (time.time() if now is None else now) - max(beats, default=float("-inf"))
-    return max(age, 0.0) if age <= DAEMON_SEEN_S else None
+    return max(age, 0.0) if age <= within_s else None
+
+
+def run_daemon_check() -> int:
+    """``make ui``'s first step: 1, saying why and what to do instead, when a daemon beat on
+    the instance within :data:`UI_DAEMON_SEEN_S` (``dagster dev`` would start a second one,
+    which Dagster does not support: its sensors and schedules would run twice); else 0."""
+    age = daemon_heartbeat_age(os.environ, within_s=UI_DAEMON_SEEN_S)
+    if age is None:
+        return 0
+    port = _ui_port(os.environ)
+    print(f"scrape-assets: a Dagster daemon beat on the instance at {_ui_home(os.environ)} {age:.0f} s ago: another "
+          "`make ui` (dagster dev) or a dagster-daemon service runs on it, and `make ui` would start a second daemon "
+          "(Dagster supports one per instance). Open the UI already serving it, or serve one without a daemon: "
+          f"`.venv/bin/dagster-webserver -w workspace.yaml -p {port}`. Stopped it just now? Its last beat stops "
+          f"counting in {max(UI_DAEMON_SEEN_S - age, 1):.0f} s; or `make ui UI_FORCE=1`.", file=sys.stderr)
+    return 1
 
 
 def ui_exports(env: Mapping[str, str]) -> list[str]:
@@ -983,6 +1004,8 @@ def main(argv: list[str] | None = None) -> int:
     fail_run.add_argument("run_id", metavar="RUN_ID",
                           help="the run's id: full (`dagster run list`), or its first 8 characters as the UI's "
                                "run lists and the alerts show it")
+    command("daemon-check", f"exit 1, saying why, when a Dagster daemon beat on the instance in the last "
+                            f"{UI_DAEMON_SEEN_S} s (`make ui` asks first: dagster dev would start a second one)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -994,6 +1017,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_prune(args.keep, args.dry_run)
         if args.command == "fail-run":
             return run_fail_run(args.run_id)
+        if args.command == "daemon-check":
+            return run_daemon_check()
         if args.command == "categories":
             return _to_a_reader(run_categories_command)
         if args.command == "summary":

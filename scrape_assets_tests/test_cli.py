@@ -829,7 +829,7 @@ def test_with_a_daemon_running_on_the_instance_the_ui_line_does_not_suggest_make
     import signal
     import time
 
-    from scrape_assets.cli import DAEMON_SEEN_S, daemon_heartbeat_age, print_summary, summarize
+    from scrape_assets.cli import DAEMON_SEEN_S, UI_DAEMON_SEEN_S, daemon_heartbeat_age, print_summary, summarize
     from scrape_assets.defs.resources import build_resources
 
     home = tmp_path / "home"
@@ -855,6 +855,12 @@ def test_with_a_daemon_running_on_the_instance_the_ui_line_does_not_suggest_make
         print_summary(summarize(build_resources(secrets_as_env_vars=False)), out=out)
         line = out.getvalue().splitlines()[-1]
         assert line.startswith("  Dagster UI      not `make ui`: a Dagster daemon beat on this instance ")
+        # and `make ui` asks first (scrape-assets daemon-check), refusing to start a second daemon
+        cli = Path(sys.executable).with_name("scrape-assets")
+        done = subprocess.run([str(cli), "daemon-check"], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "UI_PORT": "18391"})
+        assert done.returncode == 1 and f"scrape-assets: a Dagster daemon beat on the instance at {home} " in done.stderr
+        assert "`.venv/bin/dagster-webserver -w workspace.yaml -p 18391`" in done.stderr
         assert line.endswith(" s ago (a dagster-daemon service, or `make ui` already open) and `make ui` would start a "
                              "second one; open the UI already serving the instance, or serve one without a daemon: "
                              "`.venv/bin/dagster-webserver -w workspace.yaml` in the clone, in the runs' environment "
@@ -862,8 +868,10 @@ def test_with_a_daemon_running_on_the_instance_the_ui_line_does_not_suggest_make
     finally:
         os.killpg(daemon.pid, signal.SIGTERM)
         daemon.wait(timeout=60)
-    # A daemon stopped for longer than DAEMON_SEEN_S: `make ui` is the way to the UI again.
+    # A daemon stopped for longer than DAEMON_SEEN_S: `make ui` is the way to the UI again (and
+    # make ui's own check lets it start sooner, UI_DAEMON_SEEN_S after the last beat).
     assert daemon_heartbeat_age(os.environ, now=time.time() + DAEMON_SEEN_S + 1) is None
+    assert daemon_heartbeat_age(os.environ, now=time.time() + UI_DAEMON_SEEN_S + 1, within_s=UI_DAEMON_SEEN_S) is None
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "nowhere"))  # no instance: nothing read, nothing made
     assert daemon_heartbeat_age(os.environ) is None and not (tmp_path / "nowhere").exists()
 
@@ -887,6 +895,18 @@ def test_with_a_daemon_running_on_the_instance_the_ui_line_does_not_suggest_make
         silent.settimeout(0)
         with pytest.raises(BlockingIOError):
             silent.accept()  # no connection was made to it
+
+
+def test_make_ui_checks_for_a_daemon_first_unless_told_not_to():
+    def planned(*extra: str) -> list[str]:
+        done = subprocess.run(["make", "-n", "ui", *extra], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+                              env={**{k: v for k, v in os.environ.items() if k not in ("UI_PORT", "UI_FORCE")},
+                                   "MAKEFLAGS": ""})
+        assert done.returncode == 0, done.stderr
+        return [line for line in done.stdout.splitlines() if "daemon-check" in line or "dagster dev" in line]
+
+    assert planned() == [".venv/bin/scrape-assets daemon-check", ".venv/bin/dagster dev -w workspace.yaml -p 3000"]
+    assert planned("UI_FORCE=1") == [".venv/bin/dagster dev -w workspace.yaml -p 3000"]
 
 
 def test_make_refuses_a_python_older_than_3_11_before_making_the_venv(tmp_path):

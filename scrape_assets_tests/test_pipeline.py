@@ -872,3 +872,19 @@ def test_each_partition_carries_its_own_figures_beside_the_runs_totals(tmp_path,
         assert table["category_rows"] == table["category_rows_loaded"] == len(expected.products)
         assert figures[("dead_letters", category)]["category_dead_letters"] == 0
     assert not any(k.startswith("category_") for md in run_metadata(result).values() for k in md)  # not merged
+
+
+def test_a_run_on_a_temporary_instance_says_so_once(tmp_path, instance):
+    """`dagster asset materialize` without DAGSTER_HOME runs on an ephemeral instance: the run
+    vanishes with the command, unseen by the UI and sensors. It warns, once per run."""
+    import dagster as dg
+
+    temporary = dg.DagsterInstance.ephemeral()
+    result = materialize(temporary, make_resources(tmp_path), ["travel"])
+    warned = [e.user_message for e in temporary.all_logs(result.run_id)
+              if e.level == logging.WARNING and "temporary Dagster instance" in e.user_message]
+    assert warned == ["this run is on a temporary Dagster instance (DAGSTER_HOME is not set): nothing of it is kept "
+                      "when the command ends, and the UI, the sensors and the schedule never see it; set DAGSTER_HOME "
+                      "to the instance's folder (the clone's .dagster_home, or the server's)"]
+    result = materialize(instance, make_resources(tmp_path), ["travel"])  # a lasting instance: no word of it
+    assert not [e for e in instance.all_logs(result.run_id) if "temporary Dagster instance" in e.user_message]

@@ -13,6 +13,7 @@ def build_category_partitions(site: str) -> dg.StaticPartitionsDefinition:
 
 
 category_partitions = build_category_partitions(load_settings().site)
+_told_ephemeral: set[str] = set()  # runs already warned that their instance is temporary (once per run)
 
 
 def run_categories(context: dg.AssetExecutionContext) -> list[str]:
@@ -48,4 +49,10 @@ def run_categories(context: dg.AssetExecutionContext) -> list[str]:
             ),
             allow_retries=False,
         )
+    if context.instance.is_ephemeral and context.run_id not in _told_ephemeral:
+        _told_ephemeral.add(context.run_id)
+        context.log.warning(
+            "this run is on a temporary Dagster instance (DAGSTER_HOME is not set): nothing of it is kept when the "
+            "command ends, and the UI, the sensors and the schedule never see it; set DAGSTER_HOME to the instance's "
+            "folder (the clone's .dagster_home, or the server's)")
     return keys

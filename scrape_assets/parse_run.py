@@ -225,8 +225,10 @@ def _reuse(store: ObjectStore, spec: SiteSpec, category: str, manifest: Manifest
     report = _validate(parsed, spec)
     save_parse_state(store, spec.name, category,
                      replace(state, **_standing_for(manifest), validated=report.passed))
-    return PartitionParse(category, figures, report, _line(category, state.products, 0, state.snapshot_id,
-                                                            state.rejects, report))
+    return PartitionParse(category, figures, report, (
+        f"{category}: unchanged since snapshot {state.snapshot_id}: 0 pages re-parsed; its "
+        f"{counted(state.products, 'product')} and {counted(state.rejects, 'rejected card')} validated again "
+        f"(schema {'passed' if report.passed else 'FAILED'})"))
 
 
 def _save(store: ObjectStore, spec: SiteSpec, category: str, manifest: Manifest, version: str,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import re
 import shutil
 import sqlite3
 import time
@@ -238,6 +239,9 @@ def test_a_selector_that_stops_matching_some_cards_blocks_the_load(tmp_path, ins
     result = materialize(instance, partial, ["travel", "mystery"], selection=["parsed_products", "products_table"])
     assert result.success
     assert run_metadata(result)["parsed_products"]["pages_parsed"] == 0
+    lines = [e.user_message for e in instance.all_logs(result.run_id) if "validated again" in e.user_message]
+    assert any(re.search(r"  mystery: unchanged since snapshot \S+: 0 pages re-parsed; its \d+ products and \d+ "
+                         r"rejected cards? validated again \(schema passed\)", line) for line in lines), lines
     # The five-star products are still listed, their cards rejected: their earlier rows stay,
     # carried forward (older snapshot_id), as for a page that failed.
     table = run_metadata(result)["products_table"]

@@ -361,16 +361,22 @@ class HostLimiter:
         """Hold one request slot for ``host`` (case-insensitive, without port) while inside."""
         semaphore, rate = self._limits_for(host)
         async with semaphore:
-            if self._paused_until:  # (no dict lookup per request on a host that never paused us)
-                await self._wait_out_pause(host.lower())
-            await rate.acquire()
+            waited = None
+            while True:
+                if self._paused_until:  # (no host ever paused: no lookup per request)
+                    waited = await self._wait_out_pause(host.lower(), waited)
+                await rate.acquire()
+                # A pause that began while this request waited for the rate: wait it out too.
+                until = self._paused_until.get(host.lower()) if self._paused_until else None
+                if until is None or until == waited or until <= self._clock():
+                    break
             yield
 
-    async def _wait_out_pause(self, key: str) -> None:
-        until = self._paused_until.get(key)
-        while until is not None and (wait := until - self._clock()) > 0:
-            await self._sleep(wait)
-            later = self._paused_until.get(key)
-            if later == until:  # slept it out (by the clock, or a test's sleep that does not move it)
-                return
-            until = later  # extended meanwhile
+    async def _wait_out_pause(self, key: str, waited: float | None) -> float | None:
+        """Sleep until ``key``'s pause is over; return the end of the last pause slept out
+        (``waited``, the one already slept out, is not slept again: a test's sleep may not move
+        the clock)."""
+        while (until := self._paused_until.get(key)) is not None and until != waited and until > self._clock():
+            await self._sleep(until - self._clock())
+            waited = until  # slept it out, unless it was extended meanwhile (then the loop goes on)
+        return waited

@@ -907,6 +907,7 @@ def test_make_ui_checks_for_a_daemon_first_unless_told_not_to():
 
     assert planned() == [".venv/bin/scrape-assets daemon-check", ".venv/bin/dagster dev -w workspace.yaml -p 3000"]
     assert planned("UI_FORCE=1") == [".venv/bin/dagster dev -w workspace.yaml -p 3000"]
+    assert planned("UI_FORCE=0")[0] == ".venv/bin/scrape-assets daemon-check"
 
 
 def test_make_refuses_a_python_older_than_3_11_before_making_the_venv(tmp_path):

@@ -892,3 +892,15 @@ def test_a_run_on_a_temporary_instance_says_so_once(tmp_path, instance):
                       "to the instance's folder (the clone's .dagster_home, or the server's)"]
     result = materialize(instance, make_resources(tmp_path), ["travel"])  # a lasting instance: no word of it
     assert not [e for e in instance.all_logs(result.run_id) if "temporary Dagster instance" in e.user_message]
+    # What the CLI does without DAGSTER_HOME: a persistent instance to Dagster, in a folder it deletes at exit.
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME" and not k.startswith("SCRAPE_")}
+    done = subprocess.run([str(Path(sys.executable).with_name("dagster")), "asset", "materialize", "-m",
+                           "scrape_assets.definitions", "--select", "raw_pages", "--partition", "travel"],
+                          env={**env, "SCRAPE_DATA_DIR": str(tmp_path / "cli-data")}, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.count("this run is on a temporary Dagster instance (DAGSTER_HOME is not set)") == 1

@@ -400,6 +400,33 @@ def test_a_pause_holds_new_slots_of_its_host_until_it_ends():
     asyncio.run(main())
 
 
+def test_a_pause_holds_requests_that_were_waiting_for_the_rate_too():
+    """Four requests hold the host's permits, three of them queued on the rate (4 a second);
+    the first one's answer, 0.3 s later, pauses the host for 0.6 s: of the others, none goes
+    out during the pause (one went out before it; real clock)."""
+    limiter = HostLimiter(requests_per_second=4, max_concurrency=4)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        entered = {}
+
+        async def request(name):
+            async with limiter.slot("shop.test"):
+                entered[name] = loop.time()
+                if name == "a":  # its answer, 0.3 s later: 429, Retry-After 0.6 s
+                    await asyncio.sleep(0.3)
+                    assert limiter.pause("shop.test", 0.6)
+                    entered["paused"] = loop.time()
+
+        await asyncio.gather(*(request(name) for name in "abcd"))
+        return entered
+
+    entered = asyncio.run(main())
+    paused = entered["paused"]
+    after = [entered[n] for n in "bcd" if entered[n] >= paused]
+    assert len(after) >= 2 and min(after) >= paused + 0.6 - 0.02, {k: round(v - paused, 3) for k, v in entered.items()}
+
+
 async def _enter(limiter: HostLimiter, host: str) -> None:
     async with limiter.slot(host):
         pass

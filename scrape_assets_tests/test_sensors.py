@@ -700,6 +700,23 @@ def test_run_failure_text_keeps_the_runs_own_reason_and_names_each_step_once():
     assert run_failure_text(None, None, [], {**alike, "odd": "unrecognised_page x1"}) == (
         "parsed_products_match_schema failed for cat0, cat1, cat2, cat3, cat4 and 7 more (cat0's: reject reasons: "
         "\"price: no element matches 'p.price_color'\" x10; page 0); odd (unrecognised_page x1)")
+    # ... whatever pages each category failed on (as describe_failures lists them)
+    from scrape_assets.validation_report import ValidationReport, describe_failures
+
+    def described(pages: int) -> str:
+        case = {"schema": "pages", "schema_context": "DataFrameSchema", "column": None, "check": "layout_guard",
+                "message": "page parsed to zero products",
+                "reject_reasons": {"price: no element matches 'p.price_tag'": 11 * pages}}
+        cases = [{**case, "failure_case": {"category": "c", "page_number": n}} for n in range(1, pages + 1)]
+        return describe_failures(ValidationReport(passed=False, failure_count=pages, failure_cases=cases,
+                                                  by_check={"pages: layout_guard": pages}))
+
+    layout = {"travel": described(1), "mystery": described(2), "classics": described(3), "fiction": described(5)}
+    assert len(set(layout.values())) == 4
+    assert run_failure_text(None, None, [], layout) == (
+        "parsed_products_match_schema failed for travel, mystery, classics, fiction (travel's: reject reasons: "
+        "\"price: no element matches 'p.price_tag'\" x11; pages: layout_guard x1 (page 1; page parsed to zero "
+        "products))")
     many = {f"c{i}": "x" * i for i in range(6)}  # six different reasons: three named, the rest counted
     assert run_failure_text(None, None, [], many) == (
         "parsed_products_match_schema failed for c0 (); c1 (x); c2 (xx); and 3 more categories for other reasons")

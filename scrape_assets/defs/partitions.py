@@ -1,6 +1,8 @@
 """``category_partitions``: one static partition per category of the configured site."""
 
 
+import os
+
 import dagster as dg
 
 from scrape_assets.settings import load_settings
@@ -14,6 +16,21 @@ def build_category_partitions(site: str) -> dg.StaticPartitionsDefinition:
 
 category_partitions = build_category_partitions(load_settings().site)
 _told_ephemeral: set[str] = set()  # runs already warned that their instance is temporary (once per run)
+#: The folder prefix of the instance Dagster's CLI makes in the current folder when DAGSTER_HOME
+#: is unset (dagster._cli.utils.TMP_DAGSTER_HOME_PREFIX; pinned Dagster, tested by a CLI run).
+_CLI_TEMPORARY_HOME = ".tmp_dagster_home_"
+
+
+def _temporary(instance: dg.DagsterInstance) -> bool:
+    """Whether ``instance`` vanishes with its process: an in-memory one, or the folder Dagster's
+    CLI makes (and deletes) in the current folder without DAGSTER_HOME, a persistent instance
+    to Dagster."""
+    if instance.is_ephemeral:
+        return True
+    try:
+        return os.path.basename(os.path.normpath(instance.root_directory)).startswith(_CLI_TEMPORARY_HOME)
+    except Exception:  # noqa: BLE001 - an instance class without a root folder: not the CLI's
+        return False
 
 
 def run_categories(context: dg.AssetExecutionContext) -> list[str]:
@@ -49,7 +66,7 @@ def run_categories(context: dg.AssetExecutionContext) -> list[str]:
             ),
             allow_retries=False,
         )
-    if context.instance.is_ephemeral and context.run_id not in _told_ephemeral:
+    if _temporary(context.instance) and context.run_id not in _told_ephemeral:
         _told_ephemeral.add(context.run_id)
         context.log.warning(
             "this run is on a temporary Dagster instance (DAGSTER_HOME is not set): nothing of it is kept when the "

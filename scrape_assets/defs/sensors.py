@@ -290,8 +290,8 @@ def _schema_failures(why: dict[str, str], groups_shown: int = 3, names_shown: in
     reasons: ``travel, mystery, classics, romance, fiction and 7 more (travel's: why)``. At
     most ``groups_shown`` entries; the rest are counted."""
     groups: dict[str, list[str]] = {}
-    for category, text in why.items():
-        groups.setdefault(re.sub(r"\d+", "#", text), []).append(category)
+    for category, text in why.items():  # alike: the same text once page lists ("page 1", "pages 1, 2, ...") and counts go
+        groups.setdefault(re.sub(r"\d+", "#", re.sub(r"\bpages? \d[\d, .]*", "pages", text)), []).append(category)
     entries = []
     for names in list(groups.values())[:groups_shown]:
         text = _shortened(why[names[0]], 300)

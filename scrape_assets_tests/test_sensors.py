@@ -62,15 +62,18 @@ def test_collapse_alerts_once_then_clears_on_recovery(tmp_path, instance, webhoo
     cursor, _ = _tick(instance, cursor, webhook_server.url)
     assert len(webhook_server.received) == 1
 
-    # Recovery clears the state; a new collapse alerts again.
+    # Recovery clears the state, and says so once; a new collapse alerts again.
     assert materialize(instance, healthy, ["travel"], selection=["raw_pages"]).success
     cursor, _ = _tick(instance, cursor, webhook_server.url)
-    assert len(webhook_server.received) == 1
+    assert webhook_server.received[-1]["text"] == (
+        "scrape_assets: travel: recovered: success rate 100% (was: success rate 0% is below the floor 90%)")
+    cursor, _ = _tick(instance, cursor, webhook_server.url)
+    assert len(webhook_server.received) == 2
     assert materialize(instance, broken, ["travel"], selection=["raw_pages"]).success
     cursor, _ = _tick(instance, cursor, webhook_server.url)
     assert webhook_server.received[-1]["text"] == "scrape_assets collapse: travel: success rate 0% is below the floor 90%"
     assert webhook_server.received[-1]["alerts"] == ["travel: success rate 0% is below the floor 90%"]
-    assert len(webhook_server.received) == 2
+    assert len(webhook_server.received) == 3
     state = json.loads(cursor)["state"]
     assert set(state["collapsed"]) == {"rate:travel", "rate:mystery", "rate:whole run"}
 
@@ -123,6 +126,45 @@ def test_a_category_named_all_has_a_collapse_of_its_own(monkeypatch):
     assert found == [["all: success rate 0% is below the floor 90%"], [], []]  # one alert a collapse
     state = json.loads(cursor)["state"]
     assert state["history"]["whole run"] == [0.97] * 3 and state["history"]["all"] == [0.0] * 3
+
+
+def test_a_collapse_that_clears_says_so_once(monkeypatch):
+    """A collapse alerted, then a healthy run: one recovery line; a collapse and its recovery
+    read in the same evaluation come together, the collapse first; replaying the history on
+    a first evaluation tells nothing of what recovered within it."""
+    from types import SimpleNamespace
+
+    from scrape_assets.defs import sensors
+
+    events = []  # (travel's success rate) per run, all recorded so far
+
+    def records(instance, asset, cursor):
+        start = int(cursor or 0)
+        if asset != "raw_pages" or start >= len(events):
+            return [], cursor
+        out = [SimpleNamespace(storage_id=n, run_id=f"run-{n}", asset_materialization=SimpleNamespace(
+            metadata={"by_category": SimpleNamespace(value={"travel": {"success_rate": rate}}),
+                      "categories": SimpleNamespace(value=1), "success_rate": SimpleNamespace(value=rate)}))
+            for n, rate in enumerate(events) if n >= start]
+        return out, str(len(events))
+
+    monkeypatch.setattr(sensors, "_new_records", records)
+    cursor = json.dumps({})
+    found = []
+    for rate in (0.0, 1.0, 1.0):
+        events.append(rate)
+        alerts, cursor = sensors.evaluate(None, cursor)
+        found.append(alerts)
+    assert found == [["travel: success rate 0% is below the floor 90%"],
+                     ["travel: recovered: success rate 100% (was: success rate 0% is below the floor 90%)"], []]
+    events += [0.0, 1.0]  # both in one evaluation
+    alerts, cursor = sensors.evaluate(None, cursor)
+    assert alerts == ["travel: success rate 0% is below the floor 90%",
+                      "travel: recovered: success rate 100% (was: success rate 0% is below the floor 90%)"]
+    assert sensors.alert_message(sorted(alerts, key=sensors._alert_order)).split("\n") == [
+        "scrape_assets: 1 collapse, 1 recovery", f"- {alerts[0]}", f"- {alerts[1]}"]
+    assert sensors.alert_message(alerts[1:]) == f"scrape_assets: {alerts[1]}"
+    assert sensors.evaluate(None, None)[0] == []  # the whole history replayed: travel is healthy now
 
 
 def test_products_falling_to_zero_alerts(tmp_path, instance, webhook_server):

@@ -51,10 +51,10 @@ def _new_records(instance, asset: str, cursor: str | None):
     return result.records, (result.cursor if result.records else cursor)
 
 
-def _alert_order(text: str) -> tuple[bool, str, str]:
+def _alert_order(text: str) -> tuple[bool, str, bool, str]:
     """The whole run's alert first, then the categories' by name: a long list is scanned by category."""
     subject = text.split(":", 1)[0]  # subjects have no ":"
-    return (subject != RUN_SUBJECT, subject, text)
+    return (subject != RUN_SUBJECT, subject, _is_recovery(text), text)  # a subject's recovery after its collapse
 
 
 def evaluate(instance, cursor: str | None, rules: CollapseRules = RULES) -> tuple[list[str], str]:
@@ -92,7 +92,13 @@ def evaluate(instance, cursor: str | None, rules: CollapseRules = RULES) -> tupl
                 events.append((record.storage_id, record.run_id, asset, metadata))
 
     alerts: list[str] = []
+    open_at_start, opened = dict(state.collapsed), {}  # collapses alerted before, and during this evaluation
     seen: set[tuple[str, str, str]] = set()  # events recorded before per-partition tables repeat the run's table
+
+    def observed(alert: str | None, before: dict) -> None:
+        alerts.append(alert)
+        opened.update({key: reason for key, reason in state.collapsed.items() if key not in before})
+
     for _, run_id, asset, metadata in sorted(events, key=lambda e: e[0]):
         field = "rows_by_category" if asset == "products_table" else "by_category"
         table = metadata.get(field) or {}
@@ -100,15 +106,20 @@ def evaluate(instance, cursor: str | None, rules: CollapseRules = RULES) -> tupl
             if (asset, run_id, category) in seen:
                 continue
             seen.add((asset, run_id, category))
+            before = dict(state.collapsed)
             if asset == "raw_pages":
-                alerts.append(observe_rate(state, category, float(value["success_rate"]), rules))
+                observed(observe_rate(state, category, float(value["success_rate"]), rules), before)
             else:
                 count = value["products"] if isinstance(value, dict) else int(value)
                 source = "loaded" if asset == "products_table" else "parsed"
-                alerts.append(observe_products(state, category, count, source))
+                observed(observe_products(state, category, count, source), before)
         if asset == "raw_pages" and metadata.get("categories", len(table)) > 1 and run_id not in runs_observed:
             runs_observed.append(run_id)
-            alerts.append(observe_rate(state, RUN_SUBJECT, float(metadata["success_rate"]), rules))
+            before = dict(state.collapsed)
+            observed(observe_rate(state, RUN_SUBJECT, float(metadata["success_rate"]), rules), before)
+    # What was alerted (before, or in this evaluation) and is healthy now says so once.
+    alerts += [recovery_text(state, key, reason) for key, reason in {**open_at_start, **opened}.items()
+               if key not in state.collapsed]
     alerts = [a for a in alerts if a]
     if catching_up:  # replaying the history: once it is all read, alert only what is still collapsed
         # Keys are "rate:{subject}" or "products:{source}:{subject}"; subjects have no ":".
@@ -122,16 +133,41 @@ def evaluate(instance, cursor: str | None, rules: CollapseRules = RULES) -> tupl
     return alerts, new_cursor
 
 
+#: What follows the subject in a recovery's text (:func:`recovery_text`).
+RECOVERED = "recovered: "
+
+
+def recovery_text(state, key: str, reason: str) -> str:
+    """``"<subject>: recovered: <how it is now> (was: <the collapse>)"`` for the collapse ``key``
+    (``rate:<subject>`` or ``products:<source>:<subject>``), cleared by a healthy observation."""
+    kind, subject = key.split(":", 1)[0], key.rsplit(":", 1)[1]
+    if kind == "rate":
+        now = f"success rate {state.history[subject][-1]:.0%}" if state.history.get(subject) else "success rate healthy"
+    else:
+        now = "products parsed again" if key.startswith("products:parsed:") else "rows in the products table again"
+    return f"{subject}: {RECOVERED}{now} (was: {reason.split(' (')[0]})"
+
+
+def _is_recovery(text: str) -> bool:
+    return text.split(": ", 1)[-1].startswith(RECOVERED)
+
+
 def alert_message(texts: list[str], held_since: str | None = None) -> str:
-    """One message for an evaluation's collapses: the line itself for one, a list for several.
+    """One message for an evaluation's collapses and recoveries: the line itself for one, a
+    list for several.
 
     ``held_since``: when the oldest of them was first refused by the webhook (UTC ISO 8601), if any.
     """
     if len(texts) == 1:
-        text = f"scrape_assets collapse: {texts[0]}"
+        text = f"scrape_assets: {texts[0]}" if _is_recovery(texts[0]) else f"scrape_assets collapse: {texts[0]}"
     else:
         more = len(texts) - MAX_LINES
-        text = (f"scrape_assets: {len(texts)} collapses\n" + "\n".join(f"- {t}" for t in texts[:MAX_LINES])
+        recovered = sum(map(_is_recovery, texts))
+        collapses = len(texts) - recovered
+        head = ", ".join(filter(None, [
+            f"{collapses} collapse{'' if collapses == 1 else 's'}" if collapses else "",
+            f"{recovered} {'recovery' if recovered == 1 else 'recoveries'}" if recovered else ""]))
+        text = (f"scrape_assets: {head}\n" + "\n".join(f"- {t}" for t in texts[:MAX_LINES])
                 + (f"\n- ... and {more} more" if more > 0 else ""))
     if held_since:
         text += f"\n(some held since {held_since}: the webhook refused them then; a collapse may have cleared since)"
@@ -140,12 +176,14 @@ def alert_message(texts: list[str], held_since: str | None = None) -> str:
 
 @dg.sensor(minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING)
 def success_rate_collapse_sensor(context: dg.SensorEvaluationContext, alerts: AlertsResource):
-    """Alert (log + webhook) when a category's or a run's success rate collapses."""
+    """Alert (log + webhook) when a category's or a run's success rate collapses, and once
+    when an alerted collapse has cleared (``<subject>: recovered: ...``)."""
     previous = json.loads(context.cursor) if context.cursor else {}
     unsent, held_since = list(previous.get("unsent", [])), previous.get("unsent_since")
     found, new_cursor = evaluate(context.instance, context.cursor)
     for text in found:
-        context.log.warning(f"collapse: {text}")
+        (context.log.info if _is_recovery(text) else context.log.warning)(
+            text if _is_recovery(text) else f"collapse: {text}")
     pending, sent = unsent + found, True  # oldest first: what is dropped below when too many are held
     if pending:
         shown = sorted(pending, key=_alert_order)

@@ -465,12 +465,14 @@ def run_daemon_check() -> int:
     age = daemon_heartbeat_age(os.environ, within_s=UI_DAEMON_SEEN_S)
     if age is None:
         return 0
-    port = _ui_port(os.environ)
-    print(f"scrape-assets: a Dagster daemon beat on the instance at {_ui_home(os.environ)} {age:.0f} s ago: another "
+    port, home = _ui_port(os.environ), shlex.quote(str(_ui_home(os.environ)))
+    # The commands name the instance and port: pasted into another shell they serve this one.
+    print(f"scrape-assets: a Dagster daemon beat on the instance at {home} {age:.0f} s ago: another "
           "`make ui` (dagster dev) or a dagster-daemon service runs on it, and `make ui` would start a second daemon "
           "(Dagster supports one per instance). Open the UI already serving it, or serve one without a daemon: "
-          f"`.venv/bin/dagster-webserver -w workspace.yaml -p {port}`. Stopped it just now? Its last beat stops "
-          f"counting in {max(UI_DAEMON_SEEN_S - age, 1):.0f} s; or `make ui UI_FORCE=1`.", file=sys.stderr)
+          f"`DAGSTER_HOME={home} .venv/bin/dagster-webserver -w workspace.yaml -p {port}`. Stopped it just now? Its "
+          f"last beat stops counting in {max(UI_DAEMON_SEEN_S - age, 1):.0f} s; or "
+          f"`make ui UI_FORCE=1 UI_PORT={port} DAGSTER_HOME={home}`.", file=sys.stderr)
     return 1
 
 

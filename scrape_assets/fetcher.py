@@ -326,6 +326,8 @@ class PageFetcher:
         rng: jitter source; a fresh unseeded ``random.Random`` when ``None``.
         clock: monotonic clock in seconds, for ``elapsed_ms`` and a new limiter's pauses.
         limiter: per-host limits; a new ``HostLimiter`` from the policy when ``None``.
+        warn: where the warning of a host's pause goes (``raw_pages``: the run's log);
+            default this module's logger.
         robots: robots.txt cache; when ``None`` a new ``RobotsCache`` sharing ``limiter``,
             ``robots_sleep``, ``rng`` and the policy's deadline, ``max_attempts`` and backoff.
     """
@@ -341,12 +343,14 @@ class PageFetcher:
         limiter: HostLimiter | None = None,
         robots: RobotsCache | None = None,
         robots_sleep: Callable[[float], Awaitable[Any]] | None = None,
+        warn: Callable[[str], Any] | None = None,
     ):
         self.client = client
         self.policy = policy
         self._sleep = sleep
         self._rng = rng if rng is not None else random.Random()
         self._clock = clock
+        self._warn = warn or logger.warning
         self.limiter = limiter or HostLimiter(policy.requests_per_second, policy.max_concurrency,
                                               sleep=robots_sleep or sleep, clock=clock)
         self.robots = robots or RobotsCache(
@@ -596,8 +600,8 @@ class PageFetcher:
     def _pause_host(self, target: httpx.URL, status: int, retry_after_s: float) -> None:
         seconds = min(retry_after_s, self.policy.retry_after_max_s)
         if self.limiter.pause(target.host, seconds):
-            logger.warning("%s answered %d with Retry-After: no request to %s for %.1f s (if this keeps happening, "
-                           "lower the spec's politeness.requests_per_second)", target, status, target.host, seconds)
+            self._warn(f"{target} answered {status} (Retry-After {retry_after_s:g} s): no request to {target.host} for "
+                       f"{seconds:.1f} s (if this keeps happening, lower the spec's politeness.requests_per_second)")
 
     def _unsupported_codings(self, content_encoding: str) -> list[str]:
         """The compressions in a ``Content-Encoding`` value that the client's ``Accept-Encoding``

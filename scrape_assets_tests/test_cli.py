@@ -860,7 +860,9 @@ def test_with_a_daemon_running_on_the_instance_the_ui_line_does_not_suggest_make
         done = subprocess.run([str(cli), "daemon-check"], capture_output=True, text=True, timeout=120,
                               env={**os.environ, "UI_PORT": "18391"})
         assert done.returncode == 1 and f"scrape-assets: a Dagster daemon beat on the instance at {home} " in done.stderr
-        assert "`.venv/bin/dagster-webserver -w workspace.yaml -p 18391`" in done.stderr
+        # its commands name the instance and the port: pasted into another shell, they serve this one
+        assert f"`DAGSTER_HOME={home} .venv/bin/dagster-webserver -w workspace.yaml -p 18391`" in done.stderr
+        assert f"`make ui UI_FORCE=1 UI_PORT=18391 DAGSTER_HOME={home}`" in done.stderr
         assert line.endswith(" s ago (a dagster-daemon service, or `make ui` already open) and `make ui` would start a "
                              "second one; open the UI already serving the instance, or serve one without a daemon: "
                              "`.venv/bin/dagster-webserver -w workspace.yaml` in the clone, in the runs' environment "

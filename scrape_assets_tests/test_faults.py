@@ -429,7 +429,14 @@ def test_a_retry_after_pauses_every_request_to_the_host_not_only_the_page(tmp_pa
         {"match": r"travel_2/index\.html$", **fault, "retry_after_s": 1, "retry_after_form": form, "first_n": 1}]})
     with fault_server(spec) as server:
         resources = make_resources(tmp_path, base_url=server.base_url, max_concurrency=1)
-        assert materialize(instance, resources, list(CATEGORIES), raise_on_error=False).success
+        result = materialize(instance, resources, list(CATEGORIES), raise_on_error=False)
+        assert result.success
+    # said in the run's log (the UI's), not only on the step's stderr
+    warned = [e.user_message for e in instance.all_logs(result.run_id) if "): no request to" in e.user_message]
+    assert len(warned) == 1 and re.fullmatch(
+        re.escape(f"{server.base_url}{page_path('travel', 1).lstrip('/')} answered {status} (Retry-After ")
+        + r"[12](\.\d+)? s\): no request to 127\.0\.0\.1 for [12]\.\d s "
+        + re.escape("(if this keeps happening, lower the spec's politeness.requests_per_second)"), warned[0]), warned
     log = server.fault_log
     (refused,) = [e for e in log if e.status == status]
     later = [e for e in log if e.at_s > refused.answered_s]

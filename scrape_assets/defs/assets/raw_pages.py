@@ -225,7 +225,7 @@ async def crawl_partitions(
     # lock, which pages started in its place would wait for (a deadlock on resume).
     page_slots = PageSlots(slots_for(policy.max_concurrency))
     async with site.client() as client:
-        fetcher = PageFetcher(client, policy, sleep=page_slots.sleep, robots_sleep=asyncio.sleep)
+        fetcher = PageFetcher(client, policy, sleep=page_slots.sleep, robots_sleep=asyncio.sleep, warn=log.warning)
         progress = CrawlProgress(len(categories), log.info, warn=log.warning)
         # revalidate: sitemap: read once for every category, and only when some category has
         # saved pages to keep (a first run fetches everything anyway).

@@ -43,6 +43,9 @@ class CollapseState:
     #: Product-count keys (``products:<source>:<subject>``) once seen above zero: a zero
     #: there "fell"; a subject never seen with products has "none so far".
     nonzero: set[str] = field(default_factory=set)
+    #: Collapses (key -> reason) a healthy observation cleared since this state was made or
+    #: loaded; not kept in the cursor (the sensor says each recovery once, then forgets it).
+    cleared: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"history": self.history, "collapsed": self.collapsed, "nonzero": sorted(self.nonzero)}
@@ -93,7 +96,8 @@ def observe_products(state: CollapseState, subject: str, products: int, source: 
 
 def _transition(state: CollapseState, key: str, reason: str | None, subject: str) -> str | None:
     if reason is None:
-        state.collapsed.pop(key, None)
+        if (was := state.collapsed.pop(key, None)) is not None:
+            state.cleared[key] = was
         return None
     if key in state.collapsed:
         return None  # still collapsed: already alerted

@@ -91,14 +91,8 @@ def evaluate(instance, cursor: str | None, rules: CollapseRules = RULES) -> tupl
                 metadata = {k: v.value for k, v in record.asset_materialization.metadata.items()}
                 events.append((record.storage_id, record.run_id, asset, metadata))
 
-    alerts: list[str] = []
-    open_at_start, opened = dict(state.collapsed), {}  # collapses alerted before, and during this evaluation
+    alerts: list[str | None] = []
     seen: set[tuple[str, str, str]] = set()  # events recorded before per-partition tables repeat the run's table
-
-    def observed(alert: str | None, before: dict) -> None:
-        alerts.append(alert)
-        opened.update({key: reason for key, reason in state.collapsed.items() if key not in before})
-
     for _, run_id, asset, metadata in sorted(events, key=lambda e: e[0]):
         field = "rows_by_category" if asset == "products_table" else "by_category"
         table = metadata.get(field) or {}
@@ -106,20 +100,17 @@ def evaluate(instance, cursor: str | None, rules: CollapseRules = RULES) -> tupl
             if (asset, run_id, category) in seen:
                 continue
             seen.add((asset, run_id, category))
-            before = dict(state.collapsed)
             if asset == "raw_pages":
-                observed(observe_rate(state, category, float(value["success_rate"]), rules), before)
+                alerts.append(observe_rate(state, category, float(value["success_rate"]), rules))
             else:
                 count = value["products"] if isinstance(value, dict) else int(value)
                 source = "loaded" if asset == "products_table" else "parsed"
-                observed(observe_products(state, category, count, source), before)
+                alerts.append(observe_products(state, category, count, source))
         if asset == "raw_pages" and metadata.get("categories", len(table)) > 1 and run_id not in runs_observed:
             runs_observed.append(run_id)
-            before = dict(state.collapsed)
-            observed(observe_rate(state, RUN_SUBJECT, float(metadata["success_rate"]), rules), before)
+            alerts.append(observe_rate(state, RUN_SUBJECT, float(metadata["success_rate"]), rules))
     # What was alerted (before, or in this evaluation) and is healthy now says so once.
-    alerts += [recovery_text(state, key, reason) for key, reason in {**open_at_start, **opened}.items()
-               if key not in state.collapsed]
+    alerts += [recovery_text(state, key, reason) for key, reason in state.cleared.items() if key not in state.collapsed]
     alerts = [a for a in alerts if a]
     if catching_up:  # replaying the history: once it is all read, alert only what is still collapsed
         # Keys are "rate:{subject}" or "products:{source}:{subject}"; subjects have no ":".

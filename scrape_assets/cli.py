@@ -742,17 +742,14 @@ def run_demo(new_snapshot: bool = False, min_success_rate: float | None = None) 
 
 def run_failure_reason(instance, result) -> str:
     """Why the in-process run ``result`` failed, in one line: the run-failure alert's text
-    (:func:`scrape_assets.defs.sensors.run_failure_text`): the schema check's failing categories
-    and their reasons, else each failed step's error."""
+    (:func:`scrape_assets.defs.sensors.run_failure_message`): the schema check's failing
+    categories and their reasons, else each failed step's error."""
     import dagster as dg
 
-    from scrape_assets.defs.sensors import run_failure_text, schema_check_failures, step_failure_reasons
+    from scrape_assets.defs.sensors import run_failure_message
 
     failure = next((e for e in result.all_events if e.event_type == dg.DagsterEventType.RUN_FAILURE), None)
-    return run_failure_text(failure.message if failure else None,
-                            getattr(failure.event_specific_data, "error", None) if failure else None,
-                            step_failure_reasons(result.get_step_failure_events()),
-                            schema_check_failures(instance, result.run_id))
+    return run_failure_message(instance, result.run_id, failure, result.get_step_failure_events())
 
 
 def _load_held_back(defs, instance, run_id: str, resources: dict, keys: list[str]) -> str | None:

@@ -473,8 +473,8 @@ class Warehouse:
     def carried_forward(self) -> dict[str, tuple[int, str]]:
         """``{category: (rows, oldest fetched_at)}`` of the ``products`` rows not seen in the
         snapshot last loaded for their category (carried forward from pages that failed since,
-        or for cards rejected since: see :meth:`load_products`); categories with none are left out. Reads only: a warehouse
-        without ``partition_loads`` (older than it) has none to tell.
+        or for cards rejected since: see :meth:`load_products`); categories with none are left
+        out. Reads only: a warehouse without ``partition_loads`` (older than it) has none to tell.
         """
         p, loads = products, partition_loads
         query = (

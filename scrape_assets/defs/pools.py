@@ -4,13 +4,13 @@ With object storage on a local disk, ``raw_pages`` keeps runs apart with a host 
 (:func:`scrape_assets.locks.host_lock`), which the kernel releases when a run is killed.
 With remote storage (S3) there is no flock, so ``raw_pages`` runs in the Dagster pool
 ``scrape-host-<host>`` (``<host>:<port>`` when the URL names a port) instead: with
-``dagster.yaml``'s ``concurrency.pools.default_limit: 1`` (op granularity), at most one ``raw_pages`` step fetches from a host at any time
-across all runs of the instance ("blocked by concurrency limit" in the UI). Limit: a run
-killed with SIGKILL keeps its slot while it is "started"; once it is marked failed or
-terminated, the daemon frees the slot a minute later (``run_monitoring:
-free_slots_after_run_end_seconds`` in ``dagster.yaml``), or free it from the run's page
-in the UI ("Free concurrency slots"), or with ``scrape-assets fail-run RUN_ID``. The flock
-needs none of this.
+``dagster.yaml``'s ``concurrency.pools.default_limit: 1`` (op granularity), at most one
+``raw_pages`` step fetches from a host at any time across all runs of the instance
+("blocked by concurrency limit" in the UI). Limit: a run killed with SIGKILL keeps its
+slot while it is "started"; once it is marked failed or terminated, the daemon frees the
+slot a minute later (``run_monitoring: free_slots_after_run_end_seconds`` in
+``dagster.yaml``), or free it from the run's page in the UI ("Free concurrency slots"), or
+with ``scrape-assets fail-run RUN_ID``. The flock needs none of this.
 """
 
 from urllib.parse import urlsplit

@@ -246,9 +246,8 @@ def run_failure_alert_sensor(context: dg.RunFailureSensorContext, alerts: Alerts
     if (said or "").strip() == _FAILED_FROM_OUTSIDE and (died := run_process_death(context.instance, run.run_id)):
         # Dagster's generic words when its code server found the process gone: say how it died.
         said = f"{died}; re-execute it from failure (raw_pages resumes its snapshots in flight)"
-    message = run_failure_text(
-        said, getattr(context.failure_event.event_specific_data, "error", None),
-        step_failure_reasons(context.get_step_failure_events()), schema_check_failures(context.instance, run.run_id))
+    message = run_failure_message(context.instance, run.run_id, context.failure_event,
+                                  context.get_step_failure_events(), said=said)
     send_alert(
         f"scrape_assets run {run.run_id[:8]} of {run.job_name} failed: {message}",
         webhook_url=alerts.webhook_url,
@@ -287,6 +286,17 @@ def needs_no_alert(instance: dg.DagsterInstance, run_id: str, failure: dg.Dagste
     return None
 
 
+def run_failure_message(instance, run_id: str, failure, step_failures, said: str | None = None) -> str:
+    """Why run ``run_id`` failed, in one line (:func:`run_failure_text`), from its RUN_FAILURE
+    event ``failure`` (None: none found), its STEP_FAILURE events and its schema check's
+    evaluations on ``instance``; ``said`` stands for the failure event's message when given.
+    The run-failure alert's text, and ``scrape-assets demo``'s for its own run."""
+    return run_failure_text(
+        said if said is not None else getattr(failure, "message", None),
+        getattr(getattr(failure, "event_specific_data", None), "error", None),
+        step_failure_reasons(step_failures), schema_check_failures(instance, run_id))
+
+
 def run_failure_text(said: str | None, error, reasons: list[str], why: dict[str, str]) -> str:
     """Why a run failed, in one line: its own reason, then the schema check's failing
     categories or each failed step's reason, else the run's error.
@@ -319,7 +329,8 @@ def _schema_failures(why: dict[str, str], groups_shown: int = 3, names_shown: in
     reasons: ``travel, mystery, classics, romance, fiction and 7 more (travel's: why)``. At
     most ``groups_shown`` entries; the rest are counted."""
     groups: dict[str, list[str]] = {}
-    for category, text in why.items():  # alike: the same text once page lists ("page 1", "pages 1, 2, ...") and counts go
+    # Alike: the same text once page lists ("page 1", "pages 1, 2, ...") and counts are masked.
+    for category, text in why.items():
         groups.setdefault(re.sub(r"\d+", "#", re.sub(r"\bpages? \d[\d, .]*", "pages", text)), []).append(category)
     entries = []
     for names in list(groups.values())[:groups_shown]:

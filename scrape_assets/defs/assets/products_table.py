@@ -78,7 +78,7 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
             history_snapshot_id=state.latest_snapshot_id,
             # Nothing to carry when the snapshot saw every page (the usual case): no rows are read back.
             carry_unseen=manifest is not None and not manifest.sees_every_page,
-            carry_ids=rejected if manifest is not None else (),  # a card that no longer parses keeps its row
+            carry_ids=rejected,  # a card that no longer parses keeps its row
         )
         log.add(
             f"{category}: "
@@ -136,8 +136,7 @@ def history_day(state: ParseState) -> str:
     check_specs=[
         dg.AssetCheckSpec(ROWS_CHECK, asset="products_table",
                           description="rows in table = rows parsed + rows carried forward (their page failed or card was "
-                                      "rejected); "
-                                      "no duplicate keys")
+                                      "rejected); no duplicate keys")
     ],
 )
 def products_table(

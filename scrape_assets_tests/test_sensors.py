@@ -67,12 +67,14 @@ def test_collapse_alerts_once_then_clears_on_recovery(tmp_path, instance, webhoo
     cursor, _ = _tick(instance, cursor, webhook_server.url)
     assert webhook_server.received[-1]["text"] == (
         "scrape_assets: travel: recovered: success rate 100% (was: success rate 0% is below the floor 90%)")
+    assert webhook_server.received[-1]["kind"] == "recovery"  # good news only: not a "collapse" to page on
     cursor, _ = _tick(instance, cursor, webhook_server.url)
     assert len(webhook_server.received) == 2
     assert materialize(instance, broken, ["travel"], selection=["raw_pages"]).success
     cursor, _ = _tick(instance, cursor, webhook_server.url)
     assert webhook_server.received[-1]["text"] == "scrape_assets collapse: travel: success rate 0% is below the floor 90%"
     assert webhook_server.received[-1]["alerts"] == ["travel: success rate 0% is below the floor 90%"]
+    assert webhook_server.received[-1]["kind"] == "collapse"
     assert len(webhook_server.received) == 3
     state = json.loads(cursor)["state"]
     assert set(state["collapsed"]) == {"rate:travel", "rate:mystery", "rate:whole run"}

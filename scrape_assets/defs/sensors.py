@@ -178,8 +178,10 @@ def success_rate_collapse_sensor(context: dg.SensorEvaluationContext, alerts: Al
     pending, sent = unsent + found, True  # oldest first: what is dropped below when too many are held
     if pending:
         shown = sorted(pending, key=_alert_order)
+        # "recovery" only when nothing in it collapsed: a consumer that pages on "collapse" is not woken by good news.
+        kind = "recovery" if all(map(_is_recovery, shown)) else "collapse"
         sent = send_alert(alert_message(shown, held_since if unsent else None), webhook_url=alerts.webhook_url,
-                          fields={"kind": "collapse", "alerts": shown})
+                          fields={"kind": kind, "alerts": shown})
     cursor = json.loads(new_cursor)
     if pending and not sent and alerts.webhook_url:  # refused or unreachable: try again next time
         if len(pending) > MAX_UNSENT:

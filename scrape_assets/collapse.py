@@ -46,6 +46,9 @@ class CollapseState:
     #: Collapses (key -> reason) a healthy observation cleared since this state was made or
     #: loaded; not kept in the cursor (the sensor says each recovery once, then forgets it).
     cleared: dict[str, str] = field(default_factory=dict)
+    #: The latest count of each product-count key observed since this state was made or
+    #: loaded (for a recovery's text); not kept in the cursor.
+    counts: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"history": self.history, "collapsed": self.collapsed, "nonzero": sorted(self.nonzero)}
@@ -84,6 +87,7 @@ def observe_products(state: CollapseState, subject: str, products: int, source: 
     what = "products parsed" if source == "parsed" else "rows in the products table"
     key = f"products:{source}:{subject}"
     reason = None
+    state.counts[key] = products
     if products > 0:
         state.nonzero.add(key)
     elif key in state.nonzero:

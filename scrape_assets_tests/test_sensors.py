@@ -197,6 +197,14 @@ def test_a_category_failing_day_after_day_alerts_once(tmp_path, instance, webhoo
         "travel: success rate 0% is below the floor 90%",
     ]
     assert Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").count(products, "travel") == 11  # carried forward
+    # The site is back: one message of recoveries, the products' with the count parsed now.
+    assert materialize(instance, make_resources(tmp_path), ["travel"]).success
+    cursor, _ = _tick(instance, cursor, webhook_server.url)
+    recovered = webhook_server.received[-1]
+    assert recovered["kind"] == "recovery" and sorted(recovered["alerts"]) == [
+        "travel: recovered: 11 products parsed again (was: products parsed fell to zero)",
+        "travel: recovered: success rate 100% (was: success rate 0% is below the floor 90%)",
+    ]
 
 
 def test_alerts_the_webhook_refused_are_sent_with_the_next_evaluation(tmp_path, instance, webhook_server):

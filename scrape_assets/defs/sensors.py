@@ -24,6 +24,7 @@ import dagster as dg
 
 from scrape_assets.alerts import send_alert
 from scrape_assets.collapse import CollapseRules, CollapseState, observe_products, observe_rate
+from scrape_assets.counts import counted
 from scrape_assets.defs.assets.parsed_products import SCHEMA_CHECK
 from scrape_assets.defs.jobs import QUEUE_TAG, category_partitions, load_job, partition_range_tags, queue_tags
 from scrape_assets.defs.resources import AlertsResource, ObjectStoreResource, SiteResource
@@ -135,7 +136,11 @@ def recovery_text(state, key: str, reason: str) -> str:
     if kind == "rate":
         now = f"success rate {state.history[subject][-1]:.0%}" if state.history.get(subject) else "success rate healthy"
     else:
-        now = "products parsed again" if key.startswith("products:parsed:") else "rows in the products table again"
+        count = state.counts.get(key)
+        parsed = key.startswith("products:parsed:")
+        now = (("products parsed again" if parsed else "rows in the products table again") if count is None
+               else f"{counted(count, 'product')} parsed again" if parsed
+               else f"{counted(count, 'row')} in the products table again")
     return f"{subject}: {RECOVERED}{now} (was: {reason.split(' (')[0]})"
 
 

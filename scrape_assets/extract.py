@@ -4,7 +4,8 @@
 partition and saves the result next to it as ``parsed.json`` (:func:`save_parsed`). The
 partition's *parse state* (``{site}/{category}/parse_state.json``) then records which
 snapshot's ``parsed.json`` is current and its *input version* (the snapshot's data
-version plus :data:`PARSER_VERSION`). ``products_table`` and ``dead_letters`` read the
+version plus the parser's code version: :data:`PARSER_VERSION` and the spec's parsing
+rules, :func:`parser_code_version`). ``products_table`` and ``dead_letters`` read the
 current rows with :func:`load_current`. When a new snapshot has the same input version
 (every page unchanged, same parser), nothing is re-parsed: the state keeps pointing at
 the earlier ``parsed.json``. Because only saved pages are read, a backfill after a parser
@@ -26,7 +27,8 @@ from scrape_assets.parsing import parse_listing
 from scrape_assets.spec import SiteSpec
 from scrape_assets.storage import ObjectStore
 
-#: Bump when the parsing rules change: it is the ``code_version`` of ``parsed_products``.
+#: Bump when the parsing rules change: with the spec's rules, it is the ``code_version`` of
+#: ``parsed_products`` (:func:`parser_code_version`).
 #: 3: cards beyond the warehouse's columns (scrape_assets/limits.py), product links that are
 #: no URL and prices not above zero are rejects (parse dead letters) instead of loaded or
 #: failing the step; a product listed twice keeps its first listing; a redirected page's
@@ -202,14 +204,29 @@ class ParseState:
     latest_completed_at: str | None = None
 
 
+def parse_rules_digest(spec: SiteSpec) -> str:
+    """12 hex digits of the SHA-256 of the spec's parsing rules: ``base_url``, ``currency``,
+    ``selectors``, ``pagination``, ``product_id`` (and ``decimal_mark`` when set). Politeness,
+    categories, incremental and validation settings do not count."""
+    rules = spec.model_dump_json(include={"base_url", "currency", "selectors", "pagination", "product_id"})
+    if spec.decimal_mark is not None:  # (unset, the digest is what it was before the field existed)
+        rules += f"|decimal_mark={spec.decimal_mark}"
+    return hashlib.sha256(rules.encode()).hexdigest()[:12]
+
+
+def parser_code_version(spec: SiteSpec) -> str:
+    """The parser as a whole, ``"<PARSER_VERSION>+spec<parse_rules_digest>"`` (e.g.
+    ``"6+spec1a2b3c4d5e6f"``): ``parsed_products``' Dagster ``code_version``, so a parser fix
+    and an edit of the spec's parsing rules alike mark it stale in the UI once the
+    definitions are reloaded."""
+    return f"{PARSER_VERSION}+spec{parse_rules_digest(spec)}"
+
+
 def input_version(manifest: Manifest, spec: SiteSpec) -> str:
     """What a parse depends on: the pages' content (data version), the parser's code
-    (:data:`PARSER_VERSION`) and the spec's parsing rules (selectors, ids, currency and its
-    decimal mark, base URL)."""
-    rules = spec.model_dump_json(include={"base_url", "currency", "selectors", "pagination", "product_id"})
-    if spec.decimal_mark is not None:  # (unset, the version is what it was before the field existed)
-        rules += f"|decimal_mark={spec.decimal_mark}"
-    return f"{manifest.data_version}+parser{PARSER_VERSION}+spec{hashlib.sha256(rules.encode()).hexdigest()[:12]}"
+    (:data:`PARSER_VERSION`) and the spec's parsing rules (:func:`parse_rules_digest`):
+    ``"<data version>+parser<parser_code_version>"``."""
+    return f"{manifest.data_version}+parser{parser_code_version(spec)}"
 
 
 def _state_key(site: str, category: str) -> str:

@@ -164,7 +164,10 @@ def test_parser_version_change_reparses_saved_pages_without_requests(tmp_path, i
     first = materialize(instance, res, ["travel"])
     assert first.success
     event = [e for e in first.get_asset_materialization_events() if e.asset_key.path[0] == "parsed_products"][0]
-    assert event.materialization.tags["dagster/code_version"] == extract.PARSER_VERSION
+    from scrape_assets.defs.partitions import site_spec
+
+    assert event.materialization.tags["dagster/code_version"] == extract.parser_code_version(site_spec)
+    assert event.materialization.tags["dagster/code_version"].startswith(f"{extract.PARSER_VERSION}+spec")
     requests = demo_server.request_count()
 
     unchanged = materialize(instance, res, ["travel"], selection=["parsed_products", "products_table"])
@@ -299,9 +302,46 @@ def test_first_page_revalidation_fetches_every_page_when_the_previous_snapshot_h
     assert md["pages_assumed_unchanged"].value == 0
 
 
+DEMO_SPEC = Path(__file__).resolve().parents[1] / "scrape_assets" / "sites" / "demo.yaml"
+
+
+def _code_version_when_loaded_with(spec_file: Path) -> str:
+    """``parsed_products``' code version in definitions loaded afresh with ``SCRAPE_SITE=spec_file``
+    (as the UI's "Reload definitions" or a new run's process loads them)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCRAPE_")} | {"SCRAPE_SITE": str(spec_file)}
+    code = ("from scrape_assets.defs.assets.parsed_products import parsed_products; "
+            "print(parsed_products.code_versions_by_key[parsed_products.key])")
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_an_edit_of_the_specs_parsing_rules_changes_the_parser_code_version(tmp_path):
+    """A selector edited in the spec is a parser change (the UI shows parsed_products stale
+    once the definitions are reloaded); a politeness edit is not."""
+    from scrape_assets.extract import PARSER_VERSION, parser_code_version
+    from scrape_assets.spec import load_spec
+
+    selector = tmp_path / "demo-selector.yaml"
+    selector.write_text(DEMO_SPEC.read_text().replace("availability: {css: p.availability}",
+                                                      "availability: {css: p.instock.availability}"))
+    polite = tmp_path / "demo-polite.yaml"
+    polite.write_text(DEMO_SPEC.read_text().replace("requests_per_second: 50.0", "requests_per_second: 5.0"))
+    demo = parser_code_version(load_spec("demo"))
+    assert demo.startswith(f"{PARSER_VERSION}+spec")
+    assert _code_version_when_loaded_with(DEMO_SPEC) == demo
+    edited = _code_version_when_loaded_with(selector)
+    assert edited == parser_code_version(load_spec(str(selector))) != demo
+    assert _code_version_when_loaded_with(polite) == demo
+
+
 def test_ui_staleness_follows_page_hashes_and_the_parser_code_version(tmp_path, instance, demo_server):
     """What the UI shows (Dagster's own stale-status resolver): an unchanged crawl keeps
-    downstream assets fresh; a parser code_version bump marks ``parsed_products`` stale."""
+    downstream assets fresh; a parser code_version change (a ``PARSER_VERSION`` bump, or an
+    edit of the spec's selectors) marks ``parsed_products`` stale."""
     from dagster._core.definitions.data_version import StaleCauseCategory, StaleStatus
     from dagster._utils.test.data_versions import get_stale_status_resolver
 
@@ -322,7 +362,12 @@ def test_ui_staleness_follows_page_hashes_and_the_parser_code_version(tmp_path, 
     assert status(graph, "parsed_products") == StaleStatus.FRESH
     assert status(graph, "products_table") == StaleStatus.FRESH
 
-    bumped = parsed_products.map_asset_specs(lambda spec: spec.replace_attributes(code_version="parser-fix"))
+    # The definitions reloaded after an edit of a selector in the spec.
+    edited_spec = tmp_path / "demo-edited.yaml"
+    edited_spec.write_text(DEMO_SPEC.read_text().replace("availability: {css: p.availability}",
+                                                         "availability: {css: p.instock.availability}"))
+    reloaded = _code_version_when_loaded_with(edited_spec)
+    bumped = parsed_products.map_asset_specs(lambda spec: spec.replace_attributes(code_version=reloaded))
     graph = [raw_pages, bumped, products_table, dead_letters]
     assert status(graph, "parsed_products") == StaleStatus.STALE
     causes = get_stale_status_resolver(instance, graph).get_stale_causes(dg.AssetKey("parsed_products"), "travel")

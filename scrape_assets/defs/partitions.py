@@ -14,7 +14,10 @@ def build_category_partitions(site: str) -> dg.StaticPartitionsDefinition:
     return dg.StaticPartitionsDefinition(list(load_spec(site).categories))
 
 
-category_partitions = build_category_partitions(load_settings().site)
+#: The spec the definitions are loaded with (``SCRAPE_SITE``): its categories are the partition
+#: keys, its parsing rules part of ``parsed_products``' code version.
+site_spec = load_spec(load_settings().site)
+category_partitions = dg.StaticPartitionsDefinition(list(site_spec.categories))
 _told_ephemeral: set[str] = set()  # runs already warned that their instance is temporary (once per run)
 #: The folder prefix of the instance Dagster's CLI makes in the current folder when DAGSTER_HOME
 #: is unset (dagster._cli.utils.TMP_DAGSTER_HOME_PREFIX; pinned Dagster, tested by a CLI run).

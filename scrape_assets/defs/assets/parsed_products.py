@@ -6,9 +6,9 @@ import pydantic
 from scrape_assets.batched_log import BatchedLog
 from scrape_assets.counts import counted
 from scrape_assets.defs.assets.partition_metadata import add_per_category
-from scrape_assets.defs.partitions import category_partitions, run_categories
+from scrape_assets.defs.partitions import category_partitions, run_categories, site_spec
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
-from scrape_assets.extract import PARSER_VERSION
+from scrape_assets.extract import PARSER_VERSION, parser_code_version
 from scrape_assets.validation_report import ValidationReport, describe_failures, merge_reports
 
 SCHEMA_CHECK = "parsed_products_match_schema"
@@ -27,7 +27,8 @@ class ParsedProductsConfig(dg.Config):
     deps=["raw_pages"],
     partitions_def=category_partitions,
     backfill_policy=dg.BackfillPolicy.single_run(),
-    code_version=PARSER_VERSION,
+    # The parser and the spec's parsing rules: editing a selector marks it stale too (once reloaded).
+    code_version=parser_code_version(site_spec),
     group_name="scrape",
     kinds={"python", "pandas"},
     check_specs=[

@@ -202,6 +202,9 @@ class ParseState:
     #: when that latest snapshot was completed (UTC ISO 8601): its day is the price_history
     #: day (None in a state written before the field: the snapshot id's day)
     latest_completed_at: str | None = None
+    #: the spec's validation.max_rejected_share the verdict was given under (None in a state
+    #: written before the field): another share validates the saved rows again
+    max_rejected_share: float | None = None
 
 
 def parse_rules_digest(spec: SiteSpec) -> str:

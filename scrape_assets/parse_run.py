@@ -4,8 +4,10 @@
 
 * its input (the latest complete snapshot's pages + parser + rules, see
   :func:`~scrape_assets.extract.input_version`) is unchanged since a parse that passed the
-  schema: nothing is read, parsed or validated again;
-* it is unchanged but failed the schema last time: the saved rows are validated again;
+  schema under the spec's current ``validation.max_rejected_share``: nothing is read,
+  parsed or validated again;
+* it is unchanged but failed the schema last time, or was judged under another share: the
+  saved rows are validated again;
 * otherwise its saved pages are parsed, the rows encoded and validated in a **worker
   process**, and this process writes ``parsed.json`` and the parse state.
 
@@ -214,20 +216,27 @@ def _standing_for(manifest: Manifest) -> dict:
 
 def _reuse(store: ObjectStore, spec: SiteSpec, category: str, manifest: Manifest, version: str,
            state: ParseState) -> PartitionParse:
-    """Same input as the current parse: keep its rows (validate again only if they failed)."""
+    """Same input as the current parse: keep its rows, validated again when they failed or
+    the spec's ``validation.max_rejected_share`` is not the one they were judged under
+    (raised or lowered alike)."""
+    share = spec.validation.max_rejected_share
+    same_share = state.max_rejected_share == share
     figures = {"snapshot_id": manifest.snapshot_id, "parsed_snapshot_id": state.snapshot_id, "pages_parsed": 0,
-               "products": state.products, "rejects": state.rejects, "unchanged": state.validated}
-    if state.validated:
+               "products": state.products, "rejects": state.rejects, "unchanged": True,
+               "validated_again": not (state.validated and same_share)}
+    if not figures["validated_again"]:
         save_parse_state(store, spec.name, category, replace(state, **_standing_for(manifest)))
         return PartitionParse(category, figures, None,
                               f"{category}: unchanged since snapshot {state.snapshot_id}: 0 pages re-parsed")
     parsed, _ = load_current(store, spec.name, category)
     report = _validate(parsed, spec)
     save_parse_state(store, spec.name, category,
-                     replace(state, **_standing_for(manifest), validated=report.passed))
+                     replace(state, **_standing_for(manifest), validated=report.passed, max_rejected_share=share))
+    why = ("" if same_share or state.max_rejected_share is None
+           else f" under validation.max_rejected_share {share:g} (was {state.max_rejected_share:g})")
     return PartitionParse(category, figures, report, (
         f"{category}: unchanged since snapshot {state.snapshot_id}: 0 pages re-parsed; its "
-        f"{counted(state.products, 'product')} and {counted(state.rejects, 'rejected card')} validated again "
+        f"{counted(state.products, 'product')} and {counted(state.rejects, 'rejected card')} validated again{why} "
         f"(schema {'passed' if report.passed else 'FAILED'})"))
 
 
@@ -242,11 +251,12 @@ def _save(store: ObjectStore, spec: SiteSpec, category: str, manifest: Manifest,
     save_parse_state(
         store, spec.name, category,
         ParseState(snapshot_id=encoded.snapshot_id, input_version=version, **_standing_for(manifest),
-                   validated=encoded.report.passed, products=encoded.products, rejects=encoded.rejects),
+                   validated=encoded.report.passed, products=encoded.products, rejects=encoded.rejects,
+                   max_rejected_share=spec.validation.max_rejected_share),
     )
     figures = {"snapshot_id": manifest.snapshot_id, "parsed_snapshot_id": encoded.snapshot_id,
                "pages_parsed": encoded.pages, "products": encoded.products, "rejects": encoded.rejects,
-               "unchanged": False}
+               "unchanged": False, "validated_again": False}
     return PartitionParse(category, figures, encoded.report, _line(category, encoded.products, encoded.pages,
                                                                    encoded.snapshot_id, encoded.rejects, encoded.report))
 

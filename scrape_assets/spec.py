@@ -255,9 +255,8 @@ class Validation(_Strict):
 
     ``max_rejected_share``: the share of a partition's product cards that may be rejected
     (a field unreadable) before the check fails (and more than 2 cards); raise it for a
-    site where some cards legitimately lack a price or rating. Changing it re-validates
-    the partitions that failed at the next run; ones that passed are checked again when
-    their pages change.
+    site where some cards legitimately lack a price or rating. Changing it (up or down)
+    validates every partition's saved rows again at the next run, without parsing.
     """
 
     max_rejected_share: float = Field(default=DEFAULT_MAX_REJECTED_SHARE, allow_inf_nan=False)

@@ -241,12 +241,31 @@ def test_a_selector_that_stops_matching_some_cards_blocks_the_load(tmp_path, ins
     assert run_metadata(result)["parsed_products"]["pages_parsed"] == 0
     lines = [e.user_message for e in instance.all_logs(result.run_id) if "validated again" in e.user_message]
     assert any(re.search(r"  mystery: unchanged since snapshot \S+: 0 pages re-parsed; its \d+ products and \d+ "
-                         r"rejected cards? validated again \(schema passed\)", line) for line in lines), lines
+                         r"rejected cards? validated again under validation.max_rejected_share 0.5 \(was 0.05\) "
+                         r"\(schema passed\)", line) for line in lines), lines
+    assert any("2 categories unchanged (2 of them validated again)" in line for line in lines), lines
     # The five-star products are still listed, their cards rejected: their earlier rows stay,
     # carried forward (older snapshot_id), as for a page that failed.
     table = run_metadata(result)["products_table"]
     assert 0 < table["rows_carried_forward"] == len(before) - table["rows_loaded"]
     assert {r[:2] for r in _table(tmp_path)} == {r[:2] for r in before}
+    loaded = _table(tmp_path)
+
+    # Lowered back to the default: the same saved rows are judged again (not left passed
+    # under the old share until their pages change), fail, and the table stays as it was.
+    del spec["validation"]
+    Path(partial["site"].site).write_text(yaml.safe_dump(spec))
+    result = materialize(instance, partial, ["travel", "mystery"], selection=["parsed_products", "products_table"],
+                         raise_on_error=False)
+    check = {c.check_name: c for c in result.get_asset_check_evaluations()}["parsed_products_match_schema"]
+    assert check.passed is False and check.metadata["rows_checked"].value > 0
+    assert {c["check"] for c in check.metadata["failure_cases"].value} == {"rejected_share"}
+    assert run_metadata(result)["parsed_products"]["pages_parsed"] == 0
+    assert any(re.search(r"  mystery: unchanged since snapshot \S+: 0 pages re-parsed; its \d+ products and \d+ rejected "
+                         r"cards? validated again under validation.max_rejected_share 0.05 \(was 0.5\) \(schema FAILED\)",
+                         e.user_message) for e in instance.all_logs(result.run_id)), "no re-validation line"
+    assert "products_table" not in {e.asset_key.path[0] for e in result.get_asset_materialization_events()}
+    assert _table(tmp_path) == loaded
 
 
 def test_a_second_site_cannot_load_into_the_first_sites_tables(tmp_path, instance):

@@ -76,12 +76,14 @@ def parsed_products(
                 if not result.report.passed:
                     why.append((result.category, describe_failures(result.report)))
             log.add(result.line)
-    totals = {key: sum(c[key] for c in per_category.values()) for key in ("products", "pages_parsed", "unchanged", "rejects")}
+    totals = {key: sum(c[key] for c in per_category.values())
+              for key in ("products", "pages_parsed", "unchanged", "validated_again", "rejects")}
     log.close(
         f"{counted(len(per_category), 'category')}: {counted(totals['pages_parsed'], 'page')} parsed"
         + (f" (up to {counted(workers, 'worker process')})" if totals["pages_parsed"] else "")
-        + f", {counted(totals['unchanged'], 'category')} unchanged, "
-        f"{counted(totals['products'], 'product')}, {counted(totals['rejects'], 'rejected card')}"
+        + f", {counted(totals['unchanged'], 'category')} unchanged"
+        + (f" ({totals['validated_again']} of them validated again)" if totals["validated_again"] else "")
+        + f", {counted(totals['products'], 'product')}, {counted(totals['rejects'], 'rejected card')}"
     )
 
     report = merge_reports(reports) if reports else ValidationReport(passed=True, failure_count=0)
@@ -98,7 +100,8 @@ def parsed_products(
             "failures_by_check": dg.MetadataValue.json(report.by_check),
             "failed_categories": dg.MetadataValue.json(dict(why)),
             "failure_cases": dg.MetadataValue.json(report.failure_cases),
-            "rows_checked": sum(c["products"] for c in per_category.values() if not c["unchanged"]),
+            "rows_checked": sum(c["products"] for c in per_category.values()
+                                if not c["unchanged"] or c["validated_again"]),
             "partitions_checked": len(reports),
         },
     )

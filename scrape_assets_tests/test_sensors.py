@@ -169,6 +169,29 @@ def test_a_collapse_that_clears_says_so_once(monkeypatch):
     assert sensors.evaluate(None, None)[0] == []  # the whole history replayed: travel is healthy now
 
 
+def test_a_category_removed_from_the_spec_is_not_alerted(monkeypatch):
+    """The first evaluation replays weeks of runs: a category taken out of the spec since,
+    collapsed in its last run, is forgotten, not alerted; one still in the spec is."""
+    from types import SimpleNamespace
+
+    from scrape_assets.defs import sensors
+
+    def records(instance, asset, cursor):
+        if asset != "raw_pages" or cursor:
+            return [], cursor
+        table = {"horror": {"success_rate": 0.0}, "travel": {"success_rate": 0.0}}
+        return [SimpleNamespace(storage_id=1, run_id="run-1", asset_materialization=SimpleNamespace(
+            metadata={"by_category": SimpleNamespace(value=table), "categories": SimpleNamespace(value=1),
+                      "success_rate": SimpleNamespace(value=0.0)}))], "1"
+
+    monkeypatch.setattr(sensors, "_new_records", records)
+    alerts, cursor = sensors.evaluate(None, None, categories={"travel", "mystery"})
+    assert alerts == ["travel: success rate 0% is below the floor 90%"]
+    assert list(json.loads(cursor)["state"]["collapsed"]) == ["rate:travel"]
+    assert sensors.evaluate(None, None)[0] == ["horror: success rate 0% is below the floor 90%",
+                                              "travel: success rate 0% is below the floor 90%"]  # no filter
+
+
 def test_products_falling_to_zero_alerts(tmp_path, instance, webhook_server):
     from scrape_assets_tests.test_pipeline import _broken_spec
 

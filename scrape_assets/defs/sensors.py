@@ -19,6 +19,7 @@ consecutive range of them.
 
 import json
 import re
+from collections.abc import Collection
 
 import dagster as dg
 
@@ -58,8 +59,13 @@ def _alert_order(text: str) -> tuple[bool, str, bool, str]:
     return (subject != RUN_SUBJECT, subject, _is_recovery(text), text)  # a subject's recovery after its collapse
 
 
-def evaluate(instance, cursor: str | None, rules: CollapseRules = RULES) -> tuple[list[str], str]:
+def evaluate(instance, cursor: str | None, rules: CollapseRules = RULES,
+             categories: Collection[str] | None = None) -> tuple[list[str], str]:
     """Alerts for materializations recorded since ``cursor``; returns ``(alerts, new_cursor)``.
+
+    ``categories``: the spec's categories (None: any). A collapse of a category the spec no
+    longer has is forgotten, never alerted (a first evaluation replaying weeks of runs would
+    otherwise alert the last state of a category removed since).
 
     Events of the three assets are replayed in the order they were recorded, so a recovery
     is never seen before the collapse it recovers from. Each partition's event carries its
@@ -113,6 +119,11 @@ def evaluate(instance, cursor: str | None, rules: CollapseRules = RULES) -> tupl
     # What was alerted (before, or in this evaluation) and is healthy now says so once.
     alerts += [recovery_text(state, key, reason) for key, reason in state.cleared.items() if key not in state.collapsed]
     alerts = [a for a in alerts if a]
+    if categories is not None:  # keys are "rate:{subject}" or "products:{source}:{subject}"; subjects have no ":"
+        gone = {k for k in state.collapsed if k.rsplit(":", 1)[1] not in categories and not k.endswith(f":{RUN_SUBJECT}")}
+        for key in gone:
+            state.collapsed.pop(key)
+        alerts = [a for a in alerts if a.split(":", 1)[0] in categories or a.split(":", 1)[0] == RUN_SUBJECT]
     if catching_up:  # replaying the history: once it is all read, alert only what is still collapsed
         # Keys are "rate:{subject}" or "products:{source}:{subject}"; subjects have no ":".
         alerts = [] if more else sorted((f"{key.rsplit(':', 1)[1]}: {reason}" for key, reason in state.collapsed.items()),
@@ -176,7 +187,8 @@ def success_rate_collapse_sensor(context: dg.SensorEvaluationContext, alerts: Al
     when an alerted collapse has cleared (``<subject>: recovered: ...``)."""
     previous = json.loads(context.cursor) if context.cursor else {}
     unsent, held_since = list(previous.get("unsent", [])), previous.get("unsent_since")
-    found, new_cursor = evaluate(context.instance, context.cursor)
+    found, new_cursor = evaluate(context.instance, context.cursor,
+                                 categories=set(category_partitions.get_partition_keys()))
     for text in found:
         (context.log.info if _is_recovery(text) else context.log.warning)(
             text if _is_recovery(text) else f"collapse: {text}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from decimal import Decimal
 
 import orjson
@@ -207,6 +207,9 @@ class ParseState:
     max_rejected_share: float | None = None
 
 
+_PARSE_STATE_FIELDS = frozenset(f.name for f in fields(ParseState))
+
+
 def parse_rules_digest(spec: SiteSpec) -> str:
     """12 hex digits of the SHA-256 of the spec's parsing rules: ``base_url``, ``currency``,
     ``selectors``, ``pagination``, ``product_id`` (and ``decimal_mark`` when set). Politeness,
@@ -249,8 +252,11 @@ def load_parse_state(store: ObjectStore, site: str, category: str) -> ParseState
     except FileNotFoundError:
         return None
     try:
-        return ParseState(**json.loads(raw))
-    except (ValueError, TypeError) as exc:  # torn by hand, or another program's file
+        data = json.loads(raw)
+        # Keys a later version adds are ignored (a rollback keeps reading its states); a
+        # missing required one, or no JSON object at all, is an unreadable state.
+        return ParseState(**{k: v for k, v in data.items() if k in _PARSE_STATE_FIELDS})
+    except (ValueError, TypeError, AttributeError) as exc:  # torn by hand, or another program's file
         raise ManifestError(f"{store.describe()}/{key}", f"unreadable parse state ({exc}); it is derived from the "
                             "saved pages: delete it, and the next parsed_products run parses this category again") from None
 

@@ -232,7 +232,10 @@ def _reuse(store: ObjectStore, spec: SiteSpec, category: str, manifest: Manifest
     report = _validate(parsed, spec)
     save_parse_state(store, spec.name, category,
                      replace(state, **_standing_for(manifest), validated=report.passed, max_rejected_share=share))
-    why = ("" if same_share or state.max_rejected_share is None
+    why = ("" if same_share else
+           f" under validation.max_rejected_share {share:g} (its state recorded none: once after upgrading)"
+           if state.max_rejected_share is None and state.validated
+           else "" if state.max_rejected_share is None
            else f" under validation.max_rejected_share {share:g} (was {state.max_rejected_share:g})")
     return PartitionParse(category, figures, report, (
         f"{category}: unchanged since snapshot {state.snapshot_id}: 0 pages re-parsed; its "

@@ -256,7 +256,8 @@ class Validation(_Strict):
     ``max_rejected_share``: the share of a partition's product cards that may be rejected
     (a field unreadable) before the check fails (and more than 2 cards); raise it for a
     site where some cards legitimately lack a price or rating. Changing it (up or down)
-    validates every partition's saved rows again at the next run, without parsing.
+    validates each partition's saved rows again at its next parse run, without parsing
+    (a partition whose pages changed is parsed and validated anyway).
     """
 
     max_rejected_share: float = Field(default=DEFAULT_MAX_REJECTED_SHARE, allow_inf_nan=False)

@@ -283,3 +283,25 @@ def test_reason_kinds_blank_quoted_values_and_numbers_only():
     assert common_reasons(reasons) == {"rating: no element matches 'p.star'": 2,
                                        "price: no number in 'N/A' (expected an amount such as '£51.77')": 2}
     assert common_reasons(reasons, limit=1) == {"rating: no element matches 'p.star'": 2}
+
+
+def test_a_state_from_before_the_share_was_recorded_is_validated_again_once(crawled, tmp_path):
+    """A parse state written before it recorded validation.max_rejected_share: its verdict's
+    share is unknown, so the saved rows are validated again (no parse), once; a key a later
+    version adds is ignored on reading (a rollback keeps its states)."""
+    store = _copy(crawled, tmp_path, "objects")
+    [first] = parse_run.parse_partitions(store, SPEC, ["travel"])
+    assert first.figures["pages_parsed"] == 1
+    assert load_parse_state(store, "demo", "travel").max_rejected_share == SPEC.validation.max_rejected_share
+    key = "demo/travel/parse_state.json"
+    old = {k: v for k, v in json.loads(store.read_bytes(key)).items() if k != "max_rejected_share"}
+    store.write_bytes_atomic(key, json.dumps({**old, "added_by_a_later_version": 1}).encode())
+
+    [again] = parse_run.parse_partitions(store, SPEC, ["travel"])
+    assert again.figures["pages_parsed"] == 0 and again.figures["unchanged"] and again.figures["validated_again"]
+    assert again.report.passed
+    assert again.line.endswith("validated again under validation.max_rejected_share 0.05 (its state recorded none: "
+                               "once after upgrading) (schema passed)")
+    assert load_parse_state(store, "demo", "travel").max_rejected_share == 0.05
+    [third] = parse_run.parse_partitions(store, SPEC, ["travel"])
+    assert third.report is None and not third.figures["validated_again"]

@@ -6,6 +6,7 @@ import json
 import shutil
 from collections import Counter
 from datetime import datetime, timezone
+from types import SimpleNamespace
 
 import dagster as dg
 
@@ -190,6 +191,65 @@ def test_a_category_removed_from_the_spec_is_not_alerted(monkeypatch):
     assert list(json.loads(cursor)["state"]["collapsed"]) == ["rate:travel"]
     assert sensors.evaluate(None, None)[0] == ["horror: success rate 0% is below the floor 90%",
                                               "travel: success rate 0% is below the floor 90%"]  # no filter
+
+    # Later evaluations alike: a new run of a category outside the spec (and a whole run's) is read.
+    def later(instance, asset, cursor):
+        if asset != "raw_pages" or cursor != "1":
+            return [], cursor
+        table = {"horror": {"success_rate": 0.0}, "mystery": {"success_rate": 0.0}}
+        return [SimpleNamespace(storage_id=2, run_id="run-2", asset_materialization=SimpleNamespace(
+            metadata={"by_category": SimpleNamespace(value=table), "categories": SimpleNamespace(value=2),
+                      "success_rate": SimpleNamespace(value=0.0)}))], "2"
+
+    monkeypatch.setattr(sensors, "_new_records", later)
+    alerts, cursor = sensors.evaluate(None, cursor, categories={"travel", "mystery"})
+    assert sorted(alerts) == ["mystery: success rate 0% is below the floor 90%",
+                              "whole run: success rate 0% is below the floor 90%"]
+    assert sorted(json.loads(cursor)["state"]["collapsed"]) == ["rate:mystery", "rate:travel", "rate:whole run"]
+
+
+def test_the_collapse_sensor_reads_the_specs_categories_at_each_tick(tmp_path, monkeypatch, caplog):
+    """A category added to the spec after the code location loaded is not forgotten; a spec
+    that cannot be read now falls back to the partition keys of when it loaded, with a warning."""
+    from scrape_assets.defs import sensors
+    from scrape_assets.defs.partitions import category_partitions
+
+    spec = tmp_path / "demo.yaml"
+    spec.write_text((REPO_ROOT / "scrape_assets" / "sites" / "demo.yaml").read_text().replace(
+        "categories:\n", "categories:\n  brand-new: catalogue/category/books/brand-new_99/index.html\n", 1))
+    monkeypatch.setenv("SCRAPE_SITE", str(spec))
+    assert "brand-new" in sensors._spec_categories()
+    assert "brand-new" not in category_partitions.get_partition_keys()
+    spec.write_text("name: [not a spec")
+    warnings = []
+    assert sensors._spec_categories(SimpleNamespace(warning=warnings.append)) == category_partitions.get_partition_keys()
+    assert len(warnings) == 1 and warnings[0].startswith("spec unreadable now (")
+
+
+def test_a_message_with_a_collapse_and_a_recovery_is_kind_collapse(instance, webhook_server, monkeypatch):
+    """One collapse among recoveries keeps the message "collapse" (a consumer paging on it
+    must not sleep through it); recoveries alone are "recovery"."""
+    from scrape_assets.defs import sensors
+
+    rates = []  # per evaluation: {category: success rate}
+
+    def records(instance_, asset, cursor):
+        start = int(cursor or 0)
+        if asset != "raw_pages" or start >= len(rates):
+            return [], cursor
+        return [SimpleNamespace(storage_id=n + 1, run_id=f"run-{n}", asset_materialization=SimpleNamespace(
+            metadata={"by_category": SimpleNamespace(value={c: {"success_rate": r} for c, r in table.items()}),
+                      "categories": SimpleNamespace(value=1), "success_rate": SimpleNamespace(value=0.0)}))
+            for n, table in enumerate(rates) if n >= start], str(len(rates))
+
+    monkeypatch.setattr(sensors, "_new_records", records)
+    cursor, _ = _tick(instance, None, webhook_server.url)  # nothing recorded yet
+    for table in ({"travel": 0.0}, {"travel": 1.0, "mystery": 0.0}, {"mystery": 1.0}):
+        rates.append(table)
+        cursor, _ = _tick(instance, cursor, webhook_server.url)
+    assert [(m["kind"], len(m["alerts"])) for m in webhook_server.received] == [
+        ("collapse", 1), ("collapse", 2), ("recovery", 1)]
+    assert webhook_server.received[1]["text"].startswith("scrape_assets: 1 collapse, 1 recovery\n")
 
 
 def test_products_falling_to_zero_alerts(tmp_path, instance, webhook_server):

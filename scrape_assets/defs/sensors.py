@@ -31,6 +31,8 @@ from scrape_assets.defs.jobs import QUEUE_TAG, category_partitions, load_job, pa
 from scrape_assets.defs.resources import AlertsResource, ObjectStoreResource, SiteResource
 from scrape_assets.extract import load_parse_state
 from scrape_assets.manifest import utc_now_iso
+from scrape_assets.settings import load_settings
+from scrape_assets.spec import load_spec
 
 RULES = CollapseRules()
 BATCH = 200
@@ -46,6 +48,18 @@ MAX_LINES = 30
 RUN_SUBJECT = "whole run"
 #: The collapse sensor's cursor format: 2 since the run's subject is RUN_SUBJECT.
 CURSOR_FORMAT = 2
+
+
+def _spec_categories(log=None) -> list[str]:
+    """The categories of the spec ``SCRAPE_SITE`` names, read now; the partition keys of when
+    the definitions loaded if it cannot be read (an edit in progress must not stop the alerts)."""
+    try:
+        return list(load_spec(load_settings().site).categories)
+    except Exception as exc:  # noqa: BLE001 - SpecError, SettingsError, OSError: all mean "not now"
+        if log is not None:
+            log.warning(f"spec unreadable now ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+                        "the categories of when the definitions loaded are used")
+        return category_partitions.get_partition_keys()
 
 
 def _new_records(instance, asset: str, cursor: str | None):
@@ -187,8 +201,9 @@ def success_rate_collapse_sensor(context: dg.SensorEvaluationContext, alerts: Al
     when an alerted collapse has cleared (``<subject>: recovered: ...``)."""
     previous = json.loads(context.cursor) if context.cursor else {}
     unsent, held_since = list(previous.get("unsent", [])), previous.get("unsent_since")
-    found, new_cursor = evaluate(context.instance, context.cursor,
-                                 categories=set(category_partitions.get_partition_keys()))
+    # The spec as it is now, not the partition keys of when the code location loaded: a category
+    # added since (and run by a fresh process, e.g. scrape-assets demo) must not be forgotten.
+    found, new_cursor = evaluate(context.instance, context.cursor, categories=set(_spec_categories(context.log)))
     for text in found:
         (context.log.info if _is_recovery(text) else context.log.warning)(
             text if _is_recovery(text) else f"collapse: {text}")

@@ -34,6 +34,16 @@ def _tick(instance, cursor, webhook_url):
     return context.cursor, result
 
 
+def _raw_pages_event(storage_id: int, rates: dict[str, float], run_rate: float = 0.0, categories: int | None = None):
+    """A raw_pages materialization record as the collapse sensor reads it (for tests of its
+    logic with ``_new_records`` replaced): run ``run-<storage_id>``, each category's success
+    rate, the run's own rate, and how many categories the run covered (default: ``rates``')."""
+    metadata = {"by_category": {c: {"success_rate": r} for c, r in rates.items()},
+                "categories": len(rates) if categories is None else categories, "success_rate": run_rate}
+    return SimpleNamespace(storage_id=storage_id, run_id=f"run-{storage_id}", asset_materialization=SimpleNamespace(
+        metadata={k: SimpleNamespace(value=v) for k, v in metadata.items()}))
+
+
 def test_collapse_alerts_once_then_clears_on_recovery(tmp_path, instance, webhook_server):
     healthy = make_resources(tmp_path)
     broken = make_resources(tmp_path / "b", base_url=DEAD_HOST, max_attempts=1)
@@ -104,8 +114,6 @@ def test_alerts_are_listed_whole_run_first_then_by_category():
 
 def test_a_category_named_all_has_a_collapse_of_its_own(monkeypatch):
     """books.toscrape.com has a category "all": its collapse is not cleared by the healthy run it is part of."""
-    from types import SimpleNamespace
-
     from scrape_assets.defs import sensors
 
     runs = []
@@ -113,11 +121,7 @@ def test_a_category_named_all_has_a_collapse_of_its_own(monkeypatch):
     def records(instance, asset, cursor):  # each run's raw_pages event: "all" dead, the run healthy overall
         if asset != "raw_pages" or cursor == str(len(runs)):
             return [], cursor
-        metadata = {"by_category": {"all": {"success_rate": 0.0}, "travel": {"success_rate": 1.0}},
-                    "categories": 52, "success_rate": 0.97}
-        event = SimpleNamespace(storage_id=len(runs), run_id=f"run-{len(runs)}", asset_materialization=SimpleNamespace(
-            metadata={k: SimpleNamespace(value=v) for k, v in metadata.items()}))
-        return [event], str(len(runs))
+        return [_raw_pages_event(len(runs), {"all": 0.0, "travel": 1.0}, 0.97, categories=52)], str(len(runs))
 
     monkeypatch.setattr(sensors, "_new_records", records)
     cursor = json.dumps({})
@@ -135,8 +139,6 @@ def test_a_collapse_that_clears_says_so_once(monkeypatch):
     """A collapse alerted, then a healthy run: one recovery line; a collapse and its recovery
     read in the same evaluation come together, the collapse first; replaying the history on
     a first evaluation tells nothing of what recovered within it."""
-    from types import SimpleNamespace
-
     from scrape_assets.defs import sensors
 
     events = []  # (travel's success rate) per run, all recorded so far
@@ -145,11 +147,7 @@ def test_a_collapse_that_clears_says_so_once(monkeypatch):
         start = int(cursor or 0)
         if asset != "raw_pages" or start >= len(events):
             return [], cursor
-        out = [SimpleNamespace(storage_id=n, run_id=f"run-{n}", asset_materialization=SimpleNamespace(
-            metadata={"by_category": SimpleNamespace(value={"travel": {"success_rate": rate}}),
-                      "categories": SimpleNamespace(value=1), "success_rate": SimpleNamespace(value=rate)}))
-            for n, rate in enumerate(events) if n >= start]
-        return out, str(len(events))
+        return [_raw_pages_event(n, {"travel": rate}, rate) for n, rate in enumerate(events) if n >= start], str(len(events))
 
     monkeypatch.setattr(sensors, "_new_records", records)
     cursor = json.dumps({})
@@ -173,17 +171,12 @@ def test_a_collapse_that_clears_says_so_once(monkeypatch):
 def test_a_category_removed_from_the_spec_is_not_alerted(monkeypatch):
     """The first evaluation replays weeks of runs: a category taken out of the spec since,
     collapsed in its last run, is forgotten, not alerted; one still in the spec is."""
-    from types import SimpleNamespace
-
     from scrape_assets.defs import sensors
 
     def records(instance, asset, cursor):
         if asset != "raw_pages" or cursor:
             return [], cursor
-        table = {"horror": {"success_rate": 0.0}, "travel": {"success_rate": 0.0}}
-        return [SimpleNamespace(storage_id=1, run_id="run-1", asset_materialization=SimpleNamespace(
-            metadata={"by_category": SimpleNamespace(value=table), "categories": SimpleNamespace(value=1),
-                      "success_rate": SimpleNamespace(value=0.0)}))], "1"
+        return [_raw_pages_event(1, {"horror": 0.0, "travel": 0.0}, categories=1)], "1"
 
     monkeypatch.setattr(sensors, "_new_records", records)
     alerts, cursor = sensors.evaluate(None, None, categories={"travel", "mystery"})
@@ -196,10 +189,7 @@ def test_a_category_removed_from_the_spec_is_not_alerted(monkeypatch):
     def later(instance, asset, cursor):
         if asset != "raw_pages" or cursor != "1":
             return [], cursor
-        table = {"horror": {"success_rate": 0.0}, "mystery": {"success_rate": 0.0}}
-        return [SimpleNamespace(storage_id=2, run_id="run-2", asset_materialization=SimpleNamespace(
-            metadata={"by_category": SimpleNamespace(value=table), "categories": SimpleNamespace(value=2),
-                      "success_rate": SimpleNamespace(value=0.0)}))], "2"
+        return [_raw_pages_event(2, {"horror": 0.0, "mystery": 0.0})], "2"
 
     monkeypatch.setattr(sensors, "_new_records", later)
     alerts, cursor = sensors.evaluate(None, cursor, categories={"travel", "mystery"})
@@ -237,10 +227,7 @@ def test_a_message_with_a_collapse_and_a_recovery_is_kind_collapse(instance, web
         start = int(cursor or 0)
         if asset != "raw_pages" or start >= len(rates):
             return [], cursor
-        return [SimpleNamespace(storage_id=n + 1, run_id=f"run-{n}", asset_materialization=SimpleNamespace(
-            metadata={"by_category": SimpleNamespace(value={c: {"success_rate": r} for c, r in table.items()}),
-                      "categories": SimpleNamespace(value=1), "success_rate": SimpleNamespace(value=0.0)}))
-            for n, table in enumerate(rates) if n >= start], str(len(rates))
+        return [_raw_pages_event(n + 1, table, categories=1) for n, table in enumerate(rates) if n >= start], str(len(rates))
 
     monkeypatch.setattr(sensors, "_new_records", records)
     cursor, _ = _tick(instance, None, webhook_server.url)  # nothing recorded yet

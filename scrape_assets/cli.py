@@ -102,7 +102,7 @@ def preflight(resources: dict) -> None:
     """
     import sqlalchemy as sa
 
-    from scrape_assets.warehouse import database_error
+    from scrape_assets.warehouse import CREATE_PRIVILEGE_HINT, database_error
 
     try:
         resources["store"].store().ensure_writable()
@@ -115,8 +115,10 @@ def preflight(resources: dict) -> None:
             warehouse.check_site(resources["site"].spec().name)  # before a crawl whose load would be refused
     except sa.exc.SQLAlchemyError as exc:
         if os.environ.get("SCRAPE_WAREHOUSE_URL"):
+            error = database_error(exc)
+            hint = f"; {CREATE_PRIVILEGE_HINT}" if "permission denied for schema" in error else ""
             raise SettingsError("SCRAPE_WAREHOUSE_URL", warehouse.describe(),
-                                f"a reachable, writable database ({database_error(exc)})") from exc
+                                f"a reachable, writable database ({error}{hint})") from exc
         # The default warehouse: the data folder chose it, so name that (SCRAPE_WAREHOUSE_URL is unset).
         from scrape_assets.settings import data_folder
 
@@ -155,6 +157,7 @@ def summarize(resources: dict) -> dict:
             carried = wh.carried_forward() if {products.name, partition_loads.name} <= tables else {}
             letters_by_category = wh.rows_by_category(dead_letters) if dead_letters.name in tables else {}
             owner = wh.site() if warehouse_site.name in tables else None
+            create_refused = wh.create_refused()  # the first run's CREATE TABLE, checked now (PostgreSQL)
     except sa.exc.SQLAlchemyError as exc:  # unreachable, locked, not a database, or tables of another shape
         raise ScrapeError(wh.unreadable(exc)) from exc
     products_loaded = sum(by_category.values())
@@ -201,6 +204,7 @@ def summarize(resources: dict) -> dict:
         "object_storage": store.describe(),
         "warehouse": wh.describe(),
         "warehouse_exists": products.name in tables,
+        **({"warehouse_create_refused": create_refused} if create_refused else {}),
         "warehouse_site": owner,
         "ui_command": ui_command(os.environ),
         "ui_url": ui_url(os.environ),
@@ -306,6 +310,8 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
                                        f" yet: {_storage_hint(summary['site'])})"),
         f"  products loaded {summary['products_loaded']:,} (table `products`)"
         + ("" if summary.get("warehouse_exists", True) else f"; no `products` table yet in {summary['warehouse']}"),
+        *([f"  warehouse       the first run will fail: {refused}"]
+          if (refused := summary.get("warehouse_create_refused")) else []),
     ]
     if carried := summary.get("products_carried_forward"):
         shown = ", ".join(f"{c} ({n:,})" for c, n in list(carried.items())[:10]) + (", ..." if len(carried) > 10 else "")

@@ -195,9 +195,33 @@ class Warehouse:
         """One line for a database error met using this warehouse (down, locked, not a database, other tables).
 
         ``cannot read the warehouse at <url> (SCRAPE_WAREHOUSE_URL): <error class>: <the
-        driver's first line>``; the SQL statement SQLAlchemy appends is left out.
+        driver's first line>``; the SQL statement SQLAlchemy appends is left out. A refused
+        ``CREATE`` (PostgreSQL's "permission denied for schema") reads ``cannot create the
+        warehouse's tables at ...`` with what to grant.
         """
-        return f"cannot read the warehouse at {self.describe()} (SCRAPE_WAREHOUSE_URL): {database_error(exc)}"
+        error = database_error(exc)
+        if "permission denied for schema" in error:
+            return (f"cannot create the warehouse's tables at {self.describe()} (SCRAPE_WAREHOUSE_URL): {error} "
+                    f"({CREATE_PRIVILEGE_HINT})")
+        return f"cannot read the warehouse at {self.describe()} (SCRAPE_WAREHOUSE_URL): {error}"
+
+    def create_refused(self) -> str | None:
+        """Why the first load could not create the tables, checked without creating anything;
+        None when it could, when they all exist, or on SQLite (checked as it opens the file).
+
+        PostgreSQL only: the connection's user needs ``CREATE`` on the first schema of its
+        ``search_path`` (``has_schema_privilege``); since PostgreSQL 15 an ordinary user has
+        none on ``public``.
+        """
+        if self.engine.dialect.name != "postgresql" or self.existing_tables() == set(metadata.tables):
+            return None
+        query = sa.text("SELECT current_user, current_schema(), "
+                        "current_schema() IS NOT NULL AND has_schema_privilege(current_schema(), 'CREATE')")
+        with self.engine.connect() as conn:
+            user, schema, allowed = conn.execute(query).one()
+        if schema is None:
+            return f"no schema of user {user}'s search_path exists to create the tables in ({CREATE_PRIVILEGE_HINT})"
+        return None if allowed else f"user {user} may not create the tables in schema {schema} ({CREATE_PRIVILEGE_HINT})"
 
     def _sqlite_file(self) -> Path | None:
         """The SQLite database file (None: not SQLite, or in memory).
@@ -559,6 +583,12 @@ def _check_user_info(url: str) -> None:
             "a URL whose user name and password are percent-encoded ('@' as %40, ':' as %3A, '/' as %2F), "
             "or the password left out of the URL and set in PGPASSWORD (PostgreSQL)",
         )
+
+
+#: What to do when the database user may not create the warehouse's tables (README, Configuration).
+CREATE_PRIVILEGE_HINT = ("the first run creates them: grant the user CREATE on the schema, or point the URL at a "
+                         "schema it owns (?options=-csearch_path%3Dscrape), or create them once as their owner; "
+                         "since PostgreSQL 15 an ordinary user has no CREATE on public")
 
 
 def database_error(exc: Exception) -> str:

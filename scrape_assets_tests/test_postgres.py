@@ -143,3 +143,97 @@ def test_a_password_in_the_urls_query_is_in_no_event_nor_message(tmp_path, insta
         wh.existing_tables()
     message = wh.unreadable(refused.value)
     assert "no_such_db_" in message and "SECRET-PW" not in message
+
+
+def _readme_storage_block() -> dict:
+    """The README's ``storage:`` block for a shared Dagster instance on PostgreSQL."""
+    import re
+
+    import yaml
+
+    from scrape_assets_tests.conftest import REPO_ROOT
+
+    [block] = re.findall(r"```yaml\n(storage:\n  postgres:\n.*?)```", (REPO_ROOT / "README.md").read_text(), re.S)
+    return yaml.safe_load(block)
+
+
+@pytest.mark.parametrize("scheme", ["as the README gives it", "left out"])
+def test_a_dagster_instance_on_postgresql_as_the_readme_configures_it(tmp_path, postgres_server, scheme):
+    """The README's storage block (dagster-postgres) runs a materialization on a real
+    PostgreSQL; without its ``scheme`` line, SQLAlchemy 2.1 drives a postgresql:// URL with
+    psycopg 3, which refuses dagster-postgres's NOTIFY: the line is needed."""
+    import dagster as dg
+    import yaml
+
+    config = _readme_storage_block()
+    db = config["storage"]["postgres"]["postgres_db"]
+    assert db["scheme"] == "postgresql+psycopg2" and db["password"] == {"env": "DAGSTER_PG_PASSWORD"}
+    name = f"d_{uuid.uuid4().hex[:12]}"
+    postgres_server.psql(f"CREATE DATABASE {name};")
+    # The test server: its socket folder (libpq's host), its superuser without a password.
+    db.update(hostname="localhost", db_name=name, username="postgres", params={"host": str(postgres_server.pgdata)})
+    del db["password"]
+    if scheme == "left out":
+        del db["scheme"]
+    (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(config))
+
+    @dg.asset
+    def one() -> int:
+        return 1
+
+    with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
+        assert type(instance.event_log_storage).__name__ == "PostgresEventLogStorage"
+        if scheme == "left out":
+            with pytest.raises(Exception, match=r"NOTIFY run_events, \$1"):
+                dg.materialize([one], instance=instance)
+            return
+        result = dg.materialize([one], instance=instance)
+        assert result.success
+        [record] = instance.fetch_materializations(dg.AssetKey("one"), limit=10).records
+        assert record.run_id == result.run_id
+
+
+def test_a_user_who_may_not_create_the_tables_is_told_by_summary_and_by_the_first_run(tmp_path, instance, postgres_server,
+                                                                                       postgres_url, monkeypatch):
+    """PostgreSQL 15+ gives an ordinary user no CREATE on public: `scrape-assets summary` (the
+    README's pre-flight) says the first run will fail, and the run fails once, saying what to grant."""
+    import io
+
+    from scrape_assets.cli import print_summary, summarize
+    from scrape_assets.warehouse import CREATE_PRIVILEGE_HINT
+
+    role = f"r_{uuid.uuid4().hex[:8]}"
+    postgres_server.psql(f"CREATE ROLE {role} LOGIN;")
+    url = postgres_url.replace("postgresql+psycopg://postgres@", f"postgresql+psycopg://{role}@")
+    res = _on_postgres(tmp_path, url)
+    summary = summarize(res)
+    assert summary["warehouse_create_refused"] == f"user {role} may not create the tables in schema public ({CREATE_PRIVILEGE_HINT})"
+    out = io.StringIO()
+    print_summary(summary, out=out)
+    assert f"  warehouse       the first run will fail: user {role} may not create the tables in schema public (" in out.getvalue()
+
+    # scrape-assets demo's own check before it launches anything
+    from scrape_assets.cli import preflight
+    from scrape_assets.errors import SettingsError
+
+    monkeypatch.setenv("SCRAPE_WAREHOUSE_URL", url)
+    with pytest.raises(SettingsError, match=r"permission denied for schema public; the first run creates them: grant"):
+        preflight(res)
+
+    result = materialize(instance, res, ["travel"], selection=["raw_pages"], raise_on_error=False)
+    assert not any(e.event_type_value == "STEP_UP_FOR_RETRY" for e in result.all_events)  # no retry can help
+    (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    description = failure.step_failure_data.user_failure_data.description
+    assert description.startswith(f"cannot create the warehouse's tables at postgresql+psycopg://{role}@/")
+    assert description.endswith(f"ProgrammingError: permission denied for schema public ({CREATE_PRIVILEGE_HINT}); "
+                                "nothing fetched")
+
+    import sqlalchemy as sa
+
+    owner = sa.create_engine(postgres_url)  # the database's owner grants it
+    with owner.begin() as conn:
+        conn.execute(sa.text(f"GRANT CREATE ON SCHEMA public TO {role}"))
+    owner.dispose()
+    assert "warehouse_create_refused" not in summarize(res)
+    assert materialize(instance, res, ["travel"]).success
+    assert "warehouse_create_refused" not in summarize(res)  # the tables exist

@@ -165,7 +165,10 @@ def test_a_dagster_instance_on_postgresql_as_the_readme_configures_it(tmp_path, 
     import dagster as dg
     import yaml
 
-    config = _readme_storage_block()
+    from scrape_assets_tests.conftest import REPO_ROOT
+
+    # The shipped instance settings (its instance class included) plus the README's block.
+    config = {**yaml.safe_load((REPO_ROOT / "dagster.yaml").read_text()), **_readme_storage_block()}
     db = config["storage"]["postgres"]["postgres_db"]
     assert db["scheme"] == "postgresql+psycopg2" and db["password"] == {"env": "DAGSTER_PG_PASSWORD"}
     name = f"d_{uuid.uuid4().hex[:12]}"

@@ -102,7 +102,7 @@ def preflight(resources: dict) -> None:
     """
     import sqlalchemy as sa
 
-    from scrape_assets.warehouse import CREATE_PRIVILEGE_HINT, database_error
+    from scrape_assets.warehouse import CREATE_PRIVILEGE_HINT, create_refused_in, database_error
 
     try:
         resources["store"].store().ensure_writable()
@@ -116,7 +116,7 @@ def preflight(resources: dict) -> None:
     except sa.exc.SQLAlchemyError as exc:
         if os.environ.get("SCRAPE_WAREHOUSE_URL"):
             error = database_error(exc)
-            hint = f"; {CREATE_PRIVILEGE_HINT}" if "permission denied for schema" in error else ""
+            hint = f"; {CREATE_PRIVILEGE_HINT}" if create_refused_in(error) else ""
             raise SettingsError("SCRAPE_WAREHOUSE_URL", warehouse.describe(),
                                 f"a reachable, writable database ({error}{hint})") from exc
         # The default warehouse: the data folder chose it, so name that (SCRAPE_WAREHOUSE_URL is unset).

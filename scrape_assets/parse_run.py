@@ -232,11 +232,11 @@ def _reuse(store: ObjectStore, spec: SiteSpec, category: str, manifest: Manifest
     report = _validate(parsed, spec)
     save_parse_state(store, spec.name, category,
                      replace(state, **_standing_for(manifest), validated=report.passed, max_rejected_share=share))
-    why = ("" if same_share else
-           f" under validation.max_rejected_share {share:g} (its state recorded none: once after upgrading)"
-           if state.max_rejected_share is None and state.validated
-           else "" if state.max_rejected_share is None
-           else f" under validation.max_rejected_share {share:g} (was {state.max_rejected_share:g})")
+    why = ""  # the rows failed last time under this share (or under none recorded): no more to say
+    if not same_share and state.max_rejected_share is not None:
+        why = f" under validation.max_rejected_share {share:g} (was {state.max_rejected_share:g})"
+    elif not same_share and state.validated:
+        why = f" under validation.max_rejected_share {share:g} (its state recorded none: once after upgrading)"
     return PartitionParse(category, figures, report, (
         f"{category}: unchanged since snapshot {state.snapshot_id}: 0 pages re-parsed; its "
         f"{counted(state.products, 'product')} and {counted(state.rejects, 'rejected card')} validated again{why} "

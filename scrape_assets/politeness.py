@@ -360,14 +360,15 @@ class HostLimiter:
     async def slot(self, host: str) -> AsyncIterator[None]:
         """Hold one request slot for ``host`` (case-insensitive, without port) while inside."""
         semaphore, rate = self._limits_for(host)
+        key = host.lower()
         async with semaphore:
             waited = None
             while True:
                 if self._paused_until:  # (no host ever paused: no lookup per request)
-                    waited = await self._wait_out_pause(host.lower(), waited)
+                    waited = await self._wait_out_pause(key, waited)
                 await rate.acquire()
                 # A pause that began while this request waited for the rate: wait it out too.
-                until = self._paused_until.get(host.lower()) if self._paused_until else None
+                until = self._paused_until.get(key) if self._paused_until else None
                 if until is None or until == waited or until <= self._clock():
                     break
             yield

@@ -200,7 +200,7 @@ class Warehouse:
         warehouse's tables at ...`` with what to grant.
         """
         error = database_error(exc)
-        if "permission denied for schema" in error:
+        if create_refused_in(error):
             return (f"cannot create the warehouse's tables at {self.describe()} (SCRAPE_WAREHOUSE_URL): {error} "
                     f"({CREATE_PRIVILEGE_HINT})")
         return f"cannot read the warehouse at {self.describe()} (SCRAPE_WAREHOUSE_URL): {error}"
@@ -589,6 +589,12 @@ def _check_user_info(url: str) -> None:
 CREATE_PRIVILEGE_HINT = ("the first run creates them: grant the user CREATE on the schema, or point the URL at a "
                          "schema it owns (?options=-csearch_path%3Dscrape), or create them once as their owner; "
                          "since PostgreSQL 15 an ordinary user has no CREATE on public")
+
+
+def create_refused_in(error: str) -> bool:
+    """Whether ``error`` (:func:`database_error`'s line) is PostgreSQL refusing to create a
+    table in a schema (SQLSTATE 42501, "permission denied for schema ...")."""
+    return "permission denied for schema" in error
 
 
 def database_error(exc: Exception) -> str:

@@ -643,11 +643,12 @@ def test_summary_counts_have_thousands_separators_as_the_run_log_does():
 def test_categories_lists_the_partition_keys_in_the_order_ranges_follow(monkeypatch, capsys):
     from scrape_assets.cli import main
     from scrape_assets.defs.partitions import build_category_partitions
+    from scrape_assets.spec import load_spec
 
     monkeypatch.setenv("SCRAPE_SITE", "demo")
     assert main(["categories"]) == 0
     keys = capsys.readouterr().out.splitlines()
-    assert keys == build_category_partitions("demo").get_partition_keys()
+    assert keys == build_category_partitions(load_spec("demo")).get_partition_keys()
     assert (keys[0], keys[-1], len(keys)) == ("travel", "sequential-art", 12)
 
     monkeypatch.setenv("SCRAPE_SITE", "no_such_site")

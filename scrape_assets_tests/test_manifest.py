@@ -31,6 +31,18 @@ def _open(store, **kw):
     return open_snapshot(store, site="demo", category="travel", start_url="http://x/t/index.html", **kw)
 
 
+def _two_pages_one_attempt_journalled(tmp_path) -> tuple[ObjectStore, Manifest]:
+    """A new snapshot with pages 1 and 2 saved in full, then page 1's first attempt as the
+    journal's one line (seq 1)."""
+    store = ObjectStore(str(tmp_path))
+    manifest, _ = _open(store, fetch_config=CONFIG, now=T0)
+    manifest.pages[2] = PageEntry(url="http://x/t/page-2.html")
+    manifest.save(store)
+    manifest.pages[1].attempts = 1
+    manifest.record(store, 1)
+    return store, manifest
+
+
 def test_new_snapshot_is_saved_with_page_one_pending(tmp_path):
     store = ObjectStore(str(tmp_path))
     manifest, resumed = _open(store, fetch_config=CONFIG, now=T0)
@@ -277,12 +289,7 @@ def test_differing_keys():
 
 
 def test_journal_records_replay_on_load_and_a_torn_tail_is_ignored(tmp_path):
-    store = ObjectStore(str(tmp_path))
-    manifest, _ = _open(store, fetch_config=CONFIG, now=T0)
-    manifest.pages[2] = PageEntry(url="http://x/t/page-2.html")
-    manifest.save(store)
-    manifest.pages[1].attempts = 1
-    manifest.record(store, 1)
+    store, manifest = _two_pages_one_attempt_journalled(tmp_path)
     manifest.pages[1].status, manifest.pages[1].http_status = "done", 200
     manifest.record(store, 1)
     manifest.pages[2].attempts = 1
@@ -433,12 +440,7 @@ def test_journal_compacts_every_n_lines(tmp_path, monkeypatch):
 def test_a_journal_line_missing_only_its_newline_is_torn_not_replayed(tmp_path):
     """An append cut after the line's JSON but before its newline (a full disk) told its caller
     it failed: the line is not replayed, and the next change is a full save, not glued to it."""
-    store = ObjectStore(str(tmp_path))
-    manifest, _ = _open(store, fetch_config=CONFIG, now=T0)
-    manifest.pages[2] = PageEntry(url="http://x/t/page-2.html")
-    manifest.save(store)
-    manifest.pages[1].attempts = 1
-    manifest.record(store, 1)
+    store, manifest = _two_pages_one_attempt_journalled(tmp_path)
     path = tmp_path / manifest.journal_key
     path.write_bytes(path.read_bytes()[:-1])  # all of the line but its "\n"
     resumed = load_manifest(store, "demo", "travel", manifest.snapshot_id)

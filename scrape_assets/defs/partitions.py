@@ -6,18 +6,18 @@ import os
 import dagster as dg
 
 from scrape_assets.settings import load_settings
-from scrape_assets.spec import load_spec
+from scrape_assets.spec import SiteSpec, load_spec
 
 
-def build_category_partitions(site: str) -> dg.StaticPartitionsDefinition:
+def build_category_partitions(spec: SiteSpec) -> dg.StaticPartitionsDefinition:
     """Partition keys = the spec's category keys, in spec order (so ranges follow the file)."""
-    return dg.StaticPartitionsDefinition(list(load_spec(site).categories))
+    return dg.StaticPartitionsDefinition(list(spec.categories))
 
 
 #: The spec the definitions are loaded with (``SCRAPE_SITE``): its categories are the partition
 #: keys, its parsing rules part of ``parsed_products``' code version.
 site_spec = load_spec(load_settings().site)
-category_partitions = dg.StaticPartitionsDefinition(list(site_spec.categories))
+category_partitions = build_category_partitions(site_spec)
 _told_ephemeral: set[str] = set()  # runs already warned that their instance is temporary (once per run)
 #: The folder prefix of the instance Dagster's CLI makes in the current folder when DAGSTER_HOME
 #: is unset (dagster._cli.utils.TMP_DAGSTER_HOME_PREFIX; pinned Dagster, tested by a CLI run).

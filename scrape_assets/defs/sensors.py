@@ -67,9 +67,20 @@ def _new_records(instance, asset: str, cursor: str | None):
     return result.records, (result.cursor if result.records else cursor)
 
 
+def _key_subject(key: str) -> str:
+    """The subject of a collapse key, ``rate:{subject}`` or ``products:{source}:{subject}``
+    (subjects have no ":")."""
+    return key.rsplit(":", 1)[1]
+
+
+def _text_subject(text: str) -> str:
+    """The subject of an alert's text, ``{subject}: ...``."""
+    return text.split(":", 1)[0]
+
+
 def _alert_order(text: str) -> tuple[bool, str, bool, str]:
     """The whole run's alert first, then the categories' by name: a long list is scanned by category."""
-    subject = text.split(":", 1)[0]  # subjects have no ":"
+    subject = _text_subject(text)
     return (subject != RUN_SUBJECT, subject, _is_recovery(text), text)  # a subject's recovery after its collapse
 
 
@@ -133,14 +144,13 @@ def evaluate(instance, cursor: str | None, rules: CollapseRules = RULES,
     # What was alerted (before, or in this evaluation) and is healthy now says so once.
     alerts += [recovery_text(state, key, reason) for key, reason in state.cleared.items() if key not in state.collapsed]
     alerts = [a for a in alerts if a]
-    if categories is not None:  # keys are "rate:{subject}" or "products:{source}:{subject}"; subjects have no ":"
-        gone = {k for k in state.collapsed if k.rsplit(":", 1)[1] not in categories and not k.endswith(f":{RUN_SUBJECT}")}
-        for key in gone:
+    if categories is not None:
+        known = {*categories, RUN_SUBJECT}
+        for key in [k for k in state.collapsed if _key_subject(k) not in known]:
             state.collapsed.pop(key)
-        alerts = [a for a in alerts if a.split(":", 1)[0] in categories or a.split(":", 1)[0] == RUN_SUBJECT]
+        alerts = [a for a in alerts if _text_subject(a) in known]
     if catching_up:  # replaying the history: once it is all read, alert only what is still collapsed
-        # Keys are "rate:{subject}" or "products:{source}:{subject}"; subjects have no ":".
-        alerts = [] if more else sorted((f"{key.rsplit(':', 1)[1]}: {reason}" for key, reason in state.collapsed.items()),
+        alerts = [] if more else sorted((f"{_key_subject(key)}: {reason}" for key, reason in state.collapsed.items()),
                                         key=_alert_order)
     new_cursor = json.dumps(
         {"format": CURSOR_FORMAT, "positions": positions, "state": state.to_dict(),
@@ -157,7 +167,7 @@ RECOVERED = "recovered: "
 def recovery_text(state, key: str, reason: str) -> str:
     """``"<subject>: recovered: <how it is now> (was: <the collapse>)"`` for the collapse ``key``
     (``rate:<subject>`` or ``products:<source>:<subject>``), cleared by a healthy observation."""
-    kind, subject = key.split(":", 1)[0], key.rsplit(":", 1)[1]
+    kind, subject = key.split(":", 1)[0], _key_subject(key)
     if kind == "rate":
         now = f"success rate {state.history[subject][-1]:.0%}" if state.history.get(subject) else "success rate healthy"
     else:

@@ -113,6 +113,14 @@ def _sqlite_path_problem(file: Path | None) -> str | None:
     return None
 
 
+#: What installs the database drivers this project documents, by the module a URL's driver imports.
+_DRIVER_HINTS = {
+    "psycopg": " (pip install -e '.[postgres]')",
+    "psycopg2": (" (postgresql+psycopg2:// needs psycopg2: pip install -e '.[dagster-postgres]' brings it; or write "
+                 "postgresql:// for psycopg 3, from pip install -e '.[postgres]')"),
+}
+
+
 class Warehouse:
     """A SQLAlchemy engine plus the per-partition load operations.
 
@@ -140,8 +148,8 @@ class Warehouse:
         try:
             self.engine = sa.create_engine(url)
         except ImportError as exc:  # a valid URL whose database driver is not installed
-            hint = " (pip install -e '.[postgres]')" if getattr(exc, "name", None) == "psycopg" else ""
-            raise SettingsError("SCRAPE_WAREHOUSE_URL", redact_url(url),
+            hint = _DRIVER_HINTS.get(getattr(exc, "name", None) or "", "")
+            raise SettingsError("SCRAPE_WAREHOUSE_URL", shown_url(sa.engine.make_url(url)),
                                 f"a SQLAlchemy URL whose driver is installed in this environment ({exc}){hint}") from exc
         except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
             raise SettingsError("SCRAPE_WAREHOUSE_URL", redact_url(url), f"a SQLAlchemy URL ({exc})") from exc

@@ -631,6 +631,17 @@ def test_a_missing_postgresql_driver_names_the_extra_that_installs_it(monkeypatc
         Warehouse("postgresql://scraper:hunter2@db.internal/shop")
     assert "driver is installed" in str(refused.value) and "pip install -e '.[postgres]'" in str(refused.value)
     assert "hunter2" not in str(refused.value)
+    assert "postgresql://scraper:***@db.internal/shop" in str(refused.value)  # whose URL: the user name stays
+
+
+def test_a_missing_psycopg2_driver_says_what_installs_it_or_which_url_needs_none(monkeypatch):
+    monkeypatch.setitem(sys.modules, "psycopg2", None)
+    with pytest.raises(SettingsError) as refused:
+        Warehouse("postgresql+psycopg2://scraper:hunter2@db.internal/shop?sslpassword=hunter3")
+    message = str(refused.value)
+    assert "pip install -e '.[dagster-postgres]'" in message and "write postgresql:// for psycopg 3" in message
+    assert "postgresql+psycopg2://scraper:***@db.internal/shop?sslpassword=***" in message
+    assert "hunter2" not in message and "hunter3" not in message
 
 
 @pytest.mark.parametrize(

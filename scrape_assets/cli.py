@@ -301,7 +301,7 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
             if (never := summary.get("categories_without_snapshot")) and len(never) < summary["categories_configured"]
             else ""),
         *([f"  schema failed   {len(failing)} whose latest parse failed the schema check, `products` holding "
-           f"their earlier rows, if any: " + _first_names([f"{c} (snapshot {s})" for c, s in failing.items()])
+           f"their earlier rows, if any: " + _first_names([f"{c} (parsed from snapshot {s})" for c, s in failing.items()])
            + " (why: the parsed_products_match_schema check in the UI)"]
           if (failing := summary.get("categories_failing_schema")) else []),
         f"  pages           {summary['pages_done']:,} done, {summary['pages_failed']:,} failed",

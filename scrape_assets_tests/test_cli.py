@@ -1094,7 +1094,7 @@ def test_demo_loads_the_categories_that_passed_when_one_fails_the_schema_check(t
     assert [line for line in lines if line.startswith("  schema failed ")] == [
         "  schema failed   1 whose latest parse failed the schema check, `products` holding their earlier rows, "
         "if any: "
-        f"fiction (snapshot {_latest_snapshot(tmp_path / 'data' / 'objects', 'fiction')}) (why: the "
+        f"fiction (parsed from snapshot {_latest_snapshot(tmp_path / 'data' / 'objects', 'fiction')}) (why: the "
         "parsed_products_match_schema check in the UI)"]
 
 

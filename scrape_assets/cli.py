@@ -135,7 +135,10 @@ def summarize(resources: dict) -> dict:
     ``categories_without_snapshot`` those of the spec with no complete snapshot (never
     crawled, added to the spec since, or their first crawl still going);
     ``categories_failing_schema`` maps those whose latest parse failed the schema check (so
-    ``products`` still holds rows of an earlier snapshot) to that parse's snapshot id.
+    ``products`` still holds rows of an earlier snapshot) to that parse's snapshot id;
+    ``categories_unreadable`` maps those whose latest manifest cannot be read (damaged, of
+    another version) to the error, which says what to do; they are left out of the other
+    figures, which the rest still get.
     """
     import sqlalchemy as sa
 
@@ -166,9 +169,13 @@ def summarize(resources: dict) -> dict:
     not_in_spec = {} if theirs else {c: n for c, n in by_category.items() if c not in spec.categories}
     letters_not_in_spec = {} if theirs else {c: n for c, n in letters_by_category.items() if c not in spec.categories}
     done = failed = 0
-    categories, without_pages, without_snapshot, failing_schema = 0, [], [], {}
+    categories, without_pages, without_snapshot, failing_schema, unreadable = 0, [], [], {}, {}
     for category in spec.categories:
-        manifest = latest_manifest(store, spec.name, category, complete=True)
+        try:
+            manifest = latest_manifest(store, spec.name, category, complete=True)
+        except ManifestError as exc:  # one damaged file: the other categories are still reported
+            unreadable[category] = str(exc)
+            continue
         if manifest is None:
             without_snapshot.append(category)
             continue
@@ -191,6 +198,7 @@ def summarize(resources: dict) -> dict:
         "categories_without_pages": without_pages,
         "categories_without_snapshot": without_snapshot,
         "categories_failing_schema": failing_schema,
+        "categories_unreadable": unreadable,
         "categories_configured": len(spec.categories),
         "pages_done": done,
         "pages_failed": failed,
@@ -300,6 +308,10 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
             f" ({len(never)} without a complete snapshot yet: {_first_names(never)})"
             if (never := summary.get("categories_without_snapshot")) and len(never) < summary["categories_configured"]
             else ""),
+        *([f"  unreadable      {len(broken)} not counted here, a manifest cannot be read: "
+           + "; ".join(list(broken.values())[:2]) + (f"; and {len(broken) - 2} more: {_first_names(list(broken)[2:])}"
+                                                     if len(broken) > 2 else "")]
+          if (broken := summary.get("categories_unreadable")) else []),
         *([f"  schema failed   {len(failing)} whose latest parse failed the schema check, `products` holding "
            f"their earlier rows, if any: " + _first_names([f"{c} (parsed from snapshot {s})" for c, s in failing.items()])
            + " (why: the parsed_products_match_schema check in the UI)"]
@@ -1031,6 +1043,10 @@ def main(argv: list[str] | None = None) -> int:
 
             summary = summarize(build_resources(secrets_as_env_vars=False))
             code = _to_a_reader(lambda: print_summary(summary) or 0)
+            if code == 0 and (broken := summary["categories_unreadable"]):  # printed in full, then failed as before
+                print(f"scrape-assets: error: {counted(len(broken), 'category')} with a manifest that cannot be read "
+                      f"({', '.join(broken)}): see the `unreadable` line", file=sys.stderr)
+                return 2
             if code == 0 and (short := below_success_rate(summary, args.min_success_rate)):
                 print(f"scrape-assets: {short}", file=sys.stderr)
                 return 1

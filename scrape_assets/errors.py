@@ -104,6 +104,7 @@ class ManifestError(ScrapeError):
 
     def __init__(self, location: str, message: str):
         self.location = location
+        self.detail = message
         super().__init__(f"{location}: {message}")
 
 

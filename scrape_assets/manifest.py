@@ -536,14 +536,24 @@ def _read_manifest(store: ObjectStore, site: str, category: str, snapshot_id: st
         manifest = Manifest.from_json(store.read_bytes(key), key)
     except FileNotFoundError:
         return None
+    except ManifestError as exc:
+        raise ManifestError(key, f"{exc.detail}; {_unreadable_remedy(store, site, category, snapshot_id)}") from exc
     if store.is_local:
         try:
             manifest.replay_journal(store.read_bytes(manifest.journal_key), manifest.journal_key)
         except FileNotFoundError:
             pass
     if (manifest.site, manifest.category, manifest.snapshot_id) != (site, category, snapshot_id):
-        raise ManifestError(key, f"manifest belongs to {manifest.site}/{manifest.category}/{manifest.snapshot_id}")
+        raise ManifestError(key, f"manifest belongs to {manifest.site}/{manifest.category}/{manifest.snapshot_id}; "
+                                 f"{_unreadable_remedy(store, site, category, snapshot_id)}")
     return manifest
+
+
+def _unreadable_remedy(store: ObjectStore, site: str, category: str, snapshot_id: str) -> str:
+    """What to do about a manifest that cannot be used (damaged, of another version, copied in)."""
+    return (f"restore the file if it was damaged (or install the version that wrote it), or move the folder "
+            f"{snapshot_prefix(site, category, snapshot_id)}/ out of {store.describe()}: {category} then goes on "
+            "from its previous complete snapshot, or crawls anew")
 
 
 def latest_manifest(store: ObjectStore, site: str, category: str, *, complete: bool = False) -> Manifest | None:

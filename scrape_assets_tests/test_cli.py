@@ -182,10 +182,10 @@ def test_bad_inputs_each_give_one_clear_error_naming_the_input(tmp_path):
             f"scrape-assets: error: SCRAPE_WAREHOUSE_URL='sqlite:///{tmp_path / 'w.db'}?timeout=soon' is invalid: "
             "expected a SQLAlchemy URL whose query values its driver accepts (",
         ),
-        "warehouse password with a '['": (  # urlsplit itself refuses it: nothing of the URL is shown
+        "warehouse password with a '['": (  # urlsplit refuses it, SQLAlchemy parses it: the password is ***
             {"SCRAPE_WAREHOUSE_URL": "postgresql+pg8000://u:secret-token[@db.internal/shop"},
-            "scrape-assets: error: SCRAPE_WAREHOUSE_URL='postgresql+pg8000://<hidden>' is invalid: expected a "
-            "SQLAlchemy URL whose driver is installed",
+            "scrape-assets: error: SCRAPE_WAREHOUSE_URL='postgresql+pg8000://u:***@db.internal/shop' is invalid: "
+            "expected a SQLAlchemy URL whose driver is installed",
         ),
         "warehouse port not a number": (  # the "port" may be the rest of a password with an unencoded '@'
             {"SCRAPE_WAREHOUSE_URL": "postgresql://u:secret-token@db.internal:abc/shop"},
@@ -227,8 +227,8 @@ def test_bad_inputs_each_give_one_clear_error_naming_the_input(tmp_path):
         ),
         "warehouse driver not installed": (  # a valid URL: the missing piece is the driver
             {"SCRAPE_WAREHOUSE_URL": "postgresql+pg8000://u:secret-token@db.internal/shop"},
-            "scrape-assets: error: SCRAPE_WAREHOUSE_URL='postgresql+pg8000://db.internal/shop' is invalid: expected a "
-            "SQLAlchemy URL whose driver is installed in this environment (No module named 'pg8000')",
+            "scrape-assets: error: SCRAPE_WAREHOUSE_URL='postgresql+pg8000://u:***@db.internal/shop' is invalid: "
+            "expected a SQLAlchemy URL whose driver is installed in this environment (No module named 'pg8000')",
         ),
     }
     for name, (env, expected) in cases.items():
@@ -322,6 +322,43 @@ def test_the_summary_does_not_count_a_category_whose_every_page_failed(tmp_path,
                             "pages_parsed": None, "partitions_unchanged": None, "rows_loaded": None,
                             "rows_carried_forward": None}, out=failed)
     assert f"This run (FAILED: see the log above or `{hint}`)" in failed.getvalue().splitlines()
+
+
+def test_a_damaged_manifest_is_one_line_of_the_summary_which_still_reports_the_rest(tmp_path, monkeypatch, capsys):
+    """A manifest cut short stopped the whole summary; now its category is named with what to
+    do, the other categories are counted as usual, and the command still exits 2."""
+    import shutil
+
+    from scrape_assets.cli import main
+    from scrape_assets.manifest import Manifest, PageEntry
+    from scrape_assets.storage import ObjectStore
+
+    monkeypatch.setenv("SCRAPE_SITE", "demo")
+    monkeypatch.setenv("SCRAPE_DATA_DIR", str(tmp_path / "data"))
+    store = ObjectStore(str(tmp_path / "data" / "objects"))
+    for category in ("travel", "mystery", "poetry"):
+        url = f"http://demo.scrape-assets.invalid/catalogue/category/books/{category}/index.html"
+        Manifest(site="demo", category=category, snapshot_id="2026-12-01T080000Z", fetch_config={},
+                 fetch_config_hash="", start_url=url, completed_at="2026-12-01T08:01:00Z", discovery_complete=True,
+                 total_pages=1, pages={1: PageEntry(url=url, status="done", attempts=1)}).save(store)
+    key = "demo/mystery/2026-12-01T080000Z/manifest.json"
+    store.write_bytes_atomic(key, store.read_bytes(key)[:40])
+    assert main(["summary"]) == 2
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert lines[1].startswith("  categories      2/12 ")
+    (unreadable,) = [line for line in lines if line.startswith("  unreadable ")]
+    assert unreadable.startswith(f"  unreadable      1 not counted here, a manifest cannot be read: {key}: "
+                                 "unreadable manifest: ")
+    assert unreadable.endswith(f"; restore the file if it was damaged (or install the version that wrote it), or "
+                               f"move the folder demo/mystery/2026-12-01T080000Z/ out of {store.describe()}: mystery "
+                               "then goes on from its previous complete snapshot, or crawls anew")
+    assert "  pages           2 done, 0 failed" in lines
+    assert err == ("scrape-assets: error: 1 category with a manifest that cannot be read (mystery): see the "
+                   "`unreadable` line\n")
+    shutil.move(tmp_path / "data" / "objects" / "demo" / "mystery" / "2026-12-01T080000Z", tmp_path / "moved")
+    assert main(["summary"]) == 0  # as the line says: moved away, mystery has no snapshot (it crawls anew)
+    assert "  unreadable " not in capsys.readouterr().out
 
 
 def test_summary_of_an_unusable_warehouse_or_storage_is_one_line_naming_the_setting(tmp_path, monkeypatch, capsys):

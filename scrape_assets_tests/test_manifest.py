@@ -245,7 +245,10 @@ def test_manifest_round_trip_and_corruption_is_reported(tmp_path):
         store.write_bytes_atomic(manifest.key, json.dumps(shape).encode())
         with pytest.raises(ManifestError) as info:
             load_manifest(store, "demo", "travel", manifest.snapshot_id)
-        assert str(info.value) == f"{manifest.key}: unreadable manifest: {got}"
+        assert str(info.value) == (
+            f"{manifest.key}: unreadable manifest: {got}; restore the file if it was damaged (or install the version "
+            f"that wrote it), or move the folder demo/travel/{manifest.snapshot_id}/ out of {store.describe()}: travel "
+            "then goes on from its previous complete snapshot, or crawls anew")
 
 
 def test_concurrent_saves_never_leave_a_torn_manifest(tmp_path):

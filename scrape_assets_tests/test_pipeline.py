@@ -849,9 +849,43 @@ def test_a_manifest_of_another_format_stops_raw_pages_once_before_any_request(tm
     assert not result.success
     assert not any(e.event_type_value == "STEP_UP_FOR_RETRY" for e in result.all_events)
     (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
-    assert failure.step_failure_data.user_failure_data.description == f"{manifest.key}: format 99, expected 1"
+    assert failure.step_failure_data.user_failure_data.description == (
+        f"{manifest.key}: format 99, expected 1; restore the file if it was damaged (or install the version that "
+        f"wrote it), or move the folder demo/travel/{manifest.snapshot_id}/ out of {store.describe()}: travel then "
+        "goes on from its previous complete snapshot, or crawls anew")
     assert list_snapshots(store, "demo", "mystery") == [] and list_snapshots(store, "demo", "travel") == [
         manifest.snapshot_id]
+
+
+def test_a_damaged_manifest_names_its_folder_and_moving_it_away_lets_the_next_run_go_on(tmp_path, instance):
+    """A manifest cut short by hand (or by a disk) stops the run before any request, naming
+    the folder to move; moved out of the storage as the message says, the next run goes on
+    from the category's previous complete snapshot (its pages answered 304: nothing lost)."""
+    res = make_resources(tmp_path)
+    assert materialize(instance, res, ["travel"], selection=["raw_pages"]).success
+    store = ObjectStore(str(tmp_path / "objects"))
+    first = latest_manifest(store, "demo", "travel")
+    assert materialize(instance, res, ["travel"], selection=["raw_pages"], run_config={
+        "ops": {"raw_pages": {"config": {"new_snapshot": True}}}}).success
+    second = latest_manifest(store, "demo", "travel")
+    assert second.snapshot_id != first.snapshot_id
+    store.write_bytes_atomic(second.key, store.read_bytes(second.key)[:300])
+    result = materialize(instance, res, ["travel", "mystery"], selection=["raw_pages"], raise_on_error=False)
+    (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    description = failure.step_failure_data.user_failure_data.description
+    folder = f"demo/travel/{second.snapshot_id}/"
+    assert description.startswith(f"{second.key}: unreadable manifest: ") and (
+        f"move the folder {folder} out of {store.describe()}: travel then goes on from its previous complete "
+        "snapshot, or crawls anew") in description
+    assert list_snapshots(store, "demo", "mystery") == []  # nothing fetched for any category
+    shutil.move(tmp_path / "objects" / folder, tmp_path / "moved")
+    assert materialize(instance, res, ["travel", "mystery"], selection=["raw_pages"]).success
+    (kept, new) = list_snapshots(store, "demo", "travel")
+    assert kept == first.snapshot_id and new != second.snapshot_id
+    # Conditional GETs with the previous complete snapshot's validators: its copies are reused.
+    pages = latest_manifest(store, "demo", "travel", complete=True).pages
+    assert pages.keys() == first.pages.keys() and all(p.not_modified and p.body_key for p in pages.values())
+    assert latest_manifest(store, "demo", "mystery", complete=True).counts()["done"] == 2
 
 
 def test_a_corrupt_parse_state_stops_the_parse_naming_the_file_and_the_remedy(tmp_path, instance):

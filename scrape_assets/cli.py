@@ -33,6 +33,7 @@ import shutil
 import socket
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -789,6 +790,8 @@ def _load_held_back(defs, instance, run_id: str, resources: dict, keys: list[str
     lines += [f"  parse state of {c} unreadable ({e}): not loaded" for c, e in unreadable.items()]
     job = defs.resolve_job_def("load_job")
 
+    figures = Counter()  # products_table's rows_loaded and rows_carried_forward over the follow-up runs
+
     def follow_up(categories: list[str], asset_selection=None) -> list[str]:
         done = []
         for first, last in consecutive_ranges(categories, keys):
@@ -797,13 +800,21 @@ def _load_held_back(defs, instance, run_id: str, resources: dict, keys: list[str
                                          run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
             span = range_label(first, last)
             done.append(span if run.success else f"{span} (FAILED: run {run.run_id})")
+            # One event per partition of the range, each with the run's totals: the first one counts.
+            table = next((e for e in run.get_asset_materialization_events()
+                          if e.asset_key.to_user_string() == "products_table"), None)
+            if table is not None:
+                metadata = table.materialization.metadata
+                figures.update({k: metadata[k].value for k in ("rows_loaded", "rows_carried_forward") if k in metadata})
         return done
 
     # (a category since removed from the spec has no partition)
     loadable, failing = [c for c in passed if c in keys], [c for c in failed if c in keys]
     if loaded := follow_up(loadable):
+        kept = figures["rows_carried_forward"]
         lines.append(f"  loaded the {counted(len(loadable), 'category')} that passed it, held back with them: "
-                     + ", ".join(loaded))
+                     + ", ".join(loaded) + f": {counted(figures['rows_loaded'], 'row')} (re)loaded"
+                     + (f", {counted(kept, 'earlier row')} kept for pages that failed or cards rejected" if kept else ""))
     if recorded := follow_up(failing, [DEAD_LETTERS]):  # held back too: the pages and cards that failed
         lines.append(f"  recorded the dead letters of the {counted(len(failing), 'category')} that failed it "
                      f"(table `dead_letters`): " + ", ".join(recorded))

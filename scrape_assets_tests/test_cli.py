@@ -1093,6 +1093,36 @@ def test_the_demo_says_up_front_which_run_holds_the_host_pool_it_will_wait_for(i
     assert pool_holders_notice(instance, pool) is None
 
 
+def test_the_held_back_load_line_counts_the_rows_it_loaded_and_kept(tmp_path):
+    """After a run held back by a failed schema check, the follow-up load's line says how
+    many rows it loaded and how many earlier rows it kept (a page that failed), so the
+    table can be reconciled with the output."""
+    from scrape_assets.faults import FaultSpec, make_fault_server
+    from scrape_assets_tests.conftest import serving
+
+    def demo(rules: list[dict]) -> subprocess.CompletedProcess:
+        spec = FaultSpec.model_validate({"rules": rules})
+        with serving(make_fault_server(spec, "127.0.0.1", 0)) as server:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("SCRAPE_") and k != "DAGSTER_HOME"}
+            env.update(SCRAPE_DATA_DIR=str(tmp_path / "data"), SCRAPE_BASE_URL=server.base_url,
+                       DAGSTER_HOME=str(tmp_path / "home"))
+            cli = Path(sys.executable).with_name("scrape-assets")
+            return subprocess.run([str(cli), "demo"], env=env, capture_output=True, text=True, timeout=300,
+                                  cwd=tmp_path)
+
+    assert demo([]).returncode == 0
+    done = demo([{"match": "fiction_10/", "fault": "layout_changed"},
+                 {"match": r"mystery_3/page-2\.html$", "fault": "http_error", "status": 404}])
+    assert done.returncode == 1, done.stderr[-3000:]
+    wh = Warehouse(f"sqlite:///{tmp_path / 'data' / 'warehouse.db'}")
+    mystery = wh.rows(products, "mystery")
+    latest = max(r["snapshot_id"] for r in mystery)
+    seen, kept = (sum(r["snapshot_id"] == latest for r in mystery), sum(r["snapshot_id"] != latest for r in mystery))
+    assert seen and kept  # page 1 loaded again, page 2's rows kept from the first day
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("  loaded the 11 categories")]
+    assert line.endswith(f": {seen} rows (re)loaded, {kept} earlier rows kept for pages that failed or cards rejected")
+
+
 def test_demo_loads_the_categories_that_passed_when_one_fails_the_schema_check(tmp_path):
     """One run holds back every category's load when one fails its blocking check; the command
     then loads those that passed (as held_back_load_sensor does for the daemon's runs) and says
@@ -1116,7 +1146,7 @@ def test_demo_loads_the_categories_that_passed_when_one_fails_the_schema_check(t
     assert "pages: layout_guard x" in why and "the layout may have changed" in why and "pages 1, 2, 3, ..." in why
     assert "reject reasons: \"price: no element matches 'p.price_color'\" x" in why
     assert ("  loaded the 11 categories that passed it, held back with them: travel...romance, "
-            "default...sequential-art") in lines
+            "default...sequential-art: 613 rows (re)loaded") in lines
     assert ("  loaded          products_table held back: a schema check failed (the categories that passed are "
             "loaded below)") in lines
     rows = Warehouse(f"sqlite:///{tmp_path / 'data' / 'warehouse.db'}").rows_by_category(products)

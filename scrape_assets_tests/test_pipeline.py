@@ -957,3 +957,40 @@ def test_a_run_on_a_temporary_instance_says_so_once(tmp_path, instance):
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stderr.count("this run is on a temporary Dagster instance (DAGSTER_HOME is not set)") == 1
+
+
+def test_a_locked_warehouse_retries_the_load_steps_and_a_broken_one_does_not(tmp_path, instance, monkeypatch):
+    """products_table and dead_letters meet a warehouse another writer holds locked (longer
+    than SQLite's busy timeout): each step is retried (RetryRequested, 2 s later) and
+    loads once the lock is gone. Tables of another shape are not retried."""
+    import threading
+
+    import scrape_assets.warehouse as warehouse_module
+    from scrape_assets.defs.resources import WarehouseResource
+
+    res = make_resources(tmp_path)
+    assert materialize(instance, res, ["travel"], selection=["raw_pages", "parsed_products"]).success
+    Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").create_tables()
+    monkeypatch.setattr(warehouse_module, "SQLITE_BUSY_TIMEOUT_MS", 100)  # the runs' connections wait 0.1 s
+    holder = sqlite3.connect(tmp_path / "warehouse.db", isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN EXCLUSIVE")
+    release = threading.Timer(1.0, holder.rollback)  # the other writer is done after 1 s
+    release.start()
+    try:
+        result = materialize(instance, res, ["travel"], selection=["products_table", "dead_letters"])
+    finally:
+        release.join()
+        holder.close()
+    assert result.success
+    retried = [e.step_key for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
+    assert sorted(set(retried)) == ["dead_letters", "products_table"]
+    assert Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows_by_category(products) == {"travel": 11}
+
+    other_shape = tmp_path / "other.db"  # what the same database answers every time: no retry
+    with sqlite3.connect(other_shape) as conn:
+        conn.execute("CREATE TABLE products (category TEXT)")
+    conn.close()
+    res["warehouse"] = WarehouseResource(url=f"sqlite:///{other_shape}")
+    result = materialize(instance, res, ["travel"], selection=["products_table"], raise_on_error=False)
+    assert not result.success
+    assert not any(e.event_type_value == "STEP_UP_FOR_RETRY" for e in result.all_events)

@@ -8,7 +8,8 @@ from scrape_assets.batched_log import BatchedLog
 from scrape_assets.counts import counted
 from scrape_assets.defs.assets.partition_metadata import add_per_category
 from scrape_assets.defs.partitions import category_partitions, run_categories
-from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource
+from scrape_assets.defs.resources import (ObjectStoreResource, SiteResource, WarehouseResource,
+                                          retried_while_the_database_may_recover)
 from scrape_assets.errors import ManifestError
 from scrape_assets.extract import ParseState, load_parse_state, load_parsed
 from scrape_assets.manifest import has_snapshot, load_manifest, utc_now_iso
@@ -153,7 +154,8 @@ def products_table(
     """
     categories = run_categories(context)  # a backwards range fails before the warehouse is opened (or claimed)
     name = site.spec().name
-    with store.locks(context, name), warehouse.for_site(name, owns=has_snapshot(store.store(), name)) as wh:
+    with (retried_while_the_database_may_recover(context), store.locks(context, name),
+          warehouse.for_site(name, owns=has_snapshot(store.store(), name)) as wh):
         totals, loaded, in_table, problems = load_categories(context, categories, site, store, wh)
         total_rows = wh.count(products)
     add_per_category(context, {"rows_by_category": in_table, "rows_loaded_by_category": loaded},

@@ -310,8 +310,8 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
             if (never := summary.get("categories_without_snapshot")) and len(never) < summary["categories_configured"]
             else ""),
         *([f"  unreadable      {len(broken)} not counted here, a manifest cannot be read: "
-           + "; ".join(list(broken.values())[:2]) + (f"; and {len(broken) - 2} more: {_first_names(list(broken)[2:])}"
-                                                     if len(broken) > 2 else "")]
+           + " | ".join(list(broken.values())[:2]) + (f" | and {len(broken) - 2} more: {_first_names(list(broken)[2:])}"
+                                                       if len(broken) > 2 else "")]
           if (broken := summary.get("categories_unreadable")) else []),
         *([f"  schema failed   {len(failing)} whose latest parse failed the schema check, `products` holding "
            f"their earlier rows, if any: " + _first_names([f"{c} (parsed from snapshot {s})" for c, s in failing.items()])
@@ -771,6 +771,16 @@ def run_failure_reason(instance, result) -> str:
     return run_failure_message(instance, result.run_id, failure, result.get_step_failure_events())
 
 
+def held_back_load_line(categories: int, spans: list[str], rows_loaded: int, rows_kept: int) -> str:
+    """The line saying what the follow-up load of a held-back run did: its ranges (``spans``,
+    a failed one marked ``(FAILED: run ...)``) and the rows its successful runs loaded and
+    kept (a failed run records no figures, though what it committed before failing stays)."""
+    failed = any("(FAILED" in span for span in spans)
+    return (f"  loaded the {counted(categories, 'category')} that passed it, held back with them: " + ", ".join(spans)
+            + f": {counted(rows_loaded, 'row')} (re)loaded" + (" by the runs that succeeded" if failed else "")
+            + (f", {counted(rows_kept, 'earlier row')} kept for pages that failed or cards rejected" if rows_kept else ""))
+
+
 def _load_held_back(defs, instance, run_id: str, resources: dict, keys: list[str]) -> str | None:
     """After a run whose blocking schema check failed (which holds back the load of every
     category in it), load the categories that passed, as ``held_back_load_sensor`` does for
@@ -811,10 +821,7 @@ def _load_held_back(defs, instance, run_id: str, resources: dict, keys: list[str
     # (a category since removed from the spec has no partition)
     loadable, failing = [c for c in passed if c in keys], [c for c in failed if c in keys]
     if loaded := follow_up(loadable):
-        kept = figures["rows_carried_forward"]
-        lines.append(f"  loaded the {counted(len(loadable), 'category')} that passed it, held back with them: "
-                     + ", ".join(loaded) + f": {counted(figures['rows_loaded'], 'row')} (re)loaded"
-                     + (f", {counted(kept, 'earlier row')} kept for pages that failed or cards rejected" if kept else ""))
+        lines.append(held_back_load_line(len(loadable), loaded, figures["rows_loaded"], figures["rows_carried_forward"]))
     if recorded := follow_up(failing, [DEAD_LETTERS]):  # held back too: the pages and cards that failed
         lines.append(f"  recorded the dead letters of the {counted(len(failing), 'category')} that failed it "
                      f"(table `dead_letters`): " + ", ".join(recorded))

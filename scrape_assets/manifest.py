@@ -537,23 +537,25 @@ def _read_manifest(store: ObjectStore, site: str, category: str, snapshot_id: st
     except FileNotFoundError:
         return None
     except ManifestError as exc:
-        raise ManifestError(key, f"{exc.detail}; {_unreadable_remedy(store, site, category, snapshot_id)}") from exc
+        raise ManifestError(key, f"{exc.detail}; restore it, or {_move_away(store, category)}") from exc
     if store.is_local:
         try:
             manifest.replay_journal(store.read_bytes(manifest.journal_key), manifest.journal_key)
         except FileNotFoundError:
             pass
+        except ManifestError as exc:
+            raise ManifestError(exc.location, f"{exc.detail}; {_move_away(store, category)}") from exc
     if (manifest.site, manifest.category, manifest.snapshot_id) != (site, category, snapshot_id):
-        raise ManifestError(key, f"manifest belongs to {manifest.site}/{manifest.category}/{manifest.snapshot_id}; "
-                                 f"{_unreadable_remedy(store, site, category, snapshot_id)}")
+        raise ManifestError(key, f"manifest belongs to {manifest.site}/{manifest.category}/{manifest.snapshot_id} "
+                                 f"(a folder copied in?); {_move_away(store, category)}")
     return manifest
 
 
-def _unreadable_remedy(store: ObjectStore, site: str, category: str, snapshot_id: str) -> str:
-    """What to do about a manifest that cannot be used (damaged, of another version, copied in)."""
-    return (f"restore the file if it was damaged (or install the version that wrote it), or move the folder "
-            f"{snapshot_prefix(site, category, snapshot_id)}/ out of {store.describe()}: {category} then goes on "
-            "from its previous complete snapshot, or crawls anew")
+def _move_away(store: ObjectStore, category: str) -> str:
+    """What to do about a snapshot whose manifest or journal cannot be used (damaged, of another
+    version, copied in): the way out that loses nothing."""
+    return (f"move its folder out of {store.describe()}: {category} then goes on from its previous complete "
+            "snapshot, or crawls anew")
 
 
 def latest_manifest(store: ObjectStore, site: str, category: str, *, complete: bool = False) -> Manifest | None:

@@ -350,9 +350,8 @@ def test_a_damaged_manifest_is_one_line_of_the_summary_which_still_reports_the_r
     (unreadable,) = [line for line in lines if line.startswith("  unreadable ")]
     assert unreadable.startswith(f"  unreadable      1 not counted here, a manifest cannot be read: {key}: "
                                  "unreadable manifest: ")
-    assert unreadable.endswith(f"; restore the file if it was damaged (or install the version that wrote it), or "
-                               f"move the folder demo/mystery/2026-12-01T080000Z/ out of {store.describe()}: mystery "
-                               "then goes on from its previous complete snapshot, or crawls anew")
+    assert unreadable.endswith(f"; restore it, or move its folder out of {store.describe()}: mystery then goes on "
+                               "from its previous complete snapshot, or crawls anew")
     assert "  pages           2 done, 0 failed" in lines
     assert err == ("scrape-assets: error: 1 category with a manifest that cannot be read (mystery): see the "
                    "`unreadable` line\n")
@@ -1091,6 +1090,17 @@ def test_the_demo_says_up_front_which_run_holds_the_host_pool_it_will_wait_for(i
         "waits, using a core (Ctrl-C does not stop it: kill it)")
     instance.event_log_storage.free_concurrency_slots_for_run("0f0f0f0f-dead-run")
     assert pool_holders_notice(instance, pool) is None
+
+
+def test_the_held_back_load_line_says_its_figures_leave_out_a_failed_range():
+    from scrape_assets.cli import held_back_load_line
+
+    assert held_back_load_line(1, ["travel"], 11, 0) == (
+        "  loaded the 1 category that passed it, held back with them: travel: 11 rows (re)loaded")
+    assert held_back_load_line(5, ["travel...romance (FAILED: run 0f0f)", "default...poetry"], 300, 2) == (
+        "  loaded the 5 categories that passed it, held back with them: travel...romance (FAILED: run 0f0f), "
+        "default...poetry: 300 rows (re)loaded by the runs that succeeded, 2 earlier rows kept for pages that failed "
+        "or cards rejected")
 
 
 def test_the_held_back_load_line_counts_the_rows_it_loaded_and_kept(tmp_path):

@@ -201,6 +201,20 @@ def test_complete_snapshot_starts_a_new_one_and_latest_complete_is_found(tmp_pat
     assert latest_manifest(store, "demo", "travel", complete=True).snapshot_id == first.snapshot_id
 
 
+def test_a_snapshot_folder_copied_into_another_category_is_refused_saying_to_move_it(tmp_path):
+    import shutil
+
+    store = ObjectStore(str(tmp_path))
+    manifest, _ = _open(store, fetch_config=CONFIG, now=T0)
+    shutil.copytree(tmp_path / "demo" / "travel", tmp_path / "demo" / "mystery")
+    with pytest.raises(ManifestError) as info:
+        latest_manifest(store, "demo", "mystery")
+    assert str(info.value) == (
+        f"demo/mystery/{manifest.snapshot_id}/manifest.json: manifest belongs to demo/travel/{manifest.snapshot_id} (a "
+        f"folder copied in?); move its folder out of {store.describe()}: mystery then goes on from its previous "
+        "complete snapshot, or crawls anew")
+
+
 def test_manifest_round_trip_and_corruption_is_reported(tmp_path):
     store = ObjectStore(str(tmp_path))
     manifest, _ = _open(store, fetch_config=CONFIG, now=T0)
@@ -246,9 +260,8 @@ def test_manifest_round_trip_and_corruption_is_reported(tmp_path):
         with pytest.raises(ManifestError) as info:
             load_manifest(store, "demo", "travel", manifest.snapshot_id)
         assert str(info.value) == (
-            f"{manifest.key}: unreadable manifest: {got}; restore the file if it was damaged (or install the version "
-            f"that wrote it), or move the folder demo/travel/{manifest.snapshot_id}/ out of {store.describe()}: travel "
-            "then goes on from its previous complete snapshot, or crawls anew")
+            f"{manifest.key}: unreadable manifest: {got}; restore it, or move its folder out of {store.describe()}: "
+            "travel then goes on from its previous complete snapshot, or crawls anew")
 
 
 def test_concurrent_saves_never_leave_a_torn_manifest(tmp_path):
@@ -308,8 +321,11 @@ def test_journal_records_replay_on_load_and_a_torn_tail_is_ignored(tmp_path):
     assert loaded.pages[2].status == "pending" and loaded.journal_seq == 3
     # A corrupt line in the middle is an error, not silently skipped.
     store.append_bytes(manifest.journal_key, b'\n{"seq":5,"page":2,"entry":{"url":"u","status":"done"}}\n')
-    with pytest.raises(ManifestError, match="journal line 4 unreadable"):
+    with pytest.raises(ManifestError, match="journal line 4 unreadable") as info:
         load_manifest(store, "demo", "travel", manifest.snapshot_id)
+    assert str(info.value).startswith(f"{manifest.journal_key}: journal line 4 unreadable: ")
+    assert str(info.value).endswith(f"; move its folder out of {store.describe()}: travel then goes on from its "
+                                    "previous complete snapshot, or crawls anew")
 
 
 def test_a_change_after_a_torn_journal_is_saved_in_full_not_glued_to_the_torn_line(tmp_path):

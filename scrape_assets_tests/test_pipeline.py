@@ -850,8 +850,7 @@ def test_a_manifest_of_another_format_stops_raw_pages_once_before_any_request(tm
     assert not any(e.event_type_value == "STEP_UP_FOR_RETRY" for e in result.all_events)
     (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     assert failure.step_failure_data.user_failure_data.description == (
-        f"{manifest.key}: format 99, expected 1; restore the file if it was damaged (or install the version that "
-        f"wrote it), or move the folder demo/travel/{manifest.snapshot_id}/ out of {store.describe()}: travel then "
+        f"{manifest.key}: format 99, expected 1; restore it, or move its folder out of {store.describe()}: travel then "
         "goes on from its previous complete snapshot, or crawls anew")
     assert list_snapshots(store, "demo", "mystery") == [] and list_snapshots(store, "demo", "travel") == [
         manifest.snapshot_id]
@@ -874,16 +873,18 @@ def test_a_damaged_manifest_names_its_folder_and_moving_it_away_lets_the_next_ru
     (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     description = failure.step_failure_data.user_failure_data.description
     folder = f"demo/travel/{second.snapshot_id}/"
-    assert description.startswith(f"{second.key}: unreadable manifest: ") and (
-        f"move the folder {folder} out of {store.describe()}: travel then goes on from its previous complete "
-        "snapshot, or crawls anew") in description
+    assert description.startswith(f"{second.key}: unreadable manifest: ") and description.endswith(
+        f"; restore it, or move its folder out of {store.describe()}: travel then goes on from its previous complete "
+        "snapshot, or crawls anew")
+    assert second.key == f"{folder}manifest.json"  # the folder the message names
     assert list_snapshots(store, "demo", "mystery") == []  # nothing fetched for any category
     shutil.move(tmp_path / "objects" / folder, tmp_path / "moved")
     assert materialize(instance, res, ["travel", "mystery"], selection=["raw_pages"]).success
-    (kept, new) = list_snapshots(store, "demo", "travel")
-    assert kept == first.snapshot_id and new != second.snapshot_id
+    (kept, new) = list_snapshots(store, "demo", "travel")  # new: a new snapshot (within the second, the moved one's id)
+    latest = latest_manifest(store, "demo", "travel", complete=True)
+    assert kept == first.snapshot_id and latest.snapshot_id == new and latest.run_id not in (first.run_id, second.run_id)
     # Conditional GETs with the previous complete snapshot's validators: its copies are reused.
-    pages = latest_manifest(store, "demo", "travel", complete=True).pages
+    pages = latest.pages
     assert pages.keys() == first.pages.keys() and all(p.not_modified and p.body_key for p in pages.values())
     assert latest_manifest(store, "demo", "mystery", complete=True).counts()["done"] == 2
 
@@ -962,9 +963,11 @@ def test_a_run_on_a_temporary_instance_says_so_once(tmp_path, instance):
 def test_a_locked_warehouse_retries_the_load_steps_and_a_broken_one_does_not(tmp_path, instance, monkeypatch):
     """products_table and dead_letters meet a warehouse another writer holds locked (longer
     than SQLite's busy timeout): each step is retried (RetryRequested, 2 s later) and
-    loads once the lock is gone. Tables of another shape are not retried."""
+    loads once the lock is gone; held past the last retry, the step fails in one line
+    saying so. Tables of another shape are not retried."""
     import threading
 
+    import scrape_assets.defs.resources as resources_module
     import scrape_assets.warehouse as warehouse_module
     from scrape_assets.defs.resources import WarehouseResource
 
@@ -972,19 +975,43 @@ def test_a_locked_warehouse_retries_the_load_steps_and_a_broken_one_does_not(tmp
     assert materialize(instance, res, ["travel"], selection=["raw_pages", "parsed_products"]).success
     Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").create_tables()
     monkeypatch.setattr(warehouse_module, "SQLITE_BUSY_TIMEOUT_MS", 100)  # the runs' connections wait 0.1 s
+
+    def retries() -> list[str]:
+        events = instance.get_event_records(dg.EventRecordsFilter(event_type=dg.DagsterEventType.STEP_UP_FOR_RETRY))
+        return sorted(e.event_log_entry.step_key for e in events)
+
     holder = sqlite3.connect(tmp_path / "warehouse.db", isolation_level=None, check_same_thread=False)
     holder.execute("BEGIN EXCLUSIVE")
-    release = threading.Timer(1.0, holder.rollback)  # the other writer is done after 1 s
+
+    def release_after_both_failed() -> None:  # the other writer is done once each step met its lock
+        deadline = time.monotonic() + 60
+        while retries() != ["dead_letters", "products_table"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        holder.rollback()
+
+    release = threading.Thread(target=release_after_both_failed)
     release.start()
     try:
         result = materialize(instance, res, ["travel"], selection=["products_table", "dead_letters"])
     finally:
         release.join()
-        holder.close()
     assert result.success
-    retried = [e.step_key for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
-    assert sorted(set(retried)) == ["dead_letters", "products_table"]
+    assert sorted(e.step_key for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY") == [
+        "dead_letters", "products_table"]
     assert Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows_by_category(products) == {"travel": 11}
+
+    # Locked past the last retry (1 here): one line, no SQL, saying the retries ran out.
+    monkeypatch.setattr(resources_module, "DATABASE_RETRIES", 1)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        result = materialize(instance, res, ["travel"], selection=["products_table"], raise_on_error=False)
+    finally:
+        holder.rollback()
+        holder.close()
+    (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert failure.step_failure_data.user_failure_data.description == (
+        f"cannot read the warehouse at sqlite:///{tmp_path / 'warehouse.db'} (SCRAPE_WAREHOUSE_URL): "
+        "OperationalError: database is locked (after 1 retry)")
 
     other_shape = tmp_path / "other.db"  # what the same database answers every time: no retry
     with sqlite3.connect(other_shape) as conn:
@@ -992,5 +1019,7 @@ def test_a_locked_warehouse_retries_the_load_steps_and_a_broken_one_does_not(tmp
     conn.close()
     res["warehouse"] = WarehouseResource(url=f"sqlite:///{other_shape}")
     result = materialize(instance, res, ["travel"], selection=["products_table"], raise_on_error=False)
-    assert not result.success
     assert not any(e.event_type_value == "STEP_UP_FOR_RETRY" for e in result.all_events)
+    (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert failure.step_failure_data.user_failure_data.description.startswith(
+        f"cannot read the warehouse at sqlite:///{other_shape} (SCRAPE_WAREHOUSE_URL): OperationalError: ")

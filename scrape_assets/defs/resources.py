@@ -237,29 +237,38 @@ DATABASE_RETRIES = 3
 
 
 @contextlib.contextmanager
-def retried_while_the_database_may_recover(context: dg.AssetExecutionContext) -> Iterator[None]:
+def retried_while_the_database_may_recover(context: dg.AssetExecutionContext,
+                                           warehouse: WarehouseResource) -> Iterator[None]:
     """Turn a warehouse error that may pass into a retry of the step (``dagster.RetryRequested``).
 
     "May pass" is :func:`~scrape_assets.warehouse.may_recover`: a database locked by
     another writer, busy, unreachable, restarting, out of space. Up to
     :data:`DATABASE_RETRIES` retries, 2, 4 and 8 s apart (each attempt on a locked SQLite
-    file also waits its busy timeout, 30 s, first). The loads are idempotent per category
-    (one transaction each; an unchanged input is not loaded again), so a retry redoes only
-    what had not committed. Any other error, and the last attempt's, propagates as it was.
+    file also waits its busy timeout, 30 s, first: about 2 min in all). The loads are
+    idempotent per category (one transaction each; an unchanged input is not loaded
+    again), so a retry redoes only what had not committed. Any other database error, and
+    the last attempt's, fails the step without a retry, in one line
+    (:meth:`~scrape_assets.warehouse.Warehouse.unreadable`: no SQL, no parameters), with
+    `` (after N retries)`` when retries ran out.
     """
     import sqlalchemy as sa
 
+    from scrape_assets.counts import counted
     from scrape_assets.warehouse import database_error, may_recover
 
     try:
         yield
     except sa.exc.SQLAlchemyError as exc:
-        if not may_recover(exc) or context.retry_number >= DATABASE_RETRIES:
-            raise
-        wait = 2.0 * 2**context.retry_number
-        context.log.warning(f"the warehouse may recover ({database_error(exc)}): the step tries again in {wait:.0f} s "
-                            f"(retry {context.retry_number + 1} of {DATABASE_RETRIES})")
-        raise dg.RetryRequested(max_retries=DATABASE_RETRIES, seconds_to_wait=wait) from exc
+        retries = context.retry_number
+        if may_recover(exc) and retries < DATABASE_RETRIES:
+            wait = 2.0 * 2**retries
+            context.log.warning(f"the warehouse may recover ({database_error(exc)}): the step tries again in "
+                                f"{wait:.0f} s (retry {retries + 1} of {DATABASE_RETRIES})")
+            raise dg.RetryRequested(max_retries=DATABASE_RETRIES, seconds_to_wait=wait) from exc
+        with warehouse.warehouse() as wh:
+            line = wh.unreadable(exc)
+        raise dg.Failure(description=line + (f" (after {counted(retries, 'retry')})" if retries else ""),
+                         allow_retries=False) from exc
 
 
 class AlertsResource(dg.ConfigurableResource):

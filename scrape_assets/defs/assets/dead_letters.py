@@ -107,7 +107,7 @@ def dead_letters(
     spec = site.spec()
     object_store = store.store()
     counts = {}
-    with (retried_while_the_database_may_recover(context), store.locks(context, spec.name),
+    with (retried_while_the_database_may_recover(context, warehouse), store.locks(context, spec.name),
           warehouse.for_site(spec.name, owns=has_snapshot(object_store, spec.name)) as wh):
         in_table = wh.rows_by_category(dead_letters_table, categories)
         for category in categories:

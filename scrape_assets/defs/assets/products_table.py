@@ -154,10 +154,13 @@ def products_table(
     """
     categories = run_categories(context)  # a backwards range fails before the warehouse is opened (or claimed)
     name = site.spec().name
-    with (retried_while_the_database_may_recover(context), store.locks(context, name),
+    with (retried_while_the_database_may_recover(context, warehouse), store.locks(context, name),
           warehouse.for_site(name, owns=has_snapshot(store.store(), name)) as wh):
         totals, loaded, in_table, problems = load_categories(context, categories, site, store, wh)
         total_rows = wh.count(products)
+    if context.retry_number:  # what an earlier attempt committed is this attempt's "unchanged input"
+        context.log.info(f"retry {context.retry_number} of this step: categories an earlier attempt loaded count as "
+                         "unchanged above, and rows_loaded leaves their rows out (they are in the table)")
     add_per_category(context, {"rows_by_category": in_table, "rows_loaded_by_category": loaded},
                      {"rows": in_table, "rows_loaded": loaded})
     return dg.MaterializeResult(

@@ -37,7 +37,8 @@ Fault kinds and their options (every rule also takes ``match`` and ``first_n``):
     trickle              bytes_per_s (default 1000), interval_s (default 0.05): every read gets
                          data quickly, but the body takes size / bytes_per_s seconds (a 25-40 KB
                          demo page: 25-40 s at the default, within the fetcher's 60 s deadline
-                         of a whole request; 200 B/s exceeds it)
+                         of a whole request; 200 B/s exceeds it); sent with Connection: close,
+                         as the connection closes after it
     stall_after_headers  max_stall_s (default 60): headers, then nothing until the client hangs up,
                          the server stops or max_stall_s passes
     bad_gzip             Content-Encoding: gzip on a body that is not gzip
@@ -624,7 +625,10 @@ class FaultyDemoRequestHandler(DemoRequestHandler):
         self.close_connection = True  # FIN after fewer bytes than Content-Length
 
     def _fault_trickle(self, rule: Trickle, response: DemoResponse) -> None:
-        self._send_head(response.status, response.headers)
+        # The connection closes after the (complete) body, so the head says so, as a server
+        # that closes must (RFC 9112 section 9.6): a client would otherwise send its next
+        # request on it and meet the close, an attempt the fault never meant.
+        self._send_head(response.status, {**response.headers, "Connection": "close"})
         step = max(1, round(rule.bytes_per_s * rule.interval_s))
         for offset in range(0, len(response.body), step):
             self.wfile.write(response.body[offset : offset + step])
@@ -633,7 +637,7 @@ class FaultyDemoRequestHandler(DemoRequestHandler):
         self.close_connection = True
 
     def _fault_stall_after_headers(self, rule: StallAfterHeaders, response: DemoResponse) -> None:
-        self._send_head(response.status, response.headers)
+        self._send_head(response.status, {**response.headers, "Connection": "close"})  # closes after: see trickle
         self._pause(rule.max_stall_s)
         self.close_connection = True
 

@@ -350,6 +350,34 @@ def test_storage_failing_once_is_retried_by_the_retry_policy_and_no_page_is_fetc
 # --- the server itself ---------------------------------------------------------------------------
 
 
+@pytest.mark.timeout(60)
+def test_a_trickled_page_says_its_connection_closes_so_no_next_request_meets_the_close(tmp_path):
+    """A trickle closes the connection after a complete body: without ``Connection: close``
+    the client sent its next page on that connection and met the close, a failed attempt
+    (a phantom one, the server never saw the request): with one attempt allowed, pages
+    2 and 3 of fantasy failed as "Server disconnected"."""
+    import asyncio
+    import logging
+
+    from scrape_assets.defs.assets.raw_pages import crawl_partitions
+    from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
+    from scrape_assets.manifest import latest_manifest
+    from scrape_assets.storage import ObjectStore
+
+    spec = FaultSpec.model_validate({"rules": [{"match": "^/catalogue/category/", "fault": "trickle",
+                                                "bytes_per_s": 100_000}]})
+    with fault_server(spec) as server:
+        site = SiteResource(site="demo", base_url=server.base_url, max_attempts=1)
+        asyncio.run(crawl_partitions(site, ObjectStoreResource(url=str(tmp_path)), ["fantasy", "mystery"],
+                                     log=logging.getLogger("test"), new_snapshot=False))
+        counts = server.attempt_counts
+    for category, pages in (("fantasy", 3), ("mystery", 2)):
+        manifest = latest_manifest(ObjectStore(str(tmp_path)), "demo", category)
+        assert {n: (p.status, p.attempts) for n, p in manifest.pages.items()} == {
+            n: ("done", 1) for n in range(1, pages + 1)}
+        assert all(counts[page_path(category, n)] == 1 for n in range(1, pages + 1))
+
+
 @pytest.mark.timeout(30)
 def test_stalled_and_trickling_handlers_end_when_the_server_shuts_down():
     spec = FaultSpec.model_validate(

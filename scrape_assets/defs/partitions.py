@@ -14,9 +14,18 @@ def build_category_partitions(spec: SiteSpec) -> dg.StaticPartitionsDefinition:
     return dg.StaticPartitionsDefinition(list(spec.categories))
 
 
+def configured_spec() -> SiteSpec:
+    """The spec ``SCRAPE_SITE`` names, read now (from the file, each call).
+
+    Raises:
+        SettingsError, SpecError: the setting or the spec is not valid.
+    """
+    return load_spec(load_settings().site)
+
+
 #: The spec the definitions are loaded with (``SCRAPE_SITE``): its categories are the partition
 #: keys, its parsing rules part of ``parsed_products``' code version.
-site_spec = load_spec(load_settings().site)
+site_spec = configured_spec()
 category_partitions = build_category_partitions(site_spec)
 _told_ephemeral: set[str] = set()  # runs already warned that their instance is temporary (once per run)
 #: The folder prefix of the instance Dagster's CLI makes in the current folder when DAGSTER_HOME

@@ -28,11 +28,10 @@ from scrape_assets.collapse import CollapseRules, CollapseState, observe_product
 from scrape_assets.counts import counted
 from scrape_assets.defs.assets.parsed_products import SCHEMA_CHECK
 from scrape_assets.defs.jobs import QUEUE_TAG, category_partitions, load_job, partition_range_tags, queue_tags
+from scrape_assets.defs.partitions import configured_spec
 from scrape_assets.defs.resources import AlertsResource, ObjectStoreResource, SiteResource
 from scrape_assets.extract import load_parse_state
 from scrape_assets.manifest import utc_now_iso
-from scrape_assets.settings import load_settings
-from scrape_assets.spec import load_spec
 
 RULES = CollapseRules()
 BATCH = 200
@@ -54,7 +53,7 @@ def _spec_categories(log=None) -> list[str]:
     """The categories of the spec ``SCRAPE_SITE`` names, read now; the partition keys of when
     the definitions loaded if it cannot be read (an edit in progress must not stop the alerts)."""
     try:
-        return list(load_spec(load_settings().site).categories)
+        return list(configured_spec().categories)
     except Exception as exc:  # noqa: BLE001 - SpecError, SettingsError, OSError: all mean "not now"
         if log is not None:
             log.warning(f"spec unreadable now ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
@@ -195,9 +194,8 @@ def alert_message(texts: list[str], held_since: str | None = None) -> str:
         more = len(texts) - MAX_LINES
         recovered = sum(map(_is_recovery, texts))
         collapses = len(texts) - recovered
-        head = ", ".join(filter(None, [
-            f"{collapses} collapse{'' if collapses == 1 else 's'}" if collapses else "",
-            f"{recovered} {'recovery' if recovered == 1 else 'recoveries'}" if recovered else ""]))
+        head = ", ".join(filter(None, [counted(collapses, "collapse") if collapses else "",
+                                       counted(recovered, "recovery") if recovered else ""]))
         text = (f"scrape_assets: {head}\n" + "\n".join(f"- {t}" for t in texts[:MAX_LINES])
                 + (f"\n- ... and {more} more" if more > 0 else ""))
     if held_since:

@@ -20,7 +20,7 @@ from pydantic import ConfigDict, Field, field_validator
 from scrape_assets import __version__
 from scrape_assets.errors import SettingsError
 from scrape_assets.locks import host_lock, partition_locks
-from scrape_assets.manifest import utc_now_iso
+from scrape_assets.manifest import has_snapshot, utc_now_iso
 from scrape_assets.proxies import ProxyURL
 from scrape_assets.settings import (
     DEFAULT_RESUME_MAX_AGE_H,
@@ -269,6 +269,19 @@ def retried_while_the_database_may_recover(context: dg.AssetExecutionContext,
             line = wh.unreadable(exc)
         raise dg.Failure(description=line + (f" (after {counted(retries, 'retry')})" if retries else ""),
                          allow_retries=False) from exc
+
+
+@contextlib.contextmanager
+def warehouse_for_load(context: dg.AssetExecutionContext, store: ObjectStoreResource, warehouse: WarehouseResource,
+                       site: str) -> Iterator[Warehouse]:
+    """A load step's warehouse (``products_table``, ``dead_letters``): claimed for ``site``
+    (:meth:`~scrape_assets.warehouse.Warehouse.claim_site`, tables loaded before claims
+    existed judged by this storage's snapshots), with the run's partitions locked, and the step retried while the database may recover
+    (:func:`retried_while_the_database_may_recover`: outermost, so the locks and the
+    connection are given back before a retry takes them again)."""
+    with (retried_while_the_database_may_recover(context, warehouse), store.locks(context, site),
+          warehouse.for_site(site, owns=has_snapshot(store.store(), site)) as wh):
+        yield wh
 
 
 class AlertsResource(dg.ConfigurableResource):

@@ -7,10 +7,9 @@ import dagster as dg
 
 from scrape_assets.defs.assets.partition_metadata import add_per_category
 from scrape_assets.defs.partitions import category_partitions, run_categories
-from scrape_assets.defs.resources import (ObjectStoreResource, SiteResource, WarehouseResource,
-                                          retried_while_the_database_may_recover)
+from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource, warehouse_for_load
 from scrape_assets.extract import load_current, load_parse_state
-from scrape_assets.manifest import Manifest, has_snapshot, latest_manifest, utc_now_iso
+from scrape_assets.manifest import Manifest, latest_manifest, utc_now_iso
 from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import dead_letters as dead_letters_table
 
@@ -107,8 +106,7 @@ def dead_letters(
     spec = site.spec()
     object_store = store.store()
     counts = {}
-    with (retried_while_the_database_may_recover(context, warehouse), store.locks(context, spec.name),
-          warehouse.for_site(spec.name, owns=has_snapshot(object_store, spec.name)) as wh):
+    with warehouse_for_load(context, store, warehouse, spec.name) as wh:
         in_table = wh.rows_by_category(dead_letters_table, categories)
         for category in categories:
             manifest = latest_manifest(object_store, spec.name, category, complete=True)

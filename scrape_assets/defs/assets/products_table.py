@@ -8,11 +8,10 @@ from scrape_assets.batched_log import BatchedLog
 from scrape_assets.counts import counted
 from scrape_assets.defs.assets.partition_metadata import add_per_category
 from scrape_assets.defs.partitions import category_partitions, run_categories
-from scrape_assets.defs.resources import (ObjectStoreResource, SiteResource, WarehouseResource,
-                                          retried_while_the_database_may_recover)
+from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource, warehouse_for_load
 from scrape_assets.errors import ManifestError
 from scrape_assets.extract import ParseState, load_parse_state, load_parsed
-from scrape_assets.manifest import has_snapshot, load_manifest, utc_now_iso
+from scrape_assets.manifest import load_manifest, utc_now_iso
 from scrape_assets.warehouse import Warehouse, products
 
 ROWS_CHECK = "products_table_matches_parsed"
@@ -154,8 +153,7 @@ def products_table(
     """
     categories = run_categories(context)  # a backwards range fails before the warehouse is opened (or claimed)
     name = site.spec().name
-    with (retried_while_the_database_may_recover(context, warehouse), store.locks(context, name),
-          warehouse.for_site(name, owns=has_snapshot(store.store(), name)) as wh):
+    with warehouse_for_load(context, store, warehouse, name) as wh:
         totals, loaded, in_table, problems = load_categories(context, categories, site, store, wh)
         total_rows = wh.count(products)
     if context.retry_number:  # what an earlier attempt committed is this attempt's "unchanged input"

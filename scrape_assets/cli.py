@@ -771,13 +771,14 @@ def run_failure_reason(instance, result) -> str:
     return run_failure_message(instance, result.run_id, failure, result.get_step_failure_events())
 
 
-def held_back_load_line(categories: int, spans: list[str], rows_loaded: int, rows_kept: int) -> str:
+def held_back_load_line(categories: int, spans: list[str], rows_loaded: int, rows_kept: int, *,
+                        any_failed: bool) -> str:
     """The line saying what the follow-up load of a held-back run did: its ranges (``spans``,
     a failed one marked ``(FAILED: run ...)``) and the rows its successful runs loaded and
-    kept (a failed run records no figures, though what it committed before failing stays)."""
-    failed = any("(FAILED" in span for span in spans)
+    kept (with ``any_failed``, a run failed: it records no figures, though what it committed
+    before failing stays)."""
     return (f"  loaded the {counted(categories, 'category')} that passed it, held back with them: " + ", ".join(spans)
-            + f": {counted(rows_loaded, 'row')} (re)loaded" + (" by the runs that succeeded" if failed else "")
+            + f": {counted(rows_loaded, 'row')} (re)loaded" + (" by the runs that succeeded" if any_failed else "")
             + (f", {counted(rows_kept, 'earlier row')} kept for pages that failed or cards rejected" if rows_kept else ""))
 
 
@@ -800,7 +801,7 @@ def _load_held_back(defs, instance, run_id: str, resources: dict, keys: list[str
     lines += [f"  parse state of {c} unreadable ({e}): not loaded" for c, e in unreadable.items()]
     job = defs.resolve_job_def("load_job")
 
-    figures = Counter()  # products_table's rows_loaded and rows_carried_forward over the follow-up runs
+    figures = Counter()  # products_table's rows_loaded and rows_carried_forward over the follow-up runs, failed runs
 
     def follow_up(categories: list[str], asset_selection=None) -> list[str]:
         done = []
@@ -810,6 +811,7 @@ def _load_held_back(defs, instance, run_id: str, resources: dict, keys: list[str
                                          run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
             span = range_label(first, last)
             done.append(span if run.success else f"{span} (FAILED: run {run.run_id})")
+            figures["failed_runs"] += not run.success
             # One event per partition of the range, each with the run's totals: the first one counts.
             table = next((e for e in run.get_asset_materialization_events()
                           if e.asset_key.to_user_string() == "products_table"), None)
@@ -821,7 +823,8 @@ def _load_held_back(defs, instance, run_id: str, resources: dict, keys: list[str
     # (a category since removed from the spec has no partition)
     loadable, failing = [c for c in passed if c in keys], [c for c in failed if c in keys]
     if loaded := follow_up(loadable):
-        lines.append(held_back_load_line(len(loadable), loaded, figures["rows_loaded"], figures["rows_carried_forward"]))
+        lines.append(held_back_load_line(len(loadable), loaded, figures["rows_loaded"], figures["rows_carried_forward"],
+                                         any_failed=figures["failed_runs"] > 0))
     if recorded := follow_up(failing, [DEAD_LETTERS]):  # held back too: the pages and cards that failed
         lines.append(f"  recorded the dead letters of the {counted(len(failing), 'category')} that failed it "
                      f"(table `dead_letters`): " + ", ".join(recorded))

@@ -1095,9 +1095,10 @@ def test_the_demo_says_up_front_which_run_holds_the_host_pool_it_will_wait_for(i
 def test_the_held_back_load_line_says_its_figures_leave_out_a_failed_range():
     from scrape_assets.cli import held_back_load_line
 
-    assert held_back_load_line(1, ["travel"], 11, 0) == (
+    assert held_back_load_line(1, ["travel"], 11, 0, any_failed=False) == (
         "  loaded the 1 category that passed it, held back with them: travel: 11 rows (re)loaded")
-    assert held_back_load_line(5, ["travel...romance (FAILED: run 0f0f)", "default...poetry"], 300, 2) == (
+    assert held_back_load_line(5, ["travel...romance (FAILED: run 0f0f)", "default...poetry"], 300, 2,
+                               any_failed=True) == (
         "  loaded the 5 categories that passed it, held back with them: travel...romance (FAILED: run 0f0f), "
         "default...poetry: 300 rows (re)loaded by the runs that succeeded, 2 earlier rows kept for pages that failed "
         "or cards rejected")

@@ -376,6 +376,22 @@ class Warehouse:
                 for category, version in conn.execute(query.where(where))
             }
 
+    def loaded_since(self, table: sa.Table, categories: Collection[str], since: str) -> set[str]:
+        """Those of ``categories`` whose last load into ``table`` was committed at ``since`` or later.
+
+        Args:
+            since: a UTC time as ``partition_loads.loaded_at`` holds it (ISO 8601 with
+                seconds and ``Z``, :func:`~scrape_assets.manifest.utc_now_iso`); a load in
+                the same second counts.
+        """
+        self.create_tables()
+        query = sa.select(partition_loads.c.category).where(
+            partition_loads.c.table_name == table.name, partition_loads.c.loaded_at >= since
+        )
+        with self.engine.connect() as conn:
+            return {category for where in _each_chunk(partition_loads.c.category, categories)
+                    for (category,) in conn.execute(query.where(where))}
+
     def load_products(
         self,
         category: str,

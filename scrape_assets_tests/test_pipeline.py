@@ -1023,3 +1023,57 @@ def test_a_locked_warehouse_retries_the_load_steps_and_a_broken_one_does_not(tmp
     (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     assert failure.step_failure_data.user_failure_data.description.startswith(
         f"cannot read the warehouse at sqlite:///{other_shape} (SCRAPE_WAREHOUSE_URL): OperationalError: ")
+
+
+def test_a_retried_load_counts_what_its_earlier_attempt_committed(tmp_path, instance, monkeypatch):
+    """The lock arrives after travel's load committed and before mystery's: the retry loads
+    mystery only, and its figures and log count travel's load as this run's (not as an
+    unchanged input)."""
+    import threading
+
+    import scrape_assets.warehouse as warehouse_module
+
+    res = make_resources(tmp_path)
+    assert materialize(instance, res, ["travel", "mystery"], selection=["raw_pages", "parsed_products"]).success
+    Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").create_tables()
+    monkeypatch.setattr(warehouse_module, "SQLITE_BUSY_TIMEOUT_MS", 100)
+    holder = sqlite3.connect(tmp_path / "warehouse.db", isolation_level=None, check_same_thread=False)
+    loads, original = [], Warehouse.load_products
+
+    def retried() -> bool:
+        return bool(instance.get_event_records(dg.EventRecordsFilter(event_type=dg.DagsterEventType.STEP_UP_FOR_RETRY)))
+
+    def release_after_the_retry_was_asked() -> None:
+        deadline = time.monotonic() + 60
+        while not retried() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        holder.rollback()
+
+    release = threading.Thread(target=release_after_the_retry_was_asked)
+
+    def load_then_lock(self, category, rows, **kwargs):
+        result = original(self, category, rows, **kwargs)
+        loads.append((category, rows is not None))
+        if len(loads) == 1:  # travel is committed: another writer takes the database now
+            holder.execute("BEGIN EXCLUSIVE")
+            release.start()
+        return result
+
+    monkeypatch.setattr(Warehouse, "load_products", load_then_lock)
+    try:
+        result = materialize(instance, res, ["travel", "mystery"], selection=["products_table"])
+    finally:
+        if release.is_alive():
+            release.join()
+        holder.close()
+    assert result.success
+    assert loads == [("travel", True), ("travel", False), ("mystery", True)]  # the retry did not load travel again
+    rows = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows_by_category(products)
+    assert rows == {"mystery": 32, "travel": 11}
+    by_partition = {m.partition: m.metadata for m in result.asset_materializations_for_node("products_table")}
+    assert {p: (m["rows_loaded"].value, m["partitions_reloaded"].value, m["category_rows_loaded"].value)
+            for p, m in by_partition.items()} == {"travel": (43, 2, 11), "mystery": (43, 2, 32)}
+    logged = [e.user_message for e in instance.all_logs(result.run_id) if e.user_message]
+    assert any("travel: loaded 11 rows into products by an earlier attempt of this step" in m for m in logged)
+    assert any("2 categories: 43 rows loaded into products (2 categories reloaded, 1 of them by an earlier attempt "
+               "of this step, 0 earlier rows kept in them; 0 unchanged" in m for m in logged)

@@ -364,15 +364,20 @@ def test_run_wide_queries_answer_for_the_given_categories_only(tmp_path, monkeyp
     from scrape_assets import warehouse
 
     wh = Warehouse(f"sqlite:///{tmp_path / 'w.db'}")
-    for category, ids in (("a", "12"), ("b", "1"), ("c", "123")):
+    for category, ids, second in (("a", "12", "05"), ("b", "1", "06"), ("c", "123", "07")):
         wh.load_products(category, [_row(category, pid) for pid in ids], input_version=f"v-{category}",
-                         snapshot_id="s1", loaded_at="t", history_date="2026-12-01", history_snapshot_id="s1")
+                         snapshot_id="s1", loaded_at=f"2026-12-01T10:00:{second}Z", history_date="2026-12-01",
+                         history_snapshot_id="s1")
     for chunk in (500, 1):  # one IN list, or one per category (as past SQLite's bound-variable limit)
         monkeypatch.setattr(warehouse, "_IN_CHUNK", chunk)
         assert list(wh.rows_by_category(products, ["c", "a", "zz"]).items()) == [("a", 2), ("c", 3)]  # no rows, no entry
         assert list(wh.rows_by_category(products).items()) == [("a", 2), ("b", 1), ("c", 3)]
         assert wh.rows_by_category(products, []) == {}
         assert wh.loaded_versions(products, {"a", "c", "zz"}) == {"a": "v-a", "c": "v-c"}
+        # loaded in that second or later (what a retried step's earlier attempt loaded since the run began)
+        assert wh.loaded_since(products, ["a", "b", "c", "zz"], "2026-12-01T10:00:06Z") == {"b", "c"}
+        assert wh.loaded_since(products, ["a", "b"], "2026-12-01T10:00:08Z") == set()
+        assert wh.loaded_since(products, [], "2026-12-01T10:00:00Z") == set()
         assert wh.duplicate_product_keys(["a", "b"]) == []
     with pytest.raises(TypeError, match="the string 'a'"):
         wh.duplicate_product_keys("a")  # a category name is not a list of them

@@ -1,6 +1,7 @@
 """``products_table``: the warehouse table ``products``, loaded idempotently per partition."""
 
 from collections import Counter
+from datetime import datetime, timezone
 
 import dagster as dg
 
@@ -21,7 +22,8 @@ class SchemaValidationFailed(dg.Failure):
     """Parsed rows failed the schema: the table is left untouched."""
 
 
-def load_categories(context, categories: list[str], site: SiteResource, store: ObjectStoreResource, wh: Warehouse):
+def load_categories(context, categories: list[str], site: SiteResource, store: ObjectStoreResource, wh: Warehouse,
+                    *, run_started_at: str | None = None):
     """Check every partition of the run (``categories``) passed the schema, then load them one by one.
 
     An input already loaded (same input version in ``partition_loads``) is not reloaded;
@@ -29,6 +31,14 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
     that load inserted (rows deleted or replaced outside the pipeline, a partial restore;
     counted, not compared, so a value edited in place goes unseen): that category is loaded
     again, and the log says so.
+
+    ``run_started_at`` (a retry of the step: when the run began, UTC ``...Z`` as
+    ``partition_loads.loaded_at`` holds it): an unchanged input loaded since then was loaded
+    by an earlier attempt of this step (each category commits on its own), and counts as
+    loaded by this run in the figures returned and the log.
+
+    Returns:
+        ``(totals, rows loaded by category, rows in the table by category, the check's problems)``.
     """
     spec = site.spec()
     object_store = store.store()
@@ -54,6 +64,9 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
     in_place = wh.rows_of_loaded_snapshots(unchanged) if unchanged else {}
     altered = {c: in_place.get(c, 0) for c in unchanged if in_place.get(c, 0) != states[c].products}
     to_load |= set(altered)
+    # Loaded by an earlier attempt of this step (a retry): this run's load, not an unchanged input.
+    earlier = (wh.loaded_since(products, [c for c in unchanged if c not in altered], run_started_at)
+               if run_started_at and unchanged else set())
     for category, state in states.items():
         rows, manifest, rejected = None, None, set()
         if category in to_load:
@@ -80,6 +93,10 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
             carry_unseen=manifest is not None and not manifest.sees_every_page,
             carry_ids=rejected,  # a card that no longer parses keeps its row
         )
+        if category in earlier:
+            log.add(f"{category}: loaded {counted(state.products, 'row')} into products by an earlier attempt of this "
+                    f"step (parsed from snapshot {state.snapshot_id})")
+            continue
         log.add(
             f"{category}: "
             + (f"unchanged input, but the table holds {counted(altered[category], 'row')} of the "
@@ -95,6 +112,8 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
     # The check, for all the run's partitions at once (two queries, not two per partition).
     counts = wh.rows_by_category(products, states)
     duplicates = Counter(category for category, _product_id, _n in wh.duplicate_product_keys(states))
+    for category in earlier:  # what that attempt inserted and kept (its transaction is in the table as it left it)
+        loaded[category], carried[category] = states[category].products, counts.get(category, 0) - states[category].products
     for category, state in states.items():
         count = in_table[category] = counts.get(category, 0)
         reloaded_wrong = category in to_load and count != state.products + carried[category]
@@ -105,13 +124,23 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
             )
     totals = {"rows_loaded": sum(loaded.values()), "partitions_reloaded": sum(1 for c in loaded if loaded[c]),
               "rows_carried_forward": sum(carried.values())}
+    reloaded = len(to_load) + len(earlier)
     log.close(
         f"{counted(len(states), 'category')}: {counted(totals['rows_loaded'], 'row')} loaded into products "
-        f"({counted(len(to_load), 'category')} reloaded, "
-        f"{counted(totals['rows_carried_forward'], 'earlier row')} kept in them; "
-        f"{len(states) - len(to_load)} unchanged, their rows as they were)"
+        f"({counted(reloaded, 'category')} reloaded"
+        + (f", {len(earlier)} of them by an earlier attempt of this step" if earlier else "")
+        + f", {counted(totals['rows_carried_forward'], 'earlier row')} kept in them; "
+        f"{len(states) - reloaded} unchanged, their rows as they were)"
     )
     return totals, loaded, in_table, problems
+
+
+def _run_started_at(context) -> str | None:
+    """When the run began (UTC, ``partition_loads.loaded_at``'s format), None when its record has no start time."""
+    record = context.instance.get_run_record_by_id(context.run_id)
+    if record is None or record.start_time is None:
+        return None
+    return utc_now_iso(datetime.fromtimestamp(record.start_time, timezone.utc))
 
 
 def snapshot_date(snapshot_id: str) -> str:
@@ -154,11 +183,9 @@ def products_table(
     categories = run_categories(context)  # a backwards range fails before the warehouse is opened (or claimed)
     name = site.spec().name
     with warehouse_for_load(context, store, warehouse, name) as wh:
-        totals, loaded, in_table, problems = load_categories(context, categories, site, store, wh)
+        totals, loaded, in_table, problems = load_categories(
+            context, categories, site, store, wh, run_started_at=_run_started_at(context) if context.retry_number else None)
         total_rows = wh.count(products)
-    if context.retry_number:  # what an earlier attempt committed is this attempt's "unchanged input"
-        context.log.info(f"retry {context.retry_number} of this step: categories an earlier attempt loaded count as "
-                         "unchanged above, and rows_loaded leaves their rows out (they are in the table)")
     add_per_category(context, {"rows_by_category": in_table, "rows_loaded_by_category": loaded},
                      {"rows": in_table, "rows_loaded": loaded})
     return dg.MaterializeResult(

@@ -635,14 +635,17 @@ _SQLITE_TRANSIENT = {5, 6, 10, 13, 14, 15}
 #: later: 08 connection exception, 40 transaction rollback (serialization, deadlock), 53
 #: insufficient resources, 57 operator intervention (shutting down, starting up), 58 system error.
 _SQLSTATE_TRANSIENT = {"08", "40", "53", "57", "58"}
+#: Single SQLSTATEs of other classes that may pass: 55P03 lock_not_available (a table another
+#: writer holds locked past the session's ``lock_timeout``, PostgreSQL's "database is locked").
+_SQLSTATE_TRANSIENT_CODES = {"55P03"}
 
 
 def may_recover(exc: Exception) -> bool:
     """Whether a SQLAlchemy error may go away if the same work is tried again later.
 
     True for a lost connection, a database that is locked, busy, unreachable or out of
-    space (SQLite's result code, PostgreSQL's SQLSTATE class: see :data:`_SQLITE_TRANSIENT`
-    and :data:`_SQLSTATE_TRANSIENT`), and for an ``OperationalError`` or ``InterfaceError``
+    space (SQLite's result code, PostgreSQL's SQLSTATE class: see :data:`_SQLITE_TRANSIENT`,
+    :data:`_SQLSTATE_TRANSIENT` and :data:`_SQLSTATE_TRANSIENT_CODES`), and for an ``OperationalError`` or ``InterfaceError``
     whose driver gives no code (psycopg's "connection refused"). False for what the same
     database will answer again: tables of another shape ("no such column"), a file that is
     not a database, a login or a database name the server refuses (SQLSTATE 28, 3D).
@@ -661,7 +664,7 @@ def may_recover(exc: Exception) -> bool:
     if sqlstate is None and cause is not None and cause.args and isinstance(cause.args[0], dict):
         sqlstate = cause.args[0].get("C")  # pg8000: the server's error fields
     if isinstance(sqlstate, str) and len(sqlstate) == 5:
-        return sqlstate[:2] in _SQLSTATE_TRANSIENT
+        return sqlstate[:2] in _SQLSTATE_TRANSIENT or sqlstate in _SQLSTATE_TRANSIENT_CODES
     message = str(cause if cause is not None else exc).lower()
     if any(text in message for text in _PERMANENT_MESSAGES):
         return False

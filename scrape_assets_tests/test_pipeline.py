@@ -433,6 +433,7 @@ def test_a_failed_fetch_never_deletes_rows_loaded_earlier(tmp_path, instance):
     md = run_metadata(result)
     assert md["products_table"]["rows_carried_forward"] == 11 + 12
     # travel reloaded no row of its own (its page failed): still a category reloaded, its rows kept.
+    assert (md["products_table"]["rows_loaded"], md["products_table"]["partitions_reloaded"]) == (20, 2)
     assert any(e.message.startswith("2 categories: 20 rows loaded into products (2 categories reloaded, 23 earlier "
                                     "rows kept in them; 0 unchanged, their rows as they were)")
                for e in instance.all_logs(result.run_id))

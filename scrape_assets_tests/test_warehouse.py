@@ -574,6 +574,10 @@ class _DriverError(Exception):
                                                                sqlstate="57P03")), True),
         (sa.exc.OperationalError("SELECT 1", {}, _DriverError("deadlock detected", pgcode="40P01")), True),  # psycopg2
         (sa.exc.OperationalError("SELECT 1", {}, _DriverError("too many connections", sqlstate="53300")), True),
+        # A table another writer holds locked past lock_timeout; its class (55) is otherwise permanent.
+        (sa.exc.OperationalError("SELECT 1", {}, _DriverError("canceling statement due to lock timeout",
+                                                               sqlstate="55P03")), True),
+        (sa.exc.OperationalError("SELECT 1", {}, _DriverError("object is in use", sqlstate="55006")), False),
         (sa.exc.OperationalError("SELECT 1", {}, _DriverError("password authentication failed",
                                                                sqlstate="28P01")), False),
         (sa.exc.OperationalError("SELECT 1", {}, _DriverError('database "shop" does not exist',

@@ -122,9 +122,9 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
                 {"category": category, "rows_parsed": state.products, "rows_carried_forward": carried[category],
                  "rows_in_table": count, "duplicates": duplicates[category]}
             )
-    totals = {"rows_loaded": sum(loaded.values()), "partitions_reloaded": sum(1 for c in loaded if loaded[c]),
+    reloaded = len(to_load) + len(earlier)  # a category reloaded with no row seen (every page failed) counts too
+    totals = {"rows_loaded": sum(loaded.values()), "partitions_reloaded": reloaded,
               "rows_carried_forward": sum(carried.values())}
-    reloaded = len(to_load) + len(earlier)
     log.close(
         f"{counted(len(states), 'category')}: {counted(totals['rows_loaded'], 'row')} loaded into products "
         f"({counted(reloaded, 'category')} reloaded"

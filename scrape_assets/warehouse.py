@@ -430,7 +430,10 @@ class Warehouse:
                 ``partition_loads``), replacing the day's earlier row of the same product, so
                 re-running a day never duplicates. Carried-forward rows were not seen: their old
                 prices are not stamped with this day, and a row an earlier run of the same day
-                saw stays.
+                saw stays. When ``rows`` are given, the day's rows an earlier load of this same
+                ``history_snapshot_id`` wrote for products these rows no longer have are
+                deleted (a re-parse of the snapshot with new rules: an id read differently, a
+                card now rejected), so the day holds what the loaded rows say.
 
         Returns:
             ``(rows inserted, rows carried forward)``; ``(0, 0)`` when ``rows`` is None.
@@ -473,6 +476,13 @@ class Warehouse:
                 .scalar_subquery()
             )
             seen = sa.and_(products.c.category == category, products.c.snapshot_id == loaded_snapshot)
+            if rows is not None:  # what an earlier load of this snapshot stamped on the day and these rows lack
+                conn.execute(price_history.delete().where(
+                    price_history.c.snapshot_date == history_date,
+                    price_history.c.category == category,
+                    price_history.c.snapshot_id == history_snapshot_id,
+                    ~sa.exists().where(seen, products.c.product_id == price_history.c.product_id),
+                ))
             write_price_history(conn, category, history_date, history_snapshot_id, seen)
         return inserted, carried
 

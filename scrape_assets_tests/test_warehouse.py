@@ -274,7 +274,16 @@ def test_price_history_gets_only_the_prices_seen_that_day(tmp_path, monkeypatch,
     assert len(wh.rows(price_history)) == 3 + 3 + 2
     history_writes = [s for s in statements if "price_history" in s and not s.lstrip().upper().startswith("SELECT")]
     assert any("ON CONFLICT" in s for s in history_writes) == upsert
-    assert any(s.lstrip().upper().startswith("DELETE") for s in history_writes) == (not upsert)
+    # (the delete of rows of products no longer seen, "NOT (EXISTS ...)", is both ways' own)
+    assert any(s.lstrip().upper().startswith("DELETE") and "EXISTS" not in s.upper()
+               for s in history_writes) == (not upsert)
+    # s4 re-parsed on its day with new rules: product 2's id now reads "2b", product 1's card is
+    # rejected. The day's rows s4 stamped for 1 and 2 go; s3's row of product 3 (not seen by s4)
+    # and the next day's rows stay.
+    load("s4", "2026-12-02", page_rows("s4", {"2b": (1, "2.40")}), failed_pages={2})
+    assert history("2026-12-02") == {("2b", "2.40", "s4"), ("3", "3.30", "s3")}
+    assert history("2026-12-03") == {("1", "1.40", "s5"), ("2", "2.40", "s5")}
+    assert len(wh.rows(price_history)) == 3 + 2 + 2
 
 
 def test_a_product_that_moved_onto_the_page_that_failed_is_carried_not_deleted(tmp_path):

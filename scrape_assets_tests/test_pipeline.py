@@ -10,6 +10,8 @@ import shutil
 import sqlite3
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources as importlib_resources
@@ -1026,27 +1028,23 @@ def test_a_locked_warehouse_retries_the_load_steps_and_a_broken_one_does_not(tmp
         f"cannot read the warehouse at sqlite:///{other_shape} (SCRAPE_WAREHOUSE_URL): OperationalError: ")
 
 
-def test_a_retried_load_counts_what_its_earlier_attempt_committed(tmp_path, instance, monkeypatch):
-    """The lock arrives after travel's load committed and before mystery's: the retry loads
-    mystery only, and its figures and log count travel's load as this run's (not as an
-    unchanged input)."""
+@contextmanager
+def locked_after_the_first_load(instance, db: Path, monkeypatch) -> Iterator[list[tuple[str, bool]]]:
+    """Patch ``Warehouse.load_products``: once its first call committed, another connection
+    holds ``db`` exclusively (busy timeout 0.1 s) until the step asks for a retry. Yields the
+    calls made, ``(category, rows given)``."""
     import threading
 
     import scrape_assets.warehouse as warehouse_module
 
-    res = make_resources(tmp_path)
-    assert materialize(instance, res, ["travel", "mystery"], selection=["raw_pages", "parsed_products"]).success
-    Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").create_tables()
     monkeypatch.setattr(warehouse_module, "SQLITE_BUSY_TIMEOUT_MS", 100)
-    holder = sqlite3.connect(tmp_path / "warehouse.db", isolation_level=None, check_same_thread=False)
+    holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
     loads, original = [], Warehouse.load_products
-
-    def retried() -> bool:
-        return bool(instance.get_event_records(dg.EventRecordsFilter(event_type=dg.DagsterEventType.STEP_UP_FOR_RETRY)))
 
     def release_after_the_retry_was_asked() -> None:
         deadline = time.monotonic() + 60
-        while not retried() and time.monotonic() < deadline:
+        while time.monotonic() < deadline and not instance.get_event_records(
+                dg.EventRecordsFilter(event_type=dg.DagsterEventType.STEP_UP_FOR_RETRY)):
             time.sleep(0.05)
         holder.rollback()
 
@@ -1055,18 +1053,29 @@ def test_a_retried_load_counts_what_its_earlier_attempt_committed(tmp_path, inst
     def load_then_lock(self, category, rows, **kwargs):
         result = original(self, category, rows, **kwargs)
         loads.append((category, rows is not None))
-        if len(loads) == 1:  # travel is committed: another writer takes the database now
+        if len(loads) == 1:  # the first load is committed: another writer takes the database now
             holder.execute("BEGIN EXCLUSIVE")
             release.start()
         return result
 
     monkeypatch.setattr(Warehouse, "load_products", load_then_lock)
     try:
-        result = materialize(instance, res, ["travel", "mystery"], selection=["products_table"])
+        yield loads
     finally:
         if release.is_alive():
             release.join()
         holder.close()
+
+
+def test_a_retried_load_counts_what_its_earlier_attempt_committed(tmp_path, instance, monkeypatch):
+    """The lock arrives after travel's load committed and before mystery's: the retry loads
+    mystery only, and its figures and log count travel's load as this run's (not as an
+    unchanged input)."""
+    res = make_resources(tmp_path)
+    assert materialize(instance, res, ["travel", "mystery"], selection=["raw_pages", "parsed_products"]).success
+    Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").create_tables()
+    with locked_after_the_first_load(instance, tmp_path / "warehouse.db", monkeypatch) as loads:
+        result = materialize(instance, res, ["travel", "mystery"], selection=["products_table"])
     assert result.success
     assert loads == [("travel", True), ("travel", False), ("mystery", True)]  # the retry did not load travel again
     rows = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows_by_category(products)
@@ -1078,3 +1087,40 @@ def test_a_retried_load_counts_what_its_earlier_attempt_committed(tmp_path, inst
     assert any("travel: loaded 11 rows into products by an earlier attempt of this step" in m for m in logged)
     assert any("2 categories: 43 rows loaded into products (2 categories reloaded, 1 of them by an earlier attempt "
                "of this step, 0 earlier rows kept in them; 0 unchanged" in m for m in logged)
+
+
+def test_a_retried_load_does_not_count_a_load_committed_before_its_first_attempt(tmp_path, instance, monkeypatch):
+    """Another writer loads travel while this run parses (before products_table's first
+    attempt): after a lock and a retry, travel is an unchanged input, not this step's load."""
+    import scrape_assets.parse_run as parse_run
+    from scrape_assets.extract import load_parse_state, load_parsed
+    from scrape_assets.manifest import load_manifest, utc_now_iso
+
+    res = make_resources(tmp_path)
+    assert materialize(instance, res, ["travel", "mystery"], selection=["raw_pages", "parsed_products"]).success
+    url = f"sqlite:///{tmp_path / 'warehouse.db'}"
+    Warehouse(url).create_tables()
+    original_parse, original_load = parse_run.parse_partitions, Warehouse.load_products
+
+    def parse_then_another_writer_loads_travel(*args, **kwargs):
+        yield from original_parse(*args, **kwargs)
+        store = ObjectStore(str(tmp_path / "objects"))
+        state = load_parse_state(store, "demo", "travel")
+        rows = load_parsed(store, load_manifest(store, "demo", "travel", state.snapshot_id)).products
+        original_load(Warehouse(url), "travel", rows, input_version=state.input_version, snapshot_id=state.snapshot_id,
+                      loaded_at=utc_now_iso(), history_date=state.latest_snapshot_id[:10],
+                      history_snapshot_id=state.latest_snapshot_id)
+        time.sleep(1.05 - time.time() % 1)  # loaded_at has seconds: the step starts in a later second
+
+    monkeypatch.setattr(parse_run, "parse_partitions", parse_then_another_writer_loads_travel)
+    with locked_after_the_first_load(instance, tmp_path / "warehouse.db", monkeypatch) as loads:
+        result = materialize(instance, res, ["travel", "mystery"], selection=["parsed_products", "products_table"])
+    assert result.success
+    assert loads == [("travel", False), ("travel", False), ("mystery", True)]
+    assert Warehouse(url).rows_by_category(products) == {"mystery": 32, "travel": 11}
+    by_partition = {m.partition: m.metadata for m in result.asset_materializations_for_node("products_table")}
+    assert {p: (m["rows_loaded"].value, m["partitions_reloaded"].value, m["category_rows_loaded"].value)
+            for p, m in by_partition.items()} == {"travel": (32, 1, 0), "mystery": (32, 1, 32)}
+    logged = [e.user_message for e in instance.all_logs(result.run_id) if e.user_message]
+    assert any("travel: unchanged input: products not reloaded" in m for m in logged)
+    assert not any("earlier attempt" in m for m in logged)

@@ -23,7 +23,7 @@ class SchemaValidationFailed(dg.Failure):
 
 
 def load_categories(context, categories: list[str], site: SiteResource, store: ObjectStoreResource, wh: Warehouse,
-                    *, run_started_at: str | None = None):
+                    *, step_started_at: str | None = None):
     """Check every partition of the run (``categories``) passed the schema, then load them one by one.
 
     An input already loaded (same input version in ``partition_loads``) is not reloaded;
@@ -32,7 +32,7 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
     counted, not compared, so a value edited in place goes unseen): that category is loaded
     again, and the log says so.
 
-    ``run_started_at`` (a retry of the step: when the run began, UTC ``...Z`` as
+    ``step_started_at`` (a retry of the step: when its first attempt began, UTC ``...Z`` as
     ``partition_loads.loaded_at`` holds it): an unchanged input loaded since then was loaded
     by an earlier attempt of this step (each category commits on its own), and counts as
     loaded by this run in the figures returned and the log.
@@ -65,8 +65,8 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
     altered = {c: in_place.get(c, 0) for c in unchanged if in_place.get(c, 0) != states[c].products}
     to_load |= set(altered)
     # Loaded by an earlier attempt of this step (a retry): this run's load, not an unchanged input.
-    earlier = (wh.loaded_since(products, [c for c in unchanged if c not in altered], run_started_at)
-               if run_started_at and unchanged else set())
+    earlier = (wh.loaded_since(products, [c for c in unchanged if c not in altered], step_started_at)
+               if step_started_at and unchanged else set())
     for category, state in states.items():
         rows, manifest, rejected = None, None, set()
         if category in to_load:
@@ -135,12 +135,18 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
     return totals, loaded, in_table, problems
 
 
-def _run_started_at(context) -> str | None:
-    """When the run began (UTC, ``partition_loads.loaded_at``'s format), None when its record has no start time."""
-    record = context.instance.get_run_record_by_id(context.run_id)
-    if record is None or record.start_time is None:
-        return None
-    return utc_now_iso(datetime.fromtimestamp(record.start_time, timezone.utc))
+def _first_attempt_started_at(context) -> str | None:
+    """When this step's first attempt began (UTC, ``partition_loads.loaded_at``'s format): its
+    earliest ``STEP_START`` event in the run; the run's start when the event log has none; None
+    when neither is known. Loads committed before it (another run's, while this run was still
+    crawling or parsing) are not counted as this step's."""
+    step_key = context.get_step_execution_context().step.key
+    starts = context.instance.get_records_for_run(context.run_id, of_type=dg.DagsterEventType.STEP_START).records
+    started = next((r.event_log_entry.timestamp for r in starts if r.event_log_entry.step_key == step_key), None)
+    if started is None:
+        record = context.instance.get_run_record_by_id(context.run_id)
+        started = record.start_time if record is not None else None
+    return None if started is None else utc_now_iso(datetime.fromtimestamp(started, timezone.utc))
 
 
 def snapshot_date(snapshot_id: str) -> str:
@@ -184,7 +190,7 @@ def products_table(
     name = site.spec().name
     with warehouse_for_load(context, store, warehouse, name) as wh:
         totals, loaded, in_table, problems = load_categories(
-            context, categories, site, store, wh, run_started_at=_run_started_at(context) if context.retry_number else None)
+            context, categories, site, store, wh, step_started_at=_first_attempt_started_at(context) if context.retry_number else None)
         total_rows = wh.count(products)
     add_per_category(context, {"rows_by_category": in_table, "rows_loaded_by_category": loaded},
                      {"rows": in_table, "rows_loaded": loaded})

@@ -17,6 +17,7 @@ only after a healthy observation of the same kind has cleared it.
 from __future__ import annotations
 
 import statistics
+from decimal import Decimal
 from dataclasses import dataclass, field
 
 
@@ -66,6 +67,11 @@ class CollapseState:
         return cls(history=dict(data.get("history", {})), collapsed=collapsed, nonzero=set(data.get("nonzero", [])))
 
 
+def _exact(value: float) -> Decimal:
+    """The decimal ``value`` reads as (its shortest repr): ``0.3`` is 0.3, not 0.299999999999999988..."""
+    return Decimal(repr(float(value)))
+
+
 def observe_rate(state: CollapseState, subject: str, rate: float, rules: CollapseRules) -> str | None:
     """Record a success rate; return an alert text when the subject newly collapses."""
     history = state.history.get(subject, [])
@@ -74,7 +80,8 @@ def observe_rate(state: CollapseState, subject: str, rate: float, rules: Collaps
         reason = f"success rate {rate:.0%} is below the floor {rules.floor:.0%}"
     elif len(history) >= rules.min_history:
         median = statistics.median(history[-rules.history_size :])
-        if median - rate > rules.max_drop:
+        # In decimal: 0.9 - 0.6 is 0.30000000000000004 in binary floating point, not a drop of more than 0.3.
+        if _exact(median) - _exact(rate) > _exact(rules.max_drop):
             reason = f"success rate {rate:.0%} dropped from a recent median of {median:.0%}"
     state.history[subject] = (history + [rate])[-rules.history_size :]
     return _transition(state, f"rate:{subject}", reason, subject)

@@ -177,7 +177,9 @@ class PagesSchema(pa.DataFrameModel):
         rejected_by_page = pages["cards_found"] - pages["products_parsed"]
         rejected, cards = int(rejected_by_page.sum()), int(pages["cards_found"].sum())
         share = pages.attrs.get("max_rejected_share", DEFAULT_MAX_REJECTED_SHARE)
-        too_many = rejected > max(REJECTS_ALWAYS_ALLOWED, share * cards)
+        # In decimal: 0.29 * 100 is 28.999999999999996 in binary floating point, and 29 of 100
+        # cards rejected under a share of 0.29 is not more than the share.
+        too_many = rejected > max(REJECTS_ALWAYS_ALLOWED, Decimal(repr(float(share))) * cards)
         return ~(rejected_by_page > 0) if too_many else pd.Series(True, index=pages.index)
 
 

@@ -70,3 +70,14 @@ def test_a_cursor_state_from_before_the_split_does_not_alert_again():
     assert set(state.collapsed) == {"products:parsed:travel", "products:loaded:travel", "rate:all"}
     assert observe_products(state, "travel", 0, "parsed") is None  # already alerted before the upgrade
     assert observe_products(state, "travel", 5, "loaded") is None and "products:loaded:travel" not in state.collapsed
+
+
+@pytest.mark.parametrize("median, rate, alerts", [(0.9, 0.6, False), (0.9, 0.59, True), (0.7, 0.4, False),
+                                                  (0.7, 0.39, True)])
+def test_a_drop_exactly_of_max_drop_does_not_alert(median, rate, alerts):
+    """"More than" max_drop, counted exactly: 0.9 - 0.6 is 0.3, not 0.30000000000000004."""
+    rules = CollapseRules(floor=0.1, max_drop=0.3, min_history=3)
+    state = CollapseState()
+    for _ in range(3):
+        assert observe_rate(state, "all", median, rules) is None
+    assert (observe_rate(state, "all", rate, rules) is not None) is alerts

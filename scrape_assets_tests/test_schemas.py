@@ -294,3 +294,11 @@ def test_text_columns_pass_the_dtype_check_with_one_bool_and_fail_it_value_by_va
     report = validate_parsed(products, _pages())
     assert report.by_check[f"products.title: dtype('{ProductsSchema.to_schema().columns['title'].dtype}')"] == 1
     assert validate_parsed(products_frame(_rows()), _pages()).passed is True
+
+
+@pytest.mark.parametrize("share, rejected, passes", [(0.29, 29, True), (0.29, 30, False), (0.57, 57, True),
+                                                     (0.57, 58, False), (0.07, 7, True), (0.07, 8, False)])
+def test_a_rejected_share_exactly_at_the_limit_passes(share, rejected, passes):
+    """"More than" the share, counted exactly: 0.29 * 100 cards is 29, not 28.999999999999996."""
+    pages = [_page_row(page_number=1, products_parsed=100 - rejected, cards_found=100)]
+    assert validate_parsed(products_frame([_row()]), pages_frame(pages, max_rejected_share=share)).passed is passes

@@ -23,13 +23,13 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urldefrag, urljoin, urlsplit
 
 from scrape_assets.batched_log import LOG_EVERY_S
 from scrape_assets.counts import counted
 from scrape_assets.crashpoints import crashpoint
 from scrape_assets.errors import FetchError, ManifestError, StorageError
-from scrape_assets.fetcher import PageFetcher, same_origin, sendable_validator, validators_differ
+from scrape_assets.fetcher import PageFetcher, resource_key, same_origin, sendable_validator, validators_differ
 from scrape_assets.manifest import (
     UNREAD,
     Manifest,
@@ -570,12 +570,14 @@ class PartitionCrawler:
             elif not same_origin(next_url, self.fetch_base_url):
                 self._warn(f"{self.category}: next link {next_url} leaves the site; not followed")
                 manifest.discovery_complete = True
-            elif (seen := next((n for n, e in manifest.pages.items() if e.url == next_url), None)) is not None:
+            elif (seen := next((n for n, e in manifest.pages.items()
+                                if resource_key(next_url) in (resource_key(e.url), resource_key(e.final_url or e.url))),
+                               None)) is not None:  # "#top", "HTTP://Host:80/...": the same page
                 self._warn(f"{self.category}: page {last}'s next link goes back to page {seen} ({next_url}); "
                            "the crawl ends there")
                 manifest.discovery_complete = True
             else:
-                manifest.pages[last + 1] = PageEntry(url=next_url)
+                manifest.pages[last + 1] = PageEntry(url=urldefrag(next_url).url)  # a fragment is never sent
         self.progress.planned(self.category, len(manifest.pages), final=manifest.discovery_complete)
         async with self._lock:
             manifest.save(self.store)

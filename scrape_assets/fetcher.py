@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import http.cookiejar
 import logging
 import random
@@ -287,6 +288,18 @@ def validators_differ(headers: Mapping[str, str], saved) -> str | None:
 
 def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
     return url.scheme, url.host, url.port or _DEFAULT_PORTS.get(url.scheme)
+
+
+@functools.lru_cache(maxsize=65536)
+def resource_key(url: str) -> str:
+    """The URL as the fetcher requests it, to tell two links to one resource apart from two
+    resources: the fragment dropped (never sent, RFC 9110 section 4.2.4), scheme and host in
+    lower case, an explicit default port removed (``http://Shop.example:80/a#top`` ->
+    ``http://shop.example/a``). A string that is no URL (a port that is no number) is its own key."""
+    try:
+        return str(httpx.URL(url).copy_with(fragment=None))
+    except httpx.InvalidURL:
+        return url
 
 
 def same_origin(url: str, other: str) -> bool:

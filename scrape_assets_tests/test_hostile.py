@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import re
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources as importlib_resources
 
@@ -300,17 +303,23 @@ def test_an_unredirected_page_keeps_no_final_url_however_httpx_spells_its_url(tm
     assert len(fiction.pages) == 4 and all(p.final_url is None for p in fiction.pages.values())
 
 
-def test_a_next_link_spelling_the_sites_host_in_another_case_stays_on_the_site(tmp_path, instance):
-    """Hosts are case-insensitive and a default port is the same port (RFC 6454): an absolute
-    next link to http://localhost:PORT/ from a base URL of http://LOCALHOST:PORT/ is on the site."""
+@contextlib.contextmanager
+def _fiction_with_next_link(tmp_path, page: str, link: str, host: str = "127.0.0.1") -> Iterator[tuple[dict, list]]:
+    """The demo catalogue on a real socket, fiction's ``page`` (``index.html``, ``page-2.html``)
+    linking ``link`` (``{port}`` filled in) as its next page; yields the resources of a
+    next-link spec on the base URL spelled with ``host``, and the paths asked."""
     from scrape_assets.demo_site import DemoRequestHandler, DemoResponse, DemoServer
     from scrape_assets_tests.conftest import serving
 
+    asked: list[str] = []
+
     class Handler(DemoRequestHandler):
         def send_demo_response(self, response):
-            if self.path.endswith("fiction_10/index.html"):
-                absolute = f'href="http://localhost:{self.server.server_address[1]}/catalogue/category/books/fiction_10/'
-                body = response.body.replace(b'href="page-2.html"', (absolute + 'page-2.html"').encode())
+            asked.append(self.path)
+            if self.path.endswith(f"fiction_10/{page}"):
+                old = re.search(rb'<li class="next"><a href="([^"]+)"', response.body).group(1)
+                new = link.format(port=self.server.server_address[1]).encode()
+                body = response.body.replace(b'href="' + old + b'"', b'href="' + new + b'"')
                 response = DemoResponse(200, {**response.headers, "Content-Length": str(len(body))}, body)
             super().send_demo_response(response)
 
@@ -319,9 +328,15 @@ def test_a_next_link_spelling_the_sites_host_in_another_case_stays_on_the_site(t
     spec_path = tmp_path / "next_links.yaml"
     spec_path.write_text(yaml.safe_dump(data))
     with serving(DemoServer(("127.0.0.1", 0), Handler)) as server:
-        base_url = server.base_url.replace("127.0.0.1", "LOCALHOST")
-        assert materialize(instance, make_resources(tmp_path, site=str(spec_path), base_url=base_url), ["fiction"],
-                           selection=["raw_pages"]).success
+        yield make_resources(tmp_path, site=str(spec_path), base_url=server.base_url.replace("127.0.0.1", host)), asked
+
+
+def test_a_next_link_spelling_the_sites_host_in_another_case_stays_on_the_site(tmp_path, instance):
+    """Hosts are case-insensitive and a default port is the same port (RFC 6454): an absolute
+    next link to http://localhost:PORT/ from a base URL of http://LOCALHOST:PORT/ is on the site."""
+    link = "http://localhost:{port}/catalogue/category/books/fiction_10/page-2.html"
+    with _fiction_with_next_link(tmp_path, "index.html", link, host="LOCALHOST") as (res, _asked):
+        assert materialize(instance, res, ["fiction"], selection=["raw_pages"]).success
     fiction = latest_manifest(ObjectStore(str(tmp_path / "objects")), "demo", "fiction")
     assert len(fiction.pages) == 4 and fiction.pages[2].url.startswith("http://localhost:")
 
@@ -344,3 +359,23 @@ def test_a_category_longer_than_max_pages_stops_there_with_a_warning(tmp_path, i
                }[mode]
     # In the run's event log (the UI's run page), as a warning, not only on the step's stderr.
     assert [e.level for e in instance.all_logs(result.run_id) if warning in (e.user_message or "")] == [logging.WARNING]
+
+
+@pytest.mark.parametrize("host, href, back_to", [
+    ("127.0.0.1", "page-2.html#top", 2),
+    ("LOCALHOST", "http://localhost:{port}/catalogue/category/books/fiction_10/index.html", 1),
+])
+def test_a_next_link_back_to_a_page_spelled_otherwise_ends_the_crawl(tmp_path, instance, host, href, back_to):
+    """A fragment is never sent and a host's case does not matter: page 2's next link to
+    "page-2.html#top" (a disabled "next" on the last page) is page 2 again, not a page 3
+    fetched a second time with its products listed twice; so is a link to page 1 spelling
+    the host in another case than the base URL."""
+    with _fiction_with_next_link(tmp_path, "page-2.html", href, host=host) as (res, asked):
+        result = materialize(instance, res, ["fiction"], selection=["raw_pages"])
+    assert result.success
+    fiction = latest_manifest(ObjectStore(str(tmp_path / "objects")), "demo", "fiction")
+    assert sorted(fiction.pages) == [1, 2] and fiction.is_complete
+    pages = [p for p in asked if "fiction_10" in p]
+    assert pages == ["/catalogue/category/books/fiction_10/index.html", "/catalogue/category/books/fiction_10/page-2.html"]
+    warnings = [e.user_message for e in instance.all_logs(result.run_id) if e.level == logging.WARNING]
+    assert any(f"fiction: page 2's next link goes back to page {back_to}" in w for w in warnings), warnings

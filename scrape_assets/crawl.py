@@ -60,6 +60,10 @@ MAX_FAILURE_LINES = 20
 PREVIOUS_SNAPSHOTS_SEARCHED = 7
 
 
+#: A page's ``last_error`` while it is asked once more after a crash between storing its
+#: body and recording it on its last allowed attempt.
+STORED_THEN_INTERRUPTED = "interrupted after its body was stored, before it was recorded"
+
 class CrawlProgress:
     """Progress of one run's crawl over all its categories, as a few log lines.
 
@@ -681,10 +685,18 @@ class PartitionCrawler:
         manifest = self.manifest
         entry = manifest.pages[n]
         if entry.attempts >= self.max_attempts:
-            # The last allowed attempt was in flight when an earlier run died.
-            self._fail_for_good(n, "attempts_exhausted: interrupted on the last attempt" + (
-                f" (the one before: {entry.last_error})" if entry.last_error else ""))
-            return
+            if entry.last_error != STORED_THEN_INTERRUPTED and await asyncio.to_thread(
+                    self.store.exists, manifest.page_key(n)):
+                # The last attempt was answered and its body stored; the process died before the
+                # manifest said done. Asked once more (not twice: a page whose body kills the
+                # process every time, in the pager's parse say, still ends failed below).
+                entry.attempts -= 1
+                entry.last_error = STORED_THEN_INTERRUPTED
+            else:
+                # The last allowed attempt was in flight when an earlier run died.
+                self._fail_for_good(n, "attempts_exhausted: interrupted on the last attempt" + (
+                    f" (the one before: {entry.last_error})" if entry.last_error else ""))
+                return
 
         async def on_retry(exc: FetchError, delay_s: float) -> None:
             # Persisted before the back-off: a run resuming after a crash waits out the rest of

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from reliability.kill_loop import run_kill_loop
-from scrape_assets import crashpoints
+from scrape_assets import crashpoints, crawl
 from scrape_assets.manifest import latest_manifest, list_snapshots
 from scrape_assets.storage import TEMP_SUFFIX, ObjectStore
 from scrape_assets.warehouse import Warehouse, products
@@ -202,6 +202,38 @@ def test_a_storage_probe_left_by_a_killed_process_is_removed_at_the_next_start(t
     assert "write-probe-" in left.name
     ObjectStore(str(tmp_path / "objects")).ensure_writable()
     assert list((tmp_path / "objects").iterdir()) == []
+
+
+def test_a_body_stored_on_the_last_attempt_before_a_kill_is_asked_once_more(tmp_path):
+    """max_attempts 1, killed between storing travel's only page and recording it: the resume
+    asks it again (it ends done, not an attempts_exhausted dead letter); killed at the same
+    point once more, the page fails for good rather than being asked after every kill."""
+    def crawl_code(root: Path) -> str:
+        code = CRAWL.format(store=str(root)).replace('["default"]', '["travel"]')
+        return code.replace('SiteResource(site="demo")', 'SiteResource(site="demo", max_attempts=1)')
+
+    def page(root: Path) -> tuple:
+        entry = latest_manifest(ObjectStore(str(root)), "demo", "travel").pages[1]
+        return entry.status, entry.attempts, entry.last_error
+
+    once, twice = tmp_path / "once", tmp_path / "twice"
+    for root in (once, twice):
+        assert _python(crawl_code(root), crashpoint="crawl.after_body_write:1", cwd=tmp_path).returncode == -signal.SIGKILL
+        assert page(root) == ("pending", 1, None)
+    resumed = _python(crawl_code(once), crashpoint=None, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "pages done 1 resumed True" in resumed.stdout
+    assert page(once) == ("done", 1, None)
+
+    code = crawl_code(twice)
+    resumed = _python(code, crashpoint="crawl.after_body_write:1", cwd=tmp_path)  # asked again, killed again
+    assert resumed.returncode == -signal.SIGKILL
+    assert page(twice) == ("pending", 1, crawl.STORED_THEN_INTERRUPTED)
+    resumed = _python(code, crashpoint=None, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "pages done 0 resumed True" in resumed.stdout
+    assert page(twice) == ("failed", 1, "attempts_exhausted: interrupted on the last attempt (the one before: "
+                                   f"{crawl.STORED_THEN_INTERRUPTED})")
 
 
 def test_pages_still_waiting_for_a_politeness_slot_are_not_charged_an_attempt(tmp_path):

@@ -49,17 +49,31 @@ _AS_WINDOWS_1252 = {"ascii", "iso8859-1", "latin-1", "cp1252"}
 #: labels Python does not know.
 _WHATWG_CODECS = {"gb2312": "gb18030", "gbk": "gb18030", "x-gbk": "gb18030", "shift_jis": "cp932",
                   "windows-31j": "cp932", "x-sjis": "cp932", "euc_kr": "cp949", "iso8859-9": "cp1254",
-                  "tis-620": "cp874", "iso8859-11": "cp874", "windows-874": "cp874", "big5": "big5hkscs"}
+                  "tis-620": "cp874", "iso8859-11": "cp874", "windows-874": "cp874", "big5": "big5hkscs",
+                  "iso-8859-8-i": "iso8859-8", "x-mac-cyrillic": "mac-cyrillic", "koi8-ru": "koi8-u",
+                  "utf-16": "utf-16-le"}
+#: The Python codecs of the WHATWG Encoding Standard's encodings (section 4.2), after the
+#: mapping above. A label Python knows for another codec (``utf-7``, ``utf-32``, EBCDIC's
+#: ``cp500``) is no label a browser knows: it is ignored as an unknown one is, since decoding
+#: with it would corrupt the text (UTF-7 reads "C++" as "C" and a base64 escape).
+_WHATWG_ENCODINGS = frozenset({
+    "utf-8", "cp866", "koi8-r", "koi8-u", "mac-roman", "mac-cyrillic", "cp874", "gb18030", "big5hkscs",
+    "euc_jp", "iso2022_jp", "cp932", "cp949", "utf-16-be", "utf-16-le",
+    *(f"iso8859-{n}" for n in (2, 3, 4, 5, 6, 7, 8, 10, 13, 14, 15, 16)),
+    *(f"cp{n}" for n in range(1250, 1259)), *_AS_WINDOWS_1252,
+})
 
 
 def _codec_for(label: str) -> str | None:
-    """Python codec name for a charset label, or ``None`` when Python does not know it."""
+    """Python codec name for a charset label, or ``None`` when it names no encoding of the
+    WHATWG Encoding Standard that Python has (an unknown label, ``utf-7``, ``base64``)."""
     label = label.strip().strip("\"'").lower()
     try:
         name = _WHATWG_CODECS.get(label) or codecs.lookup(label).name
         name = _WHATWG_CODECS.get(name, name)
-        b"<".decode(name, "replace")  # base64, hex, rot13, zlib: not text encodings; idna refuses "replace"
-    except (LookupError, UnicodeError, ValueError, TypeError):
+    except (LookupError, ValueError, TypeError):
+        return None
+    if name not in _WHATWG_ENCODINGS:  # utf-7, utf-32, EBCDIC; base64, rot13, zlib: no text encodings at all
         return None
     if name not in _AS_WINDOWS_1252:
         return name

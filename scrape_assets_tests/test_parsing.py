@@ -361,9 +361,11 @@ def test_only_a_real_meta_charset_counts(head):
     assert decode_html((head + "<p>Café “Noël”</p>").encode()).endswith("<p>Café “Noël”</p>")
 
 
-@pytest.mark.parametrize("label", ["base64", "hex", "rot13", "zlib", "uu", "idna", "undefined"])
+@pytest.mark.parametrize("label", ["base64", "hex", "rot13", "zlib", "uu", "idna", "undefined", "utf-7", "utf-32",
+                                   "cp500"])
 def test_a_charset_naming_a_codec_that_is_no_text_encoding_is_ignored(label):
-    """Python knows these names, but bytes.decode refuses them (or "replace"): UTF-8 then."""
+    """Python knows these names, but they are no labels of the WHATWG Encoding Standard
+    (browsers ignore them; bytes.decode refuses some): UTF-8 then."""
     body = "<p>£51.77</p>".encode()
     assert sniff_charset(body, f"text/html; charset={label}") == "utf-8"
     assert decode_html(f'<meta charset="{label}"><p>£1</p>'.encode()).endswith("<p>£1</p>")
@@ -729,3 +731,11 @@ def test_a_url_selector_without_attr_is_named_when_the_product_id_does_not_match
     (reject,) = parse_listing(_page(_card()), textual, "https://books.toscrape.com/catalogue/page-3.html").rejects
     assert reject.reason.startswith("product_id: '_(\\d+)/index\\.html$' does not match ")
     assert reject.reason.endswith(" (selectors.url has no attr, so the link's text was read: attr: href?)")
+
+
+def test_a_page_labelled_utf7_keeps_its_plus_signs(spec):
+    """UTF-7 would read "C++ Primer" as "C" and a base64 escape: browsers know no such label."""
+    body = f"<html><body>{_card(title='C++ Primer')}</body></html>".encode()
+    parsed = parse_listing(body, spec, "https://books.toscrape.com/catalogue/page-3.html",
+                           content_type="text/html; charset=utf-7")
+    assert [p["title"] for p in parsed.products] == ["C++ Primer"]

@@ -14,7 +14,9 @@
 Parsing is CPU-bound and one category does not depend on another, so with ``workers > 1``
 categories are parsed in a process pool (``fork``: the workers inherit the loaded code,
 no start-up cost). Workers only read; every write stays in the calling process, in
-category order, so a crash leaves the same states as a serial run; workers die with the
+category order, so a crash leaves the same states as a serial run (a worker that dies: the
+parses finished by then are saved, and :class:`ParseWorkerDied` names the unfinished
+categories); workers die with the
 step's process (``PR_SET_PDEATHSIG``), so a killed step leaves no worker holding its
 partition locks. At most
 ``2 * workers`` results wait in memory. ``workers == 1``, a single category to parse, or a
@@ -32,6 +34,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 
 from scrape_assets.counts import counted
@@ -172,7 +175,7 @@ def parse_partitions(
         version = input_version(manifest, spec)
         state = load_parse_state(store, spec.name, category)
         plans.append((category, manifest, version, state, state is None or state.input_version != version))
-    to_parse = [manifest for _, manifest, _, _, parse in plans if parse]
+    to_parse = [plan for plan in plans if plan[4]]
     pool, workers = None, min(workers, len(to_parse))
     if workers > 1 and "fork" in multiprocessing.get_all_start_methods() and sys.platform == "linux":
         # Import the validation code (pandas, pandera: ~0.4 s) once, before forking, rather
@@ -182,7 +185,7 @@ def parse_partitions(
         pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
                                    initializer=_init_worker, initargs=(os.getpid(), gc_freeze_enabled()))
     try:
-        pending: collections.deque[Future] = collections.deque()
+        pending: collections.deque[tuple[tuple, Future]] = collections.deque()  # (plan, its parse)
         queue = iter(to_parse)
 
         def top_up() -> None:  # keep the workers busy, with a bounded number of results waiting
@@ -190,7 +193,7 @@ def parse_partitions(
                 nxt = next(queue, None)
                 if nxt is None:
                     return
-                pending.append(pool.submit(_parse_and_validate, store, nxt, spec))
+                pending.append((nxt, pool.submit(_parse_and_validate, store, nxt[1], spec)))
 
         top_up()
         for category, manifest, version, state, parse in plans:
@@ -198,7 +201,11 @@ def parse_partitions(
                 result = _reuse(store, spec, category, manifest, version, state)
             else:
                 if pool is not None:
-                    encoded = pending.popleft().result()
+                    plan, future = pending.popleft()
+                    try:
+                        encoded = future.result()
+                    except BrokenProcessPool as exc:
+                        raise _worker_died(store, spec, [(plan, future), *pending]) from exc
                     top_up()
                 else:
                     encoded = _parse_and_validate(store, manifest, spec)
@@ -207,6 +214,31 @@ def parse_partitions(
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+class ParseWorkerDied(RuntimeError):
+    """A parse worker process ended abruptly (killed by the system: out of memory, say)."""
+
+
+def _worker_died(store: ObjectStore, spec: SiteSpec, in_pool: list[tuple[tuple, Future]]) -> ParseWorkerDied:
+    """The error for a pool a worker died in, once the parses it finished are saved.
+
+    ``in_pool``: ``(plan, future)`` of the categories handed to the pool and not yet saved, in
+    order. Python does not say which category the dead worker held: the message names every
+    one that was not finished.
+    """
+    lost = []
+    for (category, manifest, version, state, _), future in in_pool:
+        if future.done() and not future.cancelled() and future.exception() is None:
+            _save(store, spec, category, manifest, version, future.result(), state)
+        else:
+            lost.append(category)
+    return ParseWorkerDied(
+        f"a parse worker process died (killed by the system: out of memory?) while parsing one of "
+        f"{', '.join(lost)}; the categories parsed before are saved, so a retry of the step parses only "
+        "the others (run config ops: {parsed_products: {config: {parse_workers: 1}}} parses in the step's own "
+        "process)"
+    )
 
 
 def _standing_for(manifest: Manifest) -> dict:

@@ -6,6 +6,7 @@ import json
 import os
 import pickle
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,29 @@ def test_a_worker_error_reaches_the_caller_with_its_context_and_earlier_categori
         next(results)
     assert load_parse_state(store, "demo", "classics") is not None
     assert load_parse_state(store, "demo", "default") is None  # nothing written for the broken one
+
+
+def _dying_parse(store, manifest, spec):  # module level: the pool pickles it by name
+    if manifest.category == "travel":
+        time.sleep(2)  # a long category, still in its worker when the other worker dies
+    if manifest.category == "default":
+        os._exit(137)  # as the kernel's OOM killer ends a worker
+    return _REAL_PARSE(store, manifest, spec)
+
+
+def test_a_worker_killed_mid_parse_names_the_unfinished_categories_and_the_finished_are_saved(crawled, tmp_path,
+                                                                                                monkeypatch):
+    store = _copy(crawled, tmp_path, "objects")
+    monkeypatch.setattr(parse_run, "_parse_and_validate", _dying_parse)
+    with pytest.raises(parse_run.ParseWorkerDied) as info:
+        list(parse_run.parse_partitions(store, SPEC, CATEGORIES, workers=2))
+    assert str(info.value).startswith("a parse worker process died (killed by the system: out of memory?) while "
+                                      "parsing one of travel, default; the categories parsed before are saved")
+    saved = {c for c in CATEGORIES if load_parse_state(store, "demo", c) is not None}
+    assert saved == {"mystery", "classics"}  # parsed by the other worker before it died: not parsed again
+    monkeypatch.setattr(parse_run, "_parse_and_validate", _REAL_PARSE)
+    again = list(parse_run.parse_partitions(store, SPEC, CATEGORIES, workers=2))
+    assert [r.figures["pages_parsed"] > 0 for r in again] == [True, False, False, True, True]
 
 
 def test_no_complete_snapshot_and_bad_worker_counts_are_clear_errors(tmp_path):

@@ -50,18 +50,25 @@ def _instance():
 
     # Dagster refuses a relative DAGSTER_HOME (with a traceback): a path given relative to
     # the current folder (or with ~) means that folder's, as it would for any other command.
+    from scrape_assets.instance_storage import configured_event_batch_size
+
+    configured_event_batch_size()  # the instance reads it only once a run executes: checked before one exists
     home = str(Path(os.environ.get("DAGSTER_HOME") or ".dagster_home").expanduser().resolve())
     os.environ["DAGSTER_HOME"] = home
-    Path(home).mkdir(parents=True, exist_ok=True)
     config = Path(home) / "dagster.yaml"
-    if not config.exists():
-        shipped = _CLONE / "dagster.yaml"  # the clone's (what `make demo` copies)
-        partial = config.with_name(f".dagster.yaml.{os.getpid()}")  # whole or absent, for a run started beside
-        if shipped.is_file():
-            shutil.copyfile(shipped, partial)
-        else:  # installed without the clone
-            partial.write_text("telemetry:\n  enabled: false\n")
-        os.replace(partial, config)
+    try:
+        Path(home).mkdir(parents=True, exist_ok=True)
+        if not config.exists():
+            shipped = _CLONE / "dagster.yaml"  # the clone's (what `make demo` copies)
+            partial = config.with_name(f".dagster.yaml.{os.getpid()}")  # whole or absent, for a run started beside
+            if shipped.is_file():
+                shutil.copyfile(shipped, partial)
+            else:  # installed without the clone
+                partial.write_text("telemetry:\n  enabled: false\n")
+            os.replace(partial, config)
+    except OSError as exc:  # a file in the way, a folder this process may not write
+        raise SettingsError("DAGSTER_HOME", home, f"a folder this process can write "
+                                                  f"({exc.strerror}: {exc.filename})") from None
     return dg.DagsterInstance.get()
 
 

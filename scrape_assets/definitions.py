@@ -11,6 +11,9 @@ from scrape_assets.defs.assets.products_table import products_table
 from scrape_assets.defs.assets.raw_pages import raw_pages
 from scrape_assets.defs.resources import build_resources
 from scrape_assets.gc_tuning import apply_gc_policy
+from scrape_assets.instance_storage import configured_event_batch_size
+
+configured_event_batch_size()  # a bad value stops here, before `dagster asset materialize` creates a run
 
 # Steps run in the run's own process (in_process_executor): the four steps are sequential
 # anyway, and a process per step cost ~1.5 s each (measured in BENCHMARKS.md); a crash of

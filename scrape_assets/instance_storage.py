@@ -287,6 +287,29 @@ def _class_data(module: str, name: str, config: Mapping) -> ConfigurableClassDat
     return ConfigurableClassData(module, name, yaml.dump(dict(config), default_flow_style=False))
 
 
+def configured_event_batch_size(env: Mapping[str, str] | None = None) -> int | None:
+    """Dagster's ``DAGSTER_EVENT_BATCH_SIZE`` (events per batch, ``0``: each on its own), None when unset.
+
+    Checked when the definitions load and by the ``scrape-assets`` commands, before a run is
+    created: the instance reads it only once a run executes, which would leave a run that
+    never starts.
+
+    Raises:
+        SettingsError: it is not an integer >= 0 (Dagster's own check would fail with a bare
+            ``ValueError``).
+    """
+    configured = (os.environ if env is None else env).get("DAGSTER_EVENT_BATCH_SIZE")
+    if configured is None:
+        return None
+    try:
+        size = int(configured)
+    except ValueError:
+        size = -1
+    if size < 0:
+        raise SettingsError("DAGSTER_EVENT_BATCH_SIZE", configured, "an integer >= 0 (0: every event on its own)")
+    return size
+
+
 class ScrapeInstance(DagsterInstance):
     """A :class:`~dagster.DagsterInstance` whose default SQLite storage uses
     :class:`PooledSqliteEventLogStorage`, with Dagster's event batching on for it (see the
@@ -308,14 +331,8 @@ class ScrapeInstance(DagsterInstance):
             SettingsError: ``DAGSTER_EVENT_BATCH_SIZE`` is not an integer >= 0 (Dagster's own
                 check would fail with a bare ``ValueError``).
         """
-        configured = os.getenv("DAGSTER_EVENT_BATCH_SIZE")
-        if configured is not None:
-            try:
-                size = int(configured)
-            except ValueError:
-                size = -1
-            if size < 0:
-                raise SettingsError("DAGSTER_EVENT_BATCH_SIZE", configured, "an integer >= 0 (0: every event on its own)")
+        size = configured_event_batch_size()
+        if size is not None:
             return size
         return EVENT_BATCH_SIZE if isinstance(self.event_log_storage, PooledSqliteEventLogStorage) else 0
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import sqlite3
 import subprocess
 import sys
 from importlib import resources as importlib_resources
@@ -160,6 +163,15 @@ def test_bad_inputs_each_give_one_clear_error_naming_the_input(tmp_path):
             "scrape-assets: error: SCRAPE_SCHEDULE_CRON='0 0 31 4 *' is invalid: expected a cron expression that "
             "fires: its day of month must occur in its months",
         ),
+        "bad event batch size": (  # Dagster's: read by the instance only once a run executes
+            {"DAGSTER_EVENT_BATCH_SIZE": "abc"},
+            "scrape-assets: error: DAGSTER_EVENT_BATCH_SIZE='abc' is invalid: expected an integer >= 0",
+        ),
+        "Dagster home under a file": (
+            {"DAGSTER_HOME": str(blocker / "home")},
+            f"scrape-assets: error: DAGSTER_HOME='{blocker / 'home'}' is invalid: expected a folder this process can "
+            f"write (Not a directory: {blocker / 'home'})",
+        ),
         "base URL without a host": (
             {"SCRAPE_BASE_URL": "http://"},
             "scrape-assets: error: SCRAPE_BASE_URL='http://' is invalid: expected an absolute http(s) URL with a host",
@@ -231,6 +243,11 @@ def test_bad_inputs_each_give_one_clear_error_naming_the_input(tmp_path):
             "expected a SQLAlchemy URL whose driver is installed in this environment (No module named 'pg8000')",
         ),
     }
+    home = tmp_path / "home"  # an instance the cases would leave a run in
+    home.mkdir()
+    shutil.copyfile(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
+    subprocess.run([sys.executable, "-c", "import dagster; dagster.DagsterInstance.get().get_runs()"], check=True,
+                   env={**os.environ, "DAGSTER_HOME": str(home)}, timeout=120)
     for name, (env, expected) in cases.items():
         done = _demo(tmp_path, **env)
         assert done.returncode == 2, (name, done.stderr[-2000:])
@@ -238,6 +255,8 @@ def test_bad_inputs_each_give_one_clear_error_naming_the_input(tmp_path):
         assert len(lines) == 1 and lines[0].startswith(expected), (name, done.stderr[-2000:])
         assert "Traceback" not in done.stderr, name
         assert "secret-token" not in done.stderr + done.stdout, name  # a webhook URL is a secret
+    with contextlib.closing(sqlite3.connect(home / "history" / "runs.db")) as db:
+        assert db.execute("SELECT status FROM runs").fetchall() == []  # no case left a run that never starts
 
 
 def test_a_run_summary_names_the_steps_that_did_not_finish():

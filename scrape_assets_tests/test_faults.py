@@ -654,3 +654,38 @@ def test_fault_matrix_rows(tmp_path):
     assert "| redirect_offsite | redirect_offsite | 2 | 1 | mystery/2: offsite_redirect, 302, 1 |" in markdown([row])
     with pytest.raises(KeyError, match="unknown fault scenario"):
         run_fault_matrix(tmp_path, names=["no-such-fault"])
+
+
+def test_storage_refusing_a_write_mid_crawl_fails_the_step_once_without_a_retry(tmp_path, instance, monkeypatch):
+    """A category's folder this process may not write (another user's; EPERM) is no outage:
+    the step fails at once, not after the RetryPolicy's three retries (~22 s), and the page
+    is not blamed."""
+    import errno
+
+    from scrape_assets.errors import StorageError
+    from scrape_assets.manifest import latest_manifest
+    from scrape_assets.storage import ObjectStore
+    from scrape_assets_tests.conftest import make_resources, materialize
+
+    original = ObjectStore.write_bytes_atomic
+
+    def refuse_mystery_page_2(self, key, data, **kwargs):
+        if "/mystery/" in key and key.endswith("page-0002.html"):
+            try:
+                raise PermissionError(errno.EPERM, "Operation not permitted", key)
+            except PermissionError as exc:
+                raise StorageError(key, f"write failed: {exc}") from exc
+        return original(self, key, data, **kwargs)
+
+    monkeypatch.setattr(ObjectStore, "write_bytes_atomic", refuse_mystery_page_2)
+    with fault_server(FaultSpec()) as server:
+        result = materialize(instance, make_resources(tmp_path, base_url=server.base_url), ["mystery"],
+                             raise_on_error=False)
+    assert not result.success
+    events = [e.event_type_value for e in result.all_events]
+    assert "STEP_UP_FOR_RETRY" not in events and events.count("STEP_FAILURE") == 1
+    (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    description = failure.event_specific_data.error.message
+    assert "Operation not permitted" in description and "no retry changes a refusal" in description
+    manifest = latest_manifest(ObjectStore(str(tmp_path / "objects")), "demo", "mystery")
+    assert [(p.status, p.attempts) for _, p in sorted(manifest.pages.items())] == [("done", 1), ("pending", 0)]

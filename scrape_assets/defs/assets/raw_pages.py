@@ -335,6 +335,13 @@ def _raw_pages(
         # Retrying cannot fix these (a manifest of another format or not JSON reads the same
         # next time): fail once, with the message that says what to do.
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
+    except StorageError as exc:
+        if not storage_refused(exc):
+            raise  # a store not answering, a full disk: the RetryPolicy tries again
+        # A folder of one category this process may not write (another user's, read-only):
+        # the same next time. The snapshots resume once it is fixed.
+        raise dg.Failure(description=f"{exc}: no retry changes a refusal; the next run resumes the snapshots",
+                         allow_retries=False) from exc
     log = BatchedLog(context.log.info)
     for r in reports:
         log.add(

@@ -26,6 +26,7 @@ from datetime import datetime, timedelta, timezone
 from urllib.parse import urldefrag, urljoin, urlsplit
 
 from scrape_assets.batched_log import LOG_EVERY_S
+from scrape_assets.content_type import header_charset
 from scrape_assets.counts import counted
 from scrape_assets.crashpoints import crashpoint
 from scrape_assets.errors import FetchError, ManifestError, StorageError
@@ -44,7 +45,7 @@ from scrape_assets.manifest import (
     utc_now_iso,
 )
 from scrape_assets.page_slots import PageSlots, run_within
-from scrape_assets.parsing import UrlJoiner, parse_pager
+from scrape_assets.parsing import UrlJoiner, meta_declared_codec, parse_pager
 from scrape_assets.politeness import robots_url_for
 from scrape_assets.sitemap import MAX_SITEMAP_BYTES, Sitemap, SitemapCopies, SitemapError, load_sitemap, parse_fetched_at
 from scrape_assets.spec import SiteSpec
@@ -481,7 +482,7 @@ class PartitionCrawler:
         entry.bytes, entry.content_type, entry.fetched_at = old.bytes, old.content_type, old.fetched_at
         entry.body_fetched_at = old.body_fetched_at  # (fetched_at is the copy's: its body time holds)
         entry.etag, entry.last_modified, entry.body_key = old.etag, old.last_modified, previous.body_key(m)
-        entry.final_url = old.final_url
+        entry.final_url, entry.meta_charset = old.final_url, old.meta_charset
         entry.assumed_unchanged = True
         entry.last_error = entry.retry_at = None  # of an attempt an earlier run made on it
 
@@ -766,6 +767,8 @@ class PartitionCrawler:
             # A 304 may omit the metadata; a 200's is the representation's (a corrected charset
             # label on the same bytes changes how they read: RFC 9110 §8.3).
             entry.content_type = old.content_type if page.http_status == 304 else page.headers.get("content-type")
+            entry.meta_charset = (source[0].pages[source[1]].meta_charset if page.http_status == 304
+                                  else _meta_charset(page.body, entry.content_type))
             entry.not_modified = page.http_status == 304
             self._not_modified += entry.not_modified
             self._unchanged += not entry.not_modified
@@ -784,6 +787,7 @@ class PartitionCrawler:
             crashpoint("crawl.after_body_write")
             entry.body_key = entry.body_fetched_at = None
             entry.content_type = page.headers.get("content-type")
+            entry.meta_charset = _meta_charset(page.body, entry.content_type)
             self._bytes += entry.bytes
         entry.status = "done"
         entry.http_status = page.http_status
@@ -798,6 +802,12 @@ class PartitionCrawler:
         self._fetched += 1
         manifest.record(self.store, n)
         self.progress.page_done()
+
+
+def _meta_charset(body: bytes, content_type: str | None) -> str | None:
+    """:attr:`PageEntry.meta_charset` of a page: looked for only when its header names no
+    charset (then the ``<meta>`` decides how it reads)."""
+    return None if header_charset(content_type) else meta_declared_codec(body)
 
 
 async def load_run_sitemap(

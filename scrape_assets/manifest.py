@@ -156,6 +156,9 @@ class PageEntry:
             unchanged; ``None`` when the body was fetched at ``fetched_at`` (or the entry was
             written by a version before this field). Products parsed from the page carry
             :attr:`body_fetched_time`.
+        meta_charset: when ``content_type`` names no charset, the codec other than UTF-8 the
+            body's own ``<meta>`` declares (``parsing.meta_declared_codec``: what decodes it);
+            ``None`` otherwise, or for an entry written by a version before this field.
     """
 
     url: str
@@ -176,6 +179,7 @@ class PageEntry:
     retry_at: str | None = None
     failed_at: str | None = None
     body_fetched_at: str | None = None
+    meta_charset: str | None = None
 
     @property
     def body_fetched_time(self) -> str | None:
@@ -185,7 +189,7 @@ class PageEntry:
 
 
 _ENTRY_FIELDS = tuple(f.name for f in fields(PageEntry))
-_OPTIONAL_FIELDS = ("final_url", "retry_at", "failed_at", "body_fetched_at")  # written only when set
+_OPTIONAL_FIELDS = ("final_url", "retry_at", "failed_at", "body_fetched_at", "meta_charset")  # written only when set
 _ENTRY_FIELD_SET = frozenset(_ENTRY_FIELDS)
 
 
@@ -197,18 +201,23 @@ def _page_entry(data: dict) -> PageEntry:
     return PageEntry(**{k: v for k, v in data.items() if k in _ENTRY_FIELD_SET})
 
 
-def _charset_mark(content_type: str | None) -> str:
-    """``";<charset>"`` for a ``Content-Type`` declaring a charset other than UTF-8, else ``""``."""
-    charset = (header_charset(content_type) or "").lower()
-    return "" if charset in ("", "utf-8", "utf8") else f";{charset}"
+def _charset_mark(entry: PageEntry) -> str:
+    """``";<charset>"`` for a ``Content-Type`` declaring a charset other than UTF-8;
+    ``";meta:<codec>"`` for one declaring none on a page whose ``<meta>`` names a codec other
+    than UTF-8 (:attr:`PageEntry.meta_charset`: then the ``<meta>`` decides, where a header's
+    ``charset=utf-8`` would not); else ``""``."""
+    charset = (header_charset(entry.content_type) or "").lower()
+    if not charset:
+        return f";meta:{entry.meta_charset}" if entry.meta_charset else ""
+    return "" if charset in ("utf-8", "utf8") else f";{charset}"
 
 
 def _entry_dict(entry: PageEntry) -> dict:
     """The entry's fields as a dict (what ``dataclasses.asdict`` gives, without its deep copies).
 
-    ``final_url``, ``retry_at``, ``failed_at`` and ``body_fetched_at`` only when set (a
-    redirected page, a page between two attempts, a failed page, a body reused from an
-    earlier snapshot). A version that predates a field cannot read an
+    ``final_url``, ``retry_at``, ``failed_at``, ``body_fetched_at`` and ``meta_charset`` only
+    when set (a redirected page, a page between two attempts, a failed page, a body reused
+    from an earlier snapshot, a ``<meta>`` charset other than UTF-8 deciding). A version that predates a field cannot read an
     entry holding it (its ``PageEntry(**entry)`` refuses the key): rolling back past the
     version that added ``retry_at`` and ``failed_at`` needs the snapshots made since set
     aside. :func:`_page_entry` ignores keys it does not know, so later fields do not stop
@@ -289,11 +298,12 @@ class Manifest:
 
         A redirected page's ``final_url`` counts too (its links are resolved against it), and
         so does a charset its ``Content-Type`` declares other than UTF-8 (the same bytes read
-        otherwise: a site that corrects its label changes the version). For pages never
-        redirected and served as UTF-8 (or without a charset), the version is what it was
-        before those counted.
+        otherwise: a site that corrects its label changes the version), or, without one, a
+        ``<meta>`` charset other than UTF-8 (``meta_charset``: adding ``charset=utf-8`` to
+        the header then changes how the page reads). For pages never redirected and read as
+        UTF-8, the version is what it was before those counted.
         """
-        parts = [f"{n}:{p.content_hash}" + (f"@{p.final_url}" if p.final_url else "") + _charset_mark(p.content_type)
+        parts = [f"{n}:{p.content_hash}" + (f"@{p.final_url}" if p.final_url else "") + _charset_mark(p)
                  for n, p in sorted(self.pages.items()) if p.status == "done"]
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 

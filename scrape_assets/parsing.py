@@ -128,10 +128,29 @@ def sniff_charset(body: bytes, content_type: str | None = None) -> str:
             return codec
     if (label := header_charset(content_type)) and (codec := _codec_for(label)):
         return codec
+    return _meta_codec(body) or "utf-8"
+
+
+def _meta_codec(body: bytes) -> str | None:
+    """The codec the body's ``<meta>`` names (one claiming UTF-16 means UTF-8), None without a usable one."""
     label = _meta_charset(body)
     if label and (codec := _codec_for(label.decode("ascii", "replace"))):
         return "utf-8" if codec.startswith("utf-16") else codec
-    return "utf-8"
+    return None
+
+
+def meta_declared_codec(body: bytes) -> str | None:
+    """The codec other than UTF-8 the page's own ``<meta>`` declares, when no byte-order mark
+    overrides it: what :func:`sniff_charset` decodes the body with when its ``Content-Type``
+    names no charset. None for a page that reads as UTF-8 without a header's word.
+
+    The manifest keeps it (``PageEntry.meta_charset``) so that the same bytes served with and
+    without ``charset=utf-8`` have different data versions: they read differently.
+    """
+    if any(body.startswith(bom) for bom, _ in _BOMS):
+        return None
+    codec = _meta_codec(body)
+    return None if codec in (None, "utf-8") else codec
 
 
 #: Each byte of windows-1252, the five it leaves undefined kept as C1 controls (lossless).

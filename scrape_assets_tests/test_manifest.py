@@ -229,12 +229,12 @@ def test_manifest_round_trip_and_corruption_is_reported(tmp_path):
     manifest.pages[1].retry_at = "2026-12-03T19:30:05Z"
     manifest.pages[2] = PageEntry(url="http://x/t/page-2.html", status="done", attempts=1, content_hash="sha256:ab")
     manifest.pages[3] = PageEntry(url="http://x/t/page-3.html", status="done", final_url="http://x/moved/page-3.html",
-                                  body_fetched_at="2026-12-01T08:00:00Z")
+                                  body_fetched_at="2026-12-01T08:00:00Z", meta_charset="cp1251")
     text = manifest.to_json().decode()
 
     def entry(p: PageEntry) -> dict:  # the optional fields only when set: older versions read the rest
         return {k: v for k, v in dataclasses.asdict(p).items()
-                if k not in ("final_url", "retry_at", "failed_at", "body_fetched_at") or v is not None}
+                if k not in ("final_url", "retry_at", "failed_at", "body_fetched_at", "meta_charset") or v is not None}
 
     assert json.loads(text) == json.loads(json.dumps(dataclasses.asdict(manifest) | {
         "pages": {str(n): entry(p) for n, p in manifest.pages.items()}}))
@@ -244,6 +244,7 @@ def test_manifest_round_trip_and_corruption_is_reported(tmp_path):
     assert ["final_url" in line for line in page_lines] == [False, False, True]
     assert ["retry_at" in line for line in page_lines] == [True, False, False]
     assert ["body_fetched_at" in line for line in page_lines] == [False, False, True]
+    assert ["meta_charset" in line for line in page_lines] == [False, False, True]
     assert Manifest.from_json(manifest.to_json(), "m").pages == manifest.pages
     store.write_bytes_atomic(manifest.key, raw[: len(raw) // 2])
     with pytest.raises(ManifestError, match="unreadable manifest"):

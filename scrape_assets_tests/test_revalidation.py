@@ -370,13 +370,20 @@ def test_a_page_saved_from_its_redirect_target_is_revalidated_there(tmp_path, in
 
 
 # -- what a page's version covers --------------------------------------------------------------------
+def _relabelled_page(body: bytes, content_type: str) -> tuple[Site, dict]:
+    """A site of one listing page, ``body`` always; its ``Content-Type`` and ETag are the
+    returned dict's ``type`` and ``etag`` (``"v1"`` first), for a test to change."""
+    state = {"type": content_type, "etag": '"v1"'}
+    site = Site()
+    site.routes["/cat/index.html"] = lambda request: compliant(body, etag=state["etag"], content_type=state["type"])(request)
+    return site, state
+
+
 def test_a_corrected_charset_label_on_the_same_bytes_is_parsed_again(tmp_path, instance):
     """Day 1 the site labels its windows-1251 page windows-1252 (mojibake); day 2 it fixes
     the header, same bytes: the label is stored and the page parsed again (RFC 9110 §8.3)."""
     body = listing(1, 1, [card(1, "Книга", "10.00")]).decode().encode("cp1251")  # (no £ in windows-1251)
-    state = {"type": "text/html; charset=windows-1252", "etag": '"v1"'}
-    site = Site()
-    site.routes["/cat/index.html"] = lambda request: compliant(body, etag=state["etag"], content_type=state["type"])(request)
+    site, state = _relabelled_page(body, "text/html; charset=windows-1252")
     with serve(site) as base:
         runs = Runs(instance, tmp_path, base)
         runs.run()
@@ -386,6 +393,26 @@ def test_a_corrected_charset_label_on_the_same_bytes_is_parsed_again(tmp_path, i
     assert runs.manifests()[-1].pages[1].content_type == "text/html; charset=windows-1251"
     assert (md["raw_pages"]["pages_unchanged"], md["parsed_products"]["pages_parsed"]) == (1, 1)
     assert runs.products() == [("1", "Книга", 10)]
+
+
+@pytest.mark.parametrize("meta, reparsed", [("shift_jis", True), ("utf-8", False)])
+def test_a_header_charset_added_to_a_page_its_meta_decided_is_parsed_again(tmp_path, instance, meta, reparsed):
+    """Day 1 the header names no charset and the page's <meta> says Shift_JIS over UTF-8 bytes
+    (mojibake); day 2 the header says charset=utf-8, same bytes: they read otherwise, so the
+    page is parsed again. Behind a <meta> saying UTF-8 the header changes nothing: no re-parse."""
+    body = listing(1, 1, [card(1, "Café", "10.00")]).replace(b"<head>", f'<head><meta charset="{meta}">'.encode())
+    site, state = _relabelled_page(body, "text/html")
+    with serve(site) as base:
+        runs = Runs(instance, tmp_path, base)
+        runs.run()
+        day1 = runs.products()
+        assert (day1[0][1] != "Café") is reparsed  # the Shift_JIS <meta> misreads the UTF-8 bytes
+        state["type"], state["etag"] = "text/html; charset=utf-8", '"v2"'
+        md = runs.run()
+    assert (md["raw_pages"]["pages_unchanged"], md["parsed_products"]["pages_parsed"]) == (1, int(reparsed))
+    assert runs.products() == [("1", "Café", 10)]
+    first, second = runs.manifests()[-2:]
+    assert (first.pages[1].meta_charset, second.pages[1].meta_charset) == (("cp932", None) if reparsed else (None, None))
 
 
 def test_setting_the_specs_decimal_mark_parses_the_saved_pages_again(tmp_path, instance):

@@ -34,6 +34,7 @@ settings govern the request rate.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import random
@@ -244,17 +245,19 @@ class RobotsCache:
     async def _attempt(self, client: httpx.AsyncClient, robots_url: str, user_agent: str) -> tuple[_RobotsFile, str | None]:
         """One request: the outcome, and ``None`` when it is final or else the ``Retry-After``
         value to honour before retrying (``""`` when the answer had none)."""
-        host = httpx.URL(robots_url).host
         try:
-            if self._limiter is None:
-                status, retry_after, body = await within_deadline(
-                    self._deadline_s, self._download(client, robots_url, user_agent)
-                )
-            else:
-                async with self._limiter.slot(host):
-                    status, retry_after, body = await within_deadline(
-                        self._deadline_s, self._download(client, robots_url, user_agent)
+            url: str | None = robots_url
+            for _hop in range(client.max_redirects + 1):
+                # Each hop in its own host's slot: a robots.txt redirected to another host
+                # waits for that host's rate, concurrency and pause as a page would.
+                async with self._slot(httpx.URL(url).host):
+                    status, retry_after, body, url = await within_deadline(
+                        self._deadline_s, self._download(client, url, user_agent)
                     )
+                if url is None:
+                    break
+            else:
+                raise httpx.TooManyRedirects(f"more than {client.max_redirects} redirects from {robots_url}")
         except httpx.TooManyRedirects as exc:
             return _RobotsFile("unavailable", robots_url, f"robots.txt redirected too often ({exc}); allowing all"), None
         except (httpx.RequestError, TimeoutError, asyncio.TimeoutError) as exc:
@@ -276,14 +279,20 @@ class RobotsCache:
             return _RobotsFile("unavailable", robots_url, f"robots.txt answered HTTP {status}; allowing all"), retry_after
         return _RobotsFile("unreachable", robots_url, f"robots.txt answered HTTP {status}"), retry_after
 
+    def _slot(self, host: str) -> contextlib.AbstractAsyncContextManager:
+        """The limiter's slot for ``host``; nothing to wait for without a limiter."""
+        return self._limiter.slot(host) if self._limiter is not None else contextlib.nullcontext()
+
     @staticmethod
-    async def _download(client: httpx.AsyncClient, robots_url: str, user_agent: str) -> tuple[int, str, bytes]:
-        """``(status, Retry-After value or "", body)``; the body only of a 2xx, at most ROBOTS_MAX_BYTES."""
-        async with client.stream(
-            "GET", robots_url, headers={"User-Agent": user_agent}, follow_redirects=True
-        ) as response:
+    async def _download(client: httpx.AsyncClient, url: str, user_agent: str) -> tuple[int, str, bytes, str | None]:
+        """``(status, Retry-After value or "", body, redirect target)`` of one request (no
+        redirect followed: the caller takes each hop's slot); the body only of a 2xx, at most
+        ROBOTS_MAX_BYTES; the target only of a redirect with a ``Location``."""
+        async with client.stream("GET", url, headers={"User-Agent": user_agent}, follow_redirects=False) as response:
+            if response.next_request is not None:  # 301, 302, 303, 307, 308 with a Location (RFC 9309 §2.3.1.2)
+                return response.status_code, "", b"", str(response.next_request.url)
             if not 200 <= response.status_code <= 299:
-                return response.status_code, response.headers.get("retry-after", ""), b""
+                return response.status_code, response.headers.get("retry-after", ""), b"", None
             chunks: list[bytes] = []
             size = 0
             async for chunk in response.aiter_bytes():
@@ -291,7 +300,7 @@ class RobotsCache:
                 size += len(chunk)
                 if size >= ROBOTS_MAX_BYTES:
                     break
-            return response.status_code, "", b"".join(chunks)[:ROBOTS_MAX_BYTES]
+            return response.status_code, "", b"".join(chunks)[:ROBOTS_MAX_BYTES], None
 
 
 class HostLimiter:

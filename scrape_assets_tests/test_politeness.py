@@ -277,6 +277,48 @@ def test_robots_redirect_is_followed():
     assert asyncio.run(main()).reason == "robots_disallowed"
 
 
+def test_a_robots_redirect_to_another_host_waits_for_that_hosts_slot():
+    """shop.test's robots.txt redirects to www.shop.test, which a 429 paused for 5 s: the
+    second hop waits the pause out, as a page of that host would."""
+    now, slept, asked = [0.0], [], []
+
+    async def sleep(seconds):
+        slept.append(seconds)
+        now[0] += seconds
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append((request.url.host, now[0]))
+        if request.url.host == "shop.test":
+            return httpx.Response(301, headers={"Location": "https://www.shop.test/robots.txt"})
+        return httpx.Response(200, text="User-agent: *\nDisallow: /\n")
+
+    limiter = HostLimiter(requests_per_second=1000, max_concurrency=2, sleep=sleep, clock=lambda: now[0])
+
+    async def main():
+        assert limiter.pause("www.shop.test", 5.0)
+        async with _client(handler) as client:
+            return await RobotsCache(limiter=limiter).check(client, "http://shop.test/a", UA)
+
+    assert asyncio.run(main()).reason == "robots_disallowed"
+    assert asked == [("shop.test", 0.0), ("www.shop.test", 5.0)] and slept == [5.0]
+
+
+def test_a_robots_redirect_loop_allows_all_after_the_clients_limit():
+    asked = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.path)
+        return httpx.Response(302, headers={"Location": f"/robots-{len(asked)}.txt"})
+
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler), max_redirects=5) as client:
+            return await RobotsCache().check(client, "http://shop.test/a", UA)
+
+    decision = asyncio.run(main())
+    assert decision.allowed and "redirected too often" in decision.detail
+    assert len(asked) == 6  # the request and 5 redirects followed
+
+
 def test_one_fetch_for_concurrent_askers():
     requests: list[httpx.Request] = []
 

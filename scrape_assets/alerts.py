@@ -32,7 +32,7 @@ def send_alert(text: str, *, webhook_url: str | None, fields: dict | None = None
 
     try:
         response = httpx.post(webhook_url, json={"text": text, **(fields or {})}, timeout=timeout_s)
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL is no HTTPError ("https://h:44a/", a "\r")
         logger.error("alert webhook %s unreachable: %s", redact_url(webhook_url, keep_path=False), type(exc).__name__)
         return False
     if response.is_success:

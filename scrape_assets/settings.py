@@ -242,6 +242,11 @@ def load_settings(env: dict | None = None) -> Settings:
     if webhook and not webhook.startswith(("http://", "https://")):
         # The value is a secret: name the variable, not the URL.
         raise SettingsError("SCRAPE_ALERT_WEBHOOK_URL", "<hidden>", "an http(s) URL")
+    if webhook and (not _host(webhook) or any(c.isspace() or not c.isprintable() for c in webhook)):
+        # Else every alert would fail to send (httpx refuses it), found only when one is due.
+        raise SettingsError("SCRAPE_ALERT_WEBHOOK_URL", "<hidden>", "an http(s) URL with a host, a numeric port if "
+                                                                 "any, and no space or control character (a \\r "
+                                                                 "left by a CRLF .env file?)")
     proxy = env.get("SCRAPE_PROXY_URL") or ""
     if proxy:
         ProxyURL.from_setting(proxy)  # fail early, without echoing a password

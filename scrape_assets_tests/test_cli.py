@@ -208,6 +208,11 @@ def test_bad_inputs_each_give_one_clear_error_naming_the_input(tmp_path):
             {"SCRAPE_ALERT_WEBHOOK_URL": "ftp://secret-token@x"},
             "scrape-assets: error: SCRAPE_ALERT_WEBHOOK_URL='<hidden>' is invalid: expected an http(s) URL",
         ),
+        "webhook httpx refuses (a CRLF .env file's \\r)": (
+            {"SCRAPE_ALERT_WEBHOOK_URL": "https://hooks.example/T0/secret-token\r"},
+            "scrape-assets: error: SCRAPE_ALERT_WEBHOOK_URL='<hidden>' is invalid: expected an http(s) URL with a host, "
+            "a numeric port if any, and no space or control character",
+        ),
         "proxy not http": (
             {"SCRAPE_PROXY_URL": "socks5://scraper:secret-token@proxy.internal:1080"},
             "scrape-assets: error: SCRAPE_PROXY_URL='<hidden>' is invalid: expected an http://[user:pass@]host:port proxy"

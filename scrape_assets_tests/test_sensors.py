@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from types import SimpleNamespace
 
 import dagster as dg
+import pytest
 
 from scrape_assets.defs.resources import AlertsResource
 from scrape_assets.defs.schedules import daily_scrape_schedule
@@ -872,3 +873,24 @@ def test_a_step_whose_retry_policy_gave_up_is_named_with_its_last_error():
     described = SimpleNamespace(step_key="raw_pages", event_specific_data=SimpleNamespace(
         error=gave_up, user_failure_data=SimpleNamespace(description="storage refused; nothing fetched")))
     assert step_failure_reasons([described]) == ["raw_pages: storage refused; nothing fetched (after 3 retries)"]
+
+
+@pytest.mark.parametrize("url", ["https://hooks.example:44a/T0", "https://hooks.example/T0\r"])
+def test_a_webhook_url_httpx_refuses_keeps_the_alert_and_moves_the_cursor(tmp_path, instance, url):
+    """httpx.InvalidURL is no httpx.HTTPError: it used to escape send_alert, so every tick
+    raised before saving its cursor and no alert was ever kept or sent."""
+    assert materialize(instance, make_resources(tmp_path, base_url=DEAD_HOST, max_attempts=1), ["travel"],
+                       selection=["raw_pages"]).success
+    cursor, result = _tick(instance, None, url)
+    assert result.skip_message == "webhook refused 1 alert(s): kept for the next evaluation"
+    assert json.loads(cursor)["unsent"] == ["travel: success rate 0% is below the floor 90%"]
+
+
+def test_dead_letters_alone_records_the_fetch_dead_letters_of_a_category_never_parsed(tmp_path, instance):
+    """held_back_load_sensor launches dead_letters alone for categories without a parse state
+    too: their failed pages are in the manifest, and nothing to parse is no error."""
+    res = make_resources(tmp_path, base_url=DEAD_HOST, max_attempts=1)
+    assert materialize(instance, res, ["travel"], selection=["raw_pages"]).success
+    assert materialize(instance, res, ["travel"], selection=["dead_letters"]).success
+    rows = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(dead_letters, "travel")
+    assert [(r["stage"], r["reason"].split(":")[0], r["attempts"]) for r in rows] == [("fetch", "robots_unreachable", 0)]

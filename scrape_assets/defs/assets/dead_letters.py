@@ -116,11 +116,12 @@ def dead_letters(
             state = load_parse_state(object_store, spec.name, category)
             rejects, pages = [], []
             # parsed.json is read only when it may hold dead letters: rejected cards, or pages the
-            # schema refused (a passing category's pages all passed its page guards).
-            if state is None or state.rejects or not state.validated:
+            # schema refused (a passing category's pages all passed its page guards). A category
+            # never parsed has its fetch dead letters only (the manifest's failed pages).
+            if state is not None and (state.rejects or not state.validated):
                 current = load_current(object_store, spec.name, category)[0]
                 # Pages by number: only when the parse stands for this manifest (same pages).
-                failing = state is not None and not state.validated and state.latest_snapshot_id == manifest.snapshot_id
+                failing = not state.validated and state.latest_snapshot_id == manifest.snapshot_id
                 rejects, pages = current.rejects, (current.pages if failing else [])
             rows = dead_letter_rows(manifest, rejects, pages)
             if rows and in_table.get(category):

@@ -850,14 +850,12 @@ async def load_run_sitemap(
         return Sitemap(url=url, error=exc.reason, requests=exc.requests)
     emit(
         f"sitemap {url}: {sitemap.urls:,} URLs, {len(sitemap.lastmod):,} with lastmod"
-        + (f", {sitemap.skipped:,} entries or child sitemaps skipped (another origin, over the limit, unreadable)"
+        + (f", {sitemap.skipped:,} entries or child sitemaps skipped (another origin, over the limit)"
            if sitemap.skipped else "")
         + f"; {sitemap.requests:,} request{'s' if sitemap.requests != 1 else ''}"
         + (f" ({sitemap.not_modified:,} not modified: 304, read from the kept copy)" if sitemap.not_modified else "")
         + f", {time.monotonic() - started:.1f}s"
     )
-    for problem in sitemap.problems[:5]:
-        (warn or emit)(f"child sitemap skipped (its pages are revalidated): {problem}")
     return sitemap
 
 

@@ -22,8 +22,9 @@ caught only through page 1 of each category, which is always revalidated (see
 :class:`~scrape_assets.crawl.PartitionCrawler`). Entries on another origin than the
 sitemap's or the site's are ignored; child sitemaps are fetched from the sitemap's own
 origin (a mirror serves them too); at most :data:`MAX_CHILD_SITEMAPS` children of an index
-are read, and a child that cannot be fetched or read is skipped (its pages count as not
-listed). Which sitemap: the spec's ``incremental.sitemap`` when it names one, else the
+are read (a page listed only in a later one counts as not listed), and a child that
+cannot be fetched or read makes the whole sitemap unused for the run (a page it lists may
+be listed in another child with an older ``lastmod``). Which sitemap: the spec's ``incremental.sitemap`` when it names one, else the
 robots.txt ``Sitemap:`` lines on the site's origin, else ``sitemap.xml`` (see
 :func:`~scrape_assets.crawl.load_run_sitemap`).
 
@@ -93,7 +94,7 @@ def parse_lastmod(text: str) -> datetime.datetime | None:
     """A W3C Datetime as the latest instant (UTC) it may mean; None when it is not one.
 
     ``2026-12-02T10:30:00+01:00`` -> 2026-12-02T09:30:00Z; with a fraction of a second, the
-    end of that second; ``2026-12-02T10:30:00`` (no zone) -> 2026-12-02T22:30:00Z;
+    end of that second; without seconds (``10:30Z``), the end of that minute (10:31:00Z); ``2026-12-02T10:30:00`` (no zone) -> 2026-12-02T22:30:00Z;
     ``2026-12-02`` -> 2026-12-03T12:00:00Z (its end at UTC-12); ``2026-12`` ->
     2027-01-01T12:00:00Z; ``2026`` -> 2027-01-01T12:00:00Z. An entry whose ``lastmod`` is
     None counts as undated.
@@ -111,7 +112,9 @@ def parse_lastmod(text: str) -> datetime.datetime | None:
         if hour is None:
             return date + datetime.timedelta(days=1) + _WESTMOST
         moment = date.replace(hour=int(hour), minute=int(minute), second=int(second or 0))
-        if fraction:
+        if second is None:
+            moment += datetime.timedelta(minutes=1)  # hh:mm: the end of that minute
+        elif fraction:
             moment += datetime.timedelta(seconds=1)  # compared with whole-second HTTP dates: its end
         if zone is None:
             return moment + _WESTMOST
@@ -169,7 +172,6 @@ class Sitemap:
         not_modified: documents the site answered 304 to a conditional GET (read from the
             kept copy, see :class:`SitemapCopies`).
         skipped: entries ignored (another origin, no ``<loc>``) and children not read.
-        problems: why children were skipped (``"<url>: http_404"``...), for the log.
         error: why the sitemap itself was not used (``"http_404"``...; see
             :func:`~scrape_assets.crawl.load_run_sitemap`), empty when it was.
     """
@@ -180,7 +182,6 @@ class Sitemap:
     requests: int = 0
     not_modified: int = 0
     skipped: int = 0
-    problems: list[str] = field(default_factory=list)
     error: str = ""
     _undated: set[str] = field(default_factory=set, repr=False)
 
@@ -340,7 +341,8 @@ class SitemapCopies:
         etag, last_modified = (sendable_validator(headers.get(name)) or "" for name in ("etag", "last-modified"))
         body_key, meta_key = self._keys(url)
         if not etag and not last_modified:  # the kept copy, if any, is not this document: never ask with it again
-            self.store.delete(meta_key)
+            self.store.delete(meta_key)  # first: a body without its meta is never read
+            self.store.delete(body_key)
             return False
         digest = hashlib.sha256(body).hexdigest()
         try:
@@ -390,8 +392,9 @@ async def load_sitemap(
     copies of documents no longer listed are deleted.
 
     Several URLs (a robots.txt's ``Sitemap:`` lines) are read as one sitemap index (at most
-    :data:`MAX_CHILD_SITEMAPS` of them): each one's entries and children count, one that
-    cannot be fetched or read is skipped, and the load fails only when none can be. A kept
+    :data:`MAX_CHILD_SITEMAPS` of them): each one's entries and children count. The load
+    fails when any document (one of several roots, a child) cannot be fetched or read: the
+    dates of the others cannot vouch for a page it may list with a later ``lastmod``. A kept
     document that came through a redirect is revalidated at its redirect target.
 
     Args:
@@ -403,9 +406,9 @@ async def load_sitemap(
             storage error on them is logged and costs only the copy.
 
     Raises:
-        SitemapError: the sitemap itself (every one of several) could not be fetched or read;
-            ``reason`` says why (the first one's). A child that cannot be is skipped instead
-            (``skipped``, ``problems``).
+        SitemapError: the sitemap itself, one of several, or one of its children could not
+            be fetched or read; ``reason`` says which and why (the first one's alone when a
+            single sitemap failed); ``requests`` counts the requests made for it all.
         ValueError: ``url`` is an empty list.
     """
     roots = [url] if isinstance(url, str) else list(dict.fromkeys(url))
@@ -467,19 +470,24 @@ async def load_sitemap(
             sitemap.url, "; ".join(f"{exc.url}: {exc.reason}" for exc in failures))
         error.requests = sitemap.requests  # spent on it all the same: the metadata counts them
         raise error
-    for exc in failures:  # some of several: skipped like a child
-        sitemap.skipped += 1
-        sitemap.problems.append(f"{exc.url}: {exc.reason}")
     children = list(dict.fromkeys(children))
     sitemap.skipped += max(0, len(children) - MAX_CHILD_SITEMAPS)
     for child in children[:MAX_CHILD_SITEMAPS]:
         try:
             nested = await read(child)
         except SitemapError as exc:
-            sitemap.skipped += 1
-            sitemap.problems.append(f"{exc.url}: {exc.reason}")
+            failures.append(exc)
             continue
         sitemap.skipped += len(nested)  # an index listed by an index: not read (the protocol nests no deeper)
+    if failures:
+        # Some of its documents could not be read: a page they list may be listed in another
+        # too, with an older lastmod (an "all" and a "recent" sitemap), so what was read
+        # cannot vouch for any page. Not used this run, as when none can be read.
+        error = SitemapError(sitemap.url, "; ".join(f"{exc.url}: {exc.reason}" for exc in failures[:5])
+                             + (f"; {len(failures) - 5} more" if len(failures) > 5 else "")
+                             + f" ({len(failures)} of its documents could not be read)")
+        error.requests = sitemap.requests
+        raise error
     if copies is not None:
         await on_copies(copies.keep_only, [*roots, *children[:MAX_CHILD_SITEMAPS]])
     return sitemap

@@ -43,7 +43,8 @@ def _catalogue_requests(server) -> list[str]:
         ("2026-12-02T10:30:00+01:00", datetime.datetime(2026, 12, 2, 9, 30, tzinfo=UTC)),
         ("2026-12-02T10:30:00-05:00", datetime.datetime(2026, 12, 2, 15, 30, tzinfo=UTC)),
         ("2026-12-02T10:30:00Z", datetime.datetime(2026, 12, 2, 10, 30, tzinfo=UTC)),
-        ("2026-12-02T10:30Z", datetime.datetime(2026, 12, 2, 10, 30, tzinfo=UTC)),
+        ("2026-12-02T10:30Z", datetime.datetime(2026, 12, 2, 10, 31, tzinfo=UTC)),  # end of its minute
+        ("2026-12-02T10:30+01:00", datetime.datetime(2026, 12, 2, 9, 31, tzinfo=UTC)),
         ("2026-12-02T10:30:00.25Z", datetime.datetime(2026, 12, 2, 10, 30, 1, tzinfo=UTC)),  # end of its second
         # Without a zone, local time anywhere: its latest reading is at UTC-12.
         ("2026-12-02T10:30:00", datetime.datetime(2026, 12, 2, 22, 30, tzinfo=UTC)),
@@ -273,6 +274,7 @@ def test_a_kept_sitemap_is_asked_for_with_a_conditional_get_and_read_from_its_co
         # A document served without validators: its old copy is not this document, never asked with again.
         assert copies.save(base + "index.xml", b"<sitemapindex/>", {}) is False
         assert copies.load(base + "index.xml") is None
+        assert [key for key, _ in store.list_files("demo/sitemap.copies")] == [in_flight]  # its body went too
     finally:
         server.shutdown()
         server.server_close()
@@ -510,8 +512,8 @@ def _urlset(entries) -> bytes:
 
 
 def test_a_sitemap_index_naming_the_sites_origin_is_read_from_the_mirror_and_counted(tmp_path, instance):
-    """Entries on the spec's origin (a mirror serves the site's own sitemap); a child that
-    fails is skipped; sitemap requests are in the metadata and the summary."""
+    """Entries on the spec's origin (a mirror serves the site's own sitemap); sitemap requests
+    are in the metadata and the summary."""
     site = "http://demo.scrape-assets.invalid/"  # the spec's base URL; pages are fetched from the mirror
     pages = [f"catalogue/category/books/fiction_10/{name}" for name in ("index.html", "page-2.html", "page-3.html",
                                                                        "page-4.html")]
@@ -520,18 +522,42 @@ def test_a_sitemap_index_naming_the_sites_origin_is_read_from_the_mirror_and_cou
         dated = [(site + path, parsedate_to_datetime(saved.pages[n].last_modified).isoformat())
                  for n, path in enumerate(pages, 1)]
         return {"/maps/index.xml": (f"<sitemapindex {NS}><sitemap><loc>{site}maps/a.xml</loc></sitemap>"
-                                    f"<sitemap><loc>{site}maps/gone.xml</loc></sitemap></sitemapindex>").encode(),
+                                    "</sitemapindex>").encode(),
                 "/maps/a.xml": _urlset(dated[:3])}  # page 4 is not listed: asked
 
     base_url, asked, result = _second_run_with_documents(tmp_path, instance, "  sitemap: /maps/index.xml\n", documents)
-    assert asked.count("/maps/index.xml") == asked.count("/maps/a.xml") == asked.count("/maps/gone.xml") == 1
+    assert asked.count("/maps/index.xml") == asked.count("/maps/a.xml") == 1
     assert _catalogue_requests_of(asked) == ["/" + pages[0], "/" + pages[3]]
     md = run_metadata(result)["raw_pages"]
-    assert (md["sitemap_requests"], md["sitemap_urls_dated"], md["pages_assumed_unchanged"]) == (3, 3, 2)
+    assert (md["sitemap_requests"], md["sitemap_urls_dated"], md["pages_assumed_unchanged"]) == (2, 3, 2)
     assert md["by_category"]["fiction"]["sitemap_check"] == "trusted"
-    assert _logged(instance, result, f"child sitemap skipped (its pages are revalidated): {base_url}maps/gone.xml: http_404")
-    assert ("  requests        2 (2 not modified: 304; 2 pages kept without a request; 3 more requests for the "
+    assert ("  requests        2 (2 not modified: 304; 2 pages kept without a request; 2 more requests for the "
             "sitemap), 0 pages failed for good") in _summary_lines(result)
+
+
+def test_a_child_sitemap_that_fails_leaves_the_sitemap_unused_for_the_run(tmp_path, instance):
+    """An "all" sitemap dates page 2 before its saved copy; the "recent" one, which dates it
+    after, answers 500: page 2 must not be adopted on the word of the child that could be
+    read. The sitemap is not used that run: every page is asked, as when none can be read."""
+    site = "http://demo.scrape-assets.invalid/"
+    pages = [f"catalogue/category/books/fiction_10/{name}" for name in ("index.html", "page-2.html", "page-3.html",
+                                                                       "page-4.html")]
+
+    def documents(_base_url, saved):
+        old = [(site + path, "2000-01-01") for path in pages]
+        return {"/maps/index.xml": (f"<sitemapindex {NS}><sitemap><loc>{site}maps/all.xml</loc></sitemap>"
+                                    f"<sitemap><loc>{site}maps/recent.xml</loc></sitemap></sitemapindex>").encode(),
+                "/maps/all.xml": _urlset(old)}  # recent.xml: 404 here, as a failing child
+
+    base_url, asked, result = _second_run_with_documents(tmp_path, instance, "  sitemap: /maps/index.xml\n", documents)
+    assert asked.count("/maps/all.xml") == asked.count("/maps/recent.xml") == 1
+    assert _catalogue_requests_of(asked) == ["/" + path for path in pages]  # all asked (conditional GETs)
+    md = run_metadata(result)["raw_pages"]
+    assert (md["sitemap_requests"], md["pages_assumed_unchanged"]) == (3, 0)
+    assert md["sitemap_error"] == (f"{base_url}maps/index.xml: {base_url}maps/recent.xml: http_404 (1 of its "
+                                   "documents could not be read)")
+    assert _logged(instance, result, f"{base_url}maps/recent.xml: http_404 (1 of its documents could not be read): "
+                                     "not used, every page is revalidated")
 
 
 def _robots_with_sitemaps(*urls: str) -> bytes:
@@ -540,8 +566,7 @@ def _robots_with_sitemaps(*urls: str) -> bytes:
 
 def test_without_a_sitemap_in_the_spec_the_robots_txt_sitemap_lines_are_read_together(tmp_path, instance):
     """Two Sitemap: lines on the site's origin (read from the mirror), one elsewhere (ignored,
-    said), one that fails (skipped, said): pages dated by either readable one are adopted, and
-    the default sitemap.xml is not asked for."""
+    said): pages dated by either one are adopted, and the default sitemap.xml is not asked for."""
     site = "http://demo.scrape-assets.invalid/"
     pages = [f"catalogue/category/books/fiction_10/{name}" for name in ("index.html", "page-2.html", "page-3.html",
                                                                        "page-4.html")]
@@ -550,19 +575,17 @@ def test_without_a_sitemap_in_the_spec_the_robots_txt_sitemap_lines_are_read_tog
         dated = [(site + path, parsedate_to_datetime(saved.pages[n].last_modified).isoformat())
                  for n, path in enumerate(pages, 1)]
         return {"/robots.txt": _robots_with_sitemaps(site + "maps/a.xml", "http://cdn.example.invalid/all.xml",
-                                                     site + "maps/gone.xml", site + "maps/b.xml"),
+                                                     site + "maps/b.xml"),
                 "/maps/a.xml": _urlset(dated[:2]), "/maps/b.xml": _urlset(dated[2:3])}  # page 4 not listed
 
     base_url, asked, result = _second_run_with_documents(tmp_path, instance, "", documents)
     assert "/sitemap.xml" not in asked
-    assert asked.count("/maps/a.xml") == asked.count("/maps/b.xml") == asked.count("/maps/gone.xml") == 1
+    assert asked.count("/maps/a.xml") == asked.count("/maps/b.xml") == 1
     assert _catalogue_requests_of(asked) == ["/" + pages[0], "/" + pages[3]]
     md = run_metadata(result)["raw_pages"]
-    assert (md["sitemap_requests"], md["sitemap_urls_dated"], md["pages_assumed_unchanged"]) == (3, 3, 2)
+    assert (md["sitemap_requests"], md["sitemap_urls_dated"], md["pages_assumed_unchanged"]) == (2, 3, 2)
     assert _logged(instance, result, "robots.txt Sitemap: lines on another origin than the site's ignored: "
                                      "http://cdn.example.invalid/all.xml")
-    assert _logged(instance, result, f"child sitemap skipped (its pages are revalidated): {base_url}maps/gone.xml: "
-                                     "http_404")
 
 
 def test_a_sitemap_named_in_the_spec_wins_over_robots_txt_and_failing_robots_sitemaps_say_which(tmp_path, instance):

@@ -139,17 +139,20 @@ def plan_prune(store: ObjectStore, site: str, category: str, keep: int) -> Prune
     plan = PrunePlan(category, kept=[s for s in snapshots if s in keep_ids],
                      kept_for_parse=[s for s in snapshots if s in for_parse], in_flight=in_flight)
     folders = [n for n in snapshot_folders(store, site, category) if n not in keep_ids]
+    manifest_keys, other_keys = [], []
     for snapshot_id in folders:
-        files = sorted(store.list_files(f"{site}/{category}/{snapshot_id}"),
-                       key=lambda item: (not item[0].endswith("/manifest.json"), item[0]))  # the manifest first
         if snapshot_id in manifests:
             plan.deleted.append(snapshot_id)
-        for key, size in files:
+        for key, size in sorted(store.list_files(f"{site}/{category}/{snapshot_id}")):
             if key in protected:
                 plan.bodies_kept += 1
                 continue
-            plan.objects.append(key)
+            (manifest_keys if key.endswith("/manifest.json") else other_keys).append(key)
             plan.bytes_freed += size
+    # Every deleted snapshot's manifest before any other file: a later one of them may read a
+    # body of an earlier one (a 304), and a prune cut short must not leave a snapshot whose
+    # body is gone.
+    plan.objects = manifest_keys + other_keys
     return plan
 
 
@@ -162,7 +165,8 @@ def apply_prune(store: ObjectStore, plan: PrunePlan) -> None:
 
     Raises:
         StorageError, OSError: a delete failed (the objects before it are gone; the
-            manifest of each snapshot goes first, so no snapshot is left half-readable).
+            manifests of all the deleted snapshots go first, so no snapshot is left
+            half-readable, nor reading a body already deleted).
     """
     for key in plan.objects:
         store.delete_listed(key)

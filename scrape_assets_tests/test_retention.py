@@ -122,11 +122,11 @@ def test_in_flight_and_abandoned_snapshots_locks_and_leftovers(tmp_path):
     assert plan.kept == ["2026-11-29T000000Z", "2026-11-30T000000Z"]
     assert plan.deleted == ["2026-11-27T000000Z", "2026-11-28T000000Z"]
     assert plan.objects == [
+        "demo/travel/2026-11-27T000000Z/manifest.json",  # the manifests first: the snapshots are gone at once
+        "demo/travel/2026-11-28T000000Z/manifest.json",
         "demo/travel/2026-11-26T000000Z/pages/page-0001.html",
-        "demo/travel/2026-11-27T000000Z/manifest.json",  # the manifest first: the snapshot is gone at once
         "demo/travel/2026-11-27T000000Z/.parsed.json.0f1e2d.tmp",
         "demo/travel/2026-11-27T000000Z/pages/page-0001.html",
-        "demo/travel/2026-11-28T000000Z/manifest.json",
     ]
     assert plan.bodies_kept == 1  # 2026-11-28's page, read by the two kept snapshots
     assert store.read_bytes("demo/travel/2026-11-28T000000Z/pages/page-0001.html") == b"<html>2026-11-28T000000Z</html>"
@@ -319,3 +319,27 @@ def test_cli_prune_names_the_folders_of_categories_no_longer_in_the_spec(tmp_pat
     shutil.copytree(site / "travel.bak", site / "travel")
     assert main(["prune", "--keep", "1"]) == 0
     assert "left alone" not in capsys.readouterr().out
+
+
+def test_a_prune_cut_short_leaves_no_snapshot_reading_a_deleted_body(tmp_path, monkeypatch):
+    """Day 28 read its page from day 27's body (a 304); both go with keep=1. The delete of
+    day 28's manifest fails: day 27's body must still be there (every manifest goes first)."""
+    store = ObjectStore(str(tmp_path / "objects"))
+    one_page_snapshot(store, "2026-11-27T000000Z", complete=True)
+    one_page_snapshot(store, "2026-11-28T000000Z", complete=True, body_from="2026-11-27T000000Z")
+    one_page_snapshot(store, "2026-11-29T000000Z", complete=True)
+    real_delete = ObjectStore.delete_listed
+
+    def failing_delete(self, key):
+        if key.endswith("2026-11-28T000000Z/manifest.json"):
+            raise OSError(5, "Input/output error", key)
+        real_delete(self, key)
+
+    monkeypatch.setattr(ObjectStore, "delete_listed", failing_delete)
+    [plan] = prune(store, "demo", ["travel"], keep=1, owner="test")
+    assert plan.skipped.startswith("partly pruned (1 of ")
+    left = [s for s in list_snapshots(store, "demo", "travel") if load_manifest(store, "demo", "travel", s).is_complete]
+    assert left == ["2026-11-28T000000Z", "2026-11-29T000000Z"]
+    for snapshot_id in left:  # every snapshot left reads its bodies
+        manifest = load_manifest(store, "demo", "travel", snapshot_id)
+        assert all(store.exists(manifest.body_key(n)) for n in manifest.pages), snapshot_id

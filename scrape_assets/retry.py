@@ -39,6 +39,8 @@ RETRY_HTTP_CODES: frozenset[int] = frozenset({408, 429, 500, 502, 503, 504, 522,
 StatusClass = Literal["ok", "retry", "permanent"]
 
 _DELAY_SECONDS = re.compile(r"^[+-]?\d+(\.\d+)?$")
+#: An IMF-fixdate (RFC 9110 §5.6.7), to split a field line a repeated header was joined into.
+_IMF_FIXDATE = re.compile(r"[A-Za-z]{3}, \d{2} [A-Za-z]{3} \d{4} \d{2}:\d{2}:\d{2} GMT")
 
 
 def classify_status(status: int) -> StatusClass:
@@ -133,6 +135,9 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
         return None
     if _DELAY_SECONDS.match(text):
         return max(0.0, float(text))  # digits past a float's range: inf ("longer than anything"), capped by callers
+    dates = _IMF_FIXDATE.findall(text)
+    if (dates and text != dates[0]) or (not dates and "," in text and _DELAY_SECONDS.match(text.split(",")[0].strip())):
+        return _repeated_retry_after(text, dates, now)  # more than one value (parsedate would read the first)
     try:
         when = parsedate_to_datetime(text)
     except (TypeError, ValueError, IndexError, OverflowError):
@@ -142,6 +147,17 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
     if now.tzinfo is None:
         now = now.replace(tzinfo=timezone.utc)
     return max(0.0, (when - now).total_seconds())
+
+
+def _repeated_retry_after(text: str, dates: list[str], now: datetime) -> float | None:
+    """A ``Retry-After`` sent more than once, joined by the client into one line with commas
+    (``"120, 120"``; RFC 9110 §5.3): the longest wait of its values, None unless each is
+    one. A date holds a comma itself, so ``dates`` (the IMF-fixdates in ``text``) are taken
+    whole; a line mixing dates and delays, or anything else, is None."""
+    values = dates if dates else [part.strip() for part in text.split(",")]
+    if (dates and ", ".join(dates) != text) or not all(v in dates or _DELAY_SECONDS.match(v) for v in values):
+        return None
+    return max(parse_retry_after(value, now) for value in values)
 
 
 def backoff_delay_s(

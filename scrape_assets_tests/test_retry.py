@@ -89,6 +89,12 @@ def test_classify_exception_rejects_non_network_errors():
         ("Wed, 99 Foo 2025 99:99:99 GMT", None),
         ("9" * 400, float("inf")),  # past a float's range: the longest wait, capped by the back-off
         ("-" + "9" * 400, 0.0),
+        # Sent twice, joined into one line by the client (RFC 9110 §5.3): the longest wait.
+        ("120, 120", 120.0),
+        ("30,120", 120.0),
+        ("Sat, 01 Mar 2025 12:00:30 GMT, Sat, 01 Mar 2025 12:01:00 GMT", 60.0),
+        ("120, soon", None),
+        ("Sat, 01 Mar 2025 12:00:30 GMT, 120", None),
     ],
 )
 def test_parse_retry_after_values(value, expected):

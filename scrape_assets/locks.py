@@ -24,6 +24,7 @@ host apart, and these functions are no-ops. Documented in README.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -32,6 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from scrape_assets.errors import PartitionLockedError
 from scrape_assets.manifest import utc_now_iso
@@ -114,13 +116,14 @@ def host_lock(
     """Hold the fetched host's lock, waiting (default up to a day) for another run holding it.
 
     Args:
-        host: ``host[:port]`` being fetched.
+        host: the URL being fetched (its origin counts), or its ``host[:port]``.
         on_wait: called with a line naming the holder when the wait starts, then every minute.
 
     Raises:
         PartitionLockedError: still held after ``wait_s``.
     """
-    name = "host-" + re.sub(r"[^a-z0-9._-]", "=", host.lower())
+    name = host_lock_name(host)
+    host = _origin_shown(host)
     return _flock(
         store,
         f"locks/{name}.lock",
@@ -129,6 +132,39 @@ def host_lock(
         refused=lambda holder: PartitionLockedError(host, f"host slot of {holder}"),
         on_wait=None if on_wait is None else (lambda holder: on_wait(f"waiting for {host}: fetched by {holder}")),
     )
+
+
+def _origin(url_or_netloc: str) -> tuple[str, str, int | None]:
+    """``(scheme, host, port)`` as a host is one host: user info dropped, the host in lower
+    case, IDNA-encoded, without a trailing dot; a scheme's default port made explicit."""
+    parts = urlsplit(url_or_netloc if "://" in url_or_netloc else "//" + url_or_netloc)
+    host = (parts.hostname or "").rstrip(".")
+    try:
+        host = host.encode("idna").decode("ascii")
+    except UnicodeError:  # not a name IDNA can encode: kept as written (lower case)
+        pass
+    try:
+        port = parts.port
+    except ValueError:  # not a number: no port to compare
+        port = None
+    return parts.scheme, host, port or {"http": 80, "https": 443}.get(parts.scheme)
+
+
+def host_lock_name(url_or_netloc: str) -> str:
+    """The host lock's name for a URL or ``host[:port]``: one per host and port however it is
+    spelled (``Example.com``, ``example.com.``, ``example.com:80`` from ``http://``, its
+    Unicode or punycode form); a long host name hashed to fit a storage key segment."""
+    _scheme, host, port = _origin(url_or_netloc)
+    name = "host-" + re.sub(r"[^a-z0-9._-]", "=", host) + (f"={port}" if port else "")
+    if len(name) > 100:  # a storage key segment holds 128 characters
+        name = name[:60] + "-" + hashlib.sha256(name.encode()).hexdigest()[:16]
+    return name
+
+
+def _origin_shown(url_or_netloc: str) -> str:
+    """``host[:port]`` for messages, without user info (a password) or anything else of the URL."""
+    _scheme, host, port = _origin(url_or_netloc)
+    return f"{host}:{port}" if port else host
 
 
 @contextmanager

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from scrape_assets.errors import PartitionLockedError
-from scrape_assets.locks import partition_lock
+from scrape_assets.locks import host_lock, host_lock_name, partition_lock
 from scrape_assets.manifest import latest_manifest, list_snapshots, load_manifest
 from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import Warehouse, products
@@ -102,6 +102,32 @@ def test_second_run_of_the_same_partition_stops_with_a_clear_message(tmp_path, d
     assert manifest.is_complete and manifest.counts() == {"pending": 0, "done": 12, "failed": 0, "attempts": 12}
     pages = [r.path for r in demo_server.requests if r.path.startswith("/catalogue/")]
     assert len(pages) == len(set(pages)) == 12
+
+
+@pytest.mark.parametrize("spellings", [
+    ["http://example.com/", "http://Example.COM:80/shop/", "http://example.com./", "example.com:80"],
+    ["https://bücher.example/", "https://xn--bcher-kva.example:443/"],
+])
+def test_one_host_lock_however_the_host_is_spelled(tmp_path, spellings):
+    """Host case, a trailing dot, an explicit default port, Unicode or punycode: one host,
+    one lock (each spelling used to get a lock file of its own, so two runs fetched at once)."""
+    assert len({host_lock_name(s) for s in spellings}) == 1
+    store = ObjectStore(str(tmp_path))
+    with host_lock(store, spellings[0], owner="run-A", wait_s=0):
+        for other in spellings[1:]:
+            with pytest.raises(PartitionLockedError):
+                with host_lock(store, other, owner="run-B", wait_s=0):
+                    pass
+
+
+def test_a_long_host_name_or_user_info_makes_a_usable_lock_name(tmp_path):
+    long_host = "a" * 60 + "." + "b" * 60 + ".example.com"  # 133 characters: a valid host name
+    store = ObjectStore(str(tmp_path))
+    with host_lock(store, f"http://{long_host}/", owner="run-A", wait_s=0):
+        pass
+    assert host_lock_name(f"http://{long_host}/") != host_lock_name("http://" + "a" * 60 + ".other.example.com/")
+    assert "secret" not in host_lock_name("http://user:secret@example.com/")  # user info is no part of a host
+    assert host_lock_name("http://example.com:8080/") != host_lock_name("http://example.com/")
 
 
 def test_host_lock_serialises_fetching_across_runs(tmp_path, demo_server):

@@ -183,7 +183,7 @@ class ObjectStoreResource(dg.ConfigurableResource):
 
     def host_lock(self, context: dg.AssetExecutionContext, base_url: str):
         """Hold the fetched host's lock while fetching (waits for another run; see :mod:`scrape_assets.locks`)."""
-        return host_lock(self.store(), urlsplit(base_url).netloc, owner=context.run_id, on_wait=context.log.info)
+        return host_lock(self.store(), base_url, owner=context.run_id, on_wait=context.log.info)
 
     def locks(self, context: dg.AssetExecutionContext, site: str):
         """Hold this asset's locks on the run's partitions (see :mod:`scrape_assets.locks`).

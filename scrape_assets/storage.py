@@ -132,7 +132,7 @@ def check_key(key: str) -> list[str]:
     """
     segments = key.split("/")
     for segment in segments:
-        if not _SEGMENT.match(segment) or segment in (".", ".."):
+        if not _SEGMENT.fullmatch(segment) or segment in (".", ".."):  # (match: "x\n" passes "$")
             raise StorageError(
                 key,
                 f"invalid storage key segment {segment!r}: expected letters, digits, '.', '_', '=', '-' "

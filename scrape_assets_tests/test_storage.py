@@ -14,7 +14,8 @@ from scrape_assets.storage import ObjectStore, redact_url
 
 @pytest.mark.parametrize(
     "key",
-    ["../escape", "a/../../b", "/etc/passwd", "a//b", "a/%2e%2e/b", "a/..%2fb", "a\\b", "a/.hidden/..", "", "a/b\x00"],
+    ["../escape", "a/../../b", "/etc/passwd", "a//b", "a/%2e%2e/b", "a/..%2fb", "a\\b", "a/.hidden/..", "", "a/b\x00",
+     "demo\n", "a/b\n"],  # a trailing newline: "$" matches before it
 )
 def test_keys_that_escape_the_root_are_refused(tmp_path, key):
     store = ObjectStore(str(tmp_path / "root"))

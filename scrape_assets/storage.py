@@ -23,6 +23,7 @@ import errno
 import os
 import re
 import threading
+import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -39,6 +40,8 @@ TEMP_SUFFIX = ".tmp"
 #: Most journal files one ObjectStore keeps open for appends (least recently used closed first).
 MAX_OPEN_APPENDS = 64
 _PROBE = re.compile(r"^\.?write-probe-(\d+)-")
+#: Age (seconds) before a write probe whose process is not running here is removed.
+PROBE_MIN_AGE_S = 60.0
 #: fsspec protocols of object stores: flat keys (no folder to create before a PUT), listings
 #: that fsspec would cache. Other remote filesystems (sftp, smb, ...) keep fsspec's defaults.
 OBJECT_STORE_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "memory"})
@@ -293,11 +296,19 @@ class ObjectStore:
             raise StorageError(self.describe(), f"object storage is not writable: {detail}") from exc
 
     def _sweep_dead_probes(self) -> None:
+        """Remove probes of processes gone, at least :data:`PROBE_MIN_AGE_S` old: a process
+        of another PID namespace (a container sharing the folder) may have the same number
+        as none here, but its probe lives for milliseconds."""
         if not self.is_local:
             return
+        now = time.time()
         for item in Path(self.root.path).glob("*write-probe-*"):
             match = _PROBE.match(item.name)
-            if match and not _process_alive(int(match[1])):
+            try:
+                old = now - item.stat().st_mtime >= PROBE_MIN_AGE_S
+            except FileNotFoundError:  # its process removed it meanwhile
+                continue
+            if match and old and not _process_alive(int(match[1])):
                 item.unlink(missing_ok=True)
 
     def write_bytes_atomic(self, key: str, data: bytes, *, sync_folder: bool = True) -> int:

@@ -16,7 +16,7 @@ import pytest
 from reliability.kill_loop import run_kill_loop
 from scrape_assets import crashpoints, crawl
 from scrape_assets.manifest import latest_manifest, list_snapshots
-from scrape_assets.storage import TEMP_SUFFIX, ObjectStore
+from scrape_assets.storage import PROBE_MIN_AGE_S, TEMP_SUFFIX, ObjectStore
 from scrape_assets.warehouse import Warehouse, products
 from scrape_assets_tests.conftest import REPO_ROOT
 
@@ -200,6 +200,9 @@ def test_a_storage_probe_left_by_a_killed_process_is_removed_at_the_next_start(t
     assert _python(code, crashpoint=f"{point}:1", cwd=tmp_path).returncode == -signal.SIGKILL
     [left] = list((tmp_path / "objects").iterdir())
     assert "write-probe-" in left.name
+    ObjectStore(str(tmp_path / "objects")).ensure_writable()  # too recent: maybe another PID namespace's, live
+    assert list((tmp_path / "objects").iterdir()) == [left]
+    os.utime(left, (left.stat().st_atime, left.stat().st_mtime - PROBE_MIN_AGE_S))
     ObjectStore(str(tmp_path / "objects")).ensure_writable()
     assert list((tmp_path / "objects").iterdir()) == []
 

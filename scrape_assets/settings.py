@@ -40,7 +40,9 @@ from urllib.parse import urlsplit
 
 from scrape_assets.errors import SettingsError, UnknownSiteError, UnreadableFileError
 from scrape_assets.proxies import ProxyURL
-from scrape_assets.spec import (
+from scrape_assets.spec import (  # noqa: F401 - base_url_problem re-exported
+    _host,
+    base_url_problem,
     MAX_CONCURRENCY,
     MAX_REQUESTS_PER_SECOND,
     MIN_REQUESTS_PER_SECOND,
@@ -116,31 +118,6 @@ MAX_LOCK_WAIT_S = 86_400.0
 DEFAULT_RESUME_MAX_AGE_H = 20.0
 MIN_RESUME_MAX_AGE_H = 0.01  # 36 s: below that even a step retry would start a new snapshot
 MAX_RESUME_MAX_AGE_H = 8760.0  # a year
-
-
-def _host(url: str) -> str | None:
-    """The host name of an absolute http(s) URL (None: another scheme, no host, a port that is not a number, or unparsable)."""
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
-    except ValueError:
-        return None
-    return parts.hostname if parts.scheme in ("http", "https") else None
-
-
-def base_url_problem(url: str) -> str | None:
-    """What a fetch base URL (``SCRAPE_BASE_URL``, the ``site`` resource's ``base_url``) should be,
-    when ``url`` is not that; None when it is. The value itself is never in the text (user
-    info or a query may hold a secret)."""
-    if not _host(url):
-        return "an absolute http(s) URL with a host, e.g. http://127.0.0.1:8000/"
-    parts = urlsplit(url)  # parsable: _host read it
-    if "@" in parts.netloc:
-        # Every page would be refused (credentials are not sent) and the URL stored in manifests and dead letters.
-        return "a URL without user:password@ (credentials in URLs are not sent; a site behind a login is out of scope)"
-    if parts.query or parts.fragment or url.rstrip().endswith(("?", "#")):
-        return "a URL without a query or fragment (pages are resolved against the base URL's path; a query is dropped)"
-    return None
 
 
 def _number(env, name: str, kind: type, minimum: float, maximum: float | None = None):

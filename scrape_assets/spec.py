@@ -54,6 +54,31 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _host(url: str) -> str | None:
+    """The host name of an absolute http(s) URL (None: another scheme, no host, a port that is not a number, or unparsable)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        return None
+    return parts.hostname if parts.scheme in ("http", "https") else None
+
+
+def base_url_problem(url: str) -> str | None:
+    """What a fetch base URL (``SCRAPE_BASE_URL``, the ``site`` resource's ``base_url``) should be,
+    when ``url`` is not that; None when it is. The value itself is never in the text (user
+    info or a query may hold a secret)."""
+    if not _host(url):
+        return "an absolute http(s) URL with a host, e.g. http://127.0.0.1:8000/"
+    parts = urlsplit(url)  # parsable: _host read it
+    if "@" in parts.netloc:
+        # Every page would be refused (credentials are not sent) and the URL stored in manifests and dead letters.
+        return "a URL without user:password@ (credentials in URLs are not sent; a site behind a login is out of scope)"
+    if parts.query or parts.fragment or url.rstrip().endswith(("?", "#")):
+        return "a URL without a query or fragment (pages are resolved against the base URL's path; a query is dropped)"
+    return None
+
+
 class Field_(_Strict):
     """Where one product field lives inside a card: a CSS selector, and an attribute or the text.
 
@@ -65,6 +90,17 @@ class Field_(_Strict):
     attr: str | None = None
 
     _valid_css = field_validator("css")(_css)
+
+    @field_validator("attr")
+    @classmethod
+    def _attribute_name(cls, value: str | None) -> str | None:
+        """HTML attribute names are case-insensitive and the parser lower-cases them: ``HREF``
+        is ``href`` (else it could never match)."""
+        if value is None:
+            return None
+        if not value.strip() or any(c.isspace() or c in "\"'>/=" for c in value.strip()):
+            raise ValueError(f"expected an attribute name such as 'href' or 'title', got {value!r}")
+        return value.strip().lower()
 
     @model_validator(mode="before")
     @classmethod
@@ -299,19 +335,20 @@ class SiteSpec(_Strict):
     @field_validator("base_url")
     @classmethod
     def _absolute_http_url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError("expected an absolute http(s) URL such as 'https://books.toscrape.com/'")
+        # The same rules as SCRAPE_BASE_URL's: a query or fragment would swallow the paths
+        # joined to it, user info would be stored with every page (and refused by the site).
+        if problem := base_url_problem(value):
+            raise ValueError(f"expected {problem}")
         return value if value.endswith("/") else value + "/"
 
     @field_validator("categories")
     @classmethod
     def _relative_paths(cls, value: dict[str, str]) -> dict[str, str]:
         for key, path in value.items():
-            if urlsplit(path).netloc or path.startswith("/") or ".." in path.split("/"):
+            if urlsplit(path).netloc or urlsplit(path).scheme or path.startswith("/") or ".." in path.split("/"):
                 raise ValueError(
-                    f"category {key!r}: expected a path relative to base_url, with no leading '/', no host and no "
-                    f"'..' (e.g. 'shop/c/kitchen/index.html'), got {path!r}"
+                    f"category {key!r}: expected a path relative to base_url, with no leading '/', no scheme or "
+                    f"host and no '..' (e.g. 'shop/c/kitchen/index.html'; write 'a:b' as './a:b'), got {path!r}"
                 )
         return value
 

@@ -71,6 +71,16 @@ def _demo_dict() -> dict:
          "finite number"),
         (lambda d: d.update(incremental={"revalidate": "sometimes"}), "incremental.revalidate",
          "'every_page', 'first_page' or 'sitemap'"),
+        # The base URL's rules are SCRAPE_BASE_URL's: "?lang=en/" would swallow every joined path.
+        (lambda d: d.update(base_url="https://example.com/shop?lang=en"), "base_url", "without a query or fragment"),
+        (lambda d: d.update(base_url="https://example.com/shop#top"), "base_url", "without a query or fragment"),
+        (lambda d: d.update(base_url="http://example.com:80a/"), "base_url", "with a host"),
+        (lambda d: d.update(base_url="http://:8080/"), "base_url", "with a host"),
+        (lambda d: d.update(base_url="http://u:secret@example.com/"), "base_url", "without user:password@"),
+        (lambda d: d["categories"].update(wiki="Category:Travel_books"), "categories", "no scheme or host"),
+        (lambda d: d["categories"].update(mail="mailto:x@y"), "categories", "write 'a:b' as './a:b'"),
+        (lambda d: d["selectors"].update(url={"css": "h3 > a", "attr": ""}), "selectors.url.attr",
+         "expected an attribute name such as 'href'"),
     ],
 )
 def test_bad_spec_names_file_key_and_expectation(tmp_path, mutate, key, expected):
@@ -216,3 +226,12 @@ def test_a_field_selector_may_be_written_as_a_plain_string(tmp_path):
     selectors = load_spec(str(path)).selectors
     assert (selectors.price.css, selectors.price.attr) == ("p.price_color", None)
     assert (selectors.rating.css, selectors.rating.attr) == ("span.score", None)
+
+
+def test_an_attribute_name_is_read_in_lower_case_as_the_parser_keeps_it(tmp_path):
+    """lexbor lower-cases attribute names: "attr: HREF" could never match; it means href."""
+    data = _demo_dict()
+    data["selectors"]["url"] = {"css": "h3 > a", "attr": "HREF"}
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert load_spec(str(path)).selectors.url.attr == "href"

@@ -170,10 +170,17 @@ def storage_url_problem(url: str) -> str | None:
     from upath import UPath
 
     try:
-        if UPath(url).protocol != "":
-            return None  # a URL (s3://, file://, simplecache::..., s3:/bucket): the store decides
+        protocol = UPath(url).protocol
     except (ValueError, ImportError):  # an unknown protocol: the store names it
         return None
+    if protocol in ("file", "local"):
+        # file://data/objects is read as a folder relative to each process's own, like "data/objects".
+        rest = url.split("://", 1)[1] if "://" in url else url.split(":", 1)[1]
+        if not rest.startswith("/"):
+            return f"a {protocol}:// URL of an absolute folder, e.g. {protocol}:///srv/scrape/objects (three slashes)"
+        return None
+    if protocol != "":
+        return None  # a URL (s3://, simplecache::..., s3:/bucket): the store decides
     if meant := _protocol_meant(url):
         return f"an object store URL with '://' after its protocol, e.g. {meant}, or an absolute folder"
     if not os.path.isabs(os.path.expanduser(url)):
@@ -206,9 +213,11 @@ def load_settings(env: dict | None = None) -> Settings:
         raise SettingsError("SCRAPE_SITE", site, exc.expected) from None
     except UnreadableFileError as exc:  # missing, no permission, not UTF-8: say which setting named it
         raise SettingsError("SCRAPE_SITE", site, f"a readable spec file; {exc}") from None
-    day = env.get("SCRAPE_DEMO_DATE") or ""
+    day = (env.get("SCRAPE_DEMO_DATE") or "").strip()
     if day:
         try:
+            if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", day):  # fromisoformat also takes 20261201, 2026-W48-1
+                raise ValueError(day)
             date.fromisoformat(day)
         except ValueError:
             raise SettingsError("SCRAPE_DEMO_DATE", day, "a date as YYYY-MM-DD, e.g. 2026-12-01") from None

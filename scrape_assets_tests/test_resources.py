@@ -311,6 +311,20 @@ def test_storage_urls_the_settings_accept_and_refuse():
     assert storage_url_problem("./objects").startswith("an absolute folder (this one is ")
     for relative in ("s3:bucket/x", "C:/data", "file:relative"):  # fsspec reads each as a relative folder
         assert storage_url_problem(relative).startswith("an absolute folder"), relative
+    for relative in ("file://data/objects", "local://data/objects"):  # "data" is no host: a relative folder
+        assert storage_url_problem(relative).startswith(f"a {relative.split(':')[0]}:// URL of an absolute folder")
+    assert storage_url_problem("local:///srv/objects") is None
+
+
+@pytest.mark.parametrize("day", ["20261201", "2026-W48-1", "2026-12-1", "2026-13-01"])
+def test_a_demo_date_is_only_yyyy_mm_dd(day):
+    """date.fromisoformat reads 20261201 and 2026-W48-1 too; the demo catalogue does not."""
+    from scrape_assets.errors import SettingsError
+    from scrape_assets.settings import load_settings
+
+    with pytest.raises(SettingsError, match="expected a date as YYYY-MM-DD"):
+        load_settings({"SCRAPE_DEMO_DATE": day})
+    load_settings({"SCRAPE_DEMO_DATE": " 2026-12-01 "})  # as the demo catalogue reads it (stripped)
 
 
 def test_a_storage_folder_under_home_is_the_users_home(monkeypatch, tmp_path):

@@ -51,7 +51,8 @@ def _css(value: str | None) -> str | None:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: YAML 1.1 reads yes/no/on/off as booleans; "max_pages: yes" is not 1, "obey_robots_txt: 0" not False
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 def _host(url: str) -> str | None:

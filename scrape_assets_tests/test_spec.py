@@ -81,6 +81,11 @@ def _demo_dict() -> dict:
         (lambda d: d["categories"].update(mail="mailto:x@y"), "categories", "write 'a:b' as './a:b'"),
         (lambda d: d["selectors"].update(url={"css": "h3 > a", "attr": ""}), "selectors.url.attr",
          "expected an attribute name such as 'href'"),
+        # YAML 1.1 reads yes/no/on/off as booleans: no number or switch is made of them quietly.
+        (lambda d: d["pagination"].update(max_pages=True), "pagination.max_pages", "valid integer"),
+        (lambda d: d.update(validation={"max_rejected_share": True}), "validation.max_rejected_share", "valid number"),
+        (lambda d: d["politeness"].update(obey_robots_txt=0), "politeness.obey_robots_txt", "valid boolean"),
+        (lambda d: d["politeness"].update(obey_robots_txt="off"), "politeness.obey_robots_txt", "valid boolean"),
     ],
 )
 def test_bad_spec_names_file_key_and_expectation(tmp_path, mutate, key, expected):

@@ -126,6 +126,10 @@ def parse_yaml_model(
             detail = error["msg"].removeprefix("Value error, ")
             if not isinstance(error["input"], (dict, list)):
                 detail += f" (got {error['input']!r})"
+            if isinstance(error["input"], (bool, int, float)) and (
+                    "[key]" in error["loc"] or error["msg"].startswith("Keys should be strings")):
+                detail += ("; YAML reads an unquoted key such as no, yes, on or off as a boolean and 0755 as a "
+                           "number: quote it, e.g. 'no':")
             return key, detail
 
         # A misspelt key shows up as "unknown key" plus "required key missing": name the misspelling

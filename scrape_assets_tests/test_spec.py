@@ -240,3 +240,17 @@ def test_an_attribute_name_is_read_in_lower_case_as_the_parser_keeps_it(tmp_path
     path = tmp_path / "site.yaml"
     path.write_text(yaml.safe_dump(data))
     assert load_spec(str(path)).selectors.url.attr == "href"
+
+
+def test_a_key_yaml_reads_as_a_boolean_says_to_quote_it(tmp_path):
+    """categories: {no: ...} (Norway) is {False: ...} to YAML 1.1: the error says why and what to do."""
+    from importlib import resources
+
+    text = resources.files("scrape_assets.sites").joinpath("demo.yaml").read_text()
+    text = text.replace("categories:\n", "categories:\n  no: catalogue/category/books/norway_99/index.html\n", 1)
+    path = tmp_path / "site.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as info:
+        load_spec(str(path))
+    assert "(got False); YAML reads an unquoted key such as no, yes, on or off as a boolean" in str(info.value)
+    assert "quote it, e.g. 'no':" in str(info.value)

@@ -353,6 +353,15 @@ class SiteSpec(_Strict):
                 )
         return value
 
+    @model_validator(mode="after")
+    def _first_page_needs_the_page_list(self) -> SiteSpec:
+        pagination = self.pagination
+        if self.incremental.revalidate == "first_page" and not (pagination.pager and pagination.page_url):
+            raise ValueError("incremental.revalidate 'first_page' needs pagination.pager and pagination.page_url "
+                             "(page 1 must say how many pages there are; a next-link crawl asks every page): set "
+                             "them, or use revalidate: sitemap, which works with next links")
+        return self
+
     def start_url(self, category: str, base_url: str | None = None) -> str:
         """Absolute URL of page 1 of ``category``, on ``base_url`` (default: the spec's)."""
         try:

@@ -254,3 +254,15 @@ def test_a_key_yaml_reads_as_a_boolean_says_to_quote_it(tmp_path):
         load_spec(str(path))
     assert "(got False); YAML reads an unquoted key such as no, yes, on or off as a boolean" in str(info.value)
     assert "quote it, e.g. 'no':" in str(info.value)
+
+
+def test_first_page_revalidation_without_the_page_list_is_refused(tmp_path):
+    """Without a pager and page_url the crawl follows next links and asks every page: the
+    opt-in would quietly do nothing."""
+    data = _demo_dict()
+    data["incremental"] = {"revalidate": "first_page"}
+    data["pagination"].pop("page_url")
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError, match="revalidate 'first_page' needs pagination.pager and pagination.page_url"):
+        load_spec(str(path))

@@ -160,7 +160,7 @@ class CrawlProgress:
         return (
             f"{self.pages_done:,}/{self._known:,} pages done, {self.pages_failed:,} failed for good"
             + (f", {counted(self.retries, 'retry', 'retries')}" if self.retries else "") + "; "
-            f"{self.categories_done}/{self.categories} categories complete; {self._settled_now / elapsed:,.0f} pages/s"
+            f"{self.categories_done}/{self.categories} categories complete; {_rate(self._settled_now / elapsed)} pages/s"
         )
 
     def _tick(self) -> None:
@@ -802,6 +802,12 @@ class PartitionCrawler:
         self._fetched += 1
         manifest.record(self.store, n)
         self.progress.page_done()
+
+
+def _rate(per_second: float) -> str:
+    """A rate for a progress line: whole numbers from 10 up, one decimal below (a slow,
+    rate-limited crawl's 0.4 pages/s is not "0")."""
+    return f"{per_second:,.0f}" if per_second >= 9.95 else f"{per_second:.1f}".removesuffix(".0")
 
 
 def _meta_charset(body: bytes, content_type: str | None) -> str | None:

@@ -538,7 +538,7 @@ def test_crawl_progress_emits_every_interval_and_once_at_the_end():
     assert lines == []  # 3 s: nothing yet
     now[0] += 2.0
     progress.page_done()
-    assert lines == ["5/7 pages done, 0 failed for good; 0/2 categories complete; 1 pages/s"]  # 4 fetched in 5 s
+    assert lines == ["5/7 pages done, 0 failed for good; 0/2 categories complete; 0.8 pages/s"]  # 4 fetched in 5 s
     progress.category_done()
     progress.page_failed("b: page 4 failed for good (http_404)")
     progress.category_done()

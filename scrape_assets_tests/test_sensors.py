@@ -894,3 +894,13 @@ def test_dead_letters_alone_records_the_fetch_dead_letters_of_a_category_never_p
     assert materialize(instance, res, ["travel"], selection=["dead_letters"]).success
     rows = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(dead_letters, "travel")
     assert [(r["stage"], r["reason"].split(":")[0], r["attempts"]) for r in rows] == [("fetch", "robots_unreachable", 0)]
+
+
+def test_a_shortened_alert_line_cuts_between_words_not_inside_one():
+    from scrape_assets.defs.sensors import _shortened
+
+    text = "pages: rejected_share x2 (pages 1, 2; more of the categories' cards were rejected than allowed)"
+    assert _shortened(text, 50) == "pages: rejected_share x2 (pages 1, 2; more of..."  # not "more of t..."
+    assert _shortened("FetchConfigChangedError: demo/travel/2026-12-03T020000Z/manifest.json", 40) == (
+        "FetchConfigChangedError: demo/travel/...")  # a long token keeps its start
+    assert _shortened(text, 200) == text

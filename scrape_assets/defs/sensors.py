@@ -444,7 +444,14 @@ def schema_check_failures(instance, run_id: str) -> dict[str, str]:
 
 
 def _shortened(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    """``text`` cut to at most ``limit`` characters ("..." last): at the last space when it is
+    among the last 12 characters kept (no word cut in two), else where the limit falls (a
+    long path keeps its start)."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 3]
+    space = cut.rfind(" ")
+    return (cut[:space].rstrip(" ,;:(") if space >= len(cut) - 12 else cut) + "..."
 
 
 #: Tag of the runs ``held_back_load_sensor`` launches: the failed run whose load they finish.

@@ -19,7 +19,14 @@ from scrape_assets.manifest import latest_manifest, utc_now_iso
 from scrape_assets.sitemap import Sitemap, SitemapError, load_sitemap, parse_lastmod
 from scrape_assets.storage import ObjectStore
 from scrape_assets.warehouse import Warehouse, products
-from scrape_assets_tests.conftest import assert_later_pages_adopted, make_resources, materialize, run_metadata
+from scrape_assets.demo_site import make_server
+from scrape_assets_tests.conftest import (
+    assert_later_pages_adopted,
+    make_resources,
+    materialize,
+    run_metadata,
+    serving,
+)
 
 UTC = datetime.timezone.utc
 DEMO_SPEC = Path(__file__).resolve().parents[1] / "scrape_assets" / "sites" / "demo.yaml"
@@ -699,19 +706,24 @@ def test_next_link_crawls_adopt_page_by_page(tmp_path, instance, demo_server):
 
 
 @pytest.mark.parametrize("mode", ["sitemap", "first_page"])
-def test_a_page_unasked_for_max_days_without_request_is_asked_again(tmp_path, instance, demo_server, mode):
+def test_a_page_unasked_for_max_days_without_request_is_asked_again(tmp_path, instance, mode):
     spec_file = tmp_path / f"{mode}.yaml"
     spec_file.write_text(DEMO_SPEC.read_text() + f"incremental:\n  revalidate: {mode}\n  max_days_without_request: 3\n")
-    res = make_resources(tmp_path, site=str(spec_file), base_url=demo_server.base_url)
-    assert materialize(instance, res, ["fiction"], selection=["raw_pages"]).success
-    store = ObjectStore(str(tmp_path / "objects"))
-    saved = latest_manifest(store, "demo", "fiction", complete=True)
-    now = datetime.datetime.now(UTC)
-    saved.pages[3].fetched_at = utc_now_iso(now - datetime.timedelta(days=3, minutes=1))  # just over the limit
-    saved.pages[4].fetched_at = utc_now_iso(now - datetime.timedelta(days=2, hours=23))  # just under it
-    saved.save(store)
-    demo_server.clear_requests()
-    assert materialize(instance, res, ["fiction"], selection=["raw_pages"]).success
+    # The catalogue as it was 10 days ago: fiction's pages last changed before the fetch
+    # times faked below whatever today's date (served as of today, a change of fiction in
+    # the last 3 days would rightly make page 4 asked too).
+    day = datetime.datetime.now(UTC).date() - datetime.timedelta(days=10)
+    with serving(make_server("127.0.0.1", 0, day=day)) as demo_server:
+        res = make_resources(tmp_path, site=str(spec_file), base_url=demo_server.base_url)
+        assert materialize(instance, res, ["fiction"], selection=["raw_pages"]).success
+        store = ObjectStore(str(tmp_path / "objects"))
+        saved = latest_manifest(store, "demo", "fiction", complete=True)
+        now = datetime.datetime.now(UTC)
+        saved.pages[3].fetched_at = utc_now_iso(now - datetime.timedelta(days=3, minutes=1))  # just over the limit
+        saved.pages[4].fetched_at = utc_now_iso(now - datetime.timedelta(days=2, hours=23))  # just under it
+        saved.save(store)
+        demo_server.clear_requests()
+        assert materialize(instance, res, ["fiction"], selection=["raw_pages"]).success
     asked = [p.rsplit("/", 1)[1] for p in _catalogue_requests(demo_server)]
     # sitemap: per page; first_page: all or nothing, so every page is asked.
     assert asked == (["index.html", "page-3.html"] if mode == "sitemap"

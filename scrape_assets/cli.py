@@ -110,6 +110,7 @@ def preflight(resources: dict) -> None:
     """
     import sqlalchemy as sa
 
+    from scrape_assets.manifest import has_snapshot
     from scrape_assets.warehouse import CREATE_PRIVILEGE_HINT, create_refused_in, database_error
 
     try:
@@ -120,7 +121,8 @@ def preflight(resources: dict) -> None:
     try:
         with warehouse:
             warehouse.create_tables()
-            warehouse.check_site(resources["site"].spec().name)  # before a crawl whose load would be refused
+            name = resources["site"].spec().name  # before a crawl whose load would be refused
+            warehouse.check_site(name, owns=has_snapshot(resources["store"].store(), name))
     except sa.exc.SQLAlchemyError as exc:
         if os.environ.get("SCRAPE_WAREHOUSE_URL"):
             error = database_error(exc)

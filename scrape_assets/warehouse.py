@@ -302,11 +302,15 @@ class Warehouse:
         with self.engine.connect() as conn:
             return conn.execute(sa.select(warehouse_site.c.site).where(warehouse_site.c.id == 1)).scalar_one_or_none()
 
-    def check_site(self, site: str) -> None:
+    def check_site(self, site: str, *, owns: Callable[[str, str], bool] | None = None) -> None:
         """Raise if these tables belong to another site, or have another shape (reads only).
 
         Every column of every table is selected (no row), so a ``products`` table that
         someone else made fails here, before a crawl, as the load would fail after it.
+
+        Args:
+            owns: as for :meth:`claim_site`, which a load step calls with the same: tables
+                loaded before claims existed are refused here as it would refuse them.
 
         Raises:
             SettingsError: the tables belong to another site (see :meth:`claim_site`).
@@ -316,6 +320,8 @@ class Warehouse:
         owner = self.site()
         if owner not in (None, site):
             raise self._other_site(site, owner)
+        if owner is None and owns is not None:
+            self._check_unclaimed_loads(site, owns, now=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         with self.engine.connect() as conn:
             for table in metadata.tables.values():
                 conn.execute(sa.select(*table.c).limit(0)).all()
@@ -339,15 +345,7 @@ class Warehouse:
         owner = self.site()
         if owner is None:
             if owns is not None:
-                with self.engine.connect() as conn:
-                    loads = conn.execute(sa.select(partition_loads.c.category, partition_loads.c.snapshot_id)).all()
-                if loads and not any(owns(category, snapshot) for category, snapshot in loads):
-                    raise SettingsError(
-                        "SCRAPE_WAREHOUSE_URL", self.describe(),
-                        f"a warehouse of site {site!r} (this one was loaded before sites were recorded, and none of "
-                        f"its {len(loads)} loads is a snapshot of {site!r}; if it is this site's, claim it with "
-                        f"INSERT INTO warehouse_site (id, site, claimed_at) VALUES (1, '{site}', '{now}'))",
-                    )
+                self._check_unclaimed_loads(site, owns, now=now)
             try:
                 with self.engine.begin() as conn:
                     conn.execute(warehouse_site.insert(), [{"id": 1, "site": site, "claimed_at": now}])
@@ -356,6 +354,18 @@ class Warehouse:
                 owner = self.site()
         if owner != site:
             raise self._other_site(site, owner)
+
+    def _check_unclaimed_loads(self, site: str, owns: Callable[[str, str], bool], *, now: str) -> None:
+        """Raise when tables loaded before claims existed hold loads none of which is ``site``'s."""
+        with self.engine.connect() as conn:
+            loads = conn.execute(sa.select(partition_loads.c.category, partition_loads.c.snapshot_id)).all()
+        if loads and not any(owns(category, snapshot) for category, snapshot in loads):
+            raise SettingsError(
+                "SCRAPE_WAREHOUSE_URL", self.describe(),
+                f"a warehouse of site {site!r} (this one was loaded before sites were recorded, and none of "
+                f"its {len(loads)} loads is a snapshot of {site!r}; if it is this site's, claim it with "
+                f"INSERT INTO warehouse_site (id, site, claimed_at) VALUES (1, '{site}', '{now}'))",
+            )
 
     def _other_site(self, site: str, owner: str | None) -> SettingsError:
         return SettingsError(

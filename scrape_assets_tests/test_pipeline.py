@@ -270,22 +270,44 @@ def test_a_selector_that_stops_matching_some_cards_blocks_the_load(tmp_path, ins
     assert _table(tmp_path) == loaded
 
 
-def test_a_second_site_cannot_load_into_the_first_sites_tables(tmp_path, instance):
-    """Both specs have a `travel`: one warehouse per site, refused with a clear error, rows untouched."""
-    assert materialize(instance, make_resources(tmp_path), ["travel"]).success
-    before = _table(tmp_path)
+def _other_shop_fails(tmp_path, instance) -> dict[str, str]:
+    """Run every asset for travel of site other_shop (the demo spec renamed) into tmp_path's
+    storage and warehouse; the run fails: ``{step: error message}``."""
     data = yaml.safe_load(importlib_resources.files("scrape_assets.sites").joinpath("demo.yaml").read_text())
     data["name"] = "other_shop"
     (tmp_path / "other_shop.yaml").write_text(yaml.safe_dump(data))
     result = materialize(instance, make_resources(tmp_path, site=str(tmp_path / "other_shop.yaml")), ["travel"],
                          raise_on_error=False)
     assert not result.success
-    failures = {e.step_key: e.event_specific_data.error.message for e in result.get_step_failure_events()}
+    return {e.step_key: e.event_specific_data.error.message for e in result.get_step_failure_events()}
+
+
+def test_a_second_site_cannot_load_into_the_first_sites_tables(tmp_path, instance):
+    """Both specs have a `travel`: one warehouse per site, refused with a clear error, rows untouched."""
+    assert materialize(instance, make_resources(tmp_path), ["travel"]).success
+    before = _table(tmp_path)
+    failures = _other_shop_fails(tmp_path, instance)
     assert set(failures) == {"raw_pages"}  # before any request: its load would be refused
     assert "expected the warehouse of site 'other_shop' (this one holds site 'demo'" in failures["raw_pages"]
     assert not ObjectStore(str(tmp_path / "objects")).exists("other_shop")  # nothing fetched or stored
     assert _table(tmp_path) == before
     assert Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(dead_letters) == []
+
+
+def test_a_warehouse_loaded_before_claims_by_another_site_is_refused_before_the_crawl(tmp_path, instance):
+    """No claim recorded (tables older than claims) and none of its loads is other_shop's:
+    raw_pages refuses before any request, as the load step would refuse after the crawl."""
+    assert materialize(instance, make_resources(tmp_path), ["travel"]).success
+    with sqlite3.connect(tmp_path / "warehouse.db") as db:
+        db.execute("DELETE FROM warehouse_site")  # as before sites were recorded
+    before = _table(tmp_path)
+    failures = _other_shop_fails(tmp_path, instance)
+    assert set(failures) == {"raw_pages"}
+    assert "this one was loaded before sites were recorded, and none of its 1 loads is a snapshot of 'other_shop'" in (
+        failures["raw_pages"])
+    assert not ObjectStore(str(tmp_path / "objects")).exists("other_shop")  # nothing fetched or stored
+    assert _table(tmp_path) == before
+    assert materialize(instance, make_resources(tmp_path), ["travel"]).success  # its own site still loads
 
 
 def test_fetch_config_change_refuses_resume_until_new_snapshot(tmp_path, instance):

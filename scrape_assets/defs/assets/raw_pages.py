@@ -27,7 +27,7 @@ from scrape_assets.errors import (
 )
 from scrape_assets.gc_tuning import freeze_again
 from scrape_assets.interrupts import CrawlInterrupted, run_interruptible
-from scrape_assets.manifest import Manifest, latest_manifest, resume_conflict
+from scrape_assets.manifest import Manifest, has_snapshot, latest_manifest, resume_conflict
 from scrape_assets.storage import refusal
 from scrape_assets.warehouse import may_recover
 
@@ -313,7 +313,8 @@ def _raw_pages(
         wh = warehouse.warehouse()
         try:
             with wh:
-                wh.check_site(site.spec().name)  # before any request: its load would be refused
+                # Before any request: its load would be refused (claim_site's checks, reading only).
+                wh.check_site(site.spec().name, owns=has_snapshot(store.store(), site.spec().name))
         except sa.exc.SQLAlchemyError as exc:
             # Down, locked, unreachable: the RetryPolicy tries again. A file that is not a
             # database, tables of another shape, a refused login: no retry helps (may_recover).

@@ -17,8 +17,9 @@ only after a healthy observation of the same kind has cleared it.
 from __future__ import annotations
 
 import statistics
-from decimal import Decimal
 from dataclasses import dataclass, field
+
+from scrape_assets.limits import as_written
 
 
 #: Where a product count comes from: ``parsed_products`` or ``products_table``.
@@ -67,11 +68,6 @@ class CollapseState:
         return cls(history=dict(data.get("history", {})), collapsed=collapsed, nonzero=set(data.get("nonzero", [])))
 
 
-def _exact(value: float) -> Decimal:
-    """The decimal ``value`` reads as (its shortest repr): ``0.3`` is 0.3, not 0.299999999999999988..."""
-    return Decimal(repr(float(value)))
-
-
 def observe_rate(state: CollapseState, subject: str, rate: float, rules: CollapseRules) -> str | None:
     """Record a success rate; return an alert text when the subject newly collapses."""
     history = state.history.get(subject, [])
@@ -80,8 +76,7 @@ def observe_rate(state: CollapseState, subject: str, rate: float, rules: Collaps
         reason = f"success rate {rate:.0%} is below the floor {rules.floor:.0%}"
     elif len(history) >= rules.min_history:
         median = statistics.median(history[-rules.history_size :])
-        # In decimal: 0.9 - 0.6 is 0.30000000000000004 in binary floating point, not a drop of more than 0.3.
-        if _exact(median) - _exact(rate) > _exact(rules.max_drop):
+        if as_written(median) - as_written(rate) > as_written(rules.max_drop):  # 0.9 - 0.6 is no drop above 0.3
             reason = f"success rate {rate:.0%} dropped from a recent median of {median:.0%}"
     state.history[subject] = (history + [rate])[-rules.history_size :]
     return _transition(state, f"rate:{subject}", reason, subject)

@@ -8,6 +8,9 @@ sizes and would store such a row, PostgreSQL would refuse the whole partition's 
 (``value too long``, ``numeric field overflow``), and both would round a third decimal away
 when reading the price back. A site with 3-decimal prices (KWD, BHD...) or longer ids
 needs wider columns (and, on an existing PostgreSQL warehouse, an ``ALTER TABLE``).
+
+Also :func:`as_written`, how the limits of shares and rates (``max_rejected_share``, the
+collapse sensor's ``max_drop``) are compared: as the decimals they are written as.
 """
 
 from __future__ import annotations
@@ -31,3 +34,10 @@ def price_fits(price: Decimal) -> bool:
     if price and price.adjusted() >= PRICE_PRECISION - PRICE_SCALE:
         return False
     return price == price.quantize(_CENT)
+
+
+def as_written(value: float) -> Decimal:
+    """The decimal ``value`` is written as (its shortest repr), for comparing a share or a
+    rate with its limit exactly: ``0.29 * 100`` is 28.999999999999996 and ``0.9 - 0.6`` is
+    0.30000000000000004 in binary floating point; ``as_written(0.29) * 100`` is 29.00."""
+    return Decimal(repr(float(value)))

@@ -25,7 +25,7 @@ import pandera.pandas as pa
 from pandera.engines import pandas_engine
 from pandera.typing import Series
 
-from scrape_assets.limits import MAX_PRODUCT_ID_CHARS, price_fits
+from scrape_assets.limits import MAX_PRODUCT_ID_CHARS, as_written, price_fits
 from scrape_assets.spec import DEFAULT_MAX_REJECTED_SHARE, PARTITION_KEY_PATTERN
 from scrape_assets.validation_report import (  # noqa: F401 - re-exported
     MAX_FAILURE_CASES,
@@ -177,9 +177,8 @@ class PagesSchema(pa.DataFrameModel):
         rejected_by_page = pages["cards_found"] - pages["products_parsed"]
         rejected, cards = int(rejected_by_page.sum()), int(pages["cards_found"].sum())
         share = pages.attrs.get("max_rejected_share", DEFAULT_MAX_REJECTED_SHARE)
-        # In decimal: 0.29 * 100 is 28.999999999999996 in binary floating point, and 29 of 100
-        # cards rejected under a share of 0.29 is not more than the share.
-        too_many = rejected > max(REJECTS_ALWAYS_ALLOWED, Decimal(repr(float(share))) * cards)
+        # 29 of 100 cards rejected under a share of 0.29 is not more than the share.
+        too_many = rejected > max(REJECTS_ALWAYS_ALLOWED, as_written(share) * cards)
         return ~(rejected_by_page > 0) if too_many else pd.Series(True, index=pages.index)
 
 

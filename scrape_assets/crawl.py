@@ -65,6 +65,7 @@ PREVIOUS_SNAPSHOTS_SEARCHED = 7
 #: body and recording it on its last allowed attempt.
 STORED_THEN_INTERRUPTED = "interrupted after its body was stored, before it was recorded"
 
+
 class CrawlProgress:
     """Progress of one run's crawl over all its categories, as a few log lines.
 
@@ -575,9 +576,7 @@ class PartitionCrawler:
             elif not same_origin(next_url, self.fetch_base_url):
                 self._warn(f"{self.category}: next link {next_url} leaves the site; not followed")
                 manifest.discovery_complete = True
-            elif (seen := next((n for n, e in manifest.pages.items()
-                                if resource_key(next_url) in (resource_key(e.url), resource_key(e.final_url or e.url))),
-                               None)) is not None:  # "#top", "HTTP://Host:80/...": the same page
+            elif (seen := self._page_at(next_url)) is not None:
                 self._warn(f"{self.category}: page {last}'s next link goes back to page {seen} ({next_url}); "
                            "the crawl ends there")
                 manifest.discovery_complete = True
@@ -586,6 +585,13 @@ class PartitionCrawler:
         self.progress.planned(self.category, len(manifest.pages), final=manifest.discovery_complete)
         async with self._lock:
             manifest.save(self.store)
+
+    def _page_at(self, url: str) -> int | None:
+        """The page of this snapshot fetched from ``url`` or redirected to it, compared as
+        requested (``page-2.html#top`` is page 2, a host's case does not matter); None if none."""
+        key = resource_key(url)
+        return next((n for n, e in self.manifest.pages.items()
+                     if key == resource_key(e.url) or (e.final_url and key == resource_key(e.final_url))), None)
 
     def _page_url(self, n: int) -> str:
         """URL of listing page ``n``: the spec's ``page_url`` resolved against the start URL
@@ -767,8 +773,7 @@ class PartitionCrawler:
             # A 304 may omit the metadata; a 200's is the representation's (a corrected charset
             # label on the same bytes changes how they read: RFC 9110 §8.3).
             entry.content_type = old.content_type if page.http_status == 304 else page.headers.get("content-type")
-            entry.meta_charset = (source[0].pages[source[1]].meta_charset if page.http_status == 304
-                                  else _meta_charset(page.body, entry.content_type))
+            entry.meta_charset = old.meta_charset if page.http_status == 304 else _meta_charset(page.body, entry.content_type)
             entry.not_modified = page.http_status == 304
             self._not_modified += entry.not_modified
             self._unchanged += not entry.not_modified

@@ -122,8 +122,9 @@ def host_lock(
     Raises:
         PartitionLockedError: still held after ``wait_s``.
     """
-    name = host_lock_name(host)
-    host = _origin_shown(host)
+    _scheme, host_name, port = _origin(host)
+    name = _host_lock_name(host_name, port)
+    host = f"{host_name}:{port}" if port else host_name  # for messages: no user info (a password), no path
     return _flock(
         store,
         f"locks/{name}.lock",
@@ -155,16 +156,14 @@ def host_lock_name(url_or_netloc: str) -> str:
     spelled (``Example.com``, ``example.com.``, ``example.com:80`` from ``http://``, its
     Unicode or punycode form); a long host name hashed to fit a storage key segment."""
     _scheme, host, port = _origin(url_or_netloc)
+    return _host_lock_name(host, port)
+
+
+def _host_lock_name(host: str, port: int | None) -> str:
     name = "host-" + re.sub(r"[^a-z0-9._-]", "=", host) + (f"={port}" if port else "")
     if len(name) > 100:  # a storage key segment holds 128 characters
         name = name[:60] + "-" + hashlib.sha256(name.encode()).hexdigest()[:16]
     return name
-
-
-def _origin_shown(url_or_netloc: str) -> str:
-    """``host[:port]`` for messages, without user info (a password) or anything else of the URL."""
-    _scheme, host, port = _origin(url_or_netloc)
-    return f"{host}:{port}" if port else host
 
 
 @contextmanager

@@ -346,7 +346,8 @@ class SiteSpec(_Strict):
     @classmethod
     def _relative_paths(cls, value: dict[str, str]) -> dict[str, str]:
         for key, path in value.items():
-            if urlsplit(path).netloc or urlsplit(path).scheme or path.startswith("/") or ".." in path.split("/"):
+            parts = urlsplit(path)
+            if parts.netloc or parts.scheme or path.startswith("/") or ".." in path.split("/"):
                 raise ValueError(
                     f"category {key!r}: expected a path relative to base_url, with no leading '/', no scheme or "
                     f"host and no '..' (e.g. 'shop/c/kitchen/index.html'; write 'a:b' as './a:b'), got {path!r}"

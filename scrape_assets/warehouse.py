@@ -26,6 +26,7 @@ import sqlalchemy as sa
 from scrape_assets.crashpoints import crashpoint
 from scrape_assets.errors import SettingsError
 from scrape_assets.limits import MAX_PRODUCT_ID_CHARS, PRICE_PRECISION, PRICE_SCALE
+from scrape_assets.manifest import utc_now_iso
 from scrape_assets.storage import redact_url
 
 metadata = sa.MetaData()
@@ -321,7 +322,7 @@ class Warehouse:
         if owner not in (None, site):
             raise self._other_site(site, owner)
         if owner is None and owns is not None:
-            self._check_unclaimed_loads(site, owns, now=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            self._check_unclaimed_loads(site, owns, now=utc_now_iso())
         with self.engine.connect() as conn:
             for table in metadata.tables.values():
                 conn.execute(sa.select(*table.c).limit(0)).all()

@@ -217,8 +217,8 @@ def _entry_dict(entry: PageEntry) -> dict:
 
     ``final_url``, ``retry_at``, ``failed_at``, ``body_fetched_at`` and ``meta_charset`` only
     when set (a redirected page, a page between two attempts, a failed page, a body reused
-    from an earlier snapshot, a ``<meta>`` charset other than UTF-8 deciding). A version that predates a field cannot read an
-    entry holding it (its ``PageEntry(**entry)`` refuses the key): rolling back past the
+    from an earlier snapshot, a ``<meta>`` charset other than UTF-8 deciding). A version
+    that predates a field cannot read an entry holding it (its ``PageEntry(**entry)`` refuses the key): rolling back past the
     version that added ``retry_at`` and ``failed_at`` needs the snapshots made since set
     aside. :func:`_page_entry` ignores keys it does not know, so later fields do not stop
     this version.

@@ -117,6 +117,8 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
     RFC 9110 §10.2.3: ``Retry-After = HTTP-date / delay-seconds``. Leniencies: a sign or a
     fractional part on delay-seconds is accepted, and the obsolete RFC 850 / asctime date forms
     are accepted (``email.utils.parsedate_to_datetime``); a date without a zone is read as UTC.
+    A header sent more than once arrives joined with commas (``"120, 120"``, RFC 9110 §5.3):
+    the longest of its values, when each is a delay or an IMF-fixdate.
 
     Args:
         value: the raw header value, or ``None`` when the header is absent.

@@ -24,8 +24,9 @@ sitemap's or the site's are ignored; child sitemaps are fetched from the sitemap
 origin (a mirror serves them too); at most :data:`MAX_CHILD_SITEMAPS` children of an index
 are read (a page listed only in a later one counts as not listed), and a child that
 cannot be fetched or read makes the whole sitemap unused for the run (a page it lists may
-be listed in another child with an older ``lastmod``). Which sitemap: the spec's ``incremental.sitemap`` when it names one, else the
-robots.txt ``Sitemap:`` lines on the site's origin, else ``sitemap.xml`` (see
+be listed in another child with an older ``lastmod``). Which sitemap: the spec's
+``incremental.sitemap`` when it names one, else the robots.txt ``Sitemap:`` lines on the
+site's origin, else ``sitemap.xml`` (see
 :func:`~scrape_assets.crawl.load_run_sitemap`).
 
 Each document served with an ``ETag`` or ``Last-Modified`` is kept (:class:`SitemapCopies`),
@@ -94,7 +95,8 @@ def parse_lastmod(text: str) -> datetime.datetime | None:
     """A W3C Datetime as the latest instant (UTC) it may mean; None when it is not one.
 
     ``2026-12-02T10:30:00+01:00`` -> 2026-12-02T09:30:00Z; with a fraction of a second, the
-    end of that second; without seconds (``10:30Z``), the end of that minute (10:31:00Z); ``2026-12-02T10:30:00`` (no zone) -> 2026-12-02T22:30:00Z;
+    end of that second; without seconds (``10:30Z``), the end of that minute (10:31:00Z);
+    ``2026-12-02T10:30:00`` (no zone) -> 2026-12-02T22:30:00Z;
     ``2026-12-02`` -> 2026-12-03T12:00:00Z (its end at UTC-12); ``2026-12`` ->
     2027-01-01T12:00:00Z; ``2026`` -> 2027-01-01T12:00:00Z. An entry whose ``lastmod`` is
     None counts as undated.

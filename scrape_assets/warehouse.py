@@ -666,8 +666,8 @@ def may_recover(exc: Exception) -> bool:
 
     True for a lost connection, a database that is locked, busy, unreachable or out of
     space (SQLite's result code, PostgreSQL's SQLSTATE class: see :data:`_SQLITE_TRANSIENT`,
-    :data:`_SQLSTATE_TRANSIENT` and :data:`_SQLSTATE_TRANSIENT_CODES`), and for an ``OperationalError`` or ``InterfaceError``
-    whose driver gives no code (psycopg's "connection refused"). False for what the same
+    :data:`_SQLSTATE_TRANSIENT` and :data:`_SQLSTATE_TRANSIENT_CODES`), and for an
+    ``OperationalError`` or ``InterfaceError`` whose driver gives no code (psycopg's "connection refused"). False for what the same
     database will answer again: tables of another shape ("no such column"), a file that is
     not a database, a login or a database name the server refuses (SQLSTATE 28, 3D).
 

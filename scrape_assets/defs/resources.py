@@ -276,9 +276,9 @@ def warehouse_for_load(context: dg.AssetExecutionContext, store: ObjectStoreReso
                        site: str) -> Iterator[Warehouse]:
     """A load step's warehouse (``products_table``, ``dead_letters``): claimed for ``site``
     (:meth:`~scrape_assets.warehouse.Warehouse.claim_site`, tables loaded before claims
-    existed judged by this storage's snapshots), with the run's partitions locked, and the step retried while the database may recover
-    (:func:`retried_while_the_database_may_recover`: outermost, so the locks and the
-    connection are given back before a retry takes them again)."""
+    existed judged by this storage's snapshots), with the run's partitions locked, and the
+    step retried while the database may recover (:func:`retried_while_the_database_may_recover`:
+    outermost, so the locks and the connection are given back before a retry takes them again)."""
     with (retried_while_the_database_may_recover(context, warehouse), store.locks(context, site),
           warehouse.for_site(site, owns=has_snapshot(store.store(), site)) as wh):
         yield wh

@@ -189,8 +189,9 @@ def products_table(
     categories = run_categories(context)  # a backwards range fails before the warehouse is opened (or claimed)
     name = site.spec().name
     with warehouse_for_load(context, store, warehouse, name) as wh:
-        totals, loaded, in_table, problems = load_categories(
-            context, categories, site, store, wh, step_started_at=_first_attempt_started_at(context) if context.retry_number else None)
+        step_started_at = _first_attempt_started_at(context) if context.retry_number else None
+        totals, loaded, in_table, problems = load_categories(context, categories, site, store, wh,
+                                                             step_started_at=step_started_at)
         total_rows = wh.count(products)
     add_per_category(context, {"rows_by_category": in_table, "rows_loaded_by_category": loaded},
                      {"rows": in_table, "rows_loaded": loaded})

@@ -38,6 +38,7 @@ import contextlib
 import functools
 import logging
 import random
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -117,6 +118,22 @@ def _origin_robots_url(scheme: str, host: str, port: int | None) -> str:
     return str(httpx.URL(scheme=scheme, host=host, port=port, path="/robots.txt"))
 
 
+_PRODUCT_TOKEN = re.compile(r"[^\s/()]+")
+
+
+@functools.lru_cache(maxsize=8)
+def product_token(user_agent: str) -> str:
+    """The product token robots.txt groups are matched against: the ``User-Agent`` header's
+    first product name (RFC 9110 §10.1.5: ``product *( RWS ( product / comment ) )``,
+    ``product = token ["/" product-version]``), as RFC 9309 §2.2.1 asks.
+
+    ``"scrape_assets/0.1.0 (polite catalogue crawler)"`` gives ``"scrape_assets"``; a header
+    that does not start with a product (``"(bot)"``) is returned whole.
+    """
+    match = _PRODUCT_TOKEN.match(user_agent.strip())
+    return match.group() if match else user_agent
+
+
 class RobotsCache:
     """Fetches and caches robots.txt once per origin, for one run.
 
@@ -176,9 +193,12 @@ class RobotsCache:
         Args:
             client: the run's HTTP client (redirects are followed for robots.txt only).
             url: the absolute http(s) URL about to be fetched.
-            user_agent: the full User-Agent header; protego matches robots.txt groups against it
-                case-insensitively (``User-agent: scrape-assets`` matches
-                ``scrape-assets/0.1 (+https://...)``).
+            user_agent: the full User-Agent header. Groups are matched against its product
+                token only (:func:`product_token`, RFC 9309 §2.2.1), case-insensitively by
+                protego: ``User-agent: scrape-assets`` matches ``scrape-assets/0.1
+                (+https://...)``, while a group named after a word of its comment
+                (``crawler``) does not replace the ``*`` group. Limit (protego): a group
+                named by a prefix of the token at a boundary (``scrape`` for ``scrape_assets``) matches too.
             parsed: ``httpx.URL(url)`` when the caller has it already (saves parsing it again).
 
         Returns:
@@ -194,7 +214,7 @@ class RobotsCache:
             return RobotsDecision(False, "robots_unreachable", robots_url, robots.detail)
         if robots.state == "unavailable" or robots.parser is None:
             return RobotsDecision(True, None, robots_url, robots.detail)
-        if robots.parser.can_fetch(url, user_agent):
+        if robots.parser.can_fetch(url, product_token(user_agent)):
             return RobotsDecision(True, None, robots_url, "allowed by robots.txt")
         return RobotsDecision(False, "robots_disallowed", robots_url, f"disallowed by {robots_url}")
 
@@ -271,7 +291,9 @@ class RobotsCache:
         # Retried as a page would be (429, 408, 5xx, a proxy's 407); the last answer decides (RFC 9309 §2.3.1).
         retry_after = retry_after if classify_status(status) == "retry" else None
         if 200 <= status <= 299:
-            parser = Protego.parse(body.decode("utf-8", errors="replace"))
+            # UTF-8 (RFC 9309 §2.3); "-sig" drops a byte order mark, which would otherwise hide the
+            # first line (often "User-agent: *") from protego.
+            parser = Protego.parse(body.decode("utf-8-sig", errors="replace"))
             return _RobotsFile("parsed", robots_url, f"robots.txt answered HTTP {status}", parser), None
         if status == 407:  # our proxy refused us: says nothing about the site's robots.txt
             return _RobotsFile("unreachable", robots_url, "robots.txt: the proxy answered HTTP 407 (credentials?)"), retry_after

@@ -91,6 +91,39 @@ def test_group_naming_our_product_token_replaces_the_star_group():
     assert asyncio.run(main()) == (False, True, False)
 
 
+def test_groups_match_the_product_token_not_words_of_the_user_agents_comment():
+    """RFC 9309 §2.2.1: the group is chosen by the product token; protego alone, given the
+    whole header, let a "crawler" group (a word of our default comment) replace the * group."""
+    from scrape_assets.politeness import product_token
+    from scrape_assets.defs.resources import USER_AGENT as DEFAULT_USER_AGENT
+
+    robots = "User-agent: *\nDisallow: /private/\n\nUser-agent: crawler\nDisallow: /cgi-bin/\n"
+
+    async def main(user_agent):
+        cache = RobotsCache()
+        async with _client(_robots_handler(200, robots)) as client:
+            return (await cache.allowed(client, "http://shop.test/private/a", user_agent),
+                    await cache.allowed(client, "http://shop.test/cgi-bin/a", user_agent))
+
+    assert "crawler" in DEFAULT_USER_AGENT
+    assert asyncio.run(main(DEFAULT_USER_AGENT)) == (False, True)  # the * group
+    assert asyncio.run(main("Crawler/2.0 (+mailto:ops@example.com)")) == (True, False)  # its own group
+    assert product_token(DEFAULT_USER_AGENT) == "scrape_assets"
+    assert product_token("  acme-prices/1.0 (+mailto:ops@example.com)") == "acme-prices"
+    assert product_token("acme (bot)") == "acme"
+    assert product_token("(no product)") == "(no product)"
+
+
+def test_a_robots_txt_starting_with_a_byte_order_mark_keeps_its_first_group():
+    async def main():
+        cache = RobotsCache()
+        async with _client(_robots_handler(200, "\ufeff" + ROBOTS)) as client:
+            return (await cache.allowed(client, "http://shop.test/private/x.html", UA),
+                    await cache.allowed(client, "http://shop.test/catalogue/page-1.html", UA))
+
+    assert asyncio.run(main()) == (False, True)  # "User-agent: *" read although the file starts with EF BB BF
+
+
 def test_404_allows_everything():
     async def main():
         cache = RobotsCache()

@@ -7,6 +7,7 @@ with the URL redacted and never fail the caller (an alert must not break a senso
 
 from __future__ import annotations
 
+import json
 import logging
 
 from scrape_assets.storage import redact_url
@@ -21,17 +22,23 @@ def send_alert(text: str, *, webhook_url: str | None, fields: dict | None = None
         text: one human-readable line.
         webhook_url: where to POST ``{"text": text, **fields}``; ``None`` logs only.
         fields: extra JSON-serialisable fields (category, success_rate, ...).
+        timeout_s: httpx's timeout, per connect, read and write.
 
     Returns:
-        True when the webhook accepted it (2xx), False when it was not sent or failed.
+        True when the webhook accepted it (2xx), False when it was not sent or failed. The body
+        is UTF-8 JSON; a character UTF-8 cannot carry (a lone surrogate) is sent as ``?``.
     """
     logger.warning("ALERT: %s", text)
     if not webhook_url:
         return False
     import httpx  # here: sensors that send no alert never import the HTTP stack
 
+    # Encoded here, not by httpx (strict UTF-8): a lone surrogate (a file name's undecodable
+    # byte in an error message, say) is sent as "?" instead of raising UnicodeEncodeError.
+    body = json.dumps({"text": text, **(fields or {})}, ensure_ascii=False).encode("utf-8", errors="replace")
     try:
-        response = httpx.post(webhook_url, json={"text": text, **(fields or {})}, timeout=timeout_s)
+        response = httpx.post(webhook_url, content=body, headers={"Content-Type": "application/json"},
+                              timeout=timeout_s)
     except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL is no HTTPError ("https://h:44a/", a "\r")
         logger.error("alert webhook %s unreachable: %s", redact_url(webhook_url, keep_path=False), type(exc).__name__)
         return False

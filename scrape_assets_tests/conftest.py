@@ -184,6 +184,7 @@ class _WebhookHandler(__import__("http.server").server.BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         with self.server.lock:
             self.server.received.append(json.loads(body))
+            self.server.content_types.append(self.headers.get("Content-Type"))
         self.send_response(self.server.status)
         self.send_header("Content-Length", "2")
         self.end_headers()
@@ -196,6 +197,7 @@ def webhook_server():
     server = ThreadingHTTPServer(("127.0.0.1", 0), _WebhookHandler)
     server.daemon_threads = True
     server.received = []  # every POST, accepted or not
+    server.content_types = []  # their Content-Type headers
     server.status = 200  # what it answers (set 500 to refuse)
     server.lock = threading.Lock()
     server.url = f"http://127.0.0.1:{server.server_address[1]}/hooks/SECRET-TOKEN"

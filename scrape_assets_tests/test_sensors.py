@@ -886,6 +886,20 @@ def test_a_webhook_url_httpx_refuses_keeps_the_alert_and_moves_the_cursor(tmp_pa
     assert json.loads(cursor)["unsent"] == ["travel: success rate 0% is below the floor 90%"]
 
 
+def test_an_alert_with_a_lone_surrogate_is_sent_not_raised(webhook_server):
+    """A file name's undecodable byte reaches an error text as a lone surrogate; httpx's own
+    JSON encoding (strict UTF-8) raised UnicodeEncodeError out of send_alert, failing its sensor."""
+    from scrape_assets.alerts import send_alert
+
+    assert send_alert("run failed: /data/caf\udce9/manifest.json: No space left on device",
+                      webhook_url=webhook_server.url, fields={"kind": "run_failure", "path": "caf\udce9"})
+    assert webhook_server.received == [{"text": "run failed: /data/caf?/manifest.json: No space left on device",
+                                         "kind": "run_failure", "path": "caf?"}]
+    assert send_alert("caf\u00e9 \u20ac", webhook_url=webhook_server.url)  # other text is sent as written
+    assert webhook_server.received[-1] == {"text": "caf\u00e9 \u20ac"}
+    assert webhook_server.content_types == ["application/json"] * 2
+
+
 def test_dead_letters_alone_records_the_fetch_dead_letters_of_a_category_never_parsed(tmp_path, instance):
     """held_back_load_sensor launches dead_letters alone for categories without a parse state
     too: their failed pages are in the manifest, and nothing to parse is no error."""

@@ -5,9 +5,11 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import os
 import re
 import shutil
 import sqlite3
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -130,6 +132,66 @@ def _broken_spec(tmp_path, field: str = "price", css: str = "p.price_tag") -> st
     path = tmp_path / f"demo_changed_{field}.yaml"
     path.write_text(yaml.safe_dump(data))
     return str(path)
+
+
+_DIE_MARKER: Path | None = None  # set by the test below; forked parse workers inherit it
+
+
+def _dies_once_on_mystery(store, manifest, spec):  # module level: the pool pickles it by name
+    from scrape_assets import parse_run
+
+    if manifest.category == "mystery" and not _DIE_MARKER.exists():
+        _DIE_MARKER.touch()
+        time.sleep(1.5)  # the other worker finishes travel and classics meanwhile
+        os._exit(137)  # as the kernel's OOM killer ends a worker
+    return parse_run._parse_and_validate.__wrapped__(store, manifest, spec)
+
+
+def test_a_parse_worker_killed_mid_parse_retries_the_step_which_parses_only_the_unfinished(tmp_path, instance,
+                                                                                           monkeypatch):
+    """Step-level retries cover crashes: a worker killed by the system (out of memory) failed
+    parsed_products for good although a retry would finish it; now the step tries again."""
+    from scrape_assets import parse_run
+    from scrape_assets.defs.assets import parsed_products as module
+
+    res = make_resources(tmp_path)
+    assert materialize(instance, res, CATEGORIES, selection=["raw_pages"]).success
+    monkeypatch.setattr(sys.modules[__name__], "_DIE_MARKER", tmp_path / "died")
+    real = parse_run._parse_and_validate
+    monkeypatch.setattr(parse_run, "_parse_and_validate", _dies_once_on_mystery)
+    monkeypatch.setattr(_dies_once_on_mystery, "__wrapped__", real, raising=False)
+    monkeypatch.setattr(module, "WORKER_DIED_WAIT_S", 0.0)
+    result = materialize(instance, res, CATEGORIES, selection=["parsed_products", "products_table"],
+                         run_config={"ops": {"parsed_products": {"config": {"parse_workers": 2}}}})
+    assert result.success and (tmp_path / "died").exists()
+    retried = [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
+    assert [e.step_key for e in retried] == ["parsed_products"]
+    md = run_metadata(result)["parsed_products"]
+    assert (md["pages_parsed"], md["partitions_unchanged"]) == (2, 2)  # the retry parsed mystery's 2 pages only
+    assert Counter(r[0] for r in _table(tmp_path)) == {"travel": 11, "mystery": 32, "classics": 19}
+
+
+def test_a_parse_worker_that_keeps_dying_fails_the_step_after_its_retries(tmp_path, instance, monkeypatch):
+    from scrape_assets import parse_run
+    from scrape_assets.defs.assets import parsed_products as module
+
+    def dies(*args, **kwargs):
+        raise parse_run.ParseWorkerDied("a parse worker process died (killed by the system: out of memory?) while "
+                                        "parsing one of mystery")
+        yield  # a generator, as parse_partitions is
+
+    res = make_resources(tmp_path)
+    assert materialize(instance, res, CATEGORIES, selection=["raw_pages"]).success
+    monkeypatch.setattr(parse_run, "parse_partitions", dies)
+    monkeypatch.setattr(module, "WORKER_DIED_WAIT_S", 0.0)
+    result = materialize(instance, res, CATEGORIES, selection=["parsed_products", "products_table"],
+                         raise_on_error=False)
+    assert not result.success
+    assert len([e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]) == module.WORKER_DIED_RETRIES
+    (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert failure.step_failure_data.user_failure_data.description == (
+        "a parse worker process died (killed by the system: out of memory?) while parsing one of mystery "
+        "(after 2 retries)")
 
 
 def test_a_category_with_fewer_cards_than_its_site_counts_is_a_warning_not_a_failure(tmp_path, instance):

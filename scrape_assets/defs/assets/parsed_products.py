@@ -13,6 +13,9 @@ from scrape_assets.validation_report import ValidationReport, describe_failures,
 
 SCHEMA_CHECK = "parsed_products_match_schema"
 COUNT_CHECK = "parsed_products_match_site_count"
+#: Retries of the step after a parse worker died (out of memory, say), and the wait before each.
+WORKER_DIED_RETRIES = 2
+WORKER_DIED_WAIT_S = 5.0
 
 
 class ParsedProductsConfig(dg.Config):
@@ -54,11 +57,14 @@ def parsed_products(
 
     Writes ``parsed.json`` next to the snapshot. Categories are parsed in parallel worker
     processes (``parse_workers``). The blocking pandera check stops ``products_table`` (and
-    ``dead_letters``) when any category in the run fails it.
+    ``dead_letters``) when any category in the run fails it. A worker process that dies
+    (:class:`~scrape_assets.parse_run.ParseWorkerDied`) makes the step try again, up to
+    :data:`WORKER_DIED_RETRIES` times :data:`WORKER_DIED_WAIT_S` apart; each retry parses only
+    the categories not finished before.
     """
     # Imported here, not at module level: keeps pandas + pandera (~0.3 s) out of every process
     # that loads the definitions (UI code server, sensors); only validation imports them.
-    from scrape_assets.parse_run import default_workers, parse_partitions
+    from scrape_assets.parse_run import ParseWorkerDied, default_workers, parse_partitions
 
     spec = site.spec()
     object_store = store.store()
@@ -66,16 +72,27 @@ def parsed_products(
     workers = config.parse_workers or default_workers()
     log = BatchedLog(context.log.info)
     categories = run_categories(context)  # a range the spec lacks fails here, saying what to do
-    with store.locks(context, spec.name):
-        for result in parse_partitions(object_store, spec, categories, workers=workers):
-            per_category[result.category] = result.figures
-            if result.products_expected is not None:
-                counts[result.category] = (result.figures["products"] + result.figures["rejects"], result.products_expected)
-            if result.report is not None:
-                reports.append(result.report)
-                if not result.report.passed:
-                    why.append((result.category, describe_failures(result.report)))
-            log.add(result.line)
+    try:
+        with store.locks(context, spec.name):
+            for result in parse_partitions(object_store, spec, categories, workers=workers):
+                per_category[result.category] = result.figures
+                if result.products_expected is not None:
+                    counts[result.category] = (result.figures["products"] + result.figures["rejects"],
+                                               result.products_expected)
+                if result.report is not None:
+                    reports.append(result.report)
+                    if not result.report.passed:
+                        why.append((result.category, describe_failures(result.report)))
+                log.add(result.line)
+    except ParseWorkerDied as exc:
+        # A crash, not a verdict on the data: the step's retry parses only the categories
+        # not saved yet (the others' parse states match their input).
+        retries = context.retry_number
+        if retries < WORKER_DIED_RETRIES:
+            context.log.warning(f"{exc}; the step tries again in {WORKER_DIED_WAIT_S:.0f} s "
+                                f"(retry {retries + 1} of {WORKER_DIED_RETRIES})")
+            raise dg.RetryRequested(max_retries=WORKER_DIED_RETRIES, seconds_to_wait=WORKER_DIED_WAIT_S) from exc
+        raise dg.Failure(description=f"{exc} (after {counted(retries, 'retry')})", allow_retries=False) from exc
     totals = {key: sum(c[key] for c in per_category.values())
               for key in ("products", "pages_parsed", "unchanged", "validated_again", "rejects")}
     log.close(

@@ -18,6 +18,11 @@
     everything they read (:mod:`scrape_assets.retention`); exit code 1 when a category was
     skipped (a run is writing it, or its files could not be read or deleted), 2 when the
     storage holds no snapshot of the site at all.
+``scrape-assets fail-run RUN_ID``
+    Mark failed a run left "started" by a killed process and free its concurrency slots.
+``scrape-assets daemon-check``
+    Exit 1, saying why, when a Dagster daemon beat on the instance recently (``make ui``
+    asks before starting ``dagster dev``, which would start a second one).
 """
 
 from __future__ import annotations

@@ -35,8 +35,8 @@ Fault kinds and their options (every rule also takes ``match`` and ``first_n``):
     reset_mid_body       after_bytes (default: half the body): then TCP RST (SO_LINGER 0)
     short_body           send_bytes (default: half the body): fewer than Content-Length, then FIN
     trickle              bytes_per_s (default 1000), interval_s (default 0.05): every read gets
-                         data quickly, but the body takes size / bytes_per_s seconds (a 25-40 KB
-                         demo page: 25-40 s at the default, within the fetcher's 60 s deadline
+                         data quickly, but the body takes size / bytes_per_s seconds (a 16-40 KB
+                         demo page: 16-40 s at the default, within the fetcher's 60 s deadline
                          of a whole request; 200 B/s exceeds it); sent with Connection: close,
                          as the connection closes after it
     stall_after_headers  max_stall_s (default 60): headers, then nothing until the client hangs up,

@@ -1,8 +1,9 @@
 """Settings from ``SCRAPE_*`` environment variables, read in one place.
 
-Only the modules of ``scrape_assets/defs/`` call :func:`load_settings` (resources,
-partitions, pools, the schedule); everything else receives values through Dagster
-resources. ``SCRAPE_DEMO_DATE`` is validated here and read by the demo catalogue itself
+The modules of ``scrape_assets/defs/`` (resources, partitions, pools, the schedule) and
+the CLI call :func:`load_settings`; everything else receives values through Dagster
+resources (``SCRAPE_GC_FREEZE`` and ``DAGSTER_EVENT_BATCH_SIZE`` are read where they act:
+:mod:`scrape_assets.gc_tuning`, :mod:`scrape_assets.instance_storage`). ``SCRAPE_DEMO_DATE`` is validated here and read by the demo catalogue itself
 (it is the catalogue's clock, not the pipeline's).
 
 | variable | meaning | default |

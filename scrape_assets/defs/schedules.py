@@ -7,7 +7,7 @@ limits. Set ``SCRAPE_SCHEDULE_CRON`` to change the time.
 
 Daily runs queue one at a time (the shipped ``dagster.yaml`` limits the tag ``scrape/day``
 to 1). Each carries ``dagster/max_runtime`` = ``SCRAPE_RESUME_MAX_AGE_H``: the daemon's run
-monitoring cancels a run still going after that, and marks failed one whose process died
+monitoring stops a run still going after that (Dagster marks it failed), and marks failed one whose process died
 (killed, host rebooted) that would otherwise stay "started" and hold the queue forever;
 its snapshots would not be resumed after that age anyway.
 """

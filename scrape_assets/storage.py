@@ -20,6 +20,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import functools
+import hashlib
 import os
 import re
 import threading
@@ -39,8 +41,9 @@ _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,127}$")
 TEMP_SUFFIX = ".tmp"
 #: Most journal files one ObjectStore keeps open for appends (least recently used closed first).
 MAX_OPEN_APPENDS = 64
-_PROBE = re.compile(r"^\.?write-probe-(\d+)-")
-#: Age (seconds) before a write probe whose process is not running here is removed.
+_PROBE = re.compile(r"^\.?write-probe-(\d+)-(?:ns([0-9a-f]{12})-)?")
+#: Age (seconds) before a write probe of another PID namespace (or host), or of unknown
+#: origin, whose process id is not running here is removed.
 PROBE_MIN_AGE_S = 60.0
 #: fsspec protocols of object stores: flat keys (no folder to create before a PUT), listings
 #: that fsspec would cache. Other remote filesystems (sftp, smb, ...) keep fsspec's defaults.
@@ -83,6 +86,19 @@ def refusal(cause: BaseException | None) -> bool:
     if isinstance(cause, (PermissionError, ImportError)):
         return True
     return isinstance(cause, OSError) and cause.errno in (errno.EROFS, errno.ENOTDIR, errno.EEXIST)
+
+
+@functools.lru_cache(maxsize=1)
+def _pid_namespace_tag() -> str | None:
+    """12 hex digits naming this host's boot and this process's PID namespace (Linux), so a
+    write probe's process id can be checked by the processes that share its namespace; None
+    where either cannot be read."""
+    try:
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+    return hashlib.sha256(f"{boot_id}:{namespace}".encode()).hexdigest()[:12]
 
 
 def _process_alive(pid: int) -> bool:
@@ -275,7 +291,8 @@ class ObjectStore:
             else:  # an object store has no folders to make (and s3fs would create a missing bucket)
                 self.root.mkdir(parents=True, exist_ok=True)
             self._sweep_dead_probes()
-            probe = f"write-probe-{os.getpid()}-{uuid.uuid4().hex}"
+            tag = _pid_namespace_tag()
+            probe = f"write-probe-{os.getpid()}-{f'ns{tag}-' if tag else ''}{uuid.uuid4().hex}"
             try:
                 self.write_bytes_atomic(probe, b"ok")
             except StorageError as exc:  # the root named, not the probe; its cause kept (storage_refused reads it)
@@ -296,20 +313,24 @@ class ObjectStore:
             raise StorageError(self.describe(), f"object storage is not writable: {detail}") from exc
 
     def _sweep_dead_probes(self) -> None:
-        """Remove probes of processes gone, at least :data:`PROBE_MIN_AGE_S` old: a process
-        of another PID namespace (a container sharing the folder) may have the same number
-        as none here, but its probe lives for milliseconds."""
+        """Remove probes of processes gone: at once when the probe names this PID namespace
+        (:func:`_pid_namespace_tag`), else once :data:`PROBE_MIN_AGE_S` old: a process of
+        another namespace (a container sharing the folder, another host) may have a number
+        none has here, but its probe lives for milliseconds."""
         if not self.is_local:
             return
-        now = time.time()
+        now, here = time.time(), _pid_namespace_tag()
         for item in Path(self.root.path).glob("*write-probe-*"):
             match = _PROBE.match(item.name)
-            try:
-                old = now - item.stat().st_mtime >= PROBE_MIN_AGE_S
-            except FileNotFoundError:  # its process removed it meanwhile
+            if not match or _process_alive(int(match[1])):
                 continue
-            if match and old and not _process_alive(int(match[1])):
-                item.unlink(missing_ok=True)
+            if here is None or match[2] != here:  # its number may be of another namespace's process
+                try:
+                    if now - item.stat().st_mtime < PROBE_MIN_AGE_S:
+                        continue
+                except FileNotFoundError:  # its process removed it meanwhile
+                    continue
+            item.unlink(missing_ok=True)
 
     def write_bytes_atomic(self, key: str, data: bytes, *, sync_folder: bool = True) -> int:
         """Write ``data`` to ``key`` atomically; return the number of bytes written.

@@ -16,7 +16,7 @@ import pytest
 from reliability.kill_loop import run_kill_loop
 from scrape_assets import crashpoints, crawl
 from scrape_assets.manifest import latest_manifest, list_snapshots
-from scrape_assets.storage import PROBE_MIN_AGE_S, TEMP_SUFFIX, ObjectStore
+from scrape_assets.storage import PROBE_MIN_AGE_S, TEMP_SUFFIX, ObjectStore, _pid_namespace_tag
 from scrape_assets.warehouse import Warehouse, products
 from scrape_assets_tests.conftest import REPO_ROOT
 
@@ -199,12 +199,30 @@ def test_a_storage_probe_left_by_a_killed_process_is_removed_at_the_next_start(t
     """
     assert _python(code, crashpoint=f"{point}:1", cwd=tmp_path).returncode == -signal.SIGKILL
     [left] = list((tmp_path / "objects").iterdir())
-    assert "write-probe-" in left.name
-    ObjectStore(str(tmp_path / "objects")).ensure_writable()  # too recent: maybe another PID namespace's, live
-    assert list((tmp_path / "objects").iterdir()) == [left]
-    os.utime(left, (left.stat().st_atime, left.stat().st_mtime - PROBE_MIN_AGE_S))
-    ObjectStore(str(tmp_path / "objects")).ensure_writable()
+    assert "write-probe-" in left.name and f"-ns{_pid_namespace_tag()}-" in left.name
+    ObjectStore(str(tmp_path / "objects")).ensure_writable()  # its process was of this PID namespace: gone
     assert list((tmp_path / "objects").iterdir()) == []
+
+
+def test_a_write_probe_of_another_pid_namespace_is_removed_only_once_it_cannot_be_live(tmp_path):
+    """A container sharing the folder has its own process ids: its probe, which lives for
+    milliseconds, is removed only once PROBE_MIN_AGE_S old; so is a probe named before the
+    namespace was part of the name."""
+    objects = tmp_path / "objects"
+    objects.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)  # a process id no process here holds now
+    assert _pid_namespace_tag() not in (None, "0123456789ab")
+    others = [objects / f"write-probe-{pid}-ns0123456789ab-{'a' * 32}",
+              objects / f".write-probe-{pid}-{'b' * 32}.{'c' * 32}.tmp"]
+    for item in others:
+        item.write_bytes(b"ok")
+    ObjectStore(str(objects)).ensure_writable()  # too recent: maybe live in their namespace
+    assert sorted(objects.iterdir()) == sorted(others)
+    for item in others:
+        os.utime(item, (item.stat().st_atime, item.stat().st_mtime - PROBE_MIN_AGE_S))
+    ObjectStore(str(objects)).ensure_writable()
+    assert list(objects.iterdir()) == []
 
 
 def test_a_body_stored_on_the_last_attempt_before_a_kill_is_asked_once_more(tmp_path):

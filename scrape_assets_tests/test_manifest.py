@@ -694,3 +694,23 @@ def test_crawl_progress_counts_retries_once_there_is_one():
     progress.category_done()
     assert lines == ["0/2 pages done, 0 failed for good, 1 retry; 0/1 categories complete; 0 pages/s",
                      "2/2 pages done, 0 failed for good, 2 retries; 1/1 categories complete; 1 pages/s"]
+
+
+def test_the_data_version_changes_with_a_pages_number_or_the_url_it_was_redirected_to():
+    """What the parse reads: which page holds which body (page_number of every row, the
+    carry-forward of failed pages) and the URL its relative links resolve against."""
+    def version(pages: dict[int, PageEntry]) -> str:
+        manifest = Manifest(site="demo", category="travel", snapshot_id="2026-12-07T000000Z", fetch_config={},
+                            fetch_config_hash="h", start_url="http://x/t/index.html")
+        manifest.pages.update(pages)
+        return manifest.data_version
+
+    def done(n: int, body: str, final_url: str | None = None) -> PageEntry:
+        return PageEntry(url=f"http://x/t/page-{n}.html", status="done", attempts=1,
+                         content_hash=f"sha256:{body}", final_url=final_url)
+
+    failed = PageEntry(url="http://x/t/page-2.html", status="failed", attempts=3)
+    base = version({1: done(1, "a"), 2: failed, 3: done(3, "b")})
+    assert version({1: done(1, "a"), 2: failed, 3: done(3, "b")}) == base  # the same content: the same version
+    assert version({1: done(1, "a"), 2: done(2, "b"), 3: dataclasses.replace(failed, url="http://x/t/page-3.html")}) != base
+    assert version({1: done(1, "a", "http://x/moved/page-1.html"), 2: failed, 3: done(3, "b")}) != base

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from collections import Counter
 from datetime import datetime, timezone
@@ -898,6 +899,22 @@ def test_an_alert_with_a_lone_surrogate_is_sent_not_raised(webhook_server):
     assert send_alert("caf\u00e9 \u20ac", webhook_url=webhook_server.url)  # other text is sent as written
     assert webhook_server.received[-1] == {"text": "caf\u00e9 \u20ac"}
     assert webhook_server.content_types == ["application/json"] * 2
+
+
+def test_a_webhook_that_refuses_or_cannot_be_reached_is_logged_without_its_secret_path(webhook_server, caplog):
+    """A Slack-style webhook's path is its credential: the error lines name scheme, host and port only."""
+    from scrape_assets.alerts import send_alert
+
+    port = webhook_server.server_address[1]
+    webhook_server.status = 500
+    with caplog.at_level(logging.ERROR, logger="scrape_assets.alerts"):
+        assert not send_alert("travel: success rate 0%", webhook_url=webhook_server.url)
+        assert not send_alert("travel: success rate 0%", webhook_url="http://127.0.0.1:1/hooks/SECRET-TOKEN")
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR] == [
+        f"alert webhook http://127.0.0.1:{port}/… answered HTTP 500",
+        "alert webhook http://127.0.0.1:1/… unreachable: ConnectError",
+    ]
+    assert "SECRET-TOKEN" not in caplog.text and "/hooks" not in caplog.text
 
 
 def test_dead_letters_alone_records_the_fetch_dead_letters_of_a_category_never_parsed(tmp_path, instance):

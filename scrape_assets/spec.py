@@ -307,6 +307,28 @@ class Validation(_Strict):
         return value
 
 
+class Collapse(_Strict):
+    """Thresholds of ``success_rate_collapse_sensor`` for this site (page success rates, 0 to 1).
+
+    ``floor``: a category's or a whole run's rate below it alerts. ``max_drop``: so does a
+    rate more than this below the median of its last 5 runs (after 3). With a rate near
+    1.0, a drop beyond ``1 - floor`` is below the floor anyway: the drop rule matters for a
+    site whose usual rate is below 1 (pages that 404 every day), once ``floor`` is set
+    under that usual rate; a category that always sits below the floor alerts once, then
+    never again until it has recovered above it.
+    """
+
+    floor: float = Field(default=0.9, allow_inf_nan=False)
+    max_drop: float = Field(default=0.3, allow_inf_nan=False)
+
+    @field_validator("floor", "max_drop")
+    @classmethod
+    def _a_fraction(cls, value: float) -> float:
+        if not 0 <= value <= 1:
+            raise ValueError(f"expected a success rate from 0 to 1 (0.9 is 90%), got {value}")
+        return value
+
+
 class SiteSpec(_Strict):
     """One site. See the module docstring and ``scrape_assets/sites/*.yaml``."""
 
@@ -325,6 +347,7 @@ class SiteSpec(_Strict):
     politeness: Politeness = Politeness()
     incremental: Incremental = Incremental()
     validation: Validation = Validation()
+    collapse: Collapse = Collapse()
 
     @field_validator("currency")
     @classmethod

@@ -25,6 +25,18 @@ def test_sharp_drop_against_history_even_above_floor():
     assert observe_rate(state, "all", 0.6, rules) == "all: success rate 60% dropped from a recent median of 100%"
 
 
+def test_the_drop_is_measured_from_the_median_of_the_last_history_size_rates():
+    rules = CollapseRules(floor=0.1, max_drop=0.3, history_size=3, min_history=3)
+    state = CollapseState()
+    for rate in (0.2, 0.2, 0.2, 1.0, 1.0, 1.0):
+        assert observe_rate(state, "all", rate, rules) is None
+    assert state.history["all"] == [1.0, 1.0, 1.0]  # kept to history_size (the sensor's cursor holds it)
+    # The median of the last 3 (100%): not of the whole list (20%), nor the last rate (50%).
+    drop = "all: success rate 65% dropped from a recent median of 100%"
+    assert observe_rate(CollapseState(history={"all": [0.2, 0.2, 0.2, 1.0, 1.0]}), "all", 0.65, rules) == drop
+    assert observe_rate(CollapseState(history={"all": [1.0, 1.0, 0.5]}), "all", 0.65, rules) == drop
+
+
 def test_products_to_zero_and_state_round_trip():
     state = CollapseState()
     assert observe_products(state, "mystery", 32) is None

@@ -200,22 +200,53 @@ def test_a_category_removed_from_the_spec_is_not_alerted(monkeypatch):
     assert sorted(json.loads(cursor)["state"]["collapsed"]) == ["rate:mystery", "rate:travel", "rate:whole run"]
 
 
-def test_the_collapse_sensor_reads_the_specs_categories_at_each_tick(tmp_path, monkeypatch, caplog):
-    """A category added to the spec after the code location loaded is not forgotten; a spec
-    that cannot be read now falls back to the partition keys of when it loaded, with a warning."""
+def test_the_collapse_sensor_reads_the_specs_categories_and_rules_at_each_tick(tmp_path, monkeypatch, caplog):
+    """A category added to the spec after the code location loaded is not forgotten, nor an
+    edited collapse rule; a spec that cannot be read now falls back to the partition keys and
+    rules of when it loaded, with a warning."""
     from scrape_assets.defs import sensors
     from scrape_assets.defs.partitions import category_partitions
 
     spec = tmp_path / "demo.yaml"
     spec.write_text((REPO_ROOT / "scrape_assets" / "sites" / "demo.yaml").read_text().replace(
-        "categories:\n", "categories:\n  brand-new: catalogue/category/books/brand-new_99/index.html\n", 1))
+        "categories:\n", "categories:\n  brand-new: catalogue/category/books/brand-new_99/index.html\n", 1)
+        + "\ncollapse: {floor: 0.5, max_drop: 0.2}\n")
     monkeypatch.setenv("SCRAPE_SITE", str(spec))
-    assert "brand-new" in sensors._spec_categories()
+    categories, rules = sensors._spec_now()
+    assert "brand-new" in categories and (rules.floor, rules.max_drop) == (0.5, 0.2)
     assert "brand-new" not in category_partitions.get_partition_keys()
     spec.write_text("name: [not a spec")
     warnings = []
-    assert sensors._spec_categories(SimpleNamespace(warning=warnings.append)) == category_partitions.get_partition_keys()
+    categories, rules = sensors._spec_now(SimpleNamespace(warning=warnings.append))
+    assert categories == category_partitions.get_partition_keys() and (rules.floor, rules.max_drop) == (0.9, 0.3)
     assert len(warnings) == 1 and warnings[0].startswith("spec unreadable now (")
+
+
+def test_a_site_whose_pages_often_fail_alerts_on_a_sharp_drop_with_its_own_floor(tmp_path, instance, monkeypatch):
+    """collapse: {floor: 0.35}: a category that always loses a quarter of its pages does not
+    alert, and a fall from its usual 75% to 40% is a collapse of its own (the drop rule,
+    which cannot fire at the default floor: any drop above 0.3 from 100% is below 0.9)."""
+    from scrape_assets.defs import sensors
+
+    spec = tmp_path / "demo.yaml"
+    spec.write_text((REPO_ROOT / "scrape_assets" / "sites" / "demo.yaml").read_text()
+                    + "\ncollapse: {floor: 0.35, max_drop: 0.3}\n")
+    monkeypatch.setenv("SCRAPE_SITE", str(spec))
+    rates = [0.75, 0.75, 0.75, 0.4, 0.75]
+    monkeypatch.setattr(sensors, "_new_records", lambda instance_, asset, cursor: (
+        ([_raw_pages_event(n + 1, {"travel": rates[n]}) for n in range(int(cursor or 0), len(rates))], str(len(rates)))
+        if asset == "raw_pages" and int(cursor or 0) < len(rates) else ([], cursor)))
+    rates_seen, rates[:] = rates[:], rates[:3]
+    cursor, result = _tick(instance, None, None)  # the history: nothing collapsed
+    assert result.skip_message == "no collapse"
+    rates[:] = rates_seen[:4]
+    cursor, result = _tick(instance, cursor, None)
+    assert result.skip_message == "1 alert(s) logged (no webhook)"
+    assert json.loads(cursor)["state"]["collapsed"] == {
+        "rate:travel": "success rate 40% dropped from a recent median of 75%"}
+    rates[:] = rates_seen
+    cursor, result = _tick(instance, cursor, None)
+    assert json.loads(cursor)["state"]["collapsed"] == {}  # recovered at its usual rate
 
 
 def test_a_message_with_a_collapse_and_a_recovery_is_kind_collapse(instance, webhook_server, monkeypatch):

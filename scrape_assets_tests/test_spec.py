@@ -69,6 +69,11 @@ def _demo_dict() -> dict:
          "expected a fraction from 0 to 1 (0.05 is 5%), got -0.1"),
         (lambda d: d.update(validation={"max_rejected_share": float("nan")}), "validation.max_rejected_share",
          "finite number"),
+        (lambda d: d.update(collapse={"floor": 90}), "collapse.floor",
+         "expected a success rate from 0 to 1 (0.9 is 90%), got 90"),
+        (lambda d: d.update(collapse={"max_drop": -0.3}), "collapse.max_drop",
+         "expected a success rate from 0 to 1 (0.9 is 90%), got -0.3"),
+        (lambda d: d.update(collapse={"flor": 0.5}), "collapse.flor", "unknown key"),
         (lambda d: d.update(incremental={"revalidate": "sometimes"}), "incremental.revalidate",
          "'every_page', 'first_page' or 'sitemap'"),
         # The base URL's rules are SCRAPE_BASE_URL's: "?lang=en/" would swallow every joined path.

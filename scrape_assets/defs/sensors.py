@@ -28,7 +28,7 @@ from scrape_assets.collapse import CollapseRules, CollapseState, observe_product
 from scrape_assets.counts import counted
 from scrape_assets.defs.assets.parsed_products import SCHEMA_CHECK
 from scrape_assets.defs.jobs import QUEUE_TAG, category_partitions, load_job, partition_range_tags, queue_tags
-from scrape_assets.defs.partitions import configured_spec
+from scrape_assets.defs.partitions import configured_spec, site_spec
 from scrape_assets.defs.resources import AlertsResource, ObjectStoreResource, SiteResource
 from scrape_assets.extract import load_parse_state
 from scrape_assets.manifest import utc_now_iso
@@ -49,16 +49,24 @@ RUN_SUBJECT = "whole run"
 CURSOR_FORMAT = 2
 
 
-def _spec_categories(log=None) -> list[str]:
-    """The categories of the spec ``SCRAPE_SITE`` names, read now; the partition keys of when
-    the definitions loaded if it cannot be read (an edit in progress must not stop the alerts)."""
+def _spec_now(log=None) -> tuple[list[str], CollapseRules]:
+    """The categories and collapse rules (``collapse:``) of the spec ``SCRAPE_SITE`` names, read
+    now; if it cannot be read, the partition keys and rules of the spec the definitions loaded
+    (an edit in progress must not stop the alerts)."""
     try:
-        return list(configured_spec().categories)
+        spec = configured_spec()
+        categories = list(spec.categories)
     except Exception as exc:  # noqa: BLE001 - SpecError, SettingsError, OSError: all mean "not now"
         if log is not None:
             log.warning(f"spec unreadable now ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
-                        "the categories of when the definitions loaded are used")
-        return category_partitions.get_partition_keys()
+                        "the categories and collapse rules of when the definitions loaded are used")
+        spec, categories = site_spec, category_partitions.get_partition_keys()
+    return categories, collapse_rules(spec)
+
+
+def collapse_rules(spec) -> CollapseRules:
+    """The :class:`CollapseRules` of a spec: its ``collapse.floor`` and ``collapse.max_drop``."""
+    return CollapseRules(floor=spec.collapse.floor, max_drop=spec.collapse.max_drop)
 
 
 def _new_records(instance, asset: str, cursor: str | None):
@@ -211,7 +219,8 @@ def success_rate_collapse_sensor(context: dg.SensorEvaluationContext, alerts: Al
     unsent, held_since = list(previous.get("unsent", [])), previous.get("unsent_since")
     # The spec as it is now, not the partition keys of when the code location loaded: a category
     # added since (and run by a fresh process, e.g. scrape-assets demo) must not be forgotten.
-    found, new_cursor = evaluate(context.instance, context.cursor, categories=set(_spec_categories(context.log)))
+    categories, rules = _spec_now(context.log)
+    found, new_cursor = evaluate(context.instance, context.cursor, rules, categories=set(categories))
     for text in found:
         (context.log.info if _is_recovery(text) else context.log.warning)(
             text if _is_recovery(text) else f"collapse: {text}")

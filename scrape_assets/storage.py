@@ -623,7 +623,7 @@ def _write_local_atomic(target: Path, data: bytes, *, sync_folder: bool = True) 
         try:
             handle = open(tmp, "wb")
         except FileNotFoundError:  # first object in this folder (no mkdir per write: it contends)
-            target.parent.mkdir(parents=True, exist_ok=True)
+            _make_folders(target.parent)
             handle = open(tmp, "wb")
         with handle:
             handle.write(data)
@@ -637,6 +637,23 @@ def _write_local_atomic(target: Path, data: bytes, *, sync_folder: bool = True) 
     crashpoint("storage.after_replace")
     if sync_folder:
         _fsync_folder(target.parent)
+
+
+def _make_folders(folder: Path) -> None:
+    """``mkdir -p folder``, each folder made recorded in its parent durably (fsync of the
+    parent): a file renamed into a new folder then survives a power loss with its path."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        if folder.parent == folder:
+            break
+        folder = folder.parent
+    for new in reversed(missing):
+        try:
+            new.mkdir()
+        except FileExistsError:  # made by another writer meanwhile (it syncs its parent)
+            continue
+        _fsync_folder(new.parent)
 
 
 def _fsync_folder(folder: Path) -> None:

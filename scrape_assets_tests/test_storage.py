@@ -54,19 +54,21 @@ def test_folder_fsync_can_be_deferred_to_one_call(tmp_path, monkeypatch):
     real_fsync = os.fsync
 
     def recording_fsync(fd):
-        synced.append("folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        where = os.path.relpath(os.readlink(f"/proc/self/fd/{fd}"), tmp_path)
+        synced.append(f"folder {where}" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", recording_fsync)
     store.write_bytes_atomic("s/c/snap/manifest.json", b"m")
-    assert synced == ["file", "folder"]  # the default: durable on return
+    # Each new folder recorded in its parent, then the file, then its rename: durable on return.
+    assert synced == ["folder .", "folder s", "folder s/c", "file", "folder s/c/snap"]
     synced.clear()
     for n in range(1, 4):  # a new folder is created on the first write, without a mkdir per write
         store.write_bytes_atomic(f"s/c/snap/pages/page-{n:04d}.html", b"p", sync_folder=False)
-    assert synced == ["file", "file", "file"]
+    assert synced == ["folder s/c/snap", "file", "file", "file"]
     store.sync_folder("s/c/snap/pages")
     store.sync_folder("s/c/no-such-folder")  # nothing to do
-    assert synced == ["file", "file", "file", "folder"]
+    assert synced == ["folder s/c/snap", "file", "file", "file", "folder s/c/snap/pages"]
     assert sorted(os.listdir(tmp_path / "s/c/snap/pages")) == ["page-0001.html", "page-0002.html", "page-0003.html"]
 
 

@@ -265,6 +265,9 @@ def test_blocking_check_stops_products_table_and_earlier_rows_stay(tmp_path, ins
     assert check.metadata["failure_count"].value >= 1
     materialized = {e.asset_key.path[0] for e in result.get_asset_materialization_events()}
     assert "products_table" not in materialized
+    # Held back by the blocking check, never started (its own guard against unvalidated rows is a second line).
+    started = [e.step_key for e in result.all_events if e.event_type_value == "STEP_START"]
+    assert started == ["raw_pages", "parsed_products"]
     assert _table(tmp_path) == before  # the earlier rows of the partition stay
     # `scrape-assets demo` says why in its summary, in the words of the run-failure alert
     from scrape_assets.cli import run_failure_reason

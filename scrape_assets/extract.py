@@ -213,7 +213,7 @@ _PARSE_STATE_FIELDS = frozenset(f.name for f in fields(ParseState))
 def parse_rules_digest(spec: SiteSpec) -> str:
     """12 hex digits of the SHA-256 of the spec's parsing rules: ``base_url``, ``currency``,
     ``selectors``, ``pagination``, ``product_id`` (and ``decimal_mark`` when set). Politeness,
-    categories, incremental and validation settings do not count."""
+    categories, incremental, validation and collapse settings do not count."""
     rules = spec.model_dump_json(include={"base_url", "currency", "selectors", "pagination", "product_id"})
     if spec.decimal_mark is not None:  # (unset, the digest is what it was before the field existed)
         rules += f"|decimal_mark={spec.decimal_mark}"

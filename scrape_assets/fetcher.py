@@ -69,7 +69,8 @@ class FetchPolicy:
     """How pages are fetched; frozen into the manifest so a resumed run fetches the same way.
 
     Attributes:
-        user_agent: the ``User-Agent`` header, also the name matched against robots.txt groups.
+        user_agent: the ``User-Agent`` header; its products name us to robots.txt groups
+            (:func:`~scrape_assets.politeness.robots_agent_names`).
         requests_per_second: most requests started per second per host (``> 0``).
         max_concurrency: most requests in flight per host (``>= 1``).
         max_attempts: HTTP attempts per page, counting those of an interrupted earlier run.

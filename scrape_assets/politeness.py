@@ -118,20 +118,36 @@ def _origin_robots_url(scheme: str, host: str, port: int | None) -> str:
     return str(httpx.URL(scheme=scheme, host=host, port=port, path="/robots.txt"))
 
 
-_PRODUCT_TOKEN = re.compile(r"[^\s/()]+")
+_FIRST_PRODUCT = re.compile(r"[^\s/()]+")
+#: A product with a version anywhere in the header, a comment's too ("compatible; acmebot/1.0"):
+#: an RFC 9110 token right after the start, a space, "(" or ";", followed by "/". A URL's
+#: parts ("+https://bot.example/info") are not: ":" is no token character, "bot.example"
+#: follows a "/".
+_PRODUCT = re.compile(r"(?:^|(?<=[\s(;]))([A-Za-z0-9!#$%&'*+.^_`|~-]+)/")
 
 
 @functools.lru_cache(maxsize=8)
-def product_token(user_agent: str) -> str:
-    """The product token robots.txt groups are matched against: the ``User-Agent`` header's
-    first product name (RFC 9110 §10.1.5: ``product *( RWS ( product / comment ) )``,
-    ``product = token ["/" product-version]``), as RFC 9309 §2.2.1 asks.
+def robots_agent_names(user_agent: str) -> str:
+    """The names robots.txt groups are matched against, space-separated: the ``User-Agent``
+    header's products (RFC 9110 §10.1.5: ``product = token ["/" product-version]``), the
+    first one always and any other with a version, inside a comment too, but no other word
+    of a comment (RFC 9309 §2.2.1 matches a crawler's product token).
 
-    ``"scrape_assets/0.1.0 (polite catalogue crawler)"`` gives ``"scrape_assets"``; a header
-    that does not start with a product (``"(bot)"``) is returned whole.
+    ``"scrape_assets/0.1.0 (polite catalogue crawler)"`` gives ``"scrape_assets"``;
+    ``"Mozilla/5.0 (compatible; acmebot/1.0; +https://acme.example/bot)"`` gives
+    ``"Mozilla acmebot"``, so a site's ``User-agent: acmebot`` group applies and a
+    ``User-agent: crawler`` group does not. A header that does not start with a product
+    (``"(bot)"``) is used whole.
     """
-    match = _PRODUCT_TOKEN.match(user_agent.strip())
-    return match.group() if match else user_agent
+    text = user_agent.strip()
+    first = _FIRST_PRODUCT.match(text)
+    if first is None:
+        return user_agent
+    names = [first.group()]
+    for name in _PRODUCT.findall(text):
+        if name.lower() not in (n.lower() for n in names):
+            names.append(name)
+    return " ".join(names)
 
 
 class RobotsCache:
@@ -193,12 +209,12 @@ class RobotsCache:
         Args:
             client: the run's HTTP client (redirects are followed for robots.txt only).
             url: the absolute http(s) URL about to be fetched.
-            user_agent: the full User-Agent header. Groups are matched against its product
-                token only (:func:`product_token`, RFC 9309 §2.2.1), case-insensitively by
+            user_agent: the full User-Agent header. Groups are matched against its products
+                (:func:`robots_agent_names`, RFC 9309 §2.2.1), case-insensitively by
                 protego: ``User-agent: scrape-assets`` matches ``scrape-assets/0.1
                 (+https://...)``, while a group named after a word of its comment
                 (``crawler``) does not replace the ``*`` group. Limit (protego): a group
-                named by a prefix of the token at a boundary (``scrape`` for ``scrape_assets``) matches too.
+                whose name starts one of those names (``scrape`` for ``scrape_assets``) matches too.
             parsed: ``httpx.URL(url)`` when the caller has it already (saves parsing it again).
 
         Returns:
@@ -214,7 +230,7 @@ class RobotsCache:
             return RobotsDecision(False, "robots_unreachable", robots_url, robots.detail)
         if robots.state == "unavailable" or robots.parser is None:
             return RobotsDecision(True, None, robots_url, robots.detail)
-        if robots.parser.can_fetch(url, product_token(user_agent)):
+        if robots.parser.can_fetch(url, robots_agent_names(user_agent)):
             return RobotsDecision(True, None, robots_url, "allowed by robots.txt")
         return RobotsDecision(False, "robots_disallowed", robots_url, f"disallowed by {robots_url}")
 

@@ -91,27 +91,33 @@ def test_group_naming_our_product_token_replaces_the_star_group():
     assert asyncio.run(main()) == (False, True, False)
 
 
-def test_groups_match_the_product_token_not_words_of_the_user_agents_comment():
+def test_groups_match_the_user_agents_products_not_words_of_its_comment():
     """RFC 9309 §2.2.1: the group is chosen by the product token; protego alone, given the
-    whole header, let a "crawler" group (a word of our default comment) replace the * group."""
-    from scrape_assets.politeness import product_token
+    whole header, let a "crawler" group (a word of our default comment) replace the * group,
+    while a bot named inside a browser-style header's comment must still find its group."""
     from scrape_assets.defs.resources import USER_AGENT as DEFAULT_USER_AGENT
+    from scrape_assets.politeness import robots_agent_names
 
-    robots = "User-agent: *\nDisallow: /private/\n\nUser-agent: crawler\nDisallow: /cgi-bin/\n"
+    robots = ("User-agent: *\nDisallow: /private/\n\nUser-agent: crawler\nDisallow: /cgi-bin/\n\n"
+              "User-agent: acmebot\nDisallow: /\n")
 
     async def main(user_agent):
         cache = RobotsCache()
         async with _client(_robots_handler(200, robots)) as client:
             return (await cache.allowed(client, "http://shop.test/private/a", user_agent),
-                    await cache.allowed(client, "http://shop.test/cgi-bin/a", user_agent))
+                    await cache.allowed(client, "http://shop.test/cgi-bin/a", user_agent),
+                    await cache.allowed(client, "http://shop.test/catalogue/a", user_agent))
 
     assert "crawler" in DEFAULT_USER_AGENT
-    assert asyncio.run(main(DEFAULT_USER_AGENT)) == (False, True)  # the * group
-    assert asyncio.run(main("Crawler/2.0 (+mailto:ops@example.com)")) == (True, False)  # its own group
-    assert product_token(DEFAULT_USER_AGENT) == "scrape_assets"
-    assert product_token("  acme-prices/1.0 (+mailto:ops@example.com)") == "acme-prices"
-    assert product_token("acme (bot)") == "acme"
-    assert product_token("(no product)") == "(no product)"
+    assert asyncio.run(main(DEFAULT_USER_AGENT)) == (False, True, True)  # the * group
+    assert asyncio.run(main("Crawler/2.0 (+mailto:ops@example.com)")) == (True, False, True)  # its own group
+    assert asyncio.run(main("Mozilla/5.0 (compatible; acmebot/1.0; +https://acme.example/bot)")) == (
+        False, False, False)  # acmebot's group: everything disallowed
+    assert robots_agent_names(DEFAULT_USER_AGENT) == "scrape_assets"
+    assert robots_agent_names("  acme-prices/1.0 (+mailto:ops@example.com)") == "acme-prices"
+    assert robots_agent_names("Mozilla/5.0 (compatible; acmebot/1.0; +https://acme.example/bot)") == "Mozilla acmebot"
+    assert robots_agent_names("acme (bot; https://acme.example/x/y)") == "acme"
+    assert robots_agent_names("(no product)") == "(no product)"
 
 
 def test_a_robots_txt_starting_with_a_byte_order_mark_keeps_its_first_group():

@@ -641,7 +641,15 @@ def _write_local_atomic(target: Path, data: bytes, *, sync_folder: bool = True) 
 
 def _make_folders(folder: Path) -> None:
     """``mkdir -p folder``, each folder made recorded in its parent durably (fsync of the
-    parent): a file renamed into a new folder then survives a power loss with its path."""
+    parent): a file renamed into a new folder then survives a power loss with its path.
+
+    A folder another writer made meanwhile has its parent fsynced here too, so this call
+    does not return before its entry is durable. Limit: a writer whose first ``open`` found
+    the folder already there does not wait for its maker's fsync (microseconds).
+
+    Raises:
+        FileExistsError: a component exists and is no folder (a file, a dangling symlink).
+    """
     missing = []
     while not folder.exists():
         missing.append(folder)
@@ -651,8 +659,9 @@ def _make_folders(folder: Path) -> None:
     for new in reversed(missing):
         try:
             new.mkdir()
-        except FileExistsError:  # made by another writer meanwhile (it syncs its parent)
-            continue
+        except FileExistsError:
+            if not new.is_dir():  # a file or a dangling symlink: refused as mkdir -p refuses it
+                raise
         _fsync_folder(new.parent)
 
 

@@ -191,6 +191,7 @@ def test_an_orphan_of_parsed_json_is_swept_when_the_snapshot_is_parsed_again(tmp
     assert _temp_files(root) == [] and (orphan.parent / "parsed.json").exists()
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/ns/pid"), reason="PID namespaces: Linux")
 @pytest.mark.parametrize("point", ["storage.after_temp_write", "storage.after_replace"])
 def test_a_storage_probe_left_by_a_killed_process_is_removed_at_the_next_start(tmp_path, point):
     code = f"""
@@ -204,6 +205,7 @@ def test_a_storage_probe_left_by_a_killed_process_is_removed_at_the_next_start(t
     assert list((tmp_path / "objects").iterdir()) == []
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/ns/pid"), reason="PID namespaces: Linux")
 def test_a_write_probe_of_another_pid_namespace_is_removed_only_once_it_cannot_be_live(tmp_path):
     """A container sharing the folder has its own process ids: its probe, which lives for
     milliseconds, is removed only once PROBE_MIN_AGE_S old; so is a probe named before the

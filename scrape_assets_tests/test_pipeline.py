@@ -142,9 +142,16 @@ def _dies_once_on_mystery(store, manifest, spec):  # module level: the pool pick
 
     if manifest.category == "mystery" and not _DIE_MARKER.exists():
         _DIE_MARKER.touch()
-        time.sleep(1.5)  # the other worker finishes travel and classics meanwhile
+        classics_done = _DIE_MARKER.with_name("classics-done")
+        deadline = time.monotonic() + 60
+        while not classics_done.exists() and time.monotonic() < deadline:  # the other worker's
+            time.sleep(0.01)
+        time.sleep(0.3)  # its result on its way to the step's process
         os._exit(137)  # as the kernel's OOM killer ends a worker
-    return parse_run._parse_and_validate.__wrapped__(store, manifest, spec)
+    result = parse_run._parse_and_validate.__wrapped__(store, manifest, spec)
+    if manifest.category == "classics" and _DIE_MARKER is not None:
+        _DIE_MARKER.with_name("classics-done").touch()
+    return result
 
 
 def test_a_parse_worker_killed_mid_parse_retries_the_step_which_parses_only_the_unfinished(tmp_path, instance,

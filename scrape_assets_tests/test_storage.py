@@ -48,6 +48,7 @@ def test_failed_write_keeps_the_previous_object(tmp_path, monkeypatch):
     assert os.listdir(tmp_path / "a") == ["b.json"]  # the temp file was removed
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names synced folders through Linux /proc")
 def test_folder_fsync_can_be_deferred_to_one_call(tmp_path, monkeypatch):
     store = ObjectStore(str(tmp_path))
     synced: list[str] = []
@@ -70,6 +71,31 @@ def test_folder_fsync_can_be_deferred_to_one_call(tmp_path, monkeypatch):
     store.sync_folder("s/c/no-such-folder")  # nothing to do
     assert synced == ["folder s/c/snap", "file", "file", "file", "folder s/c/snap/pages"]
     assert sorted(os.listdir(tmp_path / "s/c/snap/pages")) == ["page-0001.html", "page-0002.html", "page-0003.html"]
+
+
+def test_first_writes_racing_into_new_folders_all_land(tmp_path):
+    """Page bodies of a new snapshot are written by several threads at once: each first write
+    into a folder not made yet may find it made by another meanwhile."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = ObjectStore(str(tmp_path))
+    keys = [f"s/c{n % 10}/snap/pages/page-{n:04d}.html" for n in range(200)]
+    with ThreadPoolExecutor(8) as pool:
+        written = list(pool.map(lambda key: store.write_bytes_atomic(key, key.encode()), keys))
+    assert written == [len(key) for key in keys]
+    assert all(store.read_bytes(key) == key.encode() for key in keys)
+
+
+def test_a_path_through_a_dangling_symlink_is_refused_as_such(tmp_path):
+    from scrape_assets.storage import refusal
+
+    store = ObjectStore(str(tmp_path))
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "c").symlink_to(tmp_path / "unmounted-volume")  # a category folder on a volume not there
+    with pytest.raises(StorageError) as info:
+        store.write_bytes_atomic("s/c/snap/manifest.json", b"m")
+    assert isinstance(info.value.__cause__, FileExistsError) and refusal(info.value.__cause__)  # no retry helps
+    assert str(tmp_path / "s" / "c") in str(info.value)
 
 
 def test_appends_keep_the_journal_open_and_delete_or_close_releases_it(tmp_path, monkeypatch):

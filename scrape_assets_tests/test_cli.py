@@ -491,23 +491,27 @@ def test_the_summary_counts_rows_carried_forward_from_pages_that_failed(tmp_path
     url = f"sqlite:///{tmp_path / 'w.db'}"
     wh = Warehouse(url)
 
-    def row(product_id: str, page: int, snapshot: str, fetched: str) -> dict:
-        return {"category": "travel", "product_id": product_id, "title": "T", "price": "9.99", "currency": "GBP",
+    def row(product_id: str, page: int, snapshot: str, fetched: str, category: str = "travel") -> dict:
+        return {"category": category, "product_id": product_id, "title": "T", "price": "9.99", "currency": "GBP",
                 "rating": 3, "availability": "In stock", "url": f"http://x/{product_id}", "page_number": page,
                 "snapshot_id": snapshot, "fetched_at": fetched}
 
-    day1 = "2026-12-01T08:00:00Z"
+    day0, day1 = "2026-11-30T08:00:00Z", "2026-12-01T08:00:00Z"
     wh.load_products("travel", [row("1", 1, "s1", day1), row("2", 2, "s1", day1), row("3", 2, "s1", day1)],
                      input_version="v1", snapshot_id="s1", loaded_at=day1, history_date="2026-12-01",
                      history_snapshot_id="s1")
-    day2 = "2026-12-02T08:00:00Z"  # page 2 failed: its two rows are carried forward
-    wh.load_products("travel", [row("1", 1, "s2", day2)], input_version="v2", snapshot_id="s2", loaded_at=day2,
-                     history_date="2026-12-02", history_snapshot_id="s2", carry_unseen=True)
-    assert wh.carried_forward() == {"travel": (2, day1)}
+    wh.load_products("mystery", [row("4", 1, "s1", day1, "mystery"), row("5", 2, "s1", day0, "mystery")],
+                     input_version="v1", snapshot_id="s1", loaded_at=day1, history_date="2026-12-01",
+                     history_snapshot_id="s1")
+    day2 = "2026-12-02T08:00:00Z"  # page 2 failed: its rows are carried forward
+    for category, first in (("travel", "1"), ("mystery", "4")):
+        wh.load_products(category, [row(first, 1, "s2", day2, category)], input_version="v2", snapshot_id="s2",
+                         loaded_at=day2, history_date="2026-12-02", history_snapshot_id="s2", carry_unseen=True)
+    assert wh.carried_forward() == {"mystery": (1, day0), "travel": (2, day1)}
     wh.close()
-    assert ("  carried forward 2 of those rows were not seen in the latest snapshot (a page of their category failed, "
-            f"or their card was rejected; the oldest parsed from a body fetched {day1}, later 304s not counted): "
-            "travel (2); the pages and cards are in `dead_letters`") in _demo_summary(tmp_path, url)
+    assert ("  carried forward 3 of those rows were not seen in the latest snapshot (a page of their category failed, "
+            f"or their card was rejected; the oldest parsed from a body fetched {day0}, later 304s not counted): "
+            "mystery (1), travel (2); the pages and cards are in `dead_letters`") in _demo_summary(tmp_path, url)
 
 
 def test_this_runs_loaded_line_counts_only_rows_this_runs_loads_kept():

@@ -734,3 +734,34 @@ def test_a_snapshot_completed_after_midnight_files_its_prices_under_that_day(tmp
     history = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(price_history)
     assert {r["snapshot_date"] for r in history} == {"2031-01-02"} and len(history) == 11
     assert {r["snapshot_id"] for r in history} == {manifest.snapshot_id}
+
+
+def test_an_unchanged_day_files_its_prices_under_its_own_day_and_snapshot(tmp_path, instance):
+    """The usual day: every page 304, nothing re-parsed. The parse state must still stand for
+    the new snapshot, or the day's prices would overwrite the previous day's rows under the
+    previous snapshot and today would have none."""
+    import dataclasses
+
+    from scrape_assets.extract import load_parse_state, save_parse_state
+
+    res = make_resources(tmp_path)
+    assert materialize(instance, res, ["travel"]).success
+    store = ObjectStore(str(tmp_path / "objects"))
+    first = latest_manifest(store, "demo", "travel", complete=True)
+    # As if the first run had been on 2031-01-01 (its snapshot, the parse state standing for it, its prices).
+    first.completed_at = "2031-01-01T02:00:00Z"
+    first.save(store)
+    state = load_parse_state(store, "demo", "travel")
+    save_parse_state(store, "demo", "travel", dataclasses.replace(state, latest_completed_at=first.completed_at))
+    wh = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}")
+    with wh.engine.begin() as conn:
+        conn.execute(price_history.update().values(snapshot_date="2031-01-01"))
+    second = materialize(instance, res, ["travel"])
+    assert second.success and run_metadata(second)["parsed_products"]["partitions_unchanged"] == 1
+    today = latest_manifest(store, "demo", "travel", complete=True)
+    assert today.snapshot_id != first.snapshot_id
+    by_day = {}
+    for r in wh.rows(price_history):
+        by_day.setdefault(r["snapshot_date"], set()).add(r["snapshot_id"])
+    assert by_day == {"2031-01-01": {first.snapshot_id}, today.completed_at[:10]: {today.snapshot_id}}
+    assert len(wh.rows(price_history)) == 2 * 11

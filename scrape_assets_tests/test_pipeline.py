@@ -283,6 +283,15 @@ def test_blocking_check_stops_products_table_and_earlier_rows_stay(tmp_path, ins
         "parsed_products_match_schema failed for travel (reject reasons: \"price: no element matches 'p.price_tag'\" x11; "
         "pages: layout_guard x1 (page 1; ")
 
+    # products_table launched alone (the UI, the CLI) refuses the partition its check held back.
+    alone = materialize(instance, broken, ["travel"], selection=["products_table"], raise_on_error=False)
+    assert not alone.success
+    (failure,) = [e for e in alone.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert failure.step_failure_data.user_failure_data.description == (
+        "parsed rows of travel failed the schema (see the parsed_products_match_schema check); products_table not "
+        "changed")
+    assert _table(tmp_path) == before
+
 
 def test_a_selector_that_stops_matching_some_cards_blocks_the_load(tmp_path, instance):
     """Five-star cards lose their rating element: their products must not silently leave the table."""
@@ -405,6 +414,13 @@ def test_fetch_config_change_refuses_resume_until_new_snapshot(tmp_path, instanc
     assert "differing keys: max_attempts" in message
     assert "restore the earlier settings to resume it" in message and "scrape-assets demo --new-snapshot" in message
     assert load_manifest(store, "demo", "travel", manifest.snapshot_id).completed_at is None
+    assert {c: list_snapshots(store, "demo", c) for c in categories} == before
+    # A mirror (SCRAPE_BASE_URL) is part of the fetch config too: the saved pages came from elsewhere.
+    mirror = materialize(instance, make_resources(tmp_path, base_url="http://127.0.0.1:9/"), categories,
+                         selection=["raw_pages"], raise_on_error=False)
+    assert not mirror.success
+    failure = [e for e in mirror.all_events if e.event_type_value == "STEP_FAILURE"][0]
+    assert "differing keys: base_url" in failure.step_failure_data.error.message
     assert {c: list_snapshots(store, "demo", c) for c in categories} == before
 
     # Back to the earlier config, the snapshot resumes, also with the spec named by a path:

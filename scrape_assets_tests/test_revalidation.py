@@ -749,18 +749,30 @@ def test_a_sitemap_behind_a_redirect_is_revalidated_at_its_target(tmp_path):
     assert (again.not_modified, len(again.lastmod)) == (1, 1)
 
 
+def _two_dated_pages() -> Site:
+    """A category of two pages, Last-Modified 10:00 and 11:00 on 2026-11-30."""
+    site = Site()
+    site.routes["/cat/index.html"] = compliant(listing(1, 2, [card(1, "Book one", "£10.00")]),
+                                               last_modified="Mon, 30 Nov 2026 10:00:00 GMT")
+    site.routes["/cat/page-2.html"] = compliant(listing(2, 2, [card(2, "Book two", "£20.00")]),
+                                                last_modified="Mon, 30 Nov 2026 11:00:00 GMT")
+    return site
+
+
+def _date_both_in_a_sitemap(site: Site, base: str) -> None:
+    """``/sitemap.xml`` dating both pages of :func:`_two_dated_pages` as their Last-Modified."""
+    document = ('<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">' + "".join(
+        f"<url><loc>{base}cat/{name}</loc><lastmod>2026-11-30T{hour}:00:00Z</lastmod></url>"
+        for name, hour in (("index.html", 10), ("page-2.html", 11))) + "</urlset>").encode()
+    site.routes["/sitemap.xml"] = compliant(document, content_type="application/xml")
+
+
 def test_a_lost_copy_of_an_unchanged_page_one_keeps_the_sitemap_trusted(tmp_path, instance):
     """Page 1's copy deleted: it is fetched again (same bytes), which is no change: the
     sitemap's word still holds for the category's other pages."""
-    modified = {1: "Mon, 30 Nov 2026 10:00:00 GMT", 2: "Mon, 30 Nov 2026 11:00:00 GMT"}
-    site = Site()
-    site.routes["/cat/index.html"] = compliant(listing(1, 2, [card(1, "Book one", "£10.00")]), last_modified=modified[1])
-    site.routes["/cat/page-2.html"] = compliant(listing(2, 2, [card(2, "Book two", "£20.00")]), last_modified=modified[2])
+    site = _two_dated_pages()
     with serve(site) as base:
-        document = ('<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">' + "".join(
-            f"<url><loc>{base}cat/{name}</loc><lastmod>2026-11-30T{hour}:00:00Z</lastmod></url>"
-            for name, hour in (("index.html", 10), ("page-2.html", 11))) + "</urlset>").encode()
-        site.routes["/sitemap.xml"] = compliant(document, content_type="application/xml")
+        _date_both_in_a_sitemap(site, base)
         runs = Runs(instance, tmp_path, base, extra="incremental:\n  revalidate: sitemap\n  sitemap: sitemap.xml\n")
         runs.run(selection=["raw_pages"])
         (tmp_path / "objects" / runs.manifests()[-1].page_key(1)).unlink()
@@ -780,3 +792,22 @@ def test_a_relative_or_differently_spelled_robots_sitemap_line_is_read_from_the_
     assert _on_fetch_origin("https://SHOP.example/sitemap.xml", mirror, site) == mirror + "sitemap.xml"  # at the root
     assert _on_fetch_origin("http://shop.example/en/a.xml", mirror, site) is None  # another scheme: another origin
     assert _on_fetch_origin("https://cdn.example/a.xml", mirror, site) is None
+
+
+@pytest.mark.parametrize("mode", ["sitemap", "first_page"])
+def test_a_lost_copy_of_a_later_page_is_asked_again_not_adopted(tmp_path, instance, mode):
+    """A later page's saved body gone (a full disk, a prune by hand): neither opt-in adopts it
+    without a request, which would leave parsed_products refusing the missing body every day."""
+    site = _two_dated_pages()
+    with serve(site) as base:
+        _date_both_in_a_sitemap(site, base)
+        extra = ("incremental:\n  revalidate: sitemap\n  sitemap: sitemap.xml\n" if mode == "sitemap"
+                 else "incremental:\n  revalidate: first_page\n")
+        runs = Runs(instance, tmp_path, base, extra=extra)
+        runs.run(selection=["raw_pages"])
+        (tmp_path / "objects" / runs.manifests()[-1].page_key(2)).unlink()
+        site.log.clear()
+        md = runs.run(selection=["raw_pages"])
+    pages = [asked for asked in site.asked() if asked[0].startswith("/cat/")]
+    assert pages == [("/cat/index.html", 304), ("/cat/page-2.html", 304), ("/cat/page-2.html", 200)]
+    assert md["raw_pages"]["pages_assumed_unchanged"] == 0

@@ -184,3 +184,30 @@ def test_redact_url_keeps_the_slashes_of_a_url_without_a_host():
     assert redact_url("sqlite:///data/w.db?mode=ro") == "sqlite:///data/w.db"
     assert redact_url("file:///srv/objects") == "file:///srv/objects"
     assert redact_url("postgresql://scraper:hunter2@db.internal/shop") == "postgresql://db.internal/shop"
+
+
+def test_a_crawl_makes_its_page_bodies_durable_before_it_declares_the_snapshot_complete(tmp_path, monkeypatch):
+    """Bodies are renamed into pages/ without a folder fsync each; one fsync of pages/ must
+    come before the manifest that says complete, or a power loss could leave a complete
+    snapshot whose bodies are gone (only incomplete ones are healed by a resume)."""
+    import json
+
+    from scrape_assets_tests.conftest import crawl_demo
+
+    events: list[str] = []
+    real_sync, real_write = ObjectStore.sync_folder, ObjectStore.write_bytes_atomic
+
+    def sync_folder(self, key):
+        events.append(f"sync {key}")
+        return real_sync(self, key)
+
+    def write_bytes_atomic(self, key, data, **kwargs):
+        if key.endswith("/manifest.json"):
+            events.append("manifest complete" if json.loads(data).get("completed_at") else "manifest")
+        return real_write(self, key, data, **kwargs)
+
+    monkeypatch.setattr(ObjectStore, "sync_folder", sync_folder)
+    monkeypatch.setattr(ObjectStore, "write_bytes_atomic", write_bytes_atomic)
+    [report] = crawl_demo(tmp_path / "objects", ["mystery"])  # 2 pages
+    prefix = f"demo/mystery/{report.snapshot_id}"
+    assert events.index(f"sync {prefix}/pages") < events.index("manifest complete")

@@ -316,6 +316,34 @@ def test_a_product_that_moved_onto_the_page_that_failed_is_carried_not_deleted(t
     wh.close()
 
 
+def test_a_rejected_card_carries_its_own_row_only_and_the_oldest_carried_fetch_is_the_oldest(tmp_path):
+    """carry_ids keeps the rows of the cards the snapshot rejected, not those of products that
+    left the site (it saw every page); carried_forward() names each category's oldest carried
+    fetch, which the summary shows as how stale carried prices may be."""
+    wh = Warehouse(f"sqlite:///{tmp_path / 'w.db'}")
+
+    def load(category, snapshot, rows, **carry):
+        rows = [{**row, "snapshot_id": snapshot} for row in rows]
+        return wh.load_products(category, rows, input_version=snapshot, snapshot_id=snapshot, loaded_at="t",
+                                history_date="2026-12-01", history_snapshot_id=snapshot, **carry)
+
+    def fetched(row, at):
+        return {**row, "fetched_at": at}
+
+    day1 = [fetched(_row("a", "1"), "2026-11-29T08:00:00Z"), fetched(_row("a", "2"), "2026-11-30T08:00:00Z"),
+            fetched(_row("a", "3"), "2026-12-01T08:00:00Z")]
+    assert load("a", "s1", day1) == (3, 0)
+    assert load("a", "s2", [fetched(_row("a", "1"), "2026-12-02T08:00:00Z")], carry_ids={"2"}) == (1, 1)
+    assert sorted((r["product_id"], r["snapshot_id"]) for r in wh.rows(products, "a")) == [("1", "s2"), ("2", "s1")]
+    # Category b: two rows carried (page 2 failed), fetched on different days.
+    day1 = [fetched(_row("b", "1"), "2026-12-01T08:00:00Z"), fetched(_row("b", "2"), "2026-11-28T08:00:00Z"),
+            fetched(_row("b", "3"), "2026-12-01T09:00:00Z")]
+    assert load("b", "s1", day1) == (3, 0)
+    assert load("b", "s2", [fetched(_row("b", "1"), "2026-12-02T08:00:00Z")], carry_unseen=True) == (1, 2)
+    assert wh.carried_forward() == {"a": (1, "2026-11-30T08:00:00Z"), "b": (2, "2026-11-28T08:00:00Z")}
+    wh.close()
+
+
 def test_the_first_site_to_load_claims_the_tables_and_another_is_refused(tmp_path, monkeypatch):
     """Tables are keyed by category: a second site's ``travel`` would silently replace the first's."""
     from scrape_assets.errors import SettingsError

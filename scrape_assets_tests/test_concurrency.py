@@ -219,3 +219,23 @@ def test_the_daemon_frees_the_pool_slot_a_killed_run_kept_once_the_run_is_failed
         sweep(120)
         assert storage.get_concurrency_info(pool).claimed_slots == []
         assert storage.claim_concurrency_slot(pool, "next-run", "raw_pages").is_claimed
+
+
+
+def test_partition_locks_are_taken_in_sorted_order_and_each_once(tmp_path, monkeypatch):
+    """One order for every run (no deadlock between two runs over overlapping ranges), and a
+    category named twice does not conflict with its own lock."""
+    from contextlib import nullcontext
+
+    from scrape_assets import locks
+    from scrape_assets.storage import ObjectStore
+
+    store = ObjectStore(str(tmp_path))
+    with locks.partition_locks(store, "demo", ["travel", "mystery", "travel"], owner="r", scope="raw_pages"):
+        pass
+    taken = []
+    monkeypatch.setattr(locks, "partition_lock",
+                        lambda store, site, category, **kw: taken.append(category) or nullcontext())
+    with locks.partition_locks(store, "demo", ["travel", "mystery", "art"], owner="r", scope="raw_pages"):
+        pass
+    assert taken == ["art", "mystery", "travel"]

@@ -739,3 +739,41 @@ def test_a_page_labelled_utf7_keeps_its_plus_signs(spec):
     parsed = parse_listing(body, spec, "https://books.toscrape.com/catalogue/page-3.html",
                            content_type="text/html; charset=utf-7")
     assert [p["title"] for p in parsed.products] == ["C++ Primer"]
+
+
+
+# Boundaries a mutation audit found unpinned (each test fails on its mutation).
+def test_a_grouping_mark_after_the_specs_decimal_mark_is_refused_not_read_as_decimals():
+    from scrape_assets.parsing import parse_price
+
+    with pytest.raises(ValueError, match="decimal_mark"):
+        parse_price("€1,234.56", "EUR", decimal_mark=",")  # not Decimal('1.23456')
+
+
+def test_mojibake_of_a_four_byte_character_is_repaired():
+    from scrape_assets.parsing import repair_text
+
+    assert repair_text("Books ðŸ˜€") == "Books 😀"  # UTF-8 lead bytes F0-F4 (emoji) read as windows-1252
+
+
+def test_a_mark_before_four_digits_is_no_group_separator_in_the_pager():
+    from scrape_assets.parsing import parse_pager
+    from scrape_assets.spec import load_spec
+
+    pager = parse_pager('<ul class="pager"><li class="current">Page 1 of 3,1415</li></ul>', load_spec("demo"),
+                        "http://h/c/page-1.html")
+    assert (pager.current_page, pager.total_pages) == (1, 3)  # not 31415 pages
+
+
+def test_a_meta_charset_after_two_kilobytes_of_head_is_read():
+    from scrape_assets.parsing import sniff_charset
+
+    body = b"<html><head><title>" + b"x" * 2000 + b'</title><meta charset="koi8-r"></head>'
+    assert sniff_charset(body) == "koi8-r"  # the first 4 KiB are scanned, as the docs say
+
+
+def test_iso_8859_9_reads_as_windows_1254_as_browsers_do():
+    from scrape_assets.parsing import decode_html, sniff_charset
+
+    assert sniff_charset(b"", "text/html; charset=ISO-8859-9") == "cp1254"  # WHATWG Encoding Standard
+    assert "\u20ac 12,50" in decode_html(b"<p>\x80 12,50</p>", "text/html; charset=iso-8859-9")

@@ -334,3 +334,11 @@ def test_a_storage_folder_under_home_is_the_users_home(monkeypatch, tmp_path):
     store = ObjectStore("~/objects")
     store.write_bytes_atomic("demo/x.txt", b"x")
     assert (tmp_path / "objects" / "demo" / "x.txt").read_bytes() == b"x"  # not ./~/objects
+
+
+
+def test_a_setting_typed_with_a_word_missing_gets_the_closest_name():
+    from scrape_assets.settings import unknown_variables
+
+    assert unknown_variables({"SCRAPE_WEBHOOK_URL": "x", "SCRAPE_LOCK_WAIT": "5", "SCRAPE_TEST_X": "1"}) == [
+        ("SCRAPE_LOCK_WAIT", "SCRAPE_LOCK_WAIT_S"), ("SCRAPE_WEBHOOK_URL", "SCRAPE_ALERT_WEBHOOK_URL")]

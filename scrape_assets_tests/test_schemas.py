@@ -302,3 +302,33 @@ def test_a_rejected_share_exactly_at_the_limit_passes(share, rejected, passes):
     """"More than" the share, counted exactly: 0.29 * 100 cards is 29, not 28.999999999999996."""
     pages = [_page_row(page_number=1, products_parsed=100 - rejected, cards_found=100)]
     assert validate_parsed(products_frame([_row()]), pages_frame(pages, max_rejected_share=share)).passed is passes
+
+
+
+# Boundaries a mutation audit found unpinned (each test fails on its mutation).
+def test_a_page_listed_twice_fails_the_pages_schema():
+    from scrape_assets.schemas import pages_frame, products_frame, validate_parsed
+
+    row = {"category": "travel", "page_number": 1, "products_parsed": 3, "cards_found": 3,
+           "site_claims_products": True, "listing_recognised": True}
+    report = validate_parsed(products_frame([]), pages_frame([row, dict(row)]))
+    assert not report.passed
+    assert any("unique" in key for key in report.by_check), report.by_check
+
+
+def test_an_apostrophe_inside_a_word_opens_no_quoted_value():
+    from scrape_assets.validation_report import reason_kind
+
+    assert (reason_kind("price: '1,234.56' does not fit the spec's decimal_mark ','")
+            == "price: … does not fit the spec's decimal_mark …")
+
+
+def test_exactly_as_many_pages_as_shown_are_listed_without_an_ellipsis():
+    from scrape_assets.validation_report import ValidationReport, describe_failures
+
+    cases = [{"schema": "pages", "schema_context": "DataFrameSchema", "column": "page_number",
+              "check": "layout_guard", "failure_case": {"page_number": n}, "index": n - 1, "message": "layout"}
+             for n in (1, 2, 3)]
+    text = describe_failures(ValidationReport(passed=False, failure_count=3, failure_cases=cases,
+                                              by_check={"pages: layout_guard": 3}))
+    assert text == "pages: layout_guard x3 (pages 1, 2, 3; layout)"

@@ -966,3 +966,18 @@ def test_a_shortened_alert_line_cuts_between_words_not_inside_one():
     assert _shortened("FetchConfigChangedError: demo/travel/2026-12-03T020000Z/manifest.json", 40) == (
         "FetchConfigChangedError: demo/travel/...")  # a long token keeps its start
     assert _shortened(text, 200) == text
+
+
+
+def test_five_categories_failing_alike_are_named_without_and_0_more():
+    from scrape_assets.defs.sensors import _schema_failures
+
+    why = {c: "pages: layout_guard x1 (page 1)" for c in ("a", "b", "c", "d", "e")}
+    assert _schema_failures(why) == "a, b, c, d, e (a's: pages: layout_guard x1 (page 1))"
+
+
+def test_a_space_exactly_twelve_from_the_end_of_what_is_kept_is_where_an_alert_is_cut():
+    from scrape_assets.defs.sensors import _shortened
+
+    text = "a" * 25 + " " + "b" * 30  # a limit of 40 keeps 37 characters; the space is 12 from their end
+    assert _shortened(text, 40) == "a" * 25 + "..."

@@ -42,6 +42,7 @@ import http.cookiejar
 import logging
 import random
 import time
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -215,6 +216,33 @@ def build_client(
 
 #: Content codings that compress (IANA HTTP Content Coding Registry): a body in one the client
 #: did not offer cannot be read.
+async def _x_gzip_decoded(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
+    """The body of a ``Content-Encoding: x-gzip`` response decompressed (RFC 9110 §8.4.1.3:
+    the same as gzip, but httpx has no decoder by that name and passes it on compressed).
+
+    At most ``limit + 1`` bytes come out, however small the input (the caller refuses a body
+    above ``limit``: no gzip bomb is expanded in memory).
+
+    Raises:
+        httpx.DecodingError: the bytes are not gzip (as httpx's own gzip decoder raises it).
+    """
+    decompressor = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    produced = 0
+    try:
+        async for chunk in chunks:
+            data = chunk
+            while data and produced <= limit:
+                out = decompressor.decompress(data, limit + 1 - produced)
+                produced += len(out)
+                if out:
+                    yield out
+                data = decompressor.unconsumed_tail
+        if produced <= limit and (rest := decompressor.flush()):
+            yield rest
+    except zlib.error as exc:
+        raise httpx.DecodingError(f"x-gzip body: {exc}") from exc
+
+
 _COMPRESSIONS = frozenset({"gzip", "x-gzip", "deflate", "br", "zstd", "compress", "x-compress", "dcb", "dcz", "exi",
                            "pack200-gzip"})
 #: Statuses whose body is the page asked for (203: a proxy's transformed copy of a 200).
@@ -707,6 +735,13 @@ class PageFetcher:
                 f"{self.client.headers.get('accept-encoding', 'identity')}", http_status=status, attempts=attempt,
             )
         limit = self.policy.max_body_bytes
+        if "x-gzip" in (codings := [c.strip().lower() for c in headers.get("content-encoding", "").split(",")]):
+            if status != 304 and codings != ["x-gzip"]:  # httpx would decode the others around it, in the wrong order
+                raise PermanentFetchError(
+                    url, "unsupported_content_encoding",
+                    f"Content-Encoding {headers['content-encoding']}: x-gzip is read alone only",
+                    http_status=status, attempts=attempt)
+            body = _x_gzip_decoded(body, limit)  # httpx has no decoder by that name: it passes it through
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             raise PermanentFetchError(

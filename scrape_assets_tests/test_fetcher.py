@@ -301,10 +301,11 @@ def test_invalid_url_is_permanent(url):
 # --- redirects -----------------------------------------------------------------------------
 
 
-def test_same_host_redirect_is_followed():
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_same_host_redirect_is_followed(status):
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/old":
-            return httpx.Response(301, headers={"Location": "new?page=2"})
+            return httpx.Response(status, headers={"Location": "new?page=2"})
         return httpx.Response(200, text="moved here")
 
     harness = Harness(handler)
@@ -716,6 +717,38 @@ def test_trickling_server_hits_the_total_deadline():
     assert 1.0 <= took_s < 10
 
 
+def _x_gzip(body: bytes, extra: bytes = b"") -> Responder:
+    async def respond(n: int, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Encoding: x-gzip\r\n"
+                     + extra + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        await writer.drain()
+
+    return respond
+
+
+@pytest.mark.timeout(30)
+def test_an_x_gzip_body_is_decoded_as_gzip_within_the_body_limit():
+    """RFC 9110 §8.4.1.3: x-gzip is gzip. httpx has no decoder by that name and passed the
+    compressed bytes on as the page (which parses to no products)."""
+    import gzip
+
+    page = b"<html>" + b"caf\xc3\xa9 " * 2000 + b"</html>"
+    result, _, _ = _fetch_from(_x_gzip(gzip.compress(page)), _socket_policy())
+    assert isinstance(result, FetchedPage) and result.body == page
+    bomb = gzip.compress(b"\0" * 50_000_000)  # 50 MB from ~50 KB: refused, never expanded whole
+    result, requests, _ = _fetch_from(_x_gzip(bomb), _socket_policy(max_body_bytes=1_000_000))
+    assert isinstance(result, PermanentFetchError) and (result.reason, requests) == ("body_too_large", 1)
+    result, _, _ = _fetch_from(_x_gzip(b"not gzip at all"), _socket_policy(max_attempts=1))
+    assert isinstance(result, TransientFetchError) and result.reason == "decoding_error"
+
+
+def test_x_gzip_with_another_coding_is_refused():
+    harness = Harness(sequence(httpx.Response(200, headers={"Content-Encoding": "x-gzip, gzip"}, content=b"\x1f\x8b")))
+    with pytest.raises(PermanentFetchError) as raised:
+        harness.fetch()
+    assert raised.value.reason == "unsupported_content_encoding" and "x-gzip is read alone only" in raised.value.detail
+
+
 @pytest.mark.timeout(30)
 def test_connection_refused_is_a_connection_error():
     with socket.socket() as probe:  # find a port nobody listens on
@@ -886,3 +919,29 @@ def test_an_earlier_runs_back_off_is_waited_out_first_and_each_retry_is_reported
     capped = Harness(sequence(httpx.Response(200, content=b"ok")))
     capped.fetch(wait_s=10_000.0)
     assert capped.sleeps == [max(POLICY.retry_after_max_s, POLICY.backoff_max_s)]  # a clock gone wrong waits no longer
+
+
+# Boundaries a mutation audit found unpinned (each test fails on its mutation).
+def test_a_203_is_a_page_not_retried():
+    harness = Harness(sequence(httpx.Response(203, text="<html>ok</html>")))  # a proxy's transformed copy of a 200
+    page = harness.fetch()
+    assert (page.http_status, page.body, len(harness.requests)) == (203, b"<html>ok</html>", 1)
+
+
+def test_a_lower_case_weak_etag_matches_the_saved_strong_one():
+    from types import SimpleNamespace
+
+    from scrape_assets.fetcher import validators_differ
+
+    saved = SimpleNamespace(etag='"abc"', last_modified=None)
+    assert validators_differ({"etag": 'w/"abc"'}, saved) is None
+    assert validators_differ({"etag": 'W/"abc"'}, saved) is None
+    assert validators_differ({"etag": 'w/"abd"'}, saved) is not None
+
+
+def test_a_validator_with_control_characters_is_not_kept():
+    from scrape_assets.fetcher import sendable_validator
+
+    assert sendable_validator('"abc"') == '"abc"'
+    assert [sendable_validator(v) for v in ('"a\x01b"', '"a\tb"', '"ab\x7f"')] == [None, None, None]
+

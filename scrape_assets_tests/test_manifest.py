@@ -714,3 +714,16 @@ def test_the_data_version_changes_with_a_pages_number_or_the_url_it_was_redirect
     assert version({1: done(1, "a"), 2: failed, 3: done(3, "b")}) == base  # the same content: the same version
     assert version({1: done(1, "a"), 2: done(2, "b"), 3: dataclasses.replace(failed, url="http://x/t/page-3.html")}) != base
     assert version({1: done(1, "a", "http://x/moved/page-1.html"), 2: failed, 3: done(3, "b")}) != base
+
+
+def test_crawl_progress_keeps_one_decimal_of_a_rate_below_ten():
+    from scrape_assets.crawl import CrawlProgress
+
+    now = [0.0]
+    lines: list[str] = []
+    progress = CrawlProgress(1, lines.append, every_s=2.0, clock=lambda: now[0])
+    progress.planned("a", 10)
+    for _ in range(5):
+        now[0] += 0.4
+        progress.page_done()  # 5 pages in 2 s
+    assert lines == ["5/10 pages done, 0 failed for good; 0/1 categories complete; 2.5 pages/s"]

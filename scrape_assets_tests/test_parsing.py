@@ -777,3 +777,10 @@ def test_iso_8859_9_reads_as_windows_1254_as_browsers_do():
 
     assert sniff_charset(b"", "text/html; charset=ISO-8859-9") == "cp1254"  # WHATWG Encoding Standard
     assert "\u20ac 12,50" in decode_html(b"<p>\x80 12,50</p>", "text/html; charset=iso-8859-9")
+
+
+def test_a_single_quoted_charset_parameter_is_read():
+    from scrape_assets.content_type import header_charset
+
+    assert header_charset("text/html; charset='koi8-r'") == "koi8-r"
+    assert header_charset('text/html; charset="koi8-r"') == "koi8-r"

@@ -162,3 +162,20 @@ def test_backoff_caps_retry_after():
 def test_backoff_rejects_attempt_below_one(attempt):
     with pytest.raises(ValueError, match="attempt must be >= 1"):
         _delay(attempt, random.Random(0))
+
+
+def test_a_zoneless_retry_after_date_is_utc_on_a_machine_in_another_zone(monkeypatch):
+    """asctime dates carry no zone; HTTP dates are UTC (RFC 9110 §5.6.7), whatever TZ says."""
+    import datetime
+    import time
+
+    from scrape_assets.retry import parse_retry_after
+
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        now = datetime.datetime(1994, 11, 6, 8, 49, 0, tzinfo=datetime.timezone.utc)
+        assert parse_retry_after("Sun Nov  6 08:49:37 1994", now) == 37.0
+    finally:
+        monkeypatch.undo()
+        time.tzset()

@@ -728,3 +728,49 @@ def test_a_page_unasked_for_max_days_without_request_is_asked_again(tmp_path, in
     # sitemap: per page; first_page: all or nothing, so every page is asked.
     assert asked == (["index.html", "page-3.html"] if mode == "sitemap"
                      else ["index.html", "page-2.html", "page-3.html", "page-4.html"])
+
+
+def test_a_half_hour_zone_offset_counts_its_minutes():
+    import datetime
+
+    from scrape_assets.sitemap import parse_lastmod
+
+    utc = datetime.timezone.utc
+    assert parse_lastmod("2026-12-02T10:30:00+05:30") == datetime.datetime(2026, 12, 2, 5, 0, tzinfo=utc)
+    assert parse_lastmod("2026-12-02T10:30:00-09:30") == datetime.datetime(2026, 12, 2, 20, 0, tzinfo=utc)
+
+
+class _DocumentsFetcher:
+    """What load_sitemap uses of a fetcher: ``fetch(url, on_attempt=..., headers=..., validators_url=...)``."""
+
+    def __init__(self, docs: dict[str, bytes]):
+        self.docs = docs
+        self.asked: list[str] = []
+
+    async def fetch(self, url, *, on_attempt=None, headers=None, validators_url=None):
+        from scrape_assets.fetcher import FetchedPage
+
+        self.asked.append(url)
+        if on_attempt is not None:
+            await on_attempt(1)
+        return FetchedPage(url=url, final_url=url, http_status=200, headers={}, body=self.docs[url],
+                           elapsed_ms=0.0, attempts=1)
+
+
+def test_an_index_reads_at_most_max_children_and_counts_the_rest_skipped():
+    """A huge or hostile index costs at most MAX_CHILD_SITEMAPS requests."""
+    import asyncio
+
+    from scrape_assets.sitemap import MAX_CHILD_SITEMAPS, load_sitemap
+
+    ns = 'xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"'
+    base = "https://shop.example/"
+    children = [f"{base}s{i}.xml" for i in range(MAX_CHILD_SITEMAPS + 3)]
+    docs = {base + "index.xml": (f"<sitemapindex {ns}>" + "".join(f"<sitemap><loc>{c}</loc></sitemap>" for c in children)
+                                 + "</sitemapindex>").encode()}
+    for i, child in enumerate(children):
+        docs[child] = f"<urlset {ns}><url><loc>{base}p{i}.html</loc><lastmod>2026-12-01</lastmod></url></urlset>".encode()
+    fetcher = _DocumentsFetcher(docs)
+    sitemap = asyncio.run(load_sitemap(fetcher, base + "index.xml"))
+    assert len(fetcher.asked) == 1 + MAX_CHILD_SITEMAPS
+    assert (sitemap.requests, sitemap.urls, sitemap.skipped) == (1 + MAX_CHILD_SITEMAPS, MAX_CHILD_SITEMAPS, 3)

@@ -220,25 +220,37 @@ async def _x_gzip_decoded(chunks: AsyncIterator[bytes], limit: int) -> AsyncIter
     """The body of a ``Content-Encoding: x-gzip`` response decompressed (RFC 9110 §8.4.1.3:
     the same as gzip, but httpx has no decoder by that name and passes it on compressed).
 
-    At most ``limit + 1`` bytes come out, however small the input (the caller refuses a body
-    above ``limit``: no gzip bomb is expanded in memory).
+    Every member of a multi-member stream is read (RFC 1952 §2.2); bytes after the last one
+    that start no member are ignored, as gzip(1) ignores them. At most ``limit + 1`` bytes
+    come out, however small the input (the caller refuses a body above ``limit``: no gzip
+    bomb is expanded in memory).
 
     Raises:
-        httpx.DecodingError: the bytes are not gzip (as httpx's own gzip decoder raises it).
+        httpx.DecodingError: the bytes are not gzip, or the stream stops before its end (a
+            body cut short inside a complete HTTP message), as httpx's gzip errors are.
     """
     decompressor = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-    produced = 0
+    produced, held, received, ignoring = 0, b"", False, False
     try:
         async for chunk in chunks:
-            data = chunk
-            while data and produced <= limit:
+            data, held = held + chunk, b""
+            received = received or bool(data)
+            while data and produced <= limit and not ignoring:
+                if decompressor.eof:  # a member ended: another may follow
+                    if len(data) < 2:
+                        held = data  # too short to tell
+                        break
+                    if not data.startswith(b"\x1f\x8b"):
+                        ignoring = True
+                        break
+                    decompressor = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
                 out = decompressor.decompress(data, limit + 1 - produced)
                 produced += len(out)
                 if out:
                     yield out
-                data = decompressor.unconsumed_tail
-        if produced <= limit and (rest := decompressor.flush()):
-            yield rest
+                data = decompressor.unused_data if decompressor.eof else decompressor.unconsumed_tail
+        if produced <= limit and received and not decompressor.eof:
+            raise httpx.DecodingError("x-gzip body: the gzip stream ends before its end (cut short?)")
     except zlib.error as exc:
         raise httpx.DecodingError(f"x-gzip body: {exc}") from exc
 

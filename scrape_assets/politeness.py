@@ -120,24 +120,26 @@ def _origin_robots_url(scheme: str, host: str, port: int | None) -> str:
 
 _FIRST_PRODUCT = re.compile(r"[^\s/()]+")
 #: A product with a version anywhere in the header, a comment's too ("compatible; acmebot/1.0"):
-#: an RFC 9110 token right after the start, a space, "(" or ";", followed by "/". A URL's
-#: parts ("+https://bot.example/info") are not: ":" is no token character, "bot.example"
-#: follows a "/".
-_PRODUCT = re.compile(r"(?:^|(?<=[\s(;]))([A-Za-z0-9!#$%&'*+.^_`|~-]+)/")
+#: an RFC 9110 token without a dot, right after the start, a space, "(", ";" or ",", followed
+#: by "/" and a digit. A URL's parts are not: "+https://bot.example/info" (":" is no token
+#: character, "bot.example" follows a "/"), "acme.example/contact" (a dot), "Build/IML74K"
+#: (no digit).
+_PRODUCT = re.compile(r"(?:^|(?<=[\s(;,]))([A-Za-z0-9!#$%&'*+^_`|~-]+)/(?=\d)")
 
 
 @functools.lru_cache(maxsize=8)
 def robots_agent_names(user_agent: str) -> str:
     """The names robots.txt groups are matched against, space-separated: the ``User-Agent``
     header's products (RFC 9110 §10.1.5: ``product = token ["/" product-version]``), the
-    first one always and any other with a version, inside a comment too, but no other word
-    of a comment (RFC 9309 §2.2.1 matches a crawler's product token).
+    first one and any other with a numbered version, inside a comment too, but no other
+    word of a comment (RFC 9309 §2.2.1 matches a crawler's product token).
 
     ``"scrape_assets/0.1.0 (polite catalogue crawler)"`` gives ``"scrape_assets"``;
     ``"Mozilla/5.0 (compatible; acmebot/1.0; +https://acme.example/bot)"`` gives
-    ``"Mozilla acmebot"``, so a site's ``User-agent: acmebot`` group applies and a
-    ``User-agent: crawler`` group does not. A header that does not start with a product
-    (``"(bot)"``) is used whole.
+    ``"acmebot"`` (a header starting ``Mozilla/`` is the browser-compatible form crawlers
+    use: the bot is the product it names, not ``Mozilla``), so a site's ``User-agent:
+    acmebot`` group applies and a ``User-agent: crawler`` group does not. A header that
+    does not start with a product (``"(bot)"``) is used whole.
     """
     text = user_agent.strip()
     first = _FIRST_PRODUCT.match(text)
@@ -147,6 +149,8 @@ def robots_agent_names(user_agent: str) -> str:
     for name in _PRODUCT.findall(text):
         if name.lower() not in (n.lower() for n in names):
             names.append(name)
+    if len(names) > 1 and names[0].lower() == "mozilla":
+        names.pop(0)
     return " ".join(names)
 
 

@@ -740,6 +740,17 @@ def test_an_x_gzip_body_is_decoded_as_gzip_within_the_body_limit():
     assert isinstance(result, PermanentFetchError) and (result.reason, requests) == ("body_too_large", 1)
     result, _, _ = _fetch_from(_x_gzip(b"not gzip at all"), _socket_policy(max_attempts=1))
     assert isinstance(result, TransientFetchError) and result.reason == "decoding_error"
+    # A stream cut short inside a complete HTTP message is no page (half its products would vanish).
+    stream = gzip.compress(page)
+    for cut in (stream[: len(stream) // 2], stream[:-4]):  # inside the data; the trailer's size
+        result, _, _ = _fetch_from(_x_gzip(cut), _socket_policy(max_attempts=1))
+        assert isinstance(result, TransientFetchError) and result.reason == "decoding_error", cut[-8:]
+    # Several members (RFC 1952 §2.2) are all read; bytes after the last that start none are ignored.
+    half = len(page) // 2
+    members = gzip.compress(page[:half]) + gzip.compress(page[half:])
+    for body in (members, members + b"\0\0trailing"):
+        result, _, _ = _fetch_from(_x_gzip(body), _socket_policy())
+        assert isinstance(result, FetchedPage) and result.body == page
 
 
 def test_x_gzip_with_another_coding_is_refused():

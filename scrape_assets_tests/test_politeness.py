@@ -115,8 +115,11 @@ def test_groups_match_the_user_agents_products_not_words_of_its_comment():
         False, False, False)  # acmebot's group: everything disallowed
     assert robots_agent_names(DEFAULT_USER_AGENT) == "scrape_assets"
     assert robots_agent_names("  acme-prices/1.0 (+mailto:ops@example.com)") == "acme-prices"
-    assert robots_agent_names("Mozilla/5.0 (compatible; acmebot/1.0; +https://acme.example/bot)") == "Mozilla acmebot"
+    assert robots_agent_names("Mozilla/5.0 (compatible; acmebot/1.0; +https://acme.example/bot)") == "acmebot"
+    assert robots_agent_names("Mozilla/5.0 (compatible,barbot/2.1)") == "barbot"
+    assert robots_agent_names("Mozilla/5.0 (Linux; Android 4.0; Build/IML74K)") == "Mozilla"  # no bot named
     assert robots_agent_names("acme (bot; https://acme.example/x/y)") == "acme"
+    assert robots_agent_names("scrape_assets/0.1 (+acme.example/contact; www.acme.example/bot)") == "scrape_assets"
     assert robots_agent_names("(no product)") == "(no product)"
 
 

@@ -1293,3 +1293,20 @@ def test_bad_settings_stop_dagster_asset_materialize_before_it_creates_a_run(tmp
         assert "secret-token" not in done.stderr + done.stdout, name
         with dg.DagsterInstance.from_config(str(home)) as instance:
             assert instance.get_runs() == [], name  # stopped before a run was created
+
+
+def test_this_runs_figures_take_the_304s_not_the_unchanged_pages():
+    """cli.py run_figures: 'This run' counts pages answered 304 (pages_not_modified), which
+    differs from pages whose body came back unchanged (pages_unchanged)."""
+    import types
+
+    from scrape_assets.cli import run_figures
+
+    raw = {"requests_made": 40, "pages_done": 38, "pages_failed": 0, "pages_not_modified": 5,
+           "pages_unchanged": 30, "pages_assumed_unchanged": 0}
+    event = types.SimpleNamespace(materialization=dg.AssetMaterialization(
+        "raw_pages", partition="travel", metadata=raw))
+    result = types.SimpleNamespace(success=True, get_asset_materialization_events=lambda: [event],
+                                   get_asset_check_evaluations=lambda: [])
+    figures = run_figures(result)
+    assert (figures["requests_made"], figures["pages_not_modified"], figures["pages_done"]) == (40, 5, 38)

@@ -239,3 +239,23 @@ def test_partition_locks_are_taken_in_sorted_order_and_each_once(tmp_path, monke
     with locks.partition_locks(store, "demo", ["travel", "mystery", "art"], owner="r", scope="raw_pages"):
         pass
     assert taken == ["art", "mystery", "travel"]
+
+
+def test_a_locked_partition_fails_raw_pages_once_without_retries(tmp_path, instance, monkeypatch):
+    """raw_pages.py: PartitionLockedError is in the allow_retries=False list: another run
+    holding the partition's lock fails the step once, not three more times after backoff."""
+    from scrape_assets_tests.conftest import make_resources, materialize
+
+    from scrape_assets.defs.resources import ObjectStoreResource
+    from scrape_assets.errors import PartitionLockedError
+
+    def locked(self, context, site):
+        raise PartitionLockedError(f"{site}/travel", "raw_pages of run abcdef12")
+
+    monkeypatch.setattr(ObjectStoreResource, "locks", locked)
+    res = make_resources(tmp_path, base_url="http://127.0.0.1:9/")
+    result = materialize(instance, res, ["travel"], selection=["raw_pages"], raise_on_error=False)
+    assert not result.success
+    assert not any(e.event_type_value in ("STEP_UP_FOR_RETRY", "STEP_RESTARTED") for e in result.all_events)
+    (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert "is being written by another run" in failure.step_failure_data.user_failure_data.description

@@ -183,3 +183,28 @@ def test_a_second_signal_cuts_the_cleanup_short():
         run_interruptible(slow_cleanup())
     assert raised.value.signal_name == "SIGTERM" and isinstance(raised.value.__cause__, KeyboardInterrupt)
     assert time.monotonic() - started < 3
+
+
+def test_a_signal_before_the_loop_runs_never_starts_the_crawl(monkeypatch):
+    """interrupts.py: a signal arriving after the handlers are set but before the loop runs
+    the coroutine: the coroutine never runs (no page fetched), CrawlInterrupted is raised."""
+    import asyncio
+
+    import scrape_assets.interrupts as interrupts
+
+    ran = []
+
+    async def crawl():
+        ran.append(True)
+        return "done"
+
+    real_run = asyncio.run
+
+    def run_after_a_signal(coro):
+        signal.raise_signal(signal.SIGTERM)  # handled by on_signal before the loop starts
+        return real_run(coro)
+
+    monkeypatch.setattr(interrupts.asyncio, "run", run_after_a_signal)
+    with pytest.raises(interrupts.CrawlInterrupted, match="SIGTERM"):
+        interrupts.run_interruptible(crawl())
+    assert ran == []

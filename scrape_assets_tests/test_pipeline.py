@@ -1234,3 +1234,69 @@ def test_a_retried_load_does_not_count_a_load_committed_before_its_first_attempt
     logged = [e.user_message for e in instance.all_logs(result.run_id) if e.user_message]
     assert any("travel: unchanged input: products not reloaded" in m for m in logged)
     assert not any("earlier attempt" in m for m in logged)
+
+
+def test_a_retried_load_counts_the_rows_its_earlier_attempt_carried_forward(tmp_path, instance):
+    """products_table.py: a category loaded by an earlier attempt of the step counts, in the
+    run's figures, the rows that load carried forward (rows in table - rows parsed)."""
+    import types
+
+    import logging
+
+    from scrape_assets.defs.assets.products_table import load_categories
+    from scrape_assets.extract import load_parse_state, load_parsed
+    from scrape_assets.manifest import load_manifest, utc_now_iso
+    from scrape_assets.storage import ObjectStore
+    from scrape_assets.warehouse import Warehouse, products
+
+    res = make_resources(tmp_path)
+    assert materialize(instance, res, ["travel"], selection=["raw_pages", "parsed_products"]).success
+    store = ObjectStore(str(tmp_path / "objects"))
+    wh = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}")
+    wh.create_tables()
+    state = load_parse_state(store, "demo", "travel")
+    rows = load_parsed(store, load_manifest(store, "demo", "travel", state.snapshot_id),
+                       decimal_prices=not wh.accepts_decimal_strings).products
+    day = state.latest_snapshot_id[:10]
+    gone = {**rows[0], "product_id": "no-longer-listed", "url": rows[0]["url"] + "#gone",
+            "snapshot_id": "2000-01-01T000000Z"}
+    wh.load_products("travel", [*rows, gone], input_version="older", snapshot_id="2000-01-01T000000Z",
+                     loaded_at="2000-01-01T00:00:00Z", history_date="2000-01-01",
+                     history_snapshot_id="2000-01-01T000000Z")
+    started = utc_now_iso()
+    # The first attempt's load: the product not seen this time is carried forward.
+    assert wh.load_products("travel", rows, input_version=state.input_version, snapshot_id=state.snapshot_id,
+                            loaded_at=utc_now_iso(), history_date=day, history_snapshot_id=state.latest_snapshot_id,
+                            carry_unseen=True) == (len(rows), 1)
+    context = types.SimpleNamespace(log=logging.getLogger("probe"))
+    totals, loaded, in_table, problems = load_categories(context, ["travel"], res["site"], res["store"], wh,
+                                                         step_started_at=started)
+    assert totals == {"rows_loaded": len(rows), "partitions_reloaded": 1, "rows_carried_forward": 1}
+    assert in_table == {"travel": len(rows) + 1} and problems == []
+
+
+def test_a_materialization_that_cannot_tell_its_snapshot_never_lets_a_snapshot_be_adopted(instance):
+    """raw_pages.py InterruptedRunSnapshots: 'Never adopted ... when the latest
+    materialization cannot tell which snapshot it recorded' (no by_category entry, or one
+    without snapshot_id, e.g. an event written by an older version)."""
+    from scrape_assets.defs.assets.raw_pages import InterruptedRunSnapshots
+    from scrape_assets.manifest import Manifest
+
+    instance.add_run(dg.DagsterRun(job_name="daily_scrape_job", run_id="died", status=dg.DagsterRunStatus.FAILURE))
+    instance.report_runless_asset_event(dg.AssetMaterialization("raw_pages", partition="classics",
+                                                                metadata={"pages_done": 3}))
+    instance.report_runless_asset_event(dg.AssetMaterialization(
+        "raw_pages", partition="poetry", metadata={"by_category": dg.MetadataValue.json({"poetry": {"pages_done": 3}})}))
+    adopt = InterruptedRunSnapshots(instance)
+    for category in ("classics", "poetry"):
+        assert not adopt(Manifest(site="demo", category=category, snapshot_id="s2", fetch_config={},
+                                  fetch_config_hash="h", start_url="http://x/", run_id="died")), category
+
+
+def test_a_run_with_no_page_attempted_has_a_success_rate_of_one():
+    """raw_pages.py crawl_metadata: no page attempted is not a failure (success_rate 1.0,
+    what the collapse sensor and --min-success-rate read), not 0."""
+    from scrape_assets.defs.assets.raw_pages import crawl_metadata
+
+    totals, by_category = crawl_metadata([])
+    assert totals["success_rate"] == 1.0 and totals["pages_attempted"] == 0 and by_category == {}

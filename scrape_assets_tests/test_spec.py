@@ -271,3 +271,22 @@ def test_first_page_revalidation_without_the_page_list_is_refused(tmp_path):
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(SpecError, match="revalidate 'first_page' needs pagination.pager and pagination.page_url"):
         load_spec(str(path))
+
+
+def test_a_document_with_many_problems_counts_those_not_listed():
+    """yaml_models.py: the first problem, MAX_MORE others listed, and '; and N more' counting
+    only those left out."""
+    import pydantic
+
+    from scrape_assets.errors import SpecError
+    from scrape_assets.yaml_models import MAX_MORE, parse_yaml_model
+
+    class Model(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="forbid")
+        a: int = 0
+
+    text = "\n".join(f"k{i}: 1" for i in range(MAX_MORE + 3))  # 1 first + MAX_MORE listed + 2 more
+    with pytest.raises(SpecError) as info:
+        parse_yaml_model(text, "x.yaml", Model)
+    assert str(info.value).count("unknown key") == 1 + MAX_MORE
+    assert "; and 2 more)" in str(info.value)

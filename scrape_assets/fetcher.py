@@ -214,11 +214,15 @@ def build_client(
     )
 
 
-#: Content codings that compress (IANA HTTP Content Coding Registry): a body in one the client
-#: did not offer cannot be read.
-async def _x_gzip_decoded(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
-    """The body of a ``Content-Encoding: x-gzip`` response decompressed (RFC 9110 §8.4.1.3:
-    the same as gzip, but httpx has no decoder by that name and passes it on compressed).
+def _gzip_alone(content_encoding: str) -> bool:
+    """Whether a ``Content-Encoding`` value is gzip (or x-gzip) alone: the body :func:`_gzip_decoded` reads."""
+    return content_encoding.strip().lower() in ("gzip", "x-gzip")
+
+
+async def _gzip_decoded(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
+    """The body of a ``Content-Encoding: gzip`` (or ``x-gzip``, RFC 9110 §8.4.1.3) response
+    decompressed. Not httpx's decoder: it has none for ``x-gzip`` (it passes such a body on
+    compressed), and for ``gzip`` it accepts a stream cut short and reads only its first member.
 
     Every member of a multi-member stream is read (RFC 1952 §2.2); bytes after the last one
     that start no member are ignored, as gzip(1) ignores them. At most ``limit + 1`` bytes
@@ -250,11 +254,13 @@ async def _x_gzip_decoded(chunks: AsyncIterator[bytes], limit: int) -> AsyncIter
                     yield out
                 data = decompressor.unused_data if decompressor.eof else decompressor.unconsumed_tail
         if produced <= limit and received and not decompressor.eof:
-            raise httpx.DecodingError("x-gzip body: the gzip stream ends before its end (cut short?)")
+            raise httpx.DecodingError("gzip body: the stream ends before its end (cut short?)")
     except zlib.error as exc:
-        raise httpx.DecodingError(f"x-gzip body: {exc}") from exc
+        raise httpx.DecodingError(f"gzip body: {exc}") from exc
 
 
+#: Content codings that compress (IANA HTTP Content Coding Registry): a body in one the client
+#: did not offer cannot be read.
 _COMPRESSIONS = frozenset({"gzip", "x-gzip", "deflate", "br", "zstd", "compress", "x-compress", "dcb", "dcz", "exi",
                            "pack200-gzip"})
 #: Statuses whose body is the page asked for (203: a proxy's transformed copy of a 200).
@@ -721,12 +727,15 @@ class PageFetcher:
             headers.update(request_headers)
             direct = await transport.get(target, headers, self.client.timeout.as_dict())
             try:
-                return await self._read(url, attempt, progress, direct.status, direct.headers, direct.aiter_bytes())
+                gzipped = _gzip_alone(direct.headers.get("content-encoding", ""))
+                return await self._read(url, attempt, progress, direct.status, direct.headers,
+                                        direct.aiter_raw() if gzipped else direct.aiter_bytes())
             finally:
                 direct.release()
         async with self.client.stream("GET", target, headers=request_headers, follow_redirects=False) as response:
+            gzipped = _gzip_alone(response.headers.get("content-encoding", ""))
             return await self._read(url, attempt, progress, response.status_code, response.headers,
-                                    response.aiter_bytes())
+                                    response.aiter_raw() if gzipped else response.aiter_bytes())
 
     async def _read(
         self, url: str, attempt: int, progress: _Progress, status: int, response_headers: httpx.Headers,
@@ -747,13 +756,13 @@ class PageFetcher:
                 f"{self.client.headers.get('accept-encoding', 'identity')}", http_status=status, attempts=attempt,
             )
         limit = self.policy.max_body_bytes
-        if "x-gzip" in (codings := [c.strip().lower() for c in headers.get("content-encoding", "").split(",")]):
-            if status != 304 and codings != ["x-gzip"]:  # httpx would decode the others around it, in the wrong order
-                raise PermanentFetchError(
-                    url, "unsupported_content_encoding",
-                    f"Content-Encoding {headers['content-encoding']}: x-gzip is read alone only",
-                    http_status=status, attempts=attempt)
-            body = _x_gzip_decoded(body, limit)  # httpx has no decoder by that name: it passes it through
+        if _gzip_alone(encoding := headers.get("content-encoding", "")):
+            body = _gzip_decoded(body, limit)  # the raw bytes were asked for (_download)
+        elif status != 304 and "x-gzip" in (c.strip().lower() for c in encoding.split(",")):
+            # httpx has no decoder by that name: it would pass it on, between the others it decodes
+            raise PermanentFetchError(
+                url, "unsupported_content_encoding", f"Content-Encoding {encoding}: x-gzip is read alone only",
+                http_status=status, attempts=attempt)
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             raise PermanentFetchError(

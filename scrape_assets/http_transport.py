@@ -159,6 +159,10 @@ class DirectResponse:
                                   stream=_ResponseStream(self._response, request, chain=self._chain)).aiter_bytes()
         return _body_chunks(self._response, self._request, self._chain)
 
+    def aiter_raw(self) -> AsyncIterator[bytes]:
+        """The body as sent (still encoded), chunk by chunk as it arrives."""
+        return _body_chunks(self._response, self._request, self._chain)
+
     def release(self) -> None:
         """Return a fully read connection to the pool; close one whose body was not read to the end."""
         self._response.release()

@@ -42,8 +42,8 @@ from urllib.parse import urlsplit
 from scrape_assets.errors import SettingsError, UnknownSiteError, UnreadableFileError
 from scrape_assets.proxies import ProxyURL
 from scrape_assets.spec import (  # noqa: F401 - base_url_problem re-exported
-    _host,
     base_url_problem,
+    http_host,
     MAX_CONCURRENCY,
     MAX_REQUESTS_PER_SECOND,
     MIN_REQUESTS_PER_SECOND,
@@ -229,7 +229,7 @@ def load_settings(env: dict | None = None) -> Settings:
     if webhook and not webhook.startswith(("http://", "https://")):
         # The value is a secret: name the variable, not the URL.
         raise SettingsError("SCRAPE_ALERT_WEBHOOK_URL", "<hidden>", "an http(s) URL")
-    if webhook and (not _host(webhook) or any(c.isspace() or not c.isprintable() for c in webhook)):
+    if webhook and (not http_host(webhook) or any(c.isspace() or not c.isprintable() for c in webhook)):
         # Else every alert would fail to send (httpx refuses it), found only when one is due.
         raise SettingsError("SCRAPE_ALERT_WEBHOOK_URL", "<hidden>", "an http(s) URL with a host, a numeric port if "
                                                                  "any, and no space or control character (a \\r "

@@ -55,7 +55,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
-def _host(url: str) -> str | None:
+def http_host(url: str) -> str | None:
     """The host name of an absolute http(s) URL (None: another scheme, no host, a port that is not a number, or unparsable)."""
     try:
         parts = urlsplit(url)
@@ -69,9 +69,9 @@ def base_url_problem(url: str) -> str | None:
     """What a fetch base URL (``SCRAPE_BASE_URL``, the ``site`` resource's ``base_url``) should be,
     when ``url`` is not that; None when it is. The value itself is never in the text (user
     info or a query may hold a secret)."""
-    if not _host(url):
+    if not http_host(url):
         return "an absolute http(s) URL with a host, e.g. http://127.0.0.1:8000/"
-    parts = urlsplit(url)  # parsable: _host read it
+    parts = urlsplit(url)  # parsable: http_host read it
     if "@" in parts.netloc:
         # Every page would be refused (credentials are not sent) and the URL stored in manifests and dead letters.
         return "a URL without user:password@ (credentials in URLs are not sent; a site behind a login is out of scope)"
@@ -287,6 +287,13 @@ class Incremental(_Strict):
 DEFAULT_MAX_REJECTED_SHARE = 0.05
 
 
+def _from_0_to_1(value: float, what: str, example: str) -> float:
+    """``value`` when it lies in [0, 1]; else the ValueError pydantic reports, naming ``what``."""
+    if not 0 <= value <= 1:
+        raise ValueError(f"expected {what} from 0 to 1 ({example}), got {value}")
+    return value
+
+
 class Validation(_Strict):
     """Site-specific thresholds of the schema check (``parsed_products_match_schema``).
 
@@ -302,9 +309,7 @@ class Validation(_Strict):
     @field_validator("max_rejected_share")
     @classmethod
     def _a_fraction(cls, value: float) -> float:
-        if not 0 <= value <= 1:
-            raise ValueError(f"expected a fraction from 0 to 1 (0.05 is 5%), got {value}")
-        return value
+        return _from_0_to_1(value, "a fraction", "0.05 is 5%")
 
 
 class Collapse(_Strict):
@@ -323,10 +328,8 @@ class Collapse(_Strict):
 
     @field_validator("floor", "max_drop")
     @classmethod
-    def _a_fraction(cls, value: float) -> float:
-        if not 0 <= value <= 1:
-            raise ValueError(f"expected a success rate from 0 to 1 (0.9 is 90%), got {value}")
-        return value
+    def _a_rate(cls, value: float) -> float:
+        return _from_0_to_1(value, "a success rate", "0.9 is 90%")
 
 
 class SiteSpec(_Strict):

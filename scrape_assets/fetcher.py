@@ -214,11 +214,6 @@ def build_client(
     )
 
 
-def _gzip_alone(content_encoding: str) -> bool:
-    """Whether a ``Content-Encoding`` value is gzip (or x-gzip) alone: the body :func:`_gzip_decoded` reads."""
-    return content_encoding.strip().lower() in ("gzip", "x-gzip")
-
-
 async def _gzip_decoded(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
     """The body of a ``Content-Encoding: gzip`` (or ``x-gzip``, RFC 9110 §8.4.1.3) response
     decompressed. Not httpx's decoder: it has none for ``x-gzip`` (it passes such a body on
@@ -727,15 +722,21 @@ class PageFetcher:
             headers.update(request_headers)
             direct = await transport.get(target, headers, self.client.timeout.as_dict())
             try:
-                gzipped = _gzip_alone(direct.headers.get("content-encoding", ""))
                 return await self._read(url, attempt, progress, direct.status, direct.headers,
-                                        direct.aiter_raw() if gzipped else direct.aiter_bytes())
+                                        self._body(direct.headers, direct.aiter_raw, direct.aiter_bytes))
             finally:
                 direct.release()
         async with self.client.stream("GET", target, headers=request_headers, follow_redirects=False) as response:
-            gzipped = _gzip_alone(response.headers.get("content-encoding", ""))
             return await self._read(url, attempt, progress, response.status_code, response.headers,
-                                    response.aiter_raw() if gzipped else response.aiter_bytes())
+                                    self._body(response.headers, response.aiter_raw, response.aiter_bytes))
+
+    def _body(self, headers: httpx.Headers, raw: Callable[[], AsyncIterator[bytes]],
+              decoded: Callable[[], AsyncIterator[bytes]]) -> AsyncIterator[bytes]:
+        """The body's chunks, decoded: gzip or x-gzip alone by :func:`_gzip_decoded` (from the
+        raw bytes; at most ``max_body_bytes + 1`` of output), any other coding by httpx."""
+        if headers.get("content-encoding", "").strip().lower() in ("gzip", "x-gzip"):
+            return _gzip_decoded(raw(), self.policy.max_body_bytes)
+        return decoded()
 
     async def _read(
         self, url: str, attempt: int, progress: _Progress, status: int, response_headers: httpx.Headers,
@@ -756,12 +757,12 @@ class PageFetcher:
                 f"{self.client.headers.get('accept-encoding', 'identity')}", http_status=status, attempts=attempt,
             )
         limit = self.policy.max_body_bytes
-        if _gzip_alone(encoding := headers.get("content-encoding", "")):
-            body = _gzip_decoded(body, limit)  # the raw bytes were asked for (_download)
-        elif status != 304 and "x-gzip" in (c.strip().lower() for c in encoding.split(",")):
+        codings = [c.strip().lower() for c in headers.get("content-encoding", "").split(",")]
+        if status != 304 and "x-gzip" in codings and codings != ["x-gzip"]:
             # httpx has no decoder by that name: it would pass it on, between the others it decodes
             raise PermanentFetchError(
-                url, "unsupported_content_encoding", f"Content-Encoding {encoding}: x-gzip is read alone only",
+                url, "unsupported_content_encoding",
+                f"Content-Encoding {headers['content-encoding']}: x-gzip is read alone only",
                 http_status=status, attempts=attempt)
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:

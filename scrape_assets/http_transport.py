@@ -157,7 +157,7 @@ class DirectResponse:
             request = self._request()
             return httpx.Response(self.status, headers=self._response.raw_headers, request=request,
                                   stream=_ResponseStream(self._response, request, chain=self._chain)).aiter_bytes()
-        return _body_chunks(self._response, self._request, self._chain)
+        return self.aiter_raw()
 
     def aiter_raw(self) -> AsyncIterator[bytes]:
         """The body as sent (still encoded), chunk by chunk as it arrives."""

@@ -310,11 +310,12 @@ def _raw_pages(
     except StorageError as exc:
         raise dg.Failure(description=f"{exc}; nothing fetched", allow_retries=not storage_refused(exc)) from exc
     try:
+        name = site.spec().name  # (a spec edited since the definitions loaded: SpecError, below)
         wh = warehouse.warehouse()
         try:
             with wh:
                 # Before any request: its load would be refused (claim_site's checks, reading only).
-                wh.check_site(site.spec().name, owns=has_snapshot(store.store(), site.spec().name))
+                wh.check_site(name, owns=has_snapshot(store.store(), name))
         except sa.exc.SQLAlchemyError as exc:
             # Down, locked, unreachable: the RetryPolicy tries again. A file that is not a
             # database, tables of another shape, a refused login: no retry helps (may_recover).
@@ -324,7 +325,7 @@ def _raw_pages(
             f"fetching {counted(len(categories), 'category')} from {site.describe_route()}"
         )
         sitemaps = []
-        with store.locks(context, site.spec().name), store.host_lock(context, site.fetch_base_url()):
+        with store.locks(context, name), store.host_lock(context, site.fetch_base_url()):
             reports = run_interruptible(  # a signal cancels the crawl (asyncio.run could drop Dagster's interrupt)
                 crawl_partitions(
                     site, store, categories, new_snapshot=config.new_snapshot, log=context.log, run_id=context.run_id,

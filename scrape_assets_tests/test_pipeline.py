@@ -490,6 +490,38 @@ def test_a_page_that_lost_every_card_is_a_dead_letter_of_the_held_back_category(
     assert Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(dead_letters) == []
 
 
+def test_rejected_cards_keep_the_snapshot_they_were_parsed_from_until_the_next_parse(tmp_path, instance):
+    """A new snapshot fetched (``raw_pages`` alone) but not parsed yet: ``dead_letters`` still
+    lists the last parse's rejected cards, stamped with the snapshot that parse read, never
+    with the newer one (whose pages, fixed here, hold no such card)."""
+    broken = _serve("rules:\n  - {match: 'mystery_3/page-2\\.html$', fault: layout_changed}\n")
+    try:
+        res = make_resources(tmp_path, base_url=broken.base_url)
+        materialize(instance, res, ["mystery"], raise_on_error=False)
+        assert materialize(instance, res, ["mystery"], selection=["dead_letters"]).success
+    finally:
+        broken.shutdown()
+        broken.server_close()
+    store = ObjectStore(str(tmp_path / "objects"))
+    first = latest_manifest(store, "demo", "mystery").snapshot_id
+    letters = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(dead_letters)
+    assert [(r["stage"], r["snapshot_id"]) for r in letters] == [("parse", first)] * 12
+    healthy = _serve("rules: []\n", broken.server_address[1])
+    try:
+        assert materialize(instance, res, ["mystery"], selection=["raw_pages"],
+                           run_config={"ops": {"raw_pages": {"config": {"new_snapshot": True}}}}).success
+        second = latest_manifest(store, "demo", "mystery", complete=True).snapshot_id
+        assert second != first
+        assert materialize(instance, res, ["mystery"], selection=["dead_letters"]).success
+        letters = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(dead_letters)
+        assert [(r["stage"], r["snapshot_id"]) for r in letters] == [("parse", first)] * 12
+        assert materialize(instance, res, ["mystery"]).success  # parsed: the fixed page's cards pass
+    finally:
+        healthy.shutdown()
+        healthy.server_close()
+    assert Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").rows(dead_letters) == []
+
+
 def test_dead_letters_of_pages_name_what_the_schema_refused():
     from scrape_assets.defs.assets.dead_letters import NO_CARD_REASON, UNRECOGNISED_REASON, page_parse_failure
 
@@ -618,7 +650,7 @@ def test_dead_letters_leaves_a_partition_without_dead_letters_as_it_is(tmp_path,
     letter = {"category": "travel", "url": "http://x/", "stage": "parse", "reason": "no price", "http_status": None,
               "attempts": 0, "snapshot_id": "s0", "recorded_at": "2026-01-01T00:00:00+00:00"}
     with monkeypatch.context() as patched:
-        patched.setattr(asset_module, "dead_letter_rows", lambda manifest, rejects, pages=(): [letter])
+        patched.setattr(asset_module, "dead_letter_rows", lambda manifest, rejects, pages=(), parsed_from=None: [letter])
         assert run_dead_letters(read=False) == 1
     assert json.loads(letters_file.read_text()) == [letter]
     assert transactions == ["travel"]

@@ -32,7 +32,8 @@ def page_parse_failure(page: dict) -> str | None:
     return None
 
 
-def dead_letter_rows(manifest: Manifest, parse_rejects: list[dict], parsed_pages: list[dict] = ()) -> list[dict]:
+def dead_letter_rows(manifest: Manifest, parse_rejects: list[dict], parsed_pages: list[dict] = (),
+                     parsed_snapshot_id: str | None = None) -> list[dict]:
     """Rows ``category, url, stage, reason, http_status, attempts, snapshot_id, recorded_at``.
 
     ``recorded_at`` is when the failure was recorded: a failed page's ``failed_at`` in the
@@ -41,18 +42,23 @@ def dead_letter_rows(manifest: Manifest, parse_rejects: list[dict], parsed_pages
     rejected come from ``parsed.json`` (stage ``parse``), as do pages of ``parsed_pages``
     that hold no card while the site says they list products, or that are no listing at
     all (:func:`page_parse_failure`; stage ``parse``, with the page's HTTP status and attempts).
+    ``snapshot_id`` is the manifest's, except for the rejected cards when ``parsed_snapshot_id``
+    names the snapshot the parse stands for (older than the manifest when ``raw_pages`` ran
+    and ``parsed_products`` has not yet: the cards are that parse's, not the new pages').
     """
     now = utc_now_iso()
 
-    def row(url: str, stage: str, reason: str, http_status: int | None, attempts: int, recorded_at: str) -> dict:
+    def row(url: str, stage: str, reason: str, http_status: int | None, attempts: int, recorded_at: str,
+            snapshot_id: str = manifest.snapshot_id) -> dict:
         return {"category": manifest.category, "url": url, "stage": stage, "reason": reason,
-                "http_status": http_status, "attempts": attempts, "snapshot_id": manifest.snapshot_id,
+                "http_status": http_status, "attempts": attempts, "snapshot_id": snapshot_id,
                 "recorded_at": recorded_at}
 
     rows = [row(entry.url, "fetch", entry.last_error or "failed", entry.http_status, entry.attempts,
                 entry.failed_at or now)  # (a manifest older than failed_at: now)
             for _, entry in sorted(manifest.pages.items()) if entry.status == "failed"]
-    rows += [row(reject["url"], "parse", reject["reason"], None, 0, now) for reject in parse_rejects]
+    rows += [row(reject["url"], "parse", reject["reason"], None, 0, now, parsed_snapshot_id or manifest.snapshot_id)
+             for reject in parse_rejects]
     for page in parsed_pages:
         if (reason := page_parse_failure(page)) and (entry := manifest.pages.get(page["page_number"])) is not None:
             rows.append(row(entry.url, "parse", reason, entry.http_status, entry.attempts, now))
@@ -114,7 +120,7 @@ def dead_letters(
                 counts[category] = 0
                 continue
             state = load_parse_state(object_store, spec.name, category)
-            rejects, pages = [], []
+            rejects, pages, parsed_from = [], [], None
             # parsed.json is read only when it may hold dead letters: rejected cards, or pages the
             # schema refused (a passing category's pages all passed its page guards). A category
             # never parsed has its fetch dead letters only (the manifest's failed pages).
@@ -123,7 +129,8 @@ def dead_letters(
                 # Pages by number: only when the parse stands for this manifest (same pages).
                 failing = not state.validated and state.latest_snapshot_id == manifest.snapshot_id
                 rejects, pages = current.rejects, (current.pages if failing else [])
-            rows = dead_letter_rows(manifest, rejects, pages)
+                parsed_from = state.latest_snapshot_id
+            rows = dead_letter_rows(manifest, rejects, pages, parsed_from)
             if rows and in_table.get(category):
                 rows = keep_recorded_at(rows, wh.rows(dead_letters_table, category))
             object_store.sweep_temp_files(manifest.prefix, names=["dead_letters.json"])  # left by a crash

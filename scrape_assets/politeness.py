@@ -24,7 +24,7 @@ requests with exponential backoff, full jitter and ``Retry-After`` honoured
 (:func:`~scrape_assets.retry.backoff_delay_s`); the last answer then decides as above, so
 one dropped connection does not refuse every page of the host for the run. The pages of
 that origin wait meanwhile: with a dead origin, up to ``max_attempts`` times the request
-deadline plus the backoff. The next run fetches robots.txt again.
+deadline plus the backoff (a redirected robots.txt: the deadline of each hop, as for pages). The next run fetches robots.txt again.
 Refusing is a decision, not an error, so :meth:`RobotsCache.check` returns a
 :class:`RobotsDecision` whose ``reason`` tells the crawler which dead-letter reason to record.
 ``Crawl-delay`` is not part of RFC 9309 and is not honoured: the site spec's politeness
@@ -165,7 +165,9 @@ class RobotsCache:
             page request does (not while it waits to retry).
         deadline_s: total seconds allowed for one robots.txt request including its body (a
             server trickling bytes never trips httpx's per-read timeout); past it that
-            attempt failed.
+            attempt failed. Each redirect hop is one request with its own deadline, as a
+            page's is (the fetcher's ``deadline_s``): an attempt that follows redirects may
+            take up to ``client.max_redirects + 1`` deadlines.
         max_attempts: robots.txt requests per origin per run when they answer 407, 429, 5xx,
             time out or fail to connect (``>= 1``; 1: never retried); after the last the
             origin is "unreachable".

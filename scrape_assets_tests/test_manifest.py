@@ -727,3 +727,61 @@ def test_crawl_progress_keeps_one_decimal_of_a_rate_below_ten():
         now[0] += 0.4
         progress.page_done()  # 5 pages in 2 s
     assert lines == ["5/10 pages done, 0 failed for good; 0/1 categories complete; 2.5 pages/s"]
+
+
+def test_a_resumed_snapshot_records_the_run_that_reopened_it(tmp_path):
+    """open_snapshot saves a resumed incomplete manifest when its run_id changes: a run that
+    dies before its first full save still left its id on the snapshot (raw_pages' adoption and
+    the re-execution rules read it)."""
+    store = ObjectStore(str(tmp_path))
+    first, resumed = _open(store, fetch_config=CONFIG, now=T0, run_id="run-1")
+    assert not resumed
+    again, resumed = _open(store, fetch_config=CONFIG, now=T0 + timedelta(minutes=5), run_id="run-2")
+    assert resumed and again.snapshot_id == first.snapshot_id
+    assert load_manifest(store, "demo", "travel", first.snapshot_id).run_id == "run-2"
+
+
+def test_retry_time_is_rounded_up_to_the_second_and_never_in_the_past():
+    from scrape_assets.manifest import retry_time, seconds_until
+
+    assert retry_time(1.5, now=T0) == "2026-11-30T08:45:14Z"  # 08:45:13.5 rounded up, not down
+    assert retry_time(2, now=T0) == "2026-11-30T08:45:14Z"
+    assert retry_time(0.000001, now=T0) == "2026-11-30T08:45:13Z"
+    assert retry_time(-30, now=T0) == "2026-11-30T08:45:12Z"
+    assert seconds_until(retry_time(1.5, now=T0), now=T0) >= 1.5
+
+
+def test_the_data_version_reads_a_utf8_label_as_utf_8():
+    """``charset=utf8`` is UTF-8 as ``charset=UTF-8`` is: a site changing between those labels
+    (or none) does not change the data version, and with it force a re-parse and reload."""
+    def version(content_type):
+        page = PageEntry(url="http://x/t/index.html", status="done", content_hash="sha256:ab", content_type=content_type)
+        return Manifest(site="demo", category="travel", snapshot_id="2026-11-30T084512Z", fetch_config=CONFIG,
+                        fetch_config_hash="h", start_url="http://x/t/index.html", pages={1: page}).data_version
+
+    assert version("text/html; charset=utf8") == version("text/html; charset=UTF-8") == version("text/html")
+    assert version("text/html; charset=windows-1252") != version("text/html")
+
+
+def test_a_manifest_of_another_format_version_is_refused(tmp_path):
+    """A manifest written by a later format (or without one) is not read as this one."""
+    store = ObjectStore(str(tmp_path))
+    manifest, _ = _open(store, fetch_config=CONFIG, now=T0)
+    data = json.loads(store.read_bytes(manifest.key))
+    for fmt, shown in ((2, "2"), (None, "None")):
+        store.write_bytes_atomic(manifest.key, json.dumps({**data, "format": fmt}).encode())
+        with pytest.raises(ManifestError, match=f"format {shown}, expected 1; restore it, or move its folder"):
+            load_manifest(store, "demo", "travel", manifest.snapshot_id)
+
+
+def test_has_snapshot_answers_no_for_an_id_that_is_no_storage_key(tmp_path):
+    """partition_loads rows are checked with has_snapshot before a site claims old tables: a
+    snapshot id that cannot even be a key (hand-edited, another tool's) is "not ours", not an error."""
+    from scrape_assets.manifest import has_snapshot
+
+    store = ObjectStore(str(tmp_path))
+    manifest, _ = _open(store, fetch_config=CONFIG, now=T0)
+    owns = has_snapshot(store, "demo")
+    assert owns("travel", manifest.snapshot_id) is True
+    assert owns("travel", "2026-01-01T000000Z") is False
+    assert owns("travel", "../../etc") is False and owns("a b", manifest.snapshot_id) is False

@@ -550,3 +550,61 @@ def test_within_deadline_does_not_swallow_a_cancel_that_arrives_as_the_work_ends
         return "swallowed"
 
     assert asyncio.run(main()) == "cancelled"
+
+
+def test_robots_txt_is_read_up_to_512_kib_and_the_rest_is_dropped():
+    """RFC 9309 §2.5: at least the first 500 KiB are parsed; ours reads 512 KiB
+    (ROBOTS_MAX_BYTES) and drops what follows, even when it arrived in the same chunk."""
+    from scrape_assets.politeness import ROBOTS_MAX_BYTES
+
+    head, edge, late = "User-agent: *\nDisallow: /private/\n", "Disallow: /edge/\n", "Disallow: /late/\n"
+    room = ROBOTS_MAX_BYTES - len(head) - len(edge)
+    padding = ("#" * 99 + "\n") * (room // 100) + "#" * (room % 100 - 1) + "\n"
+    body = head + padding + edge + late
+    assert len((head + padding + edge).encode()) == ROBOTS_MAX_BYTES  # /edge/ ends the 512 KiB, /late/ follows
+
+    async def main():
+        cache = RobotsCache()
+        async with _client(_robots_handler(200, body)) as client:
+            return [(await cache.check(client, f"http://shop.test/{path}/a.html", UA)).allowed
+                    for path in ("private", "edge", "late", "catalogue")]
+
+    assert asyncio.run(main()) == [False, False, True, True]
+
+
+def test_a_request_error_of_no_known_kind_is_retried_as_a_network_failure():
+    """An httpx.RequestError that retry.classify_exception does not know (a TypeError there)
+    is taken for a network failure: retried, not the origin refused at once."""
+    requests: list[httpx.Request] = []
+    sleeps = _Sleeps()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        requests.append(request)
+        if len(requests) == 1:
+            raise httpx.RequestError("something odd", request=request)
+        return httpx.Response(200, text=ROBOTS)
+
+    async def main():
+        cache = RobotsCache(max_attempts=3, sleep=sleeps, rng=random.Random(7))
+        async with _client(handler) as client:
+            return (await cache.check(client, "http://shop.test/private/x.html", UA),
+                    await cache.check(client, "http://shop.test/catalogue/", UA))
+
+    private, public = asyncio.run(main())
+    assert (private.allowed, private.reason, public.allowed) == (False, "robots_disallowed", True)
+    assert len(requests) == 2 and len(sleeps) == 1
+
+
+@pytest.mark.parametrize("status", [203, 204])
+def test_any_2xx_robots_txt_is_parsed_not_only_200(status):
+    """RFC 9309 §2.3.1.1: a successful (2xx) answer is the file; a 203 from a caching proxy
+    or a 204 (an empty file: everything allowed) is not "unreachable"."""
+    async def main():
+        cache = RobotsCache()
+        async with _client(_robots_handler(status, ROBOTS if status != 204 else "")) as client:
+            return (await cache.check(client, "http://shop.test/private/x.html", UA),
+                    await cache.check(client, "http://shop.test/catalogue/", UA))
+
+    private, public = asyncio.run(main())
+    assert (public.allowed, public.reason, public.detail) == (True, None, "allowed by robots.txt")
+    assert (private.allowed, private.reason) == ((False, "robots_disallowed") if status == 203 else (True, None))

@@ -211,3 +211,70 @@ def test_a_crawl_makes_its_page_bodies_durable_before_it_declares_the_snapshot_c
     [report] = crawl_demo(tmp_path / "objects", ["mystery"])  # 2 pages
     prefix = f"demo/mystery/{report.snapshot_id}"
     assert events.index(f"sync {prefix}/pages") < events.index("manifest complete")
+
+
+def test_the_temp_file_is_fsynced_before_it_is_renamed_over_the_target(tmp_path, monkeypatch):
+    """The rename must not reach the disk before the bytes it points to: after a power loss the
+    target would be the new name of a file whose content was never written (zero-length)."""
+    store = ObjectStore(str(tmp_path))
+    store.write_bytes_atomic("s/c/snap/manifest.json", b"old")
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def recording_fsync(fd):
+        events.append("fsync folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file")
+        real_fsync(fd)
+
+    def recording_replace(src, dst):
+        events.append(f"rename to {os.path.basename(dst)}")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "replace", recording_replace)
+    store.write_bytes_atomic("s/c/snap/manifest.json", b"new")
+    assert events == ["fsync file", "rename to manifest.json", "fsync folder"]
+    assert store.read_bytes("s/c/snap/manifest.json") == b"new"
+
+
+def test_sweep_leaves_objects_whose_own_name_ends_in_tmp(tmp_path):
+    """Only the temp files of atomic writes (".<name>.<hex>.tmp", hidden) are orphans: an object
+    whose key ends in ".tmp" (a valid key) is data."""
+    store = ObjectStore(str(tmp_path))
+    store.write_bytes_atomic("s/c/snap/export.tmp", b"data")
+    orphan = tmp_path / "s/c/snap/.parsed.json.0a1b.tmp"
+    orphan.write_bytes(b"half")
+    assert store.sweep_temp_files("s/c/snap") == 1
+    assert not orphan.exists() and store.read_bytes("s/c/snap/export.tmp") == b"data"
+
+
+def test_a_read_only_file_system_is_a_refusal_a_full_disk_is_not(tmp_path, monkeypatch):
+    """EROFS (a read-only mount) is no failure a retry fixes: the write probe says the storage is
+    not writable; a full disk or an I/O error may pass, and is reported as a failed probe."""
+    import errno
+
+    from scrape_assets.storage import refusal
+
+    assert refusal(OSError(errno.EROFS, "Read-only file system"))
+    assert not refusal(OSError(errno.ENOSPC, "No space left on device"))
+    assert not refusal(OSError(errno.EIO, "Input/output error"))
+    store = ObjectStore(str(tmp_path / "objects"))
+    for code, said in ((errno.EROFS, "object storage is not writable"), (errno.ENOSPC, "its write probe failed")):
+        def failing_replace(src, dst, code=code):
+            raise OSError(code, os.strerror(code))
+
+        monkeypatch.setattr(os, "replace", failing_replace)
+        with pytest.raises(StorageError) as info:
+            store.ensure_writable()
+        monkeypatch.undo()
+        assert f"{store.describe()}: {said}: " in str(info.value)
+        assert refusal(info.value.__cause__) is (code == errno.EROFS)
+
+
+def test_a_remote_listing_outside_the_prefix_is_refused_not_turned_into_keys(tmp_path):
+    """An object store may list the prefix itself when it is an object (a file where a folder
+    was expected): list_files refuses the listing rather than name a key such as "s/c/snap/"
+    that delete_listed would then be asked to remove."""
+    store = ObjectStore(f"memory://bucket-{tmp_path.name}/root")
+    store.write_bytes_atomic("s/c/snap", b"x")
+    with pytest.raises(StorageError, match="outside"):
+        store.list_files("s/c/snap")

@@ -577,7 +577,6 @@ def _sqlite_error(url: str, sql: str, *, holder: str | None = None) -> sa.exc.SQ
     raise AssertionError(f"{sql!r} did not fail")
 
 
-@pytest.mark.skipif(sys.version_info < (3, 11), reason="sqlite3 gives result codes from Python 3.11")
 def test_may_recover_tells_a_locked_or_missing_sqlite_database_from_one_no_retry_helps(tmp_path):
     url = f"sqlite:///{tmp_path / 'w.db'}"
     with sqlite3.connect(tmp_path / "w.db") as conn:
@@ -711,3 +710,70 @@ def test_a_sqlite_warehouse_in_memory_or_at_a_relative_path_is_refused(tmp_path,
     if "absolute path" in expected:
         assert f"(this one is {tmp_path}/" in str(refused.value)
     assert list(tmp_path.iterdir()) == []  # no file or folder made
+
+
+def test_may_recover_reads_the_primary_code_of_an_extended_sqlite_error(tmp_path):
+    """A WAL reader whose snapshot went stale before it wrote gets SQLITE_BUSY_SNAPSHOT (517, an
+    extended SQLITE_BUSY): the busy handler does not retry it, a new transaction succeeds."""
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    with sqlite3.connect(tmp_path / "w.db") as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("CREATE TABLE t (a INTEGER)")
+    conn.close()
+    stale, other = sa.create_engine(url), sa.create_engine(url)
+    try:
+        with stale.connect() as reader:
+            reader.exec_driver_sql("BEGIN")
+            reader.exec_driver_sql("SELECT count(*) FROM t").scalar_one()  # the read snapshot is taken
+            with other.begin() as writer:
+                writer.exec_driver_sql("INSERT INTO t VALUES (1)")
+            with pytest.raises(sa.exc.OperationalError) as info:
+                reader.exec_driver_sql("INSERT INTO t VALUES (2)")
+            reader.rollback()
+    finally:
+        stale.dispose()
+        other.dispose()
+    assert info.value.orig.sqlite_errorcode == 517 and "database is locked" in str(info.value)
+    assert may_recover(info.value)
+
+
+def test_a_writers_connection_syncs_normally_in_wal_and_a_readers_changes_nothing(tmp_path):
+    """synchronous=NORMAL: WAL's setting that keeps every commit through a crash of the process
+    (a power loss may lose the last ones) without an fsync per commit."""
+    path = tmp_path / "w.db"
+    with Warehouse(f"sqlite:///{path}") as wh, wh.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL (FULL is 2)
+        wh.create_tables()
+    with Warehouse(f"sqlite:///{path}", create=False) as reader, reader.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30000
+
+
+def test_an_empty_wal_file_beside_a_warehouse_in_an_unwritable_folder_still_reads_it_as_immutable(tmp_path, monkeypatch):
+    """Only a -wal with content holds commits the file lacks: an empty one (left by a copy, or a
+    checkpoint that truncated it) does not stop the immutable read, which needs no -shm."""
+    import scrape_assets.warehouse as warehouse_module
+
+    path = tmp_path / "w.db"
+    with Warehouse(f"sqlite:///{path}") as writer:
+        writer.load_products("a", [_row("a", "1"), _row("a", "2")], input_version="v", snapshot_id="s1",
+                             loaded_at="t", history_date="2026-12-01", history_snapshot_id="s1")
+    (tmp_path / "w.db-wal").write_bytes(b"")
+    monkeypatch.setattr(warehouse_module, "_folder_writable", lambda folder: folder != tmp_path)
+    with Warehouse(f"sqlite:///{path}", create=False) as reader, reader.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(products)).scalar_one() == 2
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["w.db", "w.db-wal"]  # no -shm: read as immutable
+
+
+def test_rows_of_loaded_snapshots_leaves_carried_rows_out(tmp_path):
+    wh = Warehouse(f"sqlite:///{tmp_path / 'w.db'}")
+
+    def load(snapshot, ids, *, partial):
+        rows = [{**_row("a", pid), "snapshot_id": snapshot} for pid in ids]
+        return wh.load_products("a", rows, input_version=snapshot, snapshot_id=snapshot, loaded_at="t",
+                                history_date="2026-12-01", history_snapshot_id=snapshot, carry_unseen=partial)
+
+    assert load("s1", ["A", "B", "C"], partial=False) == (3, 0)
+    assert load("s2", ["A"], partial=True) == (1, 2)  # B and C carried from s1
+    assert wh.rows_by_category(products) == {"a": 3}
+    assert wh.rows_of_loaded_snapshots(["a", "b"]) == {"a": 1}
+    wh.close()

@@ -36,13 +36,16 @@ def send_alert(text: str, *, webhook_url: str | None, fields: dict | None = None
     # Encoded here, not by httpx (strict UTF-8): a lone surrogate (a file name's undecodable
     # byte in an error message, say) is sent as "?" instead of raising UnicodeEncodeError.
     body = json.dumps({"text": text, **(fields or {})}, ensure_ascii=False).encode("utf-8", errors="replace")
+    # Scheme, host and port only; a URL without "://" (a typo such as "https//hooks...") has no
+    # host redact_url could tell from its secret path, so none of it is shown.
+    shown = redact_url(webhook_url, keep_path=False) if "://" in webhook_url else "(not shown: no scheme://)"
     try:
         response = httpx.post(webhook_url, content=body, headers={"Content-Type": "application/json"},
                               timeout=timeout_s)
     except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL is no HTTPError ("https://h:44a/", a "\r")
-        logger.error("alert webhook %s unreachable: %s", redact_url(webhook_url, keep_path=False), type(exc).__name__)
+        logger.error("alert webhook %s unreachable: %s", shown, type(exc).__name__)
         return False
     if response.is_success:
         return True
-    logger.error("alert webhook %s answered HTTP %s", redact_url(webhook_url, keep_path=False), response.status_code)
+    logger.error("alert webhook %s answered HTTP %s", shown, response.status_code)
     return False

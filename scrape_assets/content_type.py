@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-_HEADER_CHARSET = re.compile(r"""charset\s*=\s*["']?\s*([^"';,\s]+)""", re.IGNORECASE)
+_HEADER_CHARSET = re.compile(r"""(?<![\w-])charset\s*=\s*["']?\s*([^"';,\s]+)""", re.IGNORECASE)
 
 
 def header_charset(content_type: str | None) -> str | None:

@@ -122,7 +122,7 @@ def host_lock(
     Raises:
         PartitionLockedError: still held after ``wait_s``.
     """
-    _scheme, host_name, port = _origin(host)
+    _scheme, host_name, port = host_origin(host)
     name = _host_lock_name(host_name, port)
     host = f"{host_name}:{port}" if port else host_name  # for messages: no user info (a password), no path
     return _flock(
@@ -135,7 +135,7 @@ def host_lock(
     )
 
 
-def _origin(url_or_netloc: str) -> tuple[str, str, int | None]:
+def host_origin(url_or_netloc: str) -> tuple[str, str, int | None]:
     """``(scheme, host, port)`` as a host is one host: user info dropped, the host in lower
     case, IDNA-encoded, without a trailing dot; a scheme's default port made explicit."""
     parts = urlsplit(url_or_netloc if "://" in url_or_netloc else "//" + url_or_netloc)
@@ -155,7 +155,7 @@ def host_lock_name(url_or_netloc: str) -> str:
     """The host lock's name for a URL or ``host[:port]``: one per host and port however it is
     spelled (``Example.com``, ``example.com.``, ``example.com:80`` from ``http://``, its
     Unicode or punycode form); a long host name hashed to fit a storage key segment."""
-    _scheme, host, port = _origin(url_or_netloc)
+    _scheme, host, port = host_origin(url_or_netloc)
     return _host_lock_name(host, port)
 
 

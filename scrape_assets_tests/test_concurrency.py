@@ -171,6 +171,20 @@ def test_parallel_processes_load_sqlite_without_database_is_locked(tmp_path):
         assert load_manifest(store, "demo", c, snapshot).is_complete
 
 
+def test_one_host_is_one_pool_however_its_url_spells_it():
+    """As one host lock (locks.host_lock_name): an explicit default port, a trailing dot, upper
+    case, the Unicode form of a punycode name all name the host's one pool (else two runs
+    with S3 storage could fetch from it at once)."""
+    from scrape_assets.defs.pools import host_pool
+
+    assert {host_pool(u) for u in ("https://Shop.Example.:443/", "https://shop.example/", "HTTPS://SHOP.EXAMPLE")} == {
+        "scrape-host-shop.example"}
+    assert host_pool("http://bücher.example/") == host_pool("http://xn--bcher-kva.example:80/") == (
+        "scrape-host-xn--bcher-kva.example")
+    assert host_pool("https://shop.example:80/") == "scrape-host-shop.example:80"  # not https' default
+    assert host_pool("http://[::1]:8000/") == "scrape-host-[::1]:8000"
+
+
 def test_the_daemon_frees_the_pool_slot_a_killed_run_kept_once_the_run_is_failed(tmp_path, monkeypatch):
     """With S3 storage, raw_pages runs in the host's pool: a killed run must not keep its one slot forever.
 

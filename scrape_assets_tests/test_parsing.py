@@ -344,6 +344,16 @@ def test_legacy_labels_decode_as_browsers_decode_them(label, text):
     assert decode_html(f'<meta charset="{label}">'.encode() + body).endswith(f"<p>{text}</p>")
 
 
+
+@pytest.mark.parametrize("content_type", ["text/html; Charset=windows-1251", "TEXT/HTML; CHARSET=WINDOWS-1251",
+                                          "text/html;charset = 'windows-1251'"])
+def test_the_charset_parameter_name_is_case_insensitive(content_type):
+    """RFC 9110 §5.6.6: a parameter's name is matched case-insensitively (servers send "Charset=")."""
+    from scrape_assets.content_type import header_charset
+
+    assert header_charset(content_type).lower() == "windows-1251"
+    assert decode_html("<p>Книга</p>".encode("cp1251"), content_type) == "<p>Книга</p>"
+
 def test_a_meta_named_content_type_counts_only_when_nothing_else_names_a_charset():
     """Browsers ignore <meta name="Content-Type">; pages write it. Alone it is all there is to go by."""
     named = b'<meta name="Content-Type" content="text/html; charset=windows-1251">'
@@ -784,3 +794,13 @@ def test_a_single_quoted_charset_parameter_is_read():
 
     assert header_charset("text/html; charset='koi8-r'") == "koi8-r"
     assert header_charset('text/html; charset="koi8-r"') == "koi8-r"
+
+
+def test_only_the_charset_parameter_names_the_charset_not_one_ending_in_charset():
+    """A parameter whose name ends in "charset" (``x-charset``, ``origcharset``) is another
+    parameter: the label is the ``charset`` one's, wherever it stands."""
+    from scrape_assets.content_type import header_charset
+
+    assert header_charset("text/html; x-charset=koi8-r; charset=utf-8") == "utf-8"
+    assert header_charset("text/html; origcharset=koi8-r") is None
+    assert header_charset("charset=utf-8") == "utf-8"

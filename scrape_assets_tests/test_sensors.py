@@ -200,6 +200,27 @@ def test_a_category_removed_from_the_spec_is_not_alerted(monkeypatch):
     assert sorted(json.loads(cursor)["state"]["collapsed"]) == ["rate:mystery", "rate:travel", "rate:whole run"]
 
 
+
+def test_partition_events_that_repeat_their_runs_table_count_each_category_once(monkeypatch):
+    """Events recorded before per-partition tables: each partition's raw_pages event carries the
+    whole run's by_category. A run of two categories is one observation of each, not two (a
+    doubled history would weigh that run twice in the median a sharp drop is measured from)."""
+    from scrape_assets.defs import sensors
+
+    first, second = (_raw_pages_event(n, {"travel": 1.0, "mystery": 0.0}, 0.5) for n in (1, 2))
+    second.run_id = first.run_id  # the run's two partitions, one event each
+
+    def records(instance, asset, cursor):
+        if asset != "raw_pages" or cursor:
+            return [], cursor
+        return [first, second], "2"
+
+    monkeypatch.setattr(sensors, "_new_records", records)
+    alerts, cursor = sensors.evaluate(None, json.dumps({}))
+    assert sorted(alerts) == ["mystery: success rate 0% is below the floor 90%",
+                              "whole run: success rate 50% is below the floor 90%"]
+    assert json.loads(cursor)["state"]["history"] == {"mystery": [0.0], "travel": [1.0], "whole run": [0.5]}
+
 def test_the_collapse_sensor_reads_the_specs_categories_and_rules_at_each_tick(tmp_path, monkeypatch, caplog):
     """A category added to the spec after the code location loaded is not forgotten, nor an
     edited collapse rule; a spec that cannot be read now falls back to the partition keys and
@@ -332,6 +353,46 @@ def test_alerts_the_webhook_refused_are_sent_with_the_next_evaluation(tmp_path, 
     _tick(instance, cursor, webhook_server.url)
     assert len(webhook_server.received) == 2  # delivered once
 
+
+
+def test_while_the_webhook_refuses_the_newest_alerts_are_kept_and_held_since_the_first_refusal(
+        tmp_path, instance, webhook_server, monkeypatch):
+    """Beyond MAX_UNSENT held alerts the OLDEST go (the newest say how things are now), and
+    "held since" stays the time of the first refusal, not of the latest one."""
+    from scrape_assets.defs import sensors
+
+    monkeypatch.setattr(sensors, "MAX_UNSENT", 1)
+    clock = iter(["2026-11-30T02:00:00Z", "2026-11-30T02:01:00Z", "2026-11-30T02:02:00Z"])
+    monkeypatch.setattr(sensors, "utc_now_iso", lambda: next(clock))
+    dead = {c: make_resources(tmp_path / c, base_url=DEAD_HOST, max_attempts=1) for c in ("travel", "mystery")}
+    webhook_server.status = 500
+    assert materialize(instance, dead["travel"], ["travel"], selection=["raw_pages"]).success
+    cursor, _ = _tick(instance, None, webhook_server.url)
+    assert (json.loads(cursor)["unsent"], json.loads(cursor)["unsent_since"]) == (
+        ["travel: success rate 0% is below the floor 90%"], "2026-11-30T02:00:00Z")
+    assert materialize(instance, dead["mystery"], ["mystery"], selection=["raw_pages"]).success
+    cursor, result = _tick(instance, cursor, webhook_server.url)  # (logs that the oldest was dropped)
+    assert result.skip_message == "webhook refused 2 alert(s): kept for the next evaluation"
+    assert (json.loads(cursor)["unsent"], json.loads(cursor)["unsent_since"]) == (
+        ["mystery: success rate 0% is below the floor 90%"], "2026-11-30T02:00:00Z")
+    webhook_server.status = 200
+    cursor, _ = _tick(instance, cursor, webhook_server.url)
+    delivered = webhook_server.received[-1]
+    assert delivered["alerts"] == ["mystery: success rate 0% is below the floor 90%"]
+    assert "(some held since 2026-11-30T02:00:00Z: the webhook refused them then" in delivered["text"]
+    assert "unsent" not in json.loads(cursor) and len(webhook_server.received) == 3
+
+
+def test_without_a_webhook_an_alert_is_logged_once_not_kept_for_later(tmp_path, instance, caplog):
+    """No webhook: nothing can refuse the alert, so nothing is held and logged again at the next tick."""
+    assert materialize(instance, make_resources(tmp_path, base_url=DEAD_HOST, max_attempts=1), ["travel"],
+                       selection=["raw_pages"]).success
+    with caplog.at_level("WARNING"):
+        cursor, first = _tick(instance, None, None)
+        cursor, second = _tick(instance, cursor, None)
+    assert first.skip_message == "1 alert(s) logged (no webhook)" and second.skip_message == "no collapse"
+    assert "unsent" not in json.loads(cursor)
+    assert caplog.text.count("ALERT: scrape_assets collapse: travel: success rate 0% is below the floor 90%") == 1
 
 def test_one_message_lists_at_most_max_lines_alerts():
     from scrape_assets.defs.sensors import MAX_LINES, alert_message
@@ -549,6 +610,34 @@ def test_a_cron_firing_several_times_a_day_still_launches_one_run_that_day(insta
         assert isinstance(tick(30, 2), dg.RunRequest)  # the next day's first tick is not held back by it
         instance.delete_run(run.run_id)
 
+
+
+@pytest.mark.parametrize("status", [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING,
+                                    dg.DagsterRunStatus.CANCELING])
+def test_a_days_run_waiting_in_the_queue_or_about_to_start_or_stop_holds_that_days_later_ticks(instance, status):
+    """The shipped instance queues daily runs one at a time, so a day's run is most often
+    QUEUED when the day's second tick fires: launching another then would run the day twice."""
+    import uuid
+
+    from dagster._core.remote_origin import InProcessCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
+    from dagster._core.storage.dagster_run import DagsterRun
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+
+    # A queued run names the code it runs (the run queue launches it from there).
+    origin = RemoteJobOrigin(job_name="daily_scrape_job", repository_origin=RemoteRepositoryOrigin(
+        repository_name="__repository__", code_location_origin=InProcessCodeLocationOrigin(
+            loadable_target_origin=LoadableTargetOrigin(module_name="scrape_assets.definitions"))))
+
+    def tick(hour: int):
+        return daily_scrape_schedule(dg.build_schedule_context(
+            instance=instance, scheduled_execution_time=datetime(2026, 11, 29, hour, 0, tzinfo=timezone.utc)))
+
+    first = tick(2)
+    run = instance.run_storage.add_run(DagsterRun(job_name="daily_scrape_job", run_id=str(uuid.uuid4()),
+                                                  status=status, tags=first.tags, remote_job_origin=origin))
+    later = tick(8)
+    assert isinstance(later, dg.SkipReason)
+    assert later.skip_message == f"the run of 2026-11-29 is {status.value.lower()} (run {run.run_id}): one a day"
 
 def test_the_shipped_instance_queues_daily_runs_one_at_a_time_and_catches_up_one_day(tmp_path, monkeypatch):
     """A daily run still going when the next fires waits in the queue; missed days are not replayed."""
@@ -794,6 +883,26 @@ def test_held_back_load_sensor_skips_what_it_cannot_load_and_loads_the_rest(tmp_
     assert "classics (ManifestError" in alert["text"] and "load them with load_job if they passed" in alert["text"]
 
 
+
+def test_load_job_writes_the_products_table_and_the_dead_letters_of_what_was_parsed(tmp_path, instance):
+    """The follow-up of a held-back load: both tables (a passed category's failed pages are dead
+    letters too), no fetch and no parse."""
+    from scrape_assets.defs.assets.dead_letters import dead_letters as dead_letters_asset
+    from scrape_assets.defs.assets.parsed_products import parsed_products
+    from scrape_assets.defs.assets.products_table import products_table
+    from scrape_assets.defs.assets.raw_pages import raw_pages
+
+    res = make_resources(tmp_path)
+    assert materialize(instance, res, ["travel"], selection=["raw_pages", "parsed_products"]).success
+    job = dg.Definitions(assets=[raw_pages, parsed_products, products_table, dead_letters_asset], jobs=[load_job],
+                         resources=res).resolve_job_def("load_job")
+    result = job.execute_in_process(instance=instance, tags={"dagster/asset_partition_range_start": "travel",
+                                                             "dagster/asset_partition_range_end": "travel"})
+    assert result.success
+    assert {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()} == {
+        "products_table", "dead_letters"}
+    assert Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}").count(products, "travel") == 11
+
 def test_consecutive_ranges_follow_the_spec_order():
     from scrape_assets.defs.sensors import consecutive_ranges
 
@@ -946,6 +1055,20 @@ def test_a_webhook_that_refuses_or_cannot_be_reached_is_logged_without_its_secre
         "alert webhook http://127.0.0.1:1/… unreachable: ConnectError",
     ]
     assert "SECRET-TOKEN" not in caplog.text and "/hooks" not in caplog.text
+
+
+def test_a_webhook_url_mistyped_without_its_scheme_is_not_logged(caplog):
+    """A URL set on the alerts resource is not checked like SCRAPE_ALERT_WEBHOOK_URL: one
+    missing "://" ("https//hooks...") has no host to show apart from its secret path, so the
+    error line shows none of it."""
+    from scrape_assets.alerts import send_alert
+
+    with caplog.at_level(logging.ERROR, logger="scrape_assets.alerts"):
+        for typo in ("https//hooks.example/services/SECRET-TOKEN", "hooks.example/services/SECRET-TOKEN"):
+            assert not send_alert("travel: success rate 0%", webhook_url=typo)
+    assert [r.getMessage().split(" unreachable")[0] for r in caplog.records if r.levelno == logging.ERROR] == [
+        "alert webhook (not shown: no scheme://)"] * 2
+    assert "SECRET-TOKEN" not in caplog.text and "hooks" not in caplog.text
 
 
 def test_dead_letters_alone_records_the_fetch_dead_letters_of_a_category_never_parsed(tmp_path, instance):

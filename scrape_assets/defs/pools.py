@@ -3,7 +3,8 @@
 With object storage on a local disk, ``raw_pages`` keeps runs apart with a host flock
 (:func:`scrape_assets.locks.host_lock`), which the kernel releases when a run is killed.
 With remote storage (S3) there is no flock, so ``raw_pages`` runs in the Dagster pool
-``scrape-host-<host>`` (``<host>:<port>`` when the URL names a port) instead: with
+``scrape-host-<host>`` (``<host>:<port>`` when the URL names a port other than the
+scheme's default; the host spelled as :func:`host_pool` says) instead: with
 ``dagster.yaml``'s ``concurrency.pools.default_limit: 1`` (op granularity), at most one
 ``raw_pages`` step fetches from a host at any time across all runs of the instance
 ("blocked by concurrency limit" in the UI). Limit: a run killed with SIGKILL keeps its
@@ -13,16 +14,21 @@ slot a minute later (``run_monitoring: free_slots_after_run_end_seconds`` in
 with ``scrape-assets fail-run RUN_ID``. The flock needs none of this.
 """
 
-from urllib.parse import urlsplit
-
+from scrape_assets.locks import host_origin
 from scrape_assets.settings import load_settings
 from scrape_assets.spec import load_spec
 from scrape_assets.storage import ObjectStore
 
 
 def host_pool(base_url: str) -> str:
-    """Pool name of the host serving ``base_url`` (port included when not the default)."""
-    return f"scrape-host-{urlsplit(base_url).netloc.lower()}"
+    """Pool name of the host serving ``base_url``: ``scrape-host-<host>[:<port>]``, the port
+    when not the scheme's default (``https://Shop.example:8443/`` ->
+    ``scrape-host-shop.example:8443``). One pool per host however it is spelled, as one host
+    lock (:func:`scrape_assets.locks.host_lock_name`): lower case, IDNA (punycode), no
+    trailing dot, an explicit default port dropped; an IPv6 address in brackets."""
+    scheme, host, port = host_origin(base_url)
+    shown = f"[{host}]" if ":" in host else host
+    return f"scrape-host-{shown}" + (f":{port}" if port and port != {"http": 80, "https": 443}.get(scheme) else "")
 
 
 def configured_host_pool() -> str | None:

@@ -93,3 +93,12 @@ def test_a_drop_exactly_of_max_drop_does_not_alert(median, rate, alerts):
     for _ in range(3):
         assert observe_rate(state, "all", median, rules) is None
     assert (observe_rate(state, "all", rate, rules) is not None) is alerts
+
+
+def test_a_rate_exactly_at_the_floor_is_no_collapse():
+    """"Below the floor": 90% of pages done against a 90% floor is healthy, 89% is not."""
+    state = CollapseState()
+    assert observe_rate(state, "travel", 0.9, RULES) is None
+    assert observe_rate(state, "travel", 9 / 10, RULES) is None  # a success rate as the crawl computes it
+    assert state.collapsed == {}
+    assert observe_rate(state, "travel", 0.89, RULES) == "travel: success rate 89% is below the floor 90%"

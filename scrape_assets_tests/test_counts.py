@@ -20,6 +20,9 @@ from scrape_assets.counts import counted
         (2, "rejected card", None, "2 rejected cards"),
         (2, "earlier row", "earlier rows", "2 earlier rows"),
         (-1, "page", None, "-1 page"),
+        (2, "match", None, "2 matches"),
+        (3, "crash", None, "3 crashes"),
+        (2, "box", None, "2 boxes"),
     ],
 )
 def test_counted(n, noun, plural, expected):

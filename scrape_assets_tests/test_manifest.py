@@ -626,6 +626,22 @@ def test_batched_log_sends_lines_every_interval_and_the_rest_under_the_summary()
     ]
 
 
+def test_batched_log_sends_once_exactly_every_s_has_passed():
+    """"If every_s has passed": at exactly every_s seconds after the last message, the lines go."""
+    from scrape_assets.batched_log import BatchedLog
+
+    now = [0.0]
+    sent: list[str] = []
+    log = BatchedLog(sent.append, every_s=5.0, clock=lambda: now[0])
+    log.add("a: parsed 10")
+    now[0] = 5.0
+    log.add("b: parsed 20")
+    assert sent == ["2 more:\n  a: parsed 10\n  b: parsed 20"]
+    now[0] = 10.0  # exactly every_s after that message
+    log.add("c: parsed 30")
+    assert sent[-1] == "1 more:\n  c: parsed 30"
+
+
 def test_sees_every_page_exactly_when_no_page_is_missing(tmp_path):
     manifest, _ = _open(ObjectStore(str(tmp_path)), fetch_config=CONFIG, now=T0)
     manifest.total_pages = 3

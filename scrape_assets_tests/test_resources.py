@@ -9,7 +9,13 @@ import sys
 import dagster as dg
 import pytest
 
-from scrape_assets.defs.resources import ObjectStoreResource, SiteResource, WarehouseResource, build_resources
+from scrape_assets.defs.resources import (
+    AlertsResource,
+    ObjectStoreResource,
+    SiteResource,
+    WarehouseResource,
+    build_resources,
+)
 from scrape_assets.errors import SettingsError
 from scrape_assets.warehouse import products
 
@@ -64,6 +70,38 @@ def test_a_storage_or_warehouse_url_that_is_set_reaches_dagster_as_an_env_var(mo
     field = wired.get_resource_definition().config_schema.as_field()
     assert field.default_value["url"] == {"env": variable} and "hunter2" not in str(field.default_value)
 
+
+
+def test_the_alert_webhook_url_reaches_dagster_as_an_env_var_and_resolves_in_a_run(monkeypatch):
+    """A Slack-style webhook's path is its credential: the resource's config (shown by the UI
+    and its API) names the variable, a run gets the value."""
+    url = "https://hooks.example/services/T0/B0/hunter2"
+    monkeypatch.setenv("SCRAPE_ALERT_WEBHOOK_URL", url)
+    wired = build_resources()["alerts"]
+    assert wired.webhook_url == dg.EnvVar("SCRAPE_ALERT_WEBHOOK_URL")
+    field = wired.get_resource_definition().config_schema.as_field()
+    assert field.default_value["webhook_url"] == {"env": "SCRAPE_ALERT_WEBHOOK_URL"}
+    assert "hunter2" not in str(field.default_value)
+
+    @dg.asset
+    def webhook(alerts: AlertsResource) -> str:
+        return alerts.webhook_url
+
+    assert dg.materialize([webhook], resources={"alerts": wired}).output_for_node("webhook") == url
+    monkeypatch.delenv("SCRAPE_ALERT_WEBHOOK_URL")
+    assert build_resources()["alerts"].webhook_url is None
+
+
+def test_resources_built_without_settings_have_the_settings_defaults_and_a_20_s_timeout():
+    """make_resources, the launchpad and a Definitions without build_resources fetch like an unset SCRAPE_*."""
+    from scrape_assets.settings import load_settings
+
+    settings, site = load_settings({}), SiteResource()
+    assert (site.site, site.max_attempts, site.base_url, site.proxy_url) == (
+        settings.site, settings.max_attempts, None, None)
+    # No setting for it: the field's default is production's per-request timeout.
+    assert site.timeout_s == build_resources()["site"].timeout_s == 20.0
+    assert ObjectStoreResource(url="x").resume_max_age_h == settings.resume_max_age_h
 
 def test_the_env_var_urls_resolve_in_a_run_and_the_defaults_stay_plain_paths(monkeypatch, tmp_path):
     for variable in ("SCRAPE_WAREHOUSE_URL", "SCRAPE_STORAGE_URL"):
@@ -136,6 +174,8 @@ def test_a_setting_out_of_range_or_unsendable_stops_at_start_up(monkeypatch, nam
     ("resource", "field", "value", "expected"),
     [
         ("site", "requests_per_second", 1e9, "less than or equal to 100000"),
+        ("site", "requests_per_second", 0, "greater than 0"),  # not taken as "unset" (the spec's rate)
+        ("site", "max_concurrency", 0, "greater than or equal to 1"),
         ("site", "max_concurrency", 100_000, "less than or equal to 256"),
         ("site", "max_attempts", 1000, "less than or equal to 100"),
         ("site", "user_agent", "shop-bot (jörg@example.de)", "character 'ö' (U+00F6) is not printable ASCII"),

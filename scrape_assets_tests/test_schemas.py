@@ -276,6 +276,19 @@ def test_report_keeps_at_most_100_cases_but_counts_all():
     assert report.by_check == {"products.rating: in_range(1, 5)": 150}
 
 
+
+def test_merged_reports_of_several_partitions_keep_at_most_100_cases_but_count_all():
+    """The check's report over a run's categories: the same cap as one partition's (check metadata stays small)."""
+    from scrape_assets.validation_report import MAX_FAILURE_CASES, merge_reports
+
+    reports = [validate_parsed(products_frame([_row(product_id=f"{c}{n}", rating=6) for n in range(60)]), _pages())
+               for c in "ab"]
+    assert [len(r.failure_cases) for r in reports] == [60, 60]
+    merged = merge_reports([*reports, validate_parsed(products_frame([_row()]), _pages())])
+    assert (merged.passed, merged.failure_count, len(merged.failure_cases)) == (False, 120, MAX_FAILURE_CASES)
+    assert merged.failure_cases == reports[0].failure_cases + reports[1].failure_cases[:40]  # the first ones kept
+    assert merged.by_check == {"products.rating: in_range(1, 5)": 120}
+
 def test_text_columns_pass_the_dtype_check_with_one_bool_and_fail_it_value_by_value():
     """``Text``: no per-value answer (and no failure-case frame) for a column that passes."""
     from pandera.engines import pandas_engine
@@ -332,3 +345,15 @@ def test_exactly_as_many_pages_as_shown_are_listed_without_an_ellipsis():
     text = describe_failures(ValidationReport(passed=False, failure_count=3, failure_cases=cases,
                                               by_check={"pages: layout_guard": 3}))
     assert text == "pages: layout_guard x3 (pages 1, 2, 3; layout)"
+
+
+def test_more_pages_than_shown_are_cut_to_the_limit_with_an_ellipsis():
+    """A layout change fails every page of a category: the alert line names the first few, not 50."""
+    from scrape_assets.validation_report import ValidationReport, describe_failures
+
+    cases = [{"schema": "pages", "schema_context": "DataFrameSchema", "column": "page_number",
+              "check": "layout_guard", "failure_case": {"page_number": n}, "index": n - 1, "message": "layout"}
+             for n in range(1, 51)]
+    text = describe_failures(ValidationReport(passed=False, failure_count=50, failure_cases=cases,
+                                              by_check={"pages: layout_guard": 50}))
+    assert text == "pages: layout_guard x50 (pages 1, 2, 3, ...; layout)"

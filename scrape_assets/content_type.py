@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import re
 
-_HEADER_CHARSET = re.compile(r"""(?<![\w-])charset\s*=\s*["']?\s*([^"';,\s]+)""", re.IGNORECASE)
+#: a parameter named charset: at the start of the value or after a ";" (or a "," where two
+#: header lines were joined), never a name ending in "charset" or text inside another's value
+_HEADER_CHARSET = re.compile(r"""(?:^|[;,])\s*charset\s*=\s*["']?\s*([^"';,\s]+)""", re.IGNORECASE)
 
 
 def header_charset(content_type: str | None) -> str | None:

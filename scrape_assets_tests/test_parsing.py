@@ -803,4 +803,6 @@ def test_only_the_charset_parameter_names_the_charset_not_one_ending_in_charset(
 
     assert header_charset("text/html; x-charset=koi8-r; charset=utf-8") == "utf-8"
     assert header_charset("text/html; origcharset=koi8-r") is None
+    assert header_charset('text/html; profile="see charset=koi8-r"; charset=utf-8') == "utf-8"
+    assert header_charset("text/html;Charset = latin1") == "latin1"
     assert header_charset("charset=utf-8") == "utf-8"

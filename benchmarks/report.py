@@ -237,6 +237,23 @@ def targets(results: dict) -> list[list]:
     return rows
 
 
+#: How far above the fastest crawler the server's ceiling must be to call it "not what bounds them".
+CEILING_MARGIN = 3.0
+
+
+def ceiling_note(results: dict) -> str:
+    """Whether the server's ceiling is far above every crawler of the same size, from the figures."""
+    close = []
+    for size, res in results["sizes"].items():
+        ceilings = [r["pages_per_s"] for r in res.get("ceiling", {}).values()]
+        crawlers = [int(size) / pair[tool]["wall_s"] for pair in res.get("throughput", {}).values() for tool in pair]
+        if ceilings and crawlers and min(ceilings) < CEILING_MARGIN * max(crawlers):
+            close.append(f"{int(size):,} pages: ceiling {min(ceilings):,.0f} vs fastest crawler {max(crawlers):,.0f} pages/s")
+    if close:
+        return "**The server's ceiling is not far above the crawlers** (" + "; ".join(close) + "): it may bound them."
+    return f"It is at least {CEILING_MARGIN:g}× every crawler below, so the server is not what bounds them."
+
+
 def render(results: dict, analysis: Path | None = None) -> str:
     m = results["machine"]
     lines = [
@@ -262,7 +279,7 @@ def render(results: dict, analysis: Path | None = None) -> str:
            len({r.get("code") for r in results["sizes"].values()}) <= 1
            else f" at the start, `{results.get('code_at_end')}` at the end: **the code changed during the run**; "
                 "per size: " + ", ".join(f"{int(k):,} pages `{v.get('code')}`" for k, v in results["sizes"].items())),
-        "- server, crawler and pipeline share the 2 cores; the server runs in its own process (its CPU is in no figure below)",
+        f"- server, crawler and pipeline share the {m['cores']} cores; the server runs in its own process (its CPU is in no figure below)",
         "",
         "## Targets",
         "",
@@ -275,7 +292,7 @@ def render(results: dict, analysis: Path | None = None) -> str:
                      f"({s['bytes'] / 1e6:.0f} MB in all)")
     lines += ["", "## Server ceiling", "",
               "The catalogue server answering `benchmarks/fast_client.py` (keep-alive, no parsing; best of the rounds). "
-              "It is far above every crawler below, so the server is not what bounds them.", ""]
+              + ceiling_note(results), ""]
     rows = [[f"{int(size):,}", c, _f(r["pages_per_s"], 0), _f(r["mb_per_s"], 0), r["rounds"]]
             for size, res in results["sizes"].items() for c, r in res.get("ceiling", {}).items()]
     lines += _table(["pages", "connections", "pages/s", "MB/s", "rounds"], rows)

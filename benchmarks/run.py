@@ -480,7 +480,7 @@ def machine() -> dict:
         return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.rstrip()
 
     dirty = [line[3:] for line in git("status", "--porcelain").splitlines()]
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gb": round(mem_kb / 1024 / 1024, 1),
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gb": round(mem_kb * 1024 / 1e9, 1),
             "os": platform.platform(), "python": platform.python_version(), "versions": versions,
             "commit": git("rev-parse", "--short", "HEAD"), "dirty_files": dirty}
 

@@ -509,9 +509,8 @@ def _check_store(series: Series) -> dict:
     for category in series.categories:
         ids = list_snapshots(series.store, SITE, category)
         snapshots[category] = len(ids)
-        for name in series.store.list_names(f"{SITE}/{category}"):
-            folder = Path(series.store.path(f"{SITE}/{category}/{name}").path)
-            if folder.is_dir() and name not in ids:
+        for name in series.store.list_folders(f"{SITE}/{category}"):  # folders only: a dot file (a temp) is no key
+            if name not in ids:
                 orphan_folders.append(f"{SITE}/{category}/{name}")
         for snapshot_id in ids:
             checked += 1

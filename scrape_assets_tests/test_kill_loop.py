@@ -336,3 +336,244 @@ def test_kill_loop_ends_with_the_same_tables_as_an_uninterrupted_run(tmp_path):
     assert all(k["pages_refetched"] <= 4 for k in kills), [(k["kind"], k["refetched"]) for k in kills]
     assert totals["page_requests_killed_series"] - totals["page_requests_reference"] == totals["pages_refetched"]
     assert result["passed"], checks
+
+
+# -- the kill loop's verdict, on stores and tables built by hand (pinned by a mutation audit) --------
+
+
+class _RequestLog:
+    """What :class:`reliability.kill_loop.Series` reads of the demo server: its request log."""
+
+    def __init__(self):
+        self.requests = []
+
+
+def _dead_letter(attempts: int = 3) -> dict:
+    return {"category": "travel", "url": "http://demo/travel/page-2.html", "stage": "fetch", "reason": "http_404",
+            "http_status": 404, "attempts": attempts, "snapshot_id": "s1", "recorded_at": "2026-01-15T00:00:00Z"}
+
+
+def _product() -> dict:
+    return {"category": "travel", "product_id": "1", "title": "Book 1", "price": Decimal("10.00"), "currency": "GBP",
+            "rating": 3, "availability": "In stock", "url": "http://demo/1", "page_number": 1, "snapshot_id": "s1",
+            "fetched_at": "2026-01-15T00:00:00Z"}
+
+
+@pytest.fixture(scope="module")
+def crawled_travel(tmp_path_factory) -> Path:
+    """An object store holding one complete snapshot of the demo's travel category (1 page)."""
+    root = tmp_path_factory.mktemp("travel") / "objects"
+    code = CRAWL.format(store=str(root)).replace('["default"]', '["travel"]')
+    assert _python(code, crashpoint=None, cwd=root.parent).returncode == 0
+    return root
+
+
+def _compared(tmp_path: Path, crawled: Path, *, killed_letters: list[dict] | None = None, records=(),
+              spoil=None) -> dict:
+    """``_compare`` of a reference and a killed series that agree, except for what the arguments change."""
+    import shutil
+
+    from reliability.kill_loop import Series, _compare
+    from scrape_assets.warehouse import dead_letters
+
+    log = _RequestLog()
+    reference, killed = (Series(tmp_path / name, {}, log, ["travel"]) for name in ("reference", "killed"))
+    for series, letters in ((reference, [_dead_letter()]), (killed, killed_letters or [_dead_letter()])):
+        wh = Warehouse(f"sqlite:///{series.data / 'warehouse.db'}")
+        wh.replace_partition(products, "travel", [_product()])
+        wh.replace_partition(dead_letters, "travel", letters)
+    shutil.copytree(crawled, killed.data / "objects")
+    if spoil:
+        spoil(killed.data / "objects")
+    return _compare(reference, killed, list(records), concurrency=4)
+
+
+def _failed_checks(result: dict) -> list[str]:
+    return [name for name, ok in result["checks"].items() if not ok]
+
+
+def test_the_kill_loop_passes_two_series_that_agree(tmp_path, crawled_travel):
+    result = _compared(tmp_path, crawled_travel)
+    assert _failed_checks(result) == [] and result["passed"]
+    assert result["totals"]["manifests_checked"] == 1 and result["totals"]["duplicate_keys"] == 0
+
+
+def test_each_kill_loop_check_fails_on_what_it_names(tmp_path, crawled_travel):
+    from reliability.kill_loop import KillRecord
+
+    def body_changed(objects: Path) -> None:
+        (body,) = [p for p in objects.rglob("*.html")]
+        body.write_bytes(body.read_bytes() + b"<!-- torn -->")
+
+    def pending_in_a_complete_snapshot(objects: Path) -> None:
+        import dataclasses
+
+        store = ObjectStore(str(objects))
+        manifest = latest_manifest(store, "demo", "travel")
+        manifest.pages[1] = dataclasses.replace(manifest.pages[1], status="pending")
+        manifest.save(store)
+        assert manifest.is_complete and latest_manifest(store, "demo", "travel").counts()["pending"] == 1
+
+    def temp_left(objects: Path) -> None:
+        (snapshot,) = (objects / "demo" / "travel").iterdir()
+        (snapshot / f".manifest.json.0123{TEMP_SUFFIX}").write_bytes(b"{")
+
+    def probe_left(objects: Path) -> None:
+        (objects / "write-probe-123-abc").write_bytes(b"ok")
+
+    def temp_left_beside_parse_state(objects: Path) -> None:  # category level: no key segment, no folder
+        (objects / "demo" / "travel" / f".parse_state.json.0123{TEMP_SUFFIX}").write_bytes(b"{")
+
+    record = KillRecord(index=1, planned="time", kind="time", n=3, delay_s=0.0, running=["raw_pages"], landed=True,
+                        pages_refetched=5)
+    cases = {
+        "duplicate dead letter": ({"killed_letters": [_dead_letter(), _dead_letter()]},
+                                  ["dead_letters_equal", "no_duplicate_keys"]),
+        "fewer attempts than the reference": ({"killed_letters": [_dead_letter(attempts=1)]}, ["dead_letters_equal"]),
+        "body not matching its hash": ({"spoil": body_changed}, ["manifests_loadable_and_complete"]),
+        "complete snapshot with a pending page": ({"spoil": pending_in_a_complete_snapshot},
+                                                  ["manifests_loadable_and_complete"]),
+        "temp file left": ({"spoil": temp_left}, ["no_temp_files_or_orphan_folders"]),
+        "storage probe left": ({"spoil": probe_left}, ["no_temp_files_or_orphan_folders"]),
+        "temp file beside parse_state.json": ({"spoil": temp_left_beside_parse_state},
+                                              ["no_temp_files_or_orphan_folders"]),
+        "more pages refetched than the concurrency": ({"records": [record]}, ["refetches_per_kill_within_concurrency"]),
+    }
+    for i, (case, (changes, failing)) in enumerate(cases.items()):
+        result = _compared(tmp_path / str(i), crawled_travel, **changes)
+        assert (_failed_checks(result), result["passed"]) == (failing, False), case
+    result = _compared(tmp_path / "as many as the concurrency", crawled_travel,
+                       records=[KillRecord(**{**record.__dict__, "pages_refetched": 4})])
+    assert result["passed"]  # as many refetched as the concurrency: within the bound
+
+
+def test_the_kill_loop_report_says_failed_and_names_the_failed_check(tmp_path, crawled_travel):
+    from reliability.kill_loop import format_report
+    from reliability.report import render
+
+    def report_of(result: dict) -> dict:
+        result["totals"].update(reference_wall_s=1.0, final_run_wall_s=1.0, wall_s=3.0)
+        result["settings"] = {"kills": 0, "seed": 1, "categories": ["travel"], "concurrency": 4, "requests_per_second": 8.0,
+                              "day": "2026-01-15", "dead_page": None}
+        return result
+
+    good = report_of(_compared(tmp_path / "good", crawled_travel))
+    assert format_report(good).splitlines()[-1] == "PASSED"
+    bad = report_of(_compared(tmp_path / "bad", crawled_travel, killed_letters=[_dead_letter(attempts=1)]))
+    lines = format_report(bad).splitlines()
+    assert lines[-1] == "FAILED" and "  FAIL dead_letters_equal" in lines and "  ok   products_equal" in lines
+    faults = [{"kind": "http_error", "scenario": s, "pages_done": 3, "pages_failed": 0, "reasons": {}, "http_status": {},
+               "attempts": {}, "waits_ok": w, "success_rate": 1.0, "run_succeeded": True, "schema_check_passed": True}
+              for s, w in (("a", None), ("b", True), ("c", False))]
+    text = render(faults, bad, [], ["python -m reliability.report"], 10.0)
+    assert "(products and dead letters, row for row): DIFFERENCES" in text
+    # of the runs whose server sent a Retry-After (b and c; a sent none): one kept it, one broke it
+    assert "at least the server's Retry-After in 1 of the 2 runs whose server sent one" in text
+    assert "(products and dead letters, row for row): all equal" in render(faults, good, [], ["x"], 10.0)
+
+
+def test_the_reliability_report_says_what_failed_never_a_fixed_pass():
+    """The bullets and the bad-inputs sentence come from the figures: a failed manifest check,
+    an input that exited 1 and one that wrote outside its data folder are said, not hidden."""
+    from reliability.report import render
+
+    kills = {"kills": [], "tables": {"products": {"rows_reference": 1}, "dead_letters": {"rows_reference": 0}},
+             "totals": {"rows_compared": 1, "duplicate_keys": 0, "manifests_checked": 3, "temp_files_found": 0,
+                        "pages_refetched": 0, "max_pages_refetched_per_kill": 0, "page_requests_reference": 1,
+                        "page_requests_killed_series": 1, "runs_killed_series": 1, "reference_wall_s": 1.0,
+                        "wall_s": 2.0},
+             "checks": {"all_kills_landed": True, "products_equal": True, "dead_letters_equal": True,
+                        "manifests_loadable_and_complete": False},
+             "passed": False,
+             "settings": {"kills": 0, "seed": 1, "categories": ["travel"], "concurrency": 4,
+                          "requests_per_second": 8.0, "dead_page": None}}
+    good = {"input": "rate", "exit_code": 2, "one_clear_error": True, "message": "m", "written_outside": []}
+    bad = [good, {**good, "input": "partition key with ../", "exit_code": 1,
+                  "written_outside": ["bad/data/objects/escape"]}]
+    text = render([], kills, bad, ["python -m reliability.report"], 1.0)
+    assert "manifests checked: **3**, **NOT all loadable and complete**; temp files left: **0**" in text
+    assert ("with one bad setting each: **not every input exited 2** and one error line naming the input, "
+            "**something was written outside the data folder** (see the table).") in text
+    assert "| partition key with ../ | 1 | yes | bad/data/objects/escape | `m` |" in text
+    kills["checks"]["manifests_loadable_and_complete"] = True
+    text = render([], kills, [good], ["python -m reliability.report"], 1.0)
+    assert "manifests checked: **3**, all loadable and complete;" in text
+    assert ("with one bad setting each: exit code 2 and one error line naming the input, nothing written "
+            "outside the data folder.") in text
+
+
+def test_the_reliability_report_exits_non_zero_when_the_kill_loop_failed(tmp_path, monkeypatch):
+    import reliability.fault_matrix
+    import reliability.kill_loop
+    from reliability import report
+
+    def kills(passed: bool):
+        def run(workdir, **kwargs) -> dict:
+            checks = {"all_kills_landed": True, "products_equal": passed, "dead_letters_equal": True,
+                      "manifests_loadable_and_complete": True}
+            return {"kills": [], "tables": {"products": {"rows_reference": 1}, "dead_letters": {"rows_reference": 0}},
+                    "totals": {"rows_compared": 1, "duplicate_keys": 0, "manifests_checked": 1, "temp_files_found": 0,
+                               "pages_refetched": 0, "max_pages_refetched_per_kill": 0, "page_requests_reference": 1,
+                               "page_requests_killed_series": 1, "runs_killed_series": 1, "reference_wall_s": 1.0,
+                               "wall_s": 2.0},
+                    "checks": checks, "passed": passed,
+                    "settings": {"kills": 0, "seed": 1, "categories": ["travel"], "concurrency": 4,
+                                 "requests_per_second": 8.0, "dead_page": None}}
+        return run
+
+    monkeypatch.setattr(reliability.fault_matrix, "run_fault_matrix", lambda workdir: [])
+    monkeypatch.setattr(report, "bad_inputs", lambda workdir: [])
+    for passed, code in ((True, 0), (False, 1)):
+        monkeypatch.setattr(reliability.kill_loop, "run_kill_loop", kills(passed))
+        assert report.main(["--kills", "0", "--out", str(tmp_path / "RELIABILITY.md")]) == code
+    # a bad input that did not exit 2, or wrote outside its data folder, fails the report too
+    good = {"input": "rate", "exit_code": 2, "one_clear_error": True, "message": "m", "written_outside": []}
+    monkeypatch.setattr(reliability.kill_loop, "run_kill_loop", kills(True))
+    for row, code in ((good, 0), ({**good, "exit_code": 1}, 1), ({**good, "written_outside": ["escape"]}, 1)):
+        monkeypatch.setattr(report, "bad_inputs", lambda workdir, row=row: [row])
+        assert report.main(["--kills", "0", "--out", str(tmp_path / "RELIABILITY.md")]) == code, row
+    assert (tmp_path / "RELIABILITY.md").read_text().splitlines()[-1] != "PASSED"
+
+
+def test_a_kill_loop_with_fewer_kills_than_asked_does_not_pass(tmp_path, monkeypatch):
+    """A kill not attempted (everything already materialized) must not count as a landed one."""
+    from reliability import kill_loop
+
+    class Server(_RequestLog):
+        base_url = "http://127.0.0.1:49002/"
+
+        def shutdown(self):
+            pass
+
+        server_close = shutdown
+
+    monkeypatch.setattr(kill_loop, "start_server", lambda day, dead: Server())
+    monkeypatch.setattr(kill_loop.Series, "run_to_end", lambda self, select: 0.0)
+    monkeypatch.setattr(kill_loop.Series, "remaining", lambda self: [])
+    monkeypatch.setattr(kill_loop.Series, "manifests", lambda self: [])
+    monkeypatch.setattr(kill_loop, "_compare", lambda reference, killed, records, concurrency: {
+        "checks": {"all_kills_landed": True, "products_equal": True}, "totals": {}, "passed": True})
+    result = run_kill_loop(tmp_path, kills=2, seed=1, categories=["romance"])
+    (note,) = result["notes"]
+    assert note.startswith("kill 1 (") and note.endswith(") not attempted: everything is materialized")
+    assert result["checks"]["all_kills_landed"] is False and result["passed"] is False
+
+
+def test_a_kill_is_planned_only_where_the_next_run_is_sure_to_reach():
+    import random
+
+    from reliability.kill_loop import _choose, _Work
+
+    parsing = _Work(running=["parsed_products", "dead_letters", "products_table"], requests=40, bodies=30, incomplete=2,
+                    to_load=3, categories=3)
+    assert parsing.lower_bound("time") == 0 and parsing.lower_bound("crawl.after_body_write") == 0
+    assert parsing.lower_bound("warehouse.after_delete") == 3
+    fetching = _Work(running=["raw_pages", "parsed_products", "dead_letters", "products_table"], requests=40, bodies=30,
+                     incomplete=2, to_load=3, categories=3)
+    rng = random.Random(1)
+    for kind in ("time", "crawl.after_body_write", "storage.after_temp_write", "warehouse.after_insert"):
+        for kills_left in (1, 2, 10):
+            for _ in range(50):
+                chosen, n = _choose(kind, fetching, kills_left, rng)
+                assert chosen == kind and 1 <= n <= fetching.lower_bound(kind), (kind, kills_left, n)
+    assert _choose("time", parsing, 3, rng)[0] == "storage.after_temp_write"  # not fetching: no moment to kill by time

@@ -61,3 +61,24 @@ def test_values(value, enabled):
     assert gc_freeze_enabled({} if value is None else {"SCRAPE_GC_FREEZE": value}) is enabled
     with pytest.raises(SettingsError):
         gc_freeze_enabled({"SCRAPE_GC_FREEZE": "2"})
+
+
+_EXIT_PROBE = """
+import atexit, gc
+seen = {}
+atexit.register(lambda: print("objects of the run frozen at exit", gc.get_freeze_count() > seen["before exit"]))
+import scrape_assets.definitions
+run = [[i] for i in range(20_000)]  # what a run leaves alive until the interpreter exits
+seen["before exit"] = gc.get_freeze_count()
+"""
+
+
+@pytest.mark.parametrize(("value", "frozen"), [(None, True), ("0", False)])
+def test_exit_freezes_what_the_run_created_too(value, frozen):
+    """The final collections walk objects created after the definitions' freeze unless exit freezes them."""
+    env = {k: v for k, v in os.environ.items() if k != "SCRAPE_GC_FREEZE"}
+    if value is not None:
+        env["SCRAPE_GC_FREEZE"] = value
+    done = subprocess.run([sys.executable, "-c", _EXIT_PROBE], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == f"objects of the run frozen at exit {frozen}"

@@ -357,3 +357,13 @@ def test_more_pages_than_shown_are_cut_to_the_limit_with_an_ellipsis():
     text = describe_failures(ValidationReport(passed=False, failure_count=50, failure_cases=cases,
                                               by_check={"pages: layout_guard": 50}))
     assert text == "pages: layout_guard x50 (pages 1, 2, 3, ...; layout)"
+
+
+@pytest.mark.parametrize(("price", "fits"), [
+    ("9999999999.99", True), ("10000000000", False), ("0.01", True), ("51.770", True), ("0", True),
+    ("1.999", False), ("NaN", False), ("Infinity", False), ("-Infinity", False),
+])
+def test_the_largest_price_numeric_12_2_holds_fits_and_no_more(price, fits):
+    from scrape_assets.limits import price_fits
+
+    assert price_fits(Decimal(price)) is fits

@@ -348,7 +348,9 @@ def render(results: dict, analysis: Path | None = None) -> str:
               "server counted them (robots.txt and the sitemap "
               "included) and as `raw_pages` recorded them. The first run is the median c=16 run of the throughput table; "
               "each unchanged row is the median of the runs listed in its last column, one after the other on the same "
-              "data (every one of them an unchanged day).", ""]
+              "data (every one of them an unchanged day). RSS max and PSS tree: the worst of the runs a row stands "
+              "for (the first run's: of every c=16 run of the throughput table), as the memory target counts them, "
+              "not the median run's.", ""]
     rows = []
     for size, res in results["sizes"].items():
         inc = res.get("incremental")

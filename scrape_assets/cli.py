@@ -446,12 +446,11 @@ def _ui_home(env: Mapping[str, str]) -> Path:
     return home
 
 
-DAEMON_SEEN_S = 90
-"""A daemon heartbeat this recent (seconds) means a daemon runs (Dagster's beat every 30 s)."""
-UI_DAEMON_SEEN_S = 40
-"""What ``make ui`` (``daemon-check``) takes for a live daemon: each of a daemon's loops beats
-every 30 s, so a live one's newest beat is younger; a UI stopped just now blocks its restart
-for less than a minute."""
+DAEMON_SEEN_S = 40
+"""A daemon heartbeat this recent (seconds) means a daemon runs, for ``make ui``
+(``daemon-check``) and the summary's UI line alike: each of a daemon's loops beats every
+30 s, so a live one's newest beat is younger; a UI stopped just now blocks its restart for
+less than a minute, and meanwhile the summary says so rather than suggest ``make ui``."""
 
 
 def daemon_heartbeat_age(env: Mapping[str, str], now: float | None = None,
@@ -493,9 +492,9 @@ def daemon_heartbeat_age(env: Mapping[str, str], now: float | None = None,
 
 def run_daemon_check() -> int:
     """``make ui``'s first step: 1, saying why and what to do instead, when a daemon beat on
-    the instance within :data:`UI_DAEMON_SEEN_S` (``dagster dev`` would start a second one,
+    the instance within :data:`DAEMON_SEEN_S` (``dagster dev`` would start a second one,
     which Dagster does not support: its sensors and schedules would run twice); else 0."""
-    age = daemon_heartbeat_age(os.environ, within_s=UI_DAEMON_SEEN_S)
+    age = daemon_heartbeat_age(os.environ)
     if age is None:
         return 0
     port, home = _ui_port(os.environ), shlex.quote(str(_ui_home(os.environ)))
@@ -504,7 +503,7 @@ def run_daemon_check() -> int:
           "`make ui` (dagster dev) or a dagster-daemon service runs on it, and `make ui` would start a second daemon "
           "(Dagster supports one per instance). Open the UI already serving it, or serve one without a daemon: "
           f"`DAGSTER_HOME={home} .venv/bin/dagster-webserver -w workspace.yaml -p {port}`. Stopped it just now? Its "
-          f"last beat stops counting in {max(UI_DAEMON_SEEN_S - age, 1):.0f} s; or "
+          f"last beat stops counting in {max(DAEMON_SEEN_S - age, 1):.0f} s; or "
           f"`make ui UI_FORCE=1 UI_PORT={port} DAGSTER_HOME={home}`.", file=sys.stderr)
     return 1
 
@@ -1057,7 +1056,7 @@ def main(argv: list[str] | None = None) -> int:
                           help="the run's id: full (`dagster run list`), or its first 8 characters as the UI's "
                                "run lists and the alerts show it")
     command("daemon-check", f"exit 1, saying why, when a Dagster daemon beat on the instance in the last "
-                            f"{UI_DAEMON_SEEN_S} s (`make ui` asks first: dagster dev would start a second one)")
+                            f"{DAEMON_SEEN_S} s (`make ui` asks first: dagster dev would start a second one)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:

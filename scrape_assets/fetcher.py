@@ -702,7 +702,10 @@ class PageFetcher:
                 if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
                     detail = f"no complete response from {target} within the {deadline_s:g} s deadline"
                 else:
-                    detail = f"{target}: {type(exc).__name__}" + (f": {exc}" if str(exc) else "")
+                    # the hop's URL only when it is not the page's own (a redirect's target): the
+                    # dead letter's url column and the crawl's warning name the page already
+                    hop = f"{target}: " if str(target) != url else ""
+                    detail = f"{hop}{type(exc).__name__}" + (f": {exc}" if str(exc) else "")
                 error_type = TransientFetchError if decision == "retry" else PermanentFetchError
                 raise error_type(url, reason, detail, http_status=progress.status, attempts=attempt) from exc
             return status, headers, body, self._clock() - started

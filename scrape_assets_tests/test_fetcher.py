@@ -219,6 +219,20 @@ def test_connection_error_reason_when_it_keeps_failing():
     with pytest.raises(TransientFetchError) as raised:
         harness.fetch()
     assert (raised.value.reason, raised.value.http_status, raised.value.attempts) == ("connection_error", None, 3)
+    # the page's URL is the dead letter's url column already: not repeated in its reason...
+    assert raised.value.recorded_reason == "connection_error: ConnectError: refused"
+    # ...but the hop that failed after a redirect is named
+    moved = "http://shop.test/catalogue/new/page-1.html"
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if str(request.url) == moved:
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(301, headers={"Location": moved})
+
+    harness = Harness(handler)
+    with pytest.raises(TransientFetchError) as raised:
+        harness.fetch()
+    assert raised.value.recorded_reason == f"connection_error: {moved}: ConnectError: refused"
 
 
 def test_conditional_get_304_is_a_success():

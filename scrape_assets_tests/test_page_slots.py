@@ -370,3 +370,81 @@ def test_a_run_cancelled_as_its_last_category_fails_leaves_no_unretrieved_except
         return reported
 
     assert asyncio.run(main()) == []
+
+
+def test_a_failure_stops_a_category_whose_freed_slot_went_to_another_category():
+    """Category x (priority 1) has one slot's page failing while its next page waits for a slot;
+    category y (priority 0) waits too, so the slot the failure frees goes to y. x must still stop
+    at once (its wait withdrawn), not when y's long page gives a slot back."""
+    async def main():
+        slots = PageSlots(1)
+        y_may_end = asyncio.Event()
+        x_made = []
+
+        async def x_page(n):
+            if n == 0:
+                await asyncio.sleep(0.05)
+                raise OSError("disk full")
+            await asyncio.sleep(30)
+
+        def x_pages():
+            for n in range(3):
+                x_made.append(n)
+                yield x_page(n)
+
+        async def y_page():
+            await y_may_end.wait()  # a slow page: holds the only slot
+
+        x = asyncio.ensure_future(all_or_cancel(x_pages(), slots=slots, priority=1))
+        await asyncio.sleep(0.01)  # x's page 0 holds the slot, its page 1 waits for one
+        y = asyncio.ensure_future(all_or_cancel([y_page()], slots=slots, priority=0))
+        try:
+            with pytest.raises(OSError, match="disk full"):
+                await asyncio.wait_for(asyncio.shield(x), 5)
+            assert not y.done()  # y got the freed slot and is still on its page
+        finally:
+            y_may_end.set()
+            await asyncio.gather(x, y, return_exceptions=True)
+        return x_made, slots.free
+
+    made, free = asyncio.run(main())
+    assert made == [0, 1] and free == 1
+
+
+def test_withdrawing_a_request_twice_frees_no_slot():
+    """run_within withdraws its waiting request when a page fails, and again if it is cancelled
+    before it wakes: the second withdraw of a request never granted must not free a slot."""
+    async def main():
+        slots = PageSlots(1)
+        held = slots.request(0)
+        waiting = slots.request(0)
+        assert held.result() is True and not waiting.done()
+        slots.withdraw(waiting)
+        slots.withdraw(waiting)
+        assert slots.free == 0  # the one slot is still held
+        slots.release()
+        return slots.free
+
+    assert asyncio.run(main()) == 1
+
+
+def test_a_page_cancelled_during_its_back_off_gives_back_no_slot_it_did_not_hold():
+    """Page 0 is backing off (its slot given back) when page 1 fails: page 0 is cancelled in its
+    sleep, and the slots come back to exactly their size, none released twice."""
+    async def main():
+        slots = PageSlots(2)
+        loop_errors = []
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, context: loop_errors.append(context))
+
+        async def page(n):
+            if n == 0:
+                await slots.sleep(30)  # the fetcher's back-off between two attempts
+            await asyncio.sleep(0.05)
+            raise OSError("disk full")
+
+        with pytest.raises(OSError, match="disk full"):
+            await asyncio.wait_for(all_or_cancel((page(n) for n in range(2)), slots=slots), 10)
+        return slots.free, loop_errors
+
+    free, loop_errors = asyncio.run(main())
+    assert (free, loop_errors) == (2, [])

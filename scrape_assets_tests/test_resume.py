@@ -626,3 +626,122 @@ def test_the_crawls_progress_line_counts_the_retries(tmp_path):
                                                 new_snapshot=False, log=Recorder("t")))
     assert (report.pages_done, report.pages_failed) == (1, 0)
     assert lines[-1].startswith("1/1 pages done, 0 failed for good, 1 retry; 1/1 categories complete; ")
+
+
+@contextlib.contextmanager
+def _mystery_crawled_then_reopened(tmp_path, rule: dict, *, max_attempts: int, lose_page_2s_body: bool = False):
+    """Crawl mystery once (``rule`` a fault on its page 2), then make that complete snapshot
+    look as a run that died before completing it left it (``completed_at`` unset), page 2's
+    body lost too if asked (a power loss). Yields ``(server, site, store, manifest)``, the server
+    still running."""
+    from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
+    from scrape_assets.faults import FaultSpec
+    from scrape_assets_tests.fault_scenarios import fault_server
+
+    store = ObjectStoreResource(url=str(tmp_path / "objects"))
+    with fault_server(FaultSpec.model_validate({"rules": [{"match": PAGE_2, **rule}]})) as server:
+        site = SiteResource(site="demo", base_url=server.base_url, max_attempts=max_attempts)
+        _resume_mystery(site, store)  # (a new snapshot: there is none yet)
+        objects = ObjectStore(store.url)
+        manifest = latest_manifest(objects, "demo", "mystery")
+        if lose_page_2s_body:
+            (tmp_path / "objects" / manifest.page_key(2)).unlink()
+        manifest.completed_at = None
+        manifest.save(objects)
+        yield server, site, store, manifest
+
+
+def test_a_page_done_on_its_last_allowed_attempt_whose_body_was_lost_is_fetched_again_on_resume(tmp_path):
+    """Page 2 answered 503 once, then 200 on its second and last allowed attempt; its body is
+    lost (a power loss) before the snapshot completed. The resume asks it again with a new retry
+    budget: it was fetched fine, it is not a page whose last attempt was cut short."""
+    with _mystery_crawled_then_reopened(
+            tmp_path, {"fault": "http_error", "status": 503, "retry_after_s": 0, "first_n": 1},
+            max_attempts=2, lose_page_2s_body=True) as (server, site, store, before):
+        assert (before.pages[2].status, before.pages[2].attempts) == ("done", 2)
+        report = _resume_mystery(site, store)
+        asked = [e.status for e in server.fault_log if e.path.endswith("mystery_3/page-2.html")]
+    assert report.resumed and (report.pages_done, report.pages_failed) == (2, 0)
+    assert asked == [503, 200, 200]  # asked again, not dead-lettered "interrupted on the last attempt"
+    entry = latest_manifest(ObjectStore(store.url), "demo", "mystery").pages[2]
+    assert (entry.status, entry.attempts, entry.last_error) == ("done", 1, None)
+    assert (tmp_path / "objects" / before.page_key(2)).exists()
+
+
+def test_a_resumed_snapshots_progress_line_counts_the_pages_that_failed_before(tmp_path):
+    """The run that died had dead-lettered page 2 (404): the resume's last progress line counts
+    it among the failed, as the snapshot's totals do, without asking it again."""
+    import logging
+
+    lines: list[str] = []
+
+    class Recorder(logging.Logger):
+        def info(self, msg, *args, **kwargs):
+            lines.append(str(msg))
+
+    import asyncio
+
+    from scrape_assets.defs.assets.raw_pages import crawl_partitions
+
+    with _mystery_crawled_then_reopened(tmp_path, {"fault": "http_error", "status": 404},
+                                        max_attempts=2) as (server, site, store, _):
+        asked = len(server.fault_log)
+        [report] = asyncio.run(crawl_partitions(site, store, ["mystery"], new_snapshot=False, log=Recorder("t")))
+        assert len(server.fault_log) == asked  # nothing left to ask
+    assert report.resumed and (report.pages_done, report.pages_failed) == (1, 1)
+    assert lines[-1].startswith("1/2 pages done, 1 failed for good; 1/1 categories complete; ")
+
+
+def test_an_adopted_complete_snapshot_is_left_as_it_is_even_with_a_body_missing(tmp_path):
+    """A complete snapshot adopted (completed by a run that died before recording it) is not
+    crawled again: none of its done pages is turned back to pending, even one whose body is
+    gone (that snapshot would say complete with a page pending, and its report one page short)."""
+    import asyncio
+    import logging
+
+    from scrape_assets.defs.assets.raw_pages import crawl_partitions
+    from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
+    from scrape_assets.faults import FaultSpec
+    from scrape_assets_tests.fault_scenarios import fault_server
+
+    store = ObjectStoreResource(url=str(tmp_path / "objects"))
+    with fault_server(FaultSpec()) as server:
+        site = SiteResource(site="demo", base_url=server.base_url, max_attempts=2)
+        _resume_mystery(site, store)
+        before = latest_manifest(ObjectStore(store.url), "demo", "mystery")
+        (tmp_path / "objects" / before.page_key(2)).unlink()
+        asked = len(server.fault_log)
+        [report] = asyncio.run(crawl_partitions(site, store, ["mystery"], new_snapshot=False, log=logging.getLogger("t"),
+                                                adopt_complete=lambda _manifest: True))
+        assert len(server.fault_log) == asked
+    assert (report.resumed, report.snapshot_id, report.requests_made) == (True, before.snapshot_id, 0)
+    assert (report.pages_done, report.pages_failed) == (2, 0)
+    after = latest_manifest(ObjectStore(store.url), "demo", "mystery")
+    assert after.is_complete and [p.status for p in after.pages.values()] == ["done", "done"]
+
+
+def test_a_page_adopted_on_resume_forgets_the_attempt_an_earlier_run_made_on_it(tmp_path):
+    """A resumed sitemap run adopts page 2 from the previous snapshot after the run that died had
+    one 503 on it: the adopted (done) entry carries the copy's state, not that run's error and
+    back-off (a done page saying it waits out a Retry-After, or failed with http_503)."""
+    from scrape_assets.crawl import PartitionCrawler
+    from scrape_assets.manifest import Manifest, PageEntry
+    from scrape_assets.spec import load_spec
+
+    def manifest(snapshot_id: str, page_2: PageEntry) -> Manifest:
+        return Manifest(site="demo", category="travel", snapshot_id=snapshot_id, fetch_config={},
+                        fetch_config_hash="h", start_url="http://x/", pages={2: page_2})
+
+    previous = manifest("2026-12-01T000000Z", PageEntry(
+        url="http://x/page-2.html", status="done", attempts=1, http_status=200, content_hash="sha256:b", bytes=10,
+        fetched_at="2026-12-01T00:00:00Z", etag='"e"', content_type="text/html"))
+    crawler = PartitionCrawler(load_spec("demo"), "travel", ObjectStore(str(tmp_path / "objects")), None,
+                               fetch_config={}, fetch_base_url="http://x/", max_attempts=3)
+    crawler.manifest = manifest("2026-12-02T000000Z", PageEntry(
+        url="http://x/page-2.html", attempts=1, http_status=503, last_error="http_503: Service Unavailable",
+        retry_at="2026-12-02T00:00:10Z"))
+    crawler._adopt(2, previous, 2)
+    entry = crawler.manifest.pages[2]
+    assert (entry.status, entry.assumed_unchanged, entry.http_status, entry.etag) == ("done", True, 200, '"e"')
+    assert entry.body_key == previous.page_key(2) and entry.content_hash == "sha256:b"
+    assert (entry.last_error, entry.retry_at) == (None, None)

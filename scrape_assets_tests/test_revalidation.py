@@ -369,6 +369,21 @@ def test_a_page_saved_from_its_redirect_target_is_revalidated_there(tmp_path, in
     assert (md["raw_pages"]["pages_not_modified"], md["parsed_products"]["pages_parsed"]) == (2, 0)
 
 
+def test_only_a_redirected_page_records_the_url_it_was_read_from(tmp_path, instance):
+    """final_url is kept for a page that was redirected (its links resolve against it, and it is
+    part of the version); a page read where it was asked records none, so its version is the
+    one it had before redirects counted."""
+    site = Site()
+    site.routes["/cat/index.html"] = compliant(listing(1, 2, [card(1, "Book one", "£10.00")]), etag='"p1"')
+    site.routes["/cat/page-2.html"] = lambda _request: (301, {"Location": "/cat-new/page-2.html"}, b"")
+    site.routes["/cat-new/page-2.html"] = compliant(listing(2, 2, [card(2, "Book two", "£20.00")]), etag='"p2"')
+    with serve(site) as base:
+        runs = Runs(instance, tmp_path, base)
+        runs.run(selection=["raw_pages"])
+    pages = runs.manifests()[-1].pages
+    assert (pages[1].final_url, pages[2].final_url) == (None, f"{base}cat-new/page-2.html")
+
+
 # -- what a page's version covers --------------------------------------------------------------------
 def _relabelled_page(body: bytes, content_type: str) -> tuple[Site, dict]:
     """A site of one listing page, ``body`` always; its ``Content-Type`` and ETag are the
@@ -413,6 +428,23 @@ def test_a_header_charset_added_to_a_page_its_meta_decided_is_parsed_again(tmp_p
     assert runs.products() == [("1", "Café", 10)]
     first, second = runs.manifests()[-2:]
     assert (first.pages[1].meta_charset, second.pages[1].meta_charset) == (("cp932", None) if reparsed else (None, None))
+
+
+def test_a_304_keeps_the_meta_charset_that_decides_how_the_saved_copy_reads(tmp_path, instance):
+    """The header names no charset and the page's <meta> says Shift_JIS: a 304 (no body to look
+    in) keeps the saved copy's meta_charset, so the version is unchanged and nothing is parsed again."""
+    body = listing(1, 1, [card(1, "Cafe", "10.00")]).replace(b"<head>", b'<head><meta charset="shift_jis">')
+    site, _ = _relabelled_page(body, "text/html")
+    with serve(site) as base:
+        runs = Runs(instance, tmp_path, base)
+        runs.run()
+        site.log.clear()
+        md = runs.run()
+    assert site.asked() == [("/cat/index.html", 304)]
+    first, second = runs.manifests()[-2:]
+    assert (first.pages[1].meta_charset, second.pages[1].meta_charset) == ("cp932", "cp932")
+    assert second.data_version == first.data_version
+    assert (md["raw_pages"]["pages_not_modified"], md["parsed_products"]["pages_parsed"]) == (1, 0)
 
 
 def test_setting_the_specs_decimal_mark_parses_the_saved_pages_again(tmp_path, instance):

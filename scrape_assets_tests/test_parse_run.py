@@ -13,7 +13,7 @@ import pytest
 
 from scrape_assets import parse_run
 from scrape_assets.errors import FetchConfigChangedError, ManifestError, PermanentFetchError, SpecError
-from scrape_assets.extract import load_parse_state
+from scrape_assets.extract import input_version, load_parse_state
 from scrape_assets.manifest import latest_manifest
 from scrape_assets.spec import load_spec
 from scrape_assets.storage import ObjectStore
@@ -329,3 +329,58 @@ def test_a_state_from_before_the_share_was_recorded_is_validated_again_once(craw
     assert load_parse_state(store, "demo", "travel").max_rejected_share == 0.05
     [third] = parse_run.parse_partitions(store, SPEC, ["travel"])
     assert third.report is None and not third.figures["validated_again"]
+
+
+@pytest.mark.parametrize("old, new", [
+    ("availability: {css: p.availability}", "availability: {css: p.instock.availability}"),  # a selector
+    ("results_count: form.form-horizontal strong", "results_count: form strong"),  # the pagination rules
+    ("currency: GBP\n", "currency: GBP\ndecimal_mark: \".\"\n"),  # decimal_mark set
+])
+def test_an_edit_of_the_specs_parsing_rules_re_parses_the_saved_pages_and_a_politeness_edit_does_not(
+        crawled, tmp_path, old, new):
+    """The parse input is the pages, the parser and the spec's parsing rules: a selector, a
+    pagination rule or the decimal mark edited in the spec (no new snapshot, no new
+    PARSER_VERSION) parses the saved pages again; an edit of anything else (politeness) leaves
+    the category unchanged."""
+    store = _copy(crawled, tmp_path, "objects")
+    demo = (Path(parse_run.__file__).parent / "sites" / "demo.yaml").read_text()
+    [first] = parse_run.parse_partitions(store, SPEC, ["travel"])
+    assert first.figures["unchanged"] is False
+    polite = tmp_path / "demo-polite.yaml"
+    polite.write_text(demo.replace("requests_per_second: 50.0", "requests_per_second: 5.0"))
+    [same] = parse_run.parse_partitions(store, load_spec(str(polite)), ["travel"])
+    assert (same.figures["unchanged"], same.figures["pages_parsed"]) == (True, 0)
+    selector = tmp_path / "demo-selector.yaml"
+    assert demo.count(old) == 1
+    selector.write_text(demo.replace(old, new))
+    edited = load_spec(str(selector))
+    [again] = parse_run.parse_partitions(store, edited, ["travel"])
+    assert (again.figures["unchanged"], again.figures["pages_parsed"], again.figures["products"]) == (False, 1, 11)
+    state = load_parse_state(store, "demo", "travel")
+    assert state.input_version == input_version(latest_manifest(store, "demo", "travel", complete=True), edited)
+    [settled] = parse_run.parse_partitions(store, edited, ["travel"])
+    assert settled.figures["unchanged"] is True
+
+
+@pytest.mark.parametrize("recorded", [{"max_rejected_share": 0.5}, {"validated": False}])
+def test_rows_validated_again_stand_for_the_latest_snapshot(crawled, tmp_path, recorded):
+    """An unchanged input whose rows are validated again (another share, or they failed last
+    time): the parse state then stands for the latest complete snapshot and its completion
+    time, as when nothing is validated, or products_table would file the day's prices under
+    the earlier snapshot and day."""
+    import dataclasses
+
+    from scrape_assets.extract import save_parse_state
+
+    store = _copy(crawled, tmp_path, "objects")
+    list(parse_run.parse_partitions(store, SPEC, ["travel"]))
+    state = load_parse_state(store, "demo", "travel")
+    # As if parsed from yesterday's snapshot, whose pages today's snapshot has unchanged.
+    save_parse_state(store, "demo", "travel", dataclasses.replace(
+        state, latest_snapshot_id="2026-11-29T000000Z", latest_completed_at="2026-11-29T00:10:00Z", **recorded))
+    [again] = parse_run.parse_partitions(store, SPEC, ["travel"])
+    assert again.figures["unchanged"] and again.figures["validated_again"] and again.report.passed
+    latest = latest_manifest(store, "demo", "travel", complete=True)
+    after = load_parse_state(store, "demo", "travel")
+    assert (after.latest_snapshot_id, after.latest_completed_at) == (latest.snapshot_id, latest.completed_at)
+    assert (after.validated, after.max_rejected_share) == (True, SPEC.validation.max_rejected_share)

@@ -293,6 +293,45 @@ def test_blocking_check_stops_products_table_and_earlier_rows_stay(tmp_path, ins
     assert _table(tmp_path) == before
 
 
+def test_products_table_over_several_categories_refuses_them_all_when_one_failed_the_schema(tmp_path, instance):
+    """A range launched on products_table alone (the UI, the CLI) where one category's rows failed
+    the schema: nothing of the range is loaded, not even the categories that passed, and the
+    failure names the one that failed."""
+    good = make_resources(tmp_path)
+    assert materialize(instance, good, ["travel", "mystery"]).success
+    before = _table(tmp_path)
+    broken = make_resources(tmp_path, site=_broken_spec(tmp_path))
+    parsed = materialize(instance, broken, ["mystery"], selection=["parsed_products"], raise_on_error=False)
+    assert {c.check_name: c.passed for c in parsed.get_asset_check_evaluations()}["parsed_products_match_schema"] is False
+    # travel's input changed too (a parser fix): it would be reloaded if the range were loaded
+    parsed = materialize(instance, make_resources(tmp_path, site=_broken_spec(tmp_path, "availability", "p.instock.availability")),
+                         ["travel"], selection=["parsed_products"])
+    assert parsed.success and run_metadata(parsed)["parsed_products"]["pages_parsed"] == 1
+    alone = materialize(instance, good, ["travel", "mystery"], selection=["products_table"], raise_on_error=False)
+    assert not alone.success
+    (failure,) = [e for e in alone.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert failure.step_failure_data.user_failure_data.description == (
+        "parsed rows of mystery failed the schema (see the parsed_products_match_schema check); products_table not "
+        "changed")
+    assert _table(tmp_path) == before
+    wh = Warehouse(f"sqlite:///{tmp_path / 'warehouse.db'}")
+    assert len(wh.rows(price_history)) == 11 + 32  # no day written for travel either
+
+
+def test_rejected_cards_count_as_cards_found_against_the_sites_results_count(tmp_path, instance):
+    """Cards the parser rejected were on the pages: the count check (pages not reached) counts
+    them, so a selector that stops matching some cards fails the schema, not the count."""
+    partial = make_resources(tmp_path, site=_broken_spec(tmp_path, "rating", "p.star-rating:not(.Five)"))
+    result = materialize(instance, partial, ["mystery"], raise_on_error=False)
+    checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
+    assert checks["parsed_products_match_schema"].passed is False
+    parsed = run_metadata(result)["parsed_products"]["by_category"]["mystery"]
+    assert parsed["rejects"] > 0 and parsed["products"] + parsed["rejects"] == 32
+    count = checks["parsed_products_match_site_count"]
+    assert count.passed and count.metadata["mismatched"].value == {}
+    assert count.metadata["categories_compared"].value == 1
+
+
 def test_a_selector_that_stops_matching_some_cards_blocks_the_load(tmp_path, instance):
     """Five-star cards lose their rating element: their products must not silently leave the table."""
     assert materialize(instance, make_resources(tmp_path), ["travel", "mystery"]).success

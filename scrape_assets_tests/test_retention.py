@@ -145,6 +145,40 @@ def test_in_flight_and_abandoned_snapshots_locks_and_leftovers(tmp_path):
     assert not (tmp_path / "objects/demo/mystery").exists()
 
 
+def test_a_body_only_an_in_flight_snapshot_reads_outlives_its_deleted_snapshot(tmp_path):
+    """The snapshot a run resumes reads a page body (a 304 before it was cut short) that no
+    kept complete snapshot reads: its deleted snapshot's folder keeps that body, or the resume
+    would finish a snapshot with a page it can no longer read."""
+    store = ObjectStore(str(tmp_path / "objects"))
+    one_page_snapshot(store, "2026-11-27T000000Z", complete=True)
+    one_page_snapshot(store, "2026-11-28T000000Z", complete=True)
+    in_flight = one_page_snapshot(store, "2026-11-29T000000Z", complete=False, body_from="2026-11-27T000000Z")
+    in_flight.pages[1].status = "done"  # its page was confirmed (304) before the run stopped
+    in_flight.save(store)
+    [plan] = prune(store, "demo", ["travel"], keep=1, owner="test")
+    assert (plan.kept, plan.in_flight, plan.deleted) == (
+        ["2026-11-28T000000Z", "2026-11-29T000000Z"], ["2026-11-29T000000Z"], ["2026-11-27T000000Z"])
+    assert plan.objects == ["demo/travel/2026-11-27T000000Z/manifest.json"] and plan.bodies_kept == 1
+    assert store.read_bytes(in_flight.body_key(1)) == b"<html>2026-11-27T000000Z</html>"
+
+
+def test_a_body_only_the_parsed_snapshot_reads_outlives_its_deleted_snapshot(tmp_path):
+    """The snapshot holding the current parsed.json (kept for the parse state) reads a body of
+    an older snapshot that prune deletes: that body stays, so the parsed snapshot can still be
+    parsed again (a parser fix re-parses the latest complete snapshot, and dead_letters and
+    products_table read its manifest)."""
+    store = ObjectStore(str(tmp_path / "objects"))
+    one_page_snapshot(store, "2026-11-26T000000Z", complete=True)
+    one_page_snapshot(store, "2026-11-27T000000Z", complete=True, body_from="2026-11-26T000000Z")
+    one_page_snapshot(store, "2026-11-28T000000Z", complete=True)
+    _parsed_at(store, "2026-11-27T000000Z", latest_snapshot_id="2026-11-27T000000Z")
+    [plan] = prune(store, "demo", ["travel"], keep=1, owner="test")
+    assert plan.kept_for_parse == ["2026-11-27T000000Z"] and plan.deleted == ["2026-11-26T000000Z"]
+    assert plan.bodies_kept == 1
+    manifest = load_manifest(store, "demo", "travel", "2026-11-27T000000Z")
+    assert store.read_bytes(manifest.body_key(1)) == b"<html>2026-11-26T000000Z</html>"
+
+
 def _parsed_at(store: ObjectStore, snapshot_id: str, latest_snapshot_id: str) -> None:
     """Record ``snapshot_id`` as the snapshot holding demo/travel's current parsed.json."""
     manifest = load_manifest(store, "demo", "travel", snapshot_id)

@@ -453,10 +453,9 @@ DAEMON_SEEN_S = 40
 less than a minute, and meanwhile the summary says so rather than suggest ``make ui``."""
 
 
-def daemon_heartbeat_age(env: Mapping[str, str], now: float | None = None,
-                         within_s: float = DAEMON_SEEN_S) -> float | None:
+def daemon_heartbeat_age(env: Mapping[str, str], now: float | None = None) -> float | None:
     """Seconds since the newest Dagster daemon heartbeat on the instance the UI line names
-    (:func:`_ui_home`) when it is at most ``within_s``, else ``None``.
+    (:func:`_ui_home`) when it is at most :data:`DAEMON_SEEN_S`, else ``None``.
 
     A daemon runs there: a ``dagster-daemon`` service, or ``make ui`` (``dagster dev``,
     which starts one) already open. Only an instance on Dagster's default SQLite storage
@@ -487,7 +486,7 @@ def daemon_heartbeat_age(env: Mapping[str, str], now: float | None = None,
     except Exception:  # noqa: BLE001 - a hint only: an unreadable instance shows the plain line
         return None
     age = (time.time() if now is None else now) - max(beats, default=float("-inf"))
-    return max(age, 0.0) if age <= within_s else None
+    return max(age, 0.0) if age <= DAEMON_SEEN_S else None
 
 
 def run_daemon_check() -> int:

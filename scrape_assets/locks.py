@@ -135,6 +135,10 @@ def host_lock(
     )
 
 
+#: the ports a URL of these schemes means when it names none
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
 def host_origin(url_or_netloc: str) -> tuple[str, str, int | None]:
     """``(scheme, host, port)`` as a host is one host: user info dropped, the host in lower
     case, IDNA-encoded, without a trailing dot; a scheme's default port made explicit."""
@@ -148,7 +152,7 @@ def host_origin(url_or_netloc: str) -> tuple[str, str, int | None]:
         port = parts.port
     except ValueError:  # not a number: no port to compare
         port = None
-    return parts.scheme, host, port or {"http": 80, "https": 443}.get(parts.scheme)
+    return parts.scheme, host, port or DEFAULT_PORTS.get(parts.scheme)
 
 
 def host_lock_name(url_or_netloc: str) -> str:

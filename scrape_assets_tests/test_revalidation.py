@@ -351,13 +351,19 @@ def test_validators_are_not_sent_to_a_redirect_target_they_do_not_describe(tmp_p
     assert runs.products() == [("1", "Book one", 10), ("3", "Book three", 30)]
 
 
-def test_a_page_saved_from_its_redirect_target_is_revalidated_there(tmp_path, instance):
-    """The saved copy came from /cat-new/: its ETag goes on the hop to /cat-new/, not to the
-    URL that redirects, and the 304 from there reuses it."""
+def _site_whose_page_2_moved() -> Site:
+    """A category of two pages with ETags; page 2 answers 301 to /cat-new/page-2.html."""
     site = Site()
     site.routes["/cat/index.html"] = compliant(listing(1, 2, [card(1, "Book one", "£10.00")]), etag='"p1"')
     site.routes["/cat/page-2.html"] = lambda _request: (301, {"Location": "/cat-new/page-2.html"}, b"")
     site.routes["/cat-new/page-2.html"] = compliant(listing(2, 2, [card(2, "Book two", "£20.00")]), etag='"p2"')
+    return site
+
+
+def test_a_page_saved_from_its_redirect_target_is_revalidated_there(tmp_path, instance):
+    """The saved copy came from /cat-new/: its ETag goes on the hop to /cat-new/, not to the
+    URL that redirects, and the 304 from there reuses it."""
+    site = _site_whose_page_2_moved()
     with serve(site) as base:
         runs = Runs(instance, tmp_path, base)
         runs.run()
@@ -373,10 +379,7 @@ def test_only_a_redirected_page_records_the_url_it_was_read_from(tmp_path, insta
     """final_url is kept for a page that was redirected (its links resolve against it, and it is
     part of the version); a page read where it was asked records none, so its version is the
     one it had before redirects counted."""
-    site = Site()
-    site.routes["/cat/index.html"] = compliant(listing(1, 2, [card(1, "Book one", "£10.00")]), etag='"p1"')
-    site.routes["/cat/page-2.html"] = lambda _request: (301, {"Location": "/cat-new/page-2.html"}, b"")
-    site.routes["/cat-new/page-2.html"] = compliant(listing(2, 2, [card(2, "Book two", "£20.00")]), etag='"p2"')
+    site = _site_whose_page_2_moved()
     with serve(site) as base:
         runs = Runs(instance, tmp_path, base)
         runs.run(selection=["raw_pages"])

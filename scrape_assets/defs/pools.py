@@ -14,7 +14,7 @@ slot a minute later (``run_monitoring: free_slots_after_run_end_seconds`` in
 with ``scrape-assets fail-run RUN_ID``. The flock needs none of this.
 """
 
-from scrape_assets.locks import host_origin
+from scrape_assets.locks import DEFAULT_PORTS, host_origin
 from scrape_assets.settings import load_settings
 from scrape_assets.spec import load_spec
 from scrape_assets.storage import ObjectStore
@@ -28,7 +28,7 @@ def host_pool(base_url: str) -> str:
     trailing dot, an explicit default port dropped; an IPv6 address in brackets."""
     scheme, host, port = host_origin(base_url)
     shown = f"[{host}]" if ":" in host else host
-    return f"scrape-host-{shown}" + (f":{port}" if port and port != {"http": 80, "https": 443}.get(scheme) else "")
+    return f"scrape-host-{shown}" + (f":{port}" if port and port != DEFAULT_PORTS.get(scheme) else "")
 
 
 def configured_host_pool() -> str | None:

@@ -32,6 +32,10 @@ aiohttp error becomes the httpx error httpcore raises for the same condition, so
     InvalidURL, NonHttpUrlClientError        UnsupportedProtocol
     any other aiohttp.ClientError            TransportError
 
+The httpx error's text is aiohttp's, on one line; for an answer aiohttp's parser refuses,
+without the parser's own "400" (no status the server sent) and the page's URL (see
+:func:`_message`).
+
 Every request is sent once: aiohttp's silent resend after a hang-up is turned off, so each
 attempt the fetcher counts (and spaces out politely) is one request on the wire.
 
@@ -60,6 +64,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 
 import aiohttp
 import httpx
+from aiohttp.http_exceptions import HttpProcessingError
 from yarl import URL
 
 from scrape_assets.proxies import ProxyURL
@@ -82,11 +87,38 @@ _EXCEPTIONS: tuple[tuple[type[BaseException], type[httpx.TransportError]], ...] 
 
 
 def _mapped(exc: BaseException, request: httpx.Request) -> httpx.TransportError:
-    """The httpx error for the same condition as aiohttp's ``exc`` (module table)."""
+    """The httpx error for the same condition as aiohttp's ``exc`` (module table), with
+    :func:`_message`'s text."""
     for source, target in _EXCEPTIONS:
         if isinstance(exc, source):
-            return target(str(exc) or type(exc).__name__, request=request)
+            return target(_message(exc), request=request)
     raise TypeError(f"not an aiohttp error: {type(exc).__name__}")  # pragma: no cover - table ends with ClientError
+
+
+def _message(exc: BaseException) -> str:
+    """aiohttp's text for ``exc`` on one line, as a dead letter's reason shows it.
+
+    A response aiohttp's parser refuses (a malformed status line, header or chunk; a body
+    shorter than its ``Content-Length``) reads ``400, message="...", url='...'`` in aiohttp:
+    the 400 is the parser's own code, not a status the server sent (the page's
+    ``http_status`` is what the server sent, if anything), and the URL is the page's, which
+    the dead letter names already. Kept: the parser's message, its caret line dropped, as
+    ``malformed response: Invalid header token: b'Content-Length 1000'`` or ``Response
+    payload is not completed: Not enough data to satisfy content length header (received 10
+    of 1000 bytes).`` A proxy's refusal keeps aiohttp's text: its status is the proxy's.
+    """
+    cause = exc.__cause__
+    if isinstance(cause, HttpProcessingError) and not isinstance(exc, aiohttp.ClientHttpProxyError):
+        if isinstance(exc, aiohttp.ClientPayloadError):
+            return f"Response payload is not completed: {_one_line(cause.message)}"
+        if isinstance(exc, aiohttp.ClientResponseError):
+            return f"malformed response: {_one_line(exc.message)}"
+    return str(exc) or type(exc).__name__
+
+
+def _one_line(message: str) -> str:
+    """aiohttp's multi-line parser message on one line, without the line of its ``^`` pointer."""
+    return " ".join(line.strip() for line in message.splitlines() if line.strip(" ^"))
 
 
 _AIOHTTP_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)

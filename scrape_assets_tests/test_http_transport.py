@@ -422,3 +422,25 @@ def test_https_is_verified_with_httpx_certifi_context_built_once_on_the_first_ht
     texts, contexts_after_http = asyncio.run(main())
     assert texts == ["plain", "over TLS", "over TLS"]
     assert contexts_after_http == 0 and len(built) == 1  # none for http; one for both https requests
+
+
+@pytest.mark.parametrize(
+    ("reply", "text"),
+    [
+        (lambda n: b"HTTQ/9 what\r\n\r\n", "malformed response: Bad status line: Expected HTTP/, RTSP/ or ICE/: b'HTTQ/9 what'"),
+        (lambda n: (b"HTTP/1.1 200 OK\r\nContent-Length 1000\r\n\r\n", "close"),
+         "malformed response: Invalid header token: b'Content-Length 1000'"),
+        (lambda n: (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n", "close"),
+         "malformed response: Invalid character in chunk size: b'zz'"),
+        (lambda n: (b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n" + b"x" * 10, "close"),
+         "Response payload is not completed: Not enough data to satisfy content length header (received 10 of 1000 bytes)."),
+        (lambda n: (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10\r\nabc", "close"),
+         "Response payload is not completed: Not enough data to satisfy transfer length header."),
+    ],
+    ids=["bad-status-line", "bad-header", "bad-chunk-size", "short-body", "short-chunk"],
+)
+def test_a_refused_answer_reads_as_the_parsers_message_without_its_own_400_or_the_url(reply, text):
+    """aiohttp words these "400, message=..., url=...": a 400 the server never sent, in a dead letter."""
+    exc, _ = _run(reply, lambda client, base: client.get(base + "/p?token=abc"))
+    assert type(exc) is httpx.RemoteProtocolError
+    assert str(exc) == text

@@ -979,3 +979,216 @@ def test_a_validator_with_control_characters_is_not_kept():
     assert sendable_validator('"abc"') == '"abc"'
     assert [sendable_validator(v) for v in ('"a\x01b"', '"a\tb"', '"ab\x7f"')] == [None, None, None]
 
+
+
+# Behaviours a further mutation audit found unpinned (each test fails on its mutation).
+def test_a_gzip_body_exactly_at_the_limit_whose_trailer_comes_in_a_later_chunk_is_accepted():
+    import gzip
+
+    page = b"<html>" + b"x" * 87 + b"</html>"
+    assert len(page) == SMALL.max_body_bytes
+    stream = gzip.compress(page)
+
+    async def chunks():
+        yield stream[:-8]  # every byte of the page comes out of this chunk...
+        yield stream[-8:]  # ...and the member's end (CRC-32, size) only with this one
+
+    harness = Harness(lambda request: httpx.Response(200, headers={"Content-Encoding": "gzip"}, content=chunks()), SMALL)
+    page_read = harness.fetch()
+    assert (page_read.body, len(harness.requests)) == (page, 1)
+
+
+def test_a_gzip_member_that_starts_one_byte_before_a_chunk_ends_is_read():
+    import gzip
+
+    first, second = gzip.compress(b"<html>first half, "), gzip.compress(b"second half</html>")
+
+    async def chunks():
+        yield first + second[:1]  # one byte of the next member's magic number: not enough to tell
+        yield second[1:]
+
+    harness = Harness(lambda request: httpx.Response(200, headers={"Content-Encoding": "gzip"}, content=chunks()))
+    assert harness.fetch().body == b"<html>first half, second half</html>"
+
+
+def test_a_gzip_bomb_is_never_expanded_past_the_limit_in_memory():
+    import gzip
+
+    from scrape_assets.fetcher import _gzip_decoded
+
+    bomb = gzip.compress(b"\0" * 20_000_000)  # ~20 KB in one chunk
+
+    async def main() -> list[int]:
+        async def chunks():
+            yield bomb
+
+        return [len(out) async for out in _gzip_decoded(chunks(), 1000)]
+
+    assert sum(asyncio.run(main())) == 1001  # the limit and one byte to tell "too large", not 20 MB
+
+
+def test_the_back_off_of_a_resumed_page_grows_from_its_attempt_number_not_from_one():
+    from scrape_assets.retry import backoff_delay_s
+
+    policy = FetchPolicy(user_agent=UA, requests_per_second=1000, max_concurrency=1, max_attempts=5, obey_robots_txt=False)
+    harness = Harness(sequence(httpx.Response(503), httpx.Response(200, content=b"<html>ok</html>")), policy)
+    assert harness.fetch(prior_attempts=3).attempts == 2
+    expected = backoff_delay_s(4, base_s=0.5, max_s=30.0, retry_after_s=None, retry_after_max_s=120.0, rng=random.Random(42))
+    assert expected > policy.backoff_base_s  # attempt 4's ceiling is 4 s: above what attempt 1 may wait
+    assert harness.sleeps == [expected]
+
+
+@pytest.mark.parametrize(("error", "reason"), [
+    (httpx.LocalProtocolError("Illegal header value"), "local_protocol_error"),
+    (httpx.UnsupportedProtocol("Request URL is missing a scheme"), "unsupported_url"),
+])
+def test_an_exception_that_resending_cannot_cure_is_permanent_after_one_attempt(error, reason):
+    harness = Harness(sequence(error))
+    with pytest.raises(PermanentFetchError) as raised:
+        harness.fetch()
+    assert (raised.value.reason, raised.value.attempts, len(harness.requests)) == (reason, 1, 1)
+    assert harness.sleeps == []
+
+
+def test_an_error_answers_body_is_not_read_so_it_cannot_change_the_outcome():
+    """A 503's body in a coding we never offered, a 404's body above the limit: the status decides."""
+    harness = Harness(sequence(httpx.Response(503, headers={"Content-Encoding": "compress"}, content=b"\x1f\x9d\x90<"),
+                               httpx.Response(200, content=b"<html>ok</html>")))
+    assert (harness.fetch().body, len(harness.requests)) == (b"<html>ok</html>", 2)
+    harness = Harness(sequence(httpx.Response(404, content=b"x" * 101)), SMALL)
+    with pytest.raises(PermanentFetchError) as raised:
+        harness.fetch()
+    assert (raised.value.reason, raised.value.http_status) == ("http_404", 404)
+
+
+def test_a_304_naming_a_coding_we_never_offered_is_still_the_saved_copy():
+    """A 304 has no body: its Content-Encoding describes the saved representation, nothing to decode."""
+    harness = Harness(sequence(httpx.Response(304, headers={"ETag": '"v1"', "Content-Encoding": "compress"})))
+    page = harness.fetch(headers={"If-None-Match": '"v1"'})
+    assert (page.http_status, page.body) == (304, b"")
+
+
+def test_elapsed_ms_is_the_time_of_every_hop_in_milliseconds():
+    def handler(request: httpx.Request) -> httpx.Response:
+        harness.now += 0.25  # each hop takes 250 ms on the harness's clock
+        if request.url.path == "/old":
+            return httpx.Response(301, headers={"Location": "/new"})
+        return httpx.Response(200, content=b"<html>ok</html>")
+
+    harness = Harness(handler)
+    page = harness.fetch("http://shop.test/old")
+    assert (page.final_url, page.redirected) == ("http://shop.test/new", True)
+    assert page.elapsed_ms == 500.0
+
+
+def test_a_redirects_fragment_is_not_part_of_the_final_url():
+    harness = Harness(lambda request: httpx.Response(302, headers={"Location": "/new#reviews"}) if request.url.path == "/old"
+                      else httpx.Response(200, content=b"<html>ok</html>"))
+    page = harness.fetch("http://shop.test/old")
+    assert page.final_url == "http://shop.test/new"
+    assert [str(r.url) for r in harness.requests] == ["http://shop.test/old", "http://shop.test/new"]
+
+
+def test_a_negative_prior_attempts_is_refused():
+    harness = Harness(sequence(httpx.Response(200, content=b"<html>ok</html>")))
+    with pytest.raises(ValueError, match="prior_attempts must be >= 0, got -1"):
+        harness.fetch(prior_attempts=-1)
+    assert harness.requests == []
+
+
+@pytest.mark.timeout(30)
+def test_the_clients_pool_holds_two_connections_beyond_max_concurrency():
+    """Spares for robots.txt (a redirect to another host) while every page holds a connection."""
+    policy = _socket_policy(max_concurrency=1, timeout_s=5.0)
+
+    async def main():
+        state = {"open": 0, "peak": 0}
+        three, release = asyncio.Event(), asyncio.Event()
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            state["open"] += 1
+            state["peak"] = max(state["peak"], state["open"])
+            if state["open"] == 3:
+                three.set()
+            await release.wait()
+            state["open"] -= 1
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        try:
+            async with build_client(policy) as client:
+                tasks = [asyncio.ensure_future(client.get(f"{base}/{n}")) for n in range(4)]
+                await asyncio.wait_for(three.wait(), 10)
+                for _ in range(20):  # let a fourth connection reach the server if the pool allowed one
+                    await asyncio.sleep(0.01)
+                peak = state["peak"]
+                release.set()
+                statuses = [r.status_code for r in await asyncio.gather(*tasks)]
+        finally:
+            server.close()
+        return peak, statuses
+
+    assert asyncio.run(main()) == (3, [200] * 4)
+
+
+def test_a_validator_with_bytes_outside_ascii_is_not_kept():
+    """RFC 9110 §8.8.3 allows obs-text in an entity tag; httpx sends ASCII only, so it would fail every later GET."""
+    from scrape_assets.fetcher import sendable_validator
+
+    assert [sendable_validator(v) for v in ('"caf\u00e9"', 'W/"\u00ff"', '"\u20ac1"')] == [None, None, None]
+    assert sendable_validator('W/"cafe"') == 'W/"cafe"'
+
+
+def test_robots_txt_decides_before_the_attempts_left():
+    """A page out of attempts that robots.txt now forbids fails for good (permanent), not as exhausted."""
+    harness = Harness(_site(httpx.Response(200, text="User-agent: *\nDisallow: /catalogue/\n")), ROBOTS_POLICY)
+    with pytest.raises(PermanentFetchError) as raised:
+        harness.fetch(prior_attempts=3)
+    assert (raised.value.reason, raised.value.attempts) == ("robots_disallowed", 3)
+    assert harness.paths == ["/robots.txt"]
+
+
+
+async def _streamed(body: bytes):
+    """``body`` as a streamed response's content: its raw bytes, not decoded by httpx on construction."""
+    yield body
+
+
+def test_an_empty_gzip_body_is_an_empty_body_not_a_decoding_error():
+    harness = Harness(lambda request: httpx.Response(200, headers={"Content-Encoding": "gzip"}, content=_streamed(b"")))
+    with pytest.raises(TransientFetchError) as raised:
+        harness.fetch()
+    assert (raised.value.reason, raised.value.attempts) == ("empty_body", 3)
+
+
+@pytest.mark.parametrize("coding", ["Compress", "X-COMPRESS", "gzip, ZSTD"])
+def test_a_compression_the_client_did_not_accept_is_refused_whatever_its_case(coding):
+    """Content codings are case-insensitive (RFC 9110 §8.4.1); httpx passes one it does not know on as it is."""
+    harness = Harness(lambda request: httpx.Response(200, headers={"Content-Encoding": coding},
+                                                     content=_streamed(b"\x1f\x9d\x90<")))
+    with pytest.raises(PermanentFetchError) as raised:
+        harness.fetch()
+    assert raised.value.reason == "unsupported_content_encoding" and len(harness.requests) == 1
+
+
+@pytest.mark.parametrize("coding", ["GZIP", "X-Gzip", " gzip "])
+def test_a_gzip_body_is_read_by_our_decoder_whatever_the_codings_case_or_spaces(coding):
+    """httpx has no x-gzip decoder, and its gzip one reads only the first member: both are ours."""
+    import gzip
+
+    body = gzip.compress(b"<html>first half, ") + gzip.compress(b"second half</html>")
+    harness = Harness(lambda request: httpx.Response(200, headers={"Content-Encoding": coding}, content=_streamed(body)))
+    assert harness.fetch().body == b"<html>first half, second half</html>"
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_a_redirect_without_a_location_is_permanent_after_one_attempt(status):
+    harness = Harness(sequence(httpx.Response(status)))
+    with pytest.raises(PermanentFetchError) as raised:
+        harness.fetch()
+    assert (raised.value.reason, raised.value.http_status, raised.value.attempts) == (f"http_{status}", status, 1)
+    assert len(harness.requests) == 1

@@ -444,3 +444,85 @@ def test_a_refused_answer_reads_as_the_parsers_message_without_its_own_400_or_th
     exc, _ = _run(reply, lambda client, base: client.get(base + "/p?token=abc"))
     assert type(exc) is httpx.RemoteProtocolError
     assert str(exc) == text
+
+
+# Behaviours a mutation audit found unpinned (each test fails on its mutation).
+def test_direct_get_sends_the_host_as_httpx_writes_it_trailing_dot_included():
+    """An absolute-form request through a proxy names the host twice: both as written (aiohttp drops the dot)."""
+    _, proxy = _through_proxy(lambda base: base, lambda client: _direct_get(client, "http://catalogue.invalid./books/"))
+    head = proxy.heads[0].decode().split("\r\n")
+    assert head[0] == "GET http://catalogue.invalid./books/ HTTP/1.1"
+    assert head[1] == "Host: catalogue.invalid."
+
+
+def test_direct_get_keeps_no_cookie_from_a_named_host():
+    """aiohttp's own jar refuses cookies of IP addresses only: through a proxy the host has a name."""
+    async def main():
+        async with HeadServer(lambda n: _ok(b"page", "Set-Cookie: session=abc; Path=/")) as proxy:
+            async with httpx.AsyncClient(transport=AiohttpTransport(max_connections=1, proxy=proxy.base)) as client:
+                bodies = [(await _direct_get(client, f"http://shop.example/{n}")).body for n in range(2)]
+            return bodies, proxy
+
+    bodies, proxy = asyncio.run(main())
+    assert bodies == [b"page", b"page"]
+    assert not any(b"cookie:" in head.lower() for head in proxy.heads)
+
+
+def test_direct_get_does_not_follow_a_redirect_itself():
+    """The fetcher decides which redirects to follow (same origin only): the transport returns the 302."""
+    async def requests(client, base):
+        return await _direct_get(client, base + "/old")
+
+    reply = {1: b"HTTP/1.1 302 Found\r\nLocation: /new\r\nContent-Length: 0\r\n\r\n"}
+    direct, server = _run(lambda n: reply.get(n, _ok(b"new")), requests)
+    assert (direct.status, direct.headers["location"], direct.body) == (302, "/new", b"")
+    assert len(server.heads) == 1
+
+
+def test_a_closed_transport_opens_a_new_pool_when_used_again():
+    async def main():
+        async with HeadServer(lambda n: _ok(f"page {n}".encode())) as server:
+            transport = AiohttpTransport(max_connections=1)
+            texts = []
+            for _ in range(2):
+                async with httpx.AsyncClient(transport=transport, timeout=2.0) as client:
+                    texts.append((await client.get(server.base + "/")).text)
+            return texts
+
+    assert asyncio.run(main()) == ["page 1", "page 2"]
+
+
+def test_the_pool_opens_at_most_max_connections():
+    """The fourth of four concurrent requests waits for one of the first three to finish."""
+    async def main():
+        state = {"open": 0, "peak": 0}
+        three, release = asyncio.Event(), asyncio.Event()
+
+        async def handle(reader, writer):
+            await reader.readuntil(b"\r\n\r\n")
+            state["open"] += 1
+            state["peak"] = max(state["peak"], state["open"])
+            if state["open"] == 3:
+                three.set()
+            await release.wait()
+            state["open"] -= 1
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        try:
+            async with httpx.AsyncClient(transport=AiohttpTransport(max_connections=3), timeout=5.0) as client:
+                tasks = [asyncio.ensure_future(client.get(f"{base}/{n}")) for n in range(4)]
+                await asyncio.wait_for(three.wait(), 10)
+                for _ in range(20):  # let the fourth request reach the server if the pool allowed it
+                    await asyncio.sleep(0.01)
+                peak_before_release = state["peak"]
+                release.set()
+                statuses = [r.status_code for r in await asyncio.gather(*tasks)]
+        finally:
+            server.close()
+        return peak_before_release, statuses
+
+    assert asyncio.run(main()) == (3, [200] * 4)

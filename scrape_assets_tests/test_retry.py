@@ -179,3 +179,15 @@ def test_a_zoneless_retry_after_date_is_utc_on_a_machine_in_another_zone(monkeyp
     finally:
         monkeypatch.undo()
         time.tzset()
+
+
+# Boundaries a further mutation audit found unpinned (each test fails on its mutation).
+@pytest.mark.parametrize(("status", "expected"), [(299, "ok"), (300, "permanent"), (199, "permanent"), (600, "permanent")])
+def test_classify_status_at_the_edges_of_its_ranges(status, expected):
+    assert classify_status(status) == expected
+
+
+@pytest.mark.parametrize("bound", ["base_s", "max_s", "retry_after_max_s"])
+def test_backoff_rejects_a_negative_bound(bound):
+    with pytest.raises(ValueError, match=rf"(^|, | ){bound}=-1.0"):
+        _delay(1, random.Random(0), **{bound: -1.0})

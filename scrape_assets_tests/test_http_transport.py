@@ -490,39 +490,3 @@ def test_a_closed_transport_opens_a_new_pool_when_used_again():
             return texts
 
     assert asyncio.run(main()) == ["page 1", "page 2"]
-
-
-def test_the_pool_opens_at_most_max_connections():
-    """The fourth of four concurrent requests waits for one of the first three to finish."""
-    async def main():
-        state = {"open": 0, "peak": 0}
-        three, release = asyncio.Event(), asyncio.Event()
-
-        async def handle(reader, writer):
-            await reader.readuntil(b"\r\n\r\n")
-            state["open"] += 1
-            state["peak"] = max(state["peak"], state["open"])
-            if state["open"] == 3:
-                three.set()
-            await release.wait()
-            state["open"] -= 1
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
-            await writer.drain()
-            writer.close()
-
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-        try:
-            async with httpx.AsyncClient(transport=AiohttpTransport(max_connections=3), timeout=5.0) as client:
-                tasks = [asyncio.ensure_future(client.get(f"{base}/{n}")) for n in range(4)]
-                await asyncio.wait_for(three.wait(), 10)
-                for _ in range(20):  # let the fourth request reach the server if the pool allowed it
-                    await asyncio.sleep(0.01)
-                peak_before_release = state["peak"]
-                release.set()
-                statuses = [r.status_code for r in await asyncio.gather(*tasks)]
-        finally:
-            server.close()
-        return peak_before_release, statuses
-
-    assert asyncio.run(main()) == (3, [200] * 4)

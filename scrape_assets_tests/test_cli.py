@@ -1316,3 +1316,421 @@ def test_this_runs_figures_take_the_304s_not_the_unchanged_pages():
                                    get_asset_check_evaluations=lambda: [])
     figures = run_figures(result)
     assert (figures["requests_made"], figures["pages_not_modified"], figures["pages_done"]) == (40, 5, 38)
+
+
+def test_a_summary_of_nothing_crawled_does_not_name_every_category_as_without_a_snapshot():
+    """Before the first crawl the success rate line says where it looked; the categories line
+    names the categories without a snapshot only once some have one."""
+    import io
+
+    from scrape_assets.cli import print_summary
+
+    keys = ["travel", "mystery", "classics"]
+    summary = {"site": "demo", "categories": 0, "categories_configured": 3, "categories_without_snapshot": keys,
+               "pages_done": 0, "pages_failed": 0, "success_rate": 1.0, "products_loaded": 0, "dead_letters": 0,
+               "object_storage": "/d/objects", "warehouse": "sqlite:////d/warehouse.db", "warehouse_site": None}
+    out = io.StringIO()
+    print_summary(summary, out=out)
+    assert out.getvalue().splitlines()[1] == "  categories      0/3"
+    out = io.StringIO()
+    print_summary({**summary, "categories": 1, "categories_without_snapshot": keys[1:], "pages_done": 1}, out=out)
+    assert out.getvalue().splitlines()[1] == "  categories      1/3 (2 without a complete snapshot yet: mystery, classics)"
+
+
+def test_a_daemon_that_beat_this_very_second_still_counts_as_running():
+    """An age of 0 s (its beat newer than this clock: clamped) is a daemon running, not none."""
+    import io
+
+    from scrape_assets.cli import print_summary
+
+    summary = {"site": "demo", "categories": 0, "categories_configured": 12, "pages_done": 0, "pages_failed": 0,
+               "success_rate": 1.0, "products_loaded": 0, "dead_letters": 0, "object_storage": "/d/objects",
+               "warehouse": "sqlite:////d/warehouse.db", "warehouse_site": None, "daemon_heartbeat_age_s": 0.0}
+    run = {"success": False, "requests_made": 1, "pages_not_modified": 0, "pages_failed": 1, "pages_parsed": None,
+           "partitions_unchanged": None, "rows_loaded": None, "rows_carried_forward": None}
+    out = io.StringIO()
+    print_summary(summary, run, out=out)
+    lines = out.getvalue().splitlines()
+    assert lines[1] == "This run (FAILED: see the log above or the Dagster UI serving this instance)"
+    assert lines[-1].startswith("  Dagster UI      not `make ui`: a Dagster daemon beat on this instance 0 s ago ")
+
+
+def test_the_daemon_window_takes_the_newest_beat_and_includes_its_40th_second(tmp_path):
+    """Read from a real instance's runs.db: each daemon loop beats on its own, the newest beat
+    counts; exactly DAEMON_SEEN_S old still counts; a clock behind the beat gives 0 s, not a
+    negative age; a run_storage block (another database) is not read."""
+    import shutil
+
+    from dagster._daemon.types import DaemonHeartbeat
+
+    from scrape_assets.cli import DAEMON_SEEN_S, daemon_heartbeat_age
+
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copyfile(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
+    beat = 1_800_000_000.0
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        instance.add_daemon_heartbeat(DaemonHeartbeat(beat - 100, "SENSOR", "d1", []))  # an older loop's beat
+        instance.add_daemon_heartbeat(DaemonHeartbeat(beat, "SCHEDULER", "d1", []))
+    env = {"DAGSTER_HOME": str(home)}
+    assert daemon_heartbeat_age(env, now=beat + 5) == 5.0
+    assert daemon_heartbeat_age(env, now=beat + DAEMON_SEEN_S) == DAEMON_SEEN_S
+    assert daemon_heartbeat_age(env, now=beat + DAEMON_SEEN_S + 0.5) is None
+    assert daemon_heartbeat_age(env, now=beat - 3) == 0.0  # this clock behind the daemon's
+    (home / "dagster.yaml").write_text((REPO_ROOT / "dagster.yaml").read_text() + (
+        "run_storage:\n  module: dagster_postgres.run_storage\n  class: PostgresRunStorage\n  config:\n"
+        "    postgres_url: postgresql://u:p@127.0.0.1:9/d\n"))
+    assert daemon_heartbeat_age(env, now=beat + 5) is None  # the runs.db left here is not that instance's
+
+
+def test_a_percentage_that_is_not_a_number_is_refused_naming_it(tmp_path, monkeypatch, capsys):
+    import pytest
+
+    from scrape_assets.cli import main
+
+    monkeypatch.setenv("SCRAPE_DATA_DIR", str(tmp_path / "data"))
+    for bad in ("abc", "nan", "-1", "100.5%"):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["summary", "--min-success-rate", bad])
+        assert exit_info.value.code == 2, bad
+        assert capsys.readouterr().err.splitlines()[-1] == (
+            "scrape-assets summary: error: argument --min-success-rate: expected a percentage from 0 to 100, e.g. 90 "
+            f"or 99.5%, got {bad!r}")
+    assert not (tmp_path / "data").exists()
+
+
+def test_serve_demo_takes_every_port_from_0_to_65535():
+    import argparse
+
+    import pytest
+
+    from scrape_assets.cli import _port
+
+    assert (_port("0"), _port("65535"), _port("8000")) == (0, 65535, 8000)
+    for bad, shown in (("-1", "-1"), ("65536", "65536"), ("http", "'http'")):
+        with pytest.raises(argparse.ArgumentTypeError) as refused:
+            _port(bad)
+        assert str(refused.value) == f"expected a port number 0-65535, got {shown}"
+
+
+def test_prune_keep_must_be_a_whole_number_of_at_least_one(tmp_path, monkeypatch, capsys):
+    import pytest
+
+    from scrape_assets.cli import main
+
+    monkeypatch.setenv("SCRAPE_DATA_DIR", str(tmp_path / "data"))
+    for bad, why in (("0", "expected an integer >= 1 (the newest complete snapshot is always kept), got 0"),
+                     ("-2", "expected an integer >= 1 (the newest complete snapshot is always kept), got -2"),
+                     ("two", "expected an integer >= 1, got 'two'")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["prune", "--keep", bad])
+        assert exit_info.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1] == f"scrape-assets prune: error: argument --keep: {why}"
+    assert not (tmp_path / "data").exists()
+
+
+def test_serve_demo_on_an_address_not_of_this_machine_is_one_line(capsys):
+    from scrape_assets.cli import main
+
+    assert main(["serve-demo", "--host", "192.0.2.1", "--port", "0"]) == 2  # TEST-NET-1: no interface has it
+    assert capsys.readouterr().err == ("scrape-assets: error: cannot listen on 192.0.2.1:0: Cannot assign requested "
+                                       "address\n")
+
+
+def test_serve_demo_on_a_host_name_that_does_not_resolve_is_one_line(capsys):
+    from scrape_assets.cli import main
+
+    assert main(["serve-demo", "--host", "no-such-host.invalid", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("scrape-assets: error: cannot listen on no-such-host.invalid:0: ") and err.count("\n") == 1
+
+
+def test_categories_into_a_pipe_already_closed_ends_quietly(tmp_path):
+    """A reader gone before the first line (`... | true`): the output fits stdout's buffer, so
+    the failure shows only at the flush; it must be the command's (exit 1, nothing on stderr),
+    not the interpreter's at exit ("Exception ignored ... BrokenPipeError", exit 120)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the command writes
+    try:
+        done = subprocess.run([sys.executable, "-m", "scrape_assets.cli", "categories"], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=60, cwd=tmp_path,
+                              env={**{k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},  # buffered,
+                                   "SCRAPE_SITE": "demo"})  # as in a shell
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (1, "")
+
+
+def test_fail_run_ends_a_demo_run_whose_process_cannot_be_checked_from_here(tmp_path, monkeypatch, capsys):
+    """A demo run of another machine, boot or container: the operator's word that it is gone is taken."""
+    from scrape_assets import cli
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    boot, namespace, pid, ticks = cli.process_identity().split(":")
+    with cli._instance() as instance:
+        instance.add_run(dg.DagsterRun(job_name="daily_scrape_job", run_id="other-boot-run",
+                                       status=dg.DagsterRunStatus.STARTED,
+                                       tags={cli.PROCESS_TAG: f"another-boot:{namespace}:{pid}:{ticks}",
+                                             cli.PID_TAG: pid}))
+    assert cli.main(["fail-run", "other-boot-run"]) == 0
+    assert capsys.readouterr().out == "scrape-assets: run other-boot-run was started, now failed; it held no slot\n"
+    with cli._instance() as instance:
+        assert instance.get_run_by_id("other-boot-run").status == dg.DagsterRunStatus.FAILURE
+
+
+def test_the_next_demo_fails_only_the_runs_whose_process_it_can_tell_is_gone(instance):
+    """Runs of another boot or pid namespace, of a live process, or of another launcher stay
+    started; a demo run of this boot whose process is gone is failed and its slot freed."""
+    import subprocess as sp
+
+    from scrape_assets import cli
+
+    boot, namespace, pid, ticks = cli.process_identity().split(":")
+    child = sp.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # a process that ran and is gone: its number, no longer its start time
+    gone = f"{boot}:{namespace}:{child.pid}:{ticks}"
+    demo = {cli.LAUNCHED_BY_TAG: cli.DEMO_LAUNCHER, cli.HOST_TAG: "here"}
+    runs = {
+        "dead": {**demo, cli.PROCESS_TAG: gone, cli.PID_TAG: str(child.pid)},
+        "other-boot": {**demo, cli.PROCESS_TAG: f"another-boot:{namespace}:{child.pid}:{ticks}"},
+        "other-namespace": {**demo, cli.PROCESS_TAG: f"{boot}:1:{child.pid}:{ticks}"},
+        "alive": {**demo, cli.PROCESS_TAG: cli.process_identity()},
+        "untagged": dict(demo),
+        "not-a-demo": {cli.PROCESS_TAG: gone},
+    }
+    for run_id, tags in runs.items():
+        instance.add_run(dg.DagsterRun(job_name="daily_scrape_job", run_id=run_id, tags=tags,
+                                       status=dg.DagsterRunStatus.STARTED))
+    pool = "scrape-host-127.0.0.1:8000"
+    instance.event_log_storage.set_concurrency_slots(pool, 1)
+    assert instance.event_log_storage.claim_concurrency_slot(pool, "dead", "raw_pages").is_claimed
+    assert cli.fail_dead_demo_runs(instance) == [
+        f"scrape-assets: run dead, left started by a scrape-assets demo that is gone (pid {child.pid}), marked failed"]
+    statuses = {run_id: instance.get_run_by_id(run_id).status for run_id in runs}
+    assert statuses.pop("dead") == dg.DagsterRunStatus.FAILURE
+    assert set(statuses.values()) == {dg.DagsterRunStatus.STARTED}
+    assert not instance.event_log_storage.get_concurrency_info(pool).active_run_ids
+    assert cli.fail_dead_demo_runs(instance) == []  # once
+
+
+def test_a_process_number_reused_by_a_process_started_at_another_time_is_gone():
+    """The start time compared is the process's (proc(5) field 22), not a field every process shares."""
+    import subprocess as sp
+
+    from scrape_assets import cli
+
+    boot, namespace, _pid, ticks = cli.process_identity().split(":")
+    child = sp.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=sp.PIPE)
+    try:
+        theirs = cli._start_ticks(child.pid)
+        assert int(theirs) > int(ticks)  # started after this test process, seconds after, in clock ticks
+        assert cli._demo_process_gone(f"{boot}:{namespace}:{child.pid}:{theirs}") is False
+        assert cli._demo_process_gone(f"{boot}:{namespace}:{child.pid}:{ticks}") is True  # the number, another start
+    finally:
+        child.communicate(timeout=30)
+
+
+def test_an_instance_folder_keeps_its_own_dagster_yaml_and_home_may_start_with_a_tilde(tmp_path, monkeypatch):
+    """Only a missing dagster.yaml is copied in: one the user edited (another run limit, say) is used as is."""
+    from scrape_assets.cli import _instance
+
+    home = tmp_path / "home"
+    home.mkdir()
+    own = "telemetry:\n  enabled: false\nconcurrency:\n  runs:\n    max_concurrent_runs: 7\n"
+    (home / "dagster.yaml").write_text(own)
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    with _instance() as instance:
+        assert instance.get_concurrency_config().run_queue_config.max_concurrent_runs == 7  # not the shipped 4
+    assert (home / "dagster.yaml").read_text() == own
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path / "home")
+    monkeypatch.setenv("DAGSTER_HOME", "~/tilde-home")
+    with _instance() as instance:
+        assert instance.root_directory == str(tmp_path / "tilde-home")
+    assert os.environ["DAGSTER_HOME"] == str(tmp_path / "tilde-home") and not (home / "~").exists()
+
+
+def test_the_unreadable_line_shows_two_errors_and_names_the_rest():
+    import io
+
+    from scrape_assets.cli import print_summary
+
+    broken = {c: f"demo/{c}/s/manifest.json: unreadable manifest" for c in ("travel", "mystery", "poetry")}
+    summary = {"site": "demo", "categories": 9, "categories_configured": 12, "categories_unreadable": broken,
+               "pages_done": 9, "pages_failed": 0, "success_rate": 1.0, "products_loaded": 0, "dead_letters": 0,
+               "object_storage": "/d/objects", "warehouse": "sqlite:////d/warehouse.db", "warehouse_site": None}
+    out = io.StringIO()
+    print_summary(summary, out=out)
+    assert out.getvalue().splitlines()[2] == (
+        "  unreadable      3 not counted here, a manifest cannot be read: demo/travel/s/manifest.json: unreadable "
+        "manifest | demo/mystery/s/manifest.json: unreadable manifest | and 1 more: poetry")
+    out = io.StringIO()
+    print_summary({**summary, "categories_unreadable": dict(list(broken.items())[:2])}, out=out)
+    assert out.getvalue().splitlines()[2].endswith("demo/mystery/s/manifest.json: unreadable manifest")
+
+
+def test_fewer_cards_blames_the_selector_only_when_no_category_found_a_card():
+    import io
+
+    from scrape_assets.cli import print_summary
+
+    summary = {"site": "demo", "categories": 2, "categories_configured": 12, "pages_done": 6, "pages_failed": 0,
+               "success_rate": 1.0, "products_loaded": 60, "dead_letters": 0, "object_storage": "/d/objects",
+               "warehouse": "sqlite:////d/warehouse.db", "warehouse_site": None}
+    run = {"success": True, "requests_made": 6, "pages_not_modified": 0, "pages_failed": 0, "pages_parsed": 6,
+           "partitions_unchanged": 0, "rows_loaded": 60, "rows_carried_forward": 0, "dead_letters": 0,
+           "categories_short_of_site_count": {"default": {"cards_found": 60, "site_says": 232},
+                                              "poetry": {"cards_found": 0, "site_says": 19}}}
+    out = io.StringIO()
+    print_summary(summary, run, out=out)
+    assert ("  fewer cards     than the site counts in 2 categories: default (60 of 232), poetry (0 of 19) (pages the "
+            "crawl did not reach: pagination, the spec's max_pages?)") in out.getvalue().splitlines()
+
+
+def test_prune_of_a_storage_url_without_the_site_names_it_without_its_query(tmp_path, monkeypatch, capsys):
+    """SCRAPE_STORAGE_URL may carry a token in its query (or user info): the error line names
+    the store without it, as every other line does."""
+    from scrape_assets.cli import main
+
+    monkeypatch.setenv("SCRAPE_SITE", "demo")
+    monkeypatch.setenv("SCRAPE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("SCRAPE_STORAGE_URL", f"simplecache::file://{tmp_path / 'objects'}?token=secret-token")
+    assert main(["prune", "--keep", "1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines()[-1] == (
+        f"scrape-assets: error: no snapshot of demo in simplecache::file://{tmp_path / 'objects'}: is SCRAPE_STORAGE_URL "
+        "the one you scraped into, and SCRAPE_SITE (demo) the site? Nothing pruned")
+    assert "secret-token" not in captured.out + captured.err
+
+
+def test_demo_new_snapshot_starts_afresh_beside_an_incomplete_snapshot_of_another_config(tmp_path, monkeypatch, capsys):
+    """What the fetch-config refusal tells the user to run: `scrape-assets demo --new-snapshot`
+    leaves the incomplete snapshot alone and completes a new one."""
+    from scrape_assets.cli import main
+    from scrape_assets.manifest import latest_manifest, list_snapshots
+    from scrape_assets.storage import ObjectStore
+    from scrape_assets_tests.conftest import one_page_snapshot
+
+    for name in [k for k in os.environ if k.startswith("SCRAPE_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("SCRAPE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    store = ObjectStore(str(tmp_path / "data" / "objects"))
+    old = one_page_snapshot(store, "2026-11-28T000000Z", complete=False)  # fetched with another config
+    assert main(["demo", "--new-snapshot"]) == 0, capsys.readouterr().err[-3000:]
+    assert "  requests        38 (0 not modified: 304), 0 pages failed for good" in capsys.readouterr().out
+    snapshots = list_snapshots(store, "demo", "travel")
+    assert len(snapshots) == 2 and snapshots[0] == old.snapshot_id
+    assert latest_manifest(store, "demo", "travel", complete=True).snapshot_id == snapshots[1]
+
+
+def test_a_storage_url_exported_empty_counts_as_unset_in_the_messages(tmp_path, monkeypatch, capsys):
+    """SCRAPE_STORAGE_URL= (an .env template's empty line): the store is the data folder's, so
+    the messages name SCRAPE_DATA_DIR, as the settings do."""
+    from scrape_assets.cli import main
+
+    monkeypatch.setenv("SCRAPE_SITE", "demo")
+    monkeypatch.setenv("SCRAPE_STORAGE_URL", "")
+    missing = tmp_path / "nothere"
+    monkeypatch.setenv("SCRAPE_DATA_DIR", str(missing))
+    assert main(["prune", "--keep", "1"]) == 2
+    assert capsys.readouterr().err == (f"scrape-assets: error: no snapshot of demo in {missing}: is SCRAPE_DATA_DIR the "
+                                       "one you scraped into, and SCRAPE_SITE (demo) the site? Nothing pruned\n")
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("SCRAPE_DATA_DIR", str(blocker))
+    assert main(["summary"]) == 2
+    assert capsys.readouterr().err == (f"scrape-assets: error: SCRAPE_DATA_DIR='{blocker}' is invalid: expected a folder "
+                                       f"this process can read ({blocker} is a file, not a folder)\n")
+
+
+def test_daemon_check_lets_make_ui_start_unless_a_daemon_beat_just_now(tmp_path, monkeypatch, capsys):
+    """`make ui`'s first step: 0 on an instance no daemon beats on (or none at all); 1 with the
+    commands that serve this instance and port instead."""
+    import shutil
+    import time
+
+    from dagster._daemon.types import DaemonHeartbeat
+
+    from scrape_assets.cli import main
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("UI_PORT", "3005")
+    assert main(["daemon-check"]) == 0  # no instance there yet
+    home.mkdir()
+    shutil.copyfile(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        assert main(["daemon-check"]) == 0  # an instance no daemon ever ran on
+        assert capsys.readouterr() == ("", "")
+        instance.add_daemon_heartbeat(DaemonHeartbeat(time.time(), "SENSOR", "d1", []))
+    assert main(["daemon-check"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"scrape-assets: a Dagster daemon beat on the instance at {home} ")
+    assert f"`DAGSTER_HOME={home} .venv/bin/dagster-webserver -w workspace.yaml -p 3005`" in err
+    assert err.rstrip().endswith(f"`make ui UI_FORCE=1 UI_PORT=3005 DAGSTER_HOME={home}`.")
+
+
+def test_fail_run_takes_the_beginning_of_an_id_not_any_part_of_it(tmp_path, monkeypatch, capsys):
+    """Eight characters from the middle of a run's id are not its short id: no run is touched."""
+    from scrape_assets import cli
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    run_id = "1a2b3c4d-5e6f-4a0b-8c1d-2e3f4a5b6c7d"
+    with cli._instance() as instance:
+        instance.add_run(dg.DagsterRun(job_name="daily_scrape_job", run_id=run_id, status=dg.DagsterRunStatus.STARTED))
+    assert cli.main(["fail-run", "5e6f-4a0b"]) == 2
+    assert capsys.readouterr().err.startswith(f"scrape-assets: error: no run 5e6f-4a0b on the Dagster instance at "
+                                              f"{tmp_path / 'home'} (DAGSTER_HOME): ")
+    with cli._instance() as instance:
+        assert instance.get_run_by_id(run_id).status == dg.DagsterRunStatus.STARTED
+
+
+def test_the_ui_line_names_a_dagster_home_given_with_a_tilde_as_the_folder_it_is(tmp_path, monkeypatch):
+    """DAGSTER_HOME=~/... is the user's home's folder (as the command itself took it), not ./~/..."""
+    from scrape_assets.cli import ui_command
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(REPO_ROOT)
+    assert ui_command({"DAGSTER_HOME": "~/dagster-home"}) == f"make ui DAGSTER_HOME={tmp_path / 'dagster-home'}"
+
+
+def test_fail_run_refuses_a_bad_event_batch_size_before_touching_the_run(tmp_path, monkeypatch, capsys):
+    """Every command opening the instance checks DAGSTER_EVENT_BATCH_SIZE first (as `demo` does),
+    rather than only once a run executes: one line naming it, and the run left as it was."""
+    from scrape_assets import cli
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    with cli._instance() as instance:
+        instance.add_run(dg.DagsterRun(job_name="daily_scrape_job", run_id="killed-run",
+                                       status=dg.DagsterRunStatus.STARTED))
+    monkeypatch.setenv("DAGSTER_EVENT_BATCH_SIZE", "abc")
+    assert cli.main(["fail-run", "killed-run"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "scrape-assets: error: DAGSTER_EVENT_BATCH_SIZE='abc' is invalid: expected an integer >= 0")
+    monkeypatch.delenv("DAGSTER_EVENT_BATCH_SIZE")
+    with cli._instance() as instance:
+        assert instance.get_run_by_id("killed-run").status == dg.DagsterRunStatus.STARTED
+
+
+def test_demo_on_a_warehouse_that_is_not_a_database_stops_before_a_run(tmp_path, monkeypatch, capsys):
+    """The preflight: one line naming SCRAPE_WAREHOUSE_URL, exit 2, no run created and nothing
+    fetched, rather than a run that crawls every page and then fails to load them."""
+    from scrape_assets.cli import main
+
+    for name in [k for k in os.environ if k.startswith("SCRAPE_")]:
+        monkeypatch.delenv(name)
+    notes = tmp_path / "notes.db"
+    notes.write_text("not a database")
+    monkeypatch.setenv("SCRAPE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("SCRAPE_WAREHOUSE_URL", f"sqlite:///{notes}")
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    assert main(["demo"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines()[-1] == (
+        f"scrape-assets: error: SCRAPE_WAREHOUSE_URL='sqlite:///{notes}' is invalid: expected a reachable, writable "
+        "database (DatabaseError: file is not a database)")
+    assert not (tmp_path / "data" / "objects" / "demo").exists() and notes.read_text() == "not a database"
+    if (tmp_path / "home" / "dagster.yaml").exists():
+        with dg.DagsterInstance.from_config(str(tmp_path / "home")) as instance:
+            assert instance.get_runs() == []

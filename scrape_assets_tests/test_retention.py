@@ -248,14 +248,7 @@ def test_a_category_that_cannot_be_planned_or_deleted_is_skipped_and_the_others_
     shutil.copytree(mystery, tmp_path / "objects/demo/classics", dirs_exist_ok=True)
     for manifest_file in (tmp_path / "objects/demo/classics").rglob("manifest.json"):
         manifest_file.write_text(manifest_file.read_text().replace('"mystery"', '"classics"'))
-    real_delete = ObjectStore.delete_listed
-
-    def failing_delete(self, key):
-        if "/classics/" in key and not key.endswith("/manifest.json"):  # after the manifest went
-            raise PermissionError(13, "Permission denied", key)
-        real_delete(self, key)
-
-    monkeypatch.setattr(ObjectStore, "delete_listed", failing_delete)
+    _refuse_deleting_bodies_of(monkeypatch, "classics")
     plans = prune(store, "demo", ["travel", "mystery", "classics"], keep=1, owner="test")
     assert plans[0].skipped.startswith("not pruned, to be safe: ") and "unreadable parse state" in plans[0].skipped
     assert plans[1].skipped is None and plans[1].deleted == ["2026-11-28T000000Z"]
@@ -303,6 +296,30 @@ def test_cli_prune_reports_and_exits_nonzero_when_a_category_was_skipped(tmp_pat
     assert main(["prune", "--keep", "1"]) == 0
     assert list_snapshots(store, "demo", "travel") == ["2026-11-29T000000Z"]
     assert capsys.readouterr().out.splitlines()[-1].startswith("deleted 1 snapshot ")
+
+
+def test_cli_prune_totals_the_megabytes_of_the_categories_it_pruned(tmp_path, monkeypatch, capsys):
+    """The last line's total is in MB of 10**6 bytes, as each category's line, and leaves out a
+    category only partly pruned (its own line says what went)."""
+    monkeypatch.setenv("SCRAPE_DATA_DIR", str(tmp_path / "unused"))
+    monkeypatch.setenv("SCRAPE_STORAGE_URL", str(tmp_path / "objects"))
+    store = ObjectStore(str(tmp_path / "objects"))
+    for day in ("28", "29"):
+        one_page_snapshot(store, f"2026-11-{day}T000000Z", complete=True)
+    (tmp_path / "objects/demo/travel/2026-11-28T000000Z/pages/page-0001.html").write_bytes(b"x" * 1_500_000)
+    classics = tmp_path / "objects/demo/classics"
+    shutil.copytree(tmp_path / "objects/demo/travel", classics)
+    for manifest_file in classics.rglob("manifest.json"):
+        manifest_file.write_text(manifest_file.read_text().replace('"travel"', '"classics"'))
+
+    assert main(["prune", "--keep", "1", "--dry-run"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith(
+        "dry run: would delete 2 snapshots (3.0 MB) across 12 categories of demo at ")
+    _refuse_deleting_bodies_of(monkeypatch, "classics")
+    assert main(["prune", "--keep", "1"]) == 1
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("deleted 1 snapshot (1.5 MB) across 12 categories of demo at ") and last.endswith(
+        "; skipped 1: classics")
 
 
 def test_cli_prune_names_the_folders_of_categories_no_longer_in_the_spec(tmp_path, monkeypatch, capsys):
@@ -377,3 +394,16 @@ def test_a_prune_cut_short_leaves_no_snapshot_reading_a_deleted_body(tmp_path, m
     for snapshot_id in left:  # every snapshot left reads its bodies
         manifest = load_manifest(store, "demo", "travel", snapshot_id)
         assert all(store.exists(manifest.body_key(n)) for n in manifest.pages), snapshot_id
+
+
+def _refuse_deleting_bodies_of(monkeypatch, category: str) -> None:
+    """Storage refuses to delete ``category``'s objects other than manifests (EACCES): a prune of it
+    goes only as far as its manifests."""
+    real_delete = ObjectStore.delete_listed
+
+    def failing_delete(self, key):
+        if f"/{category}/" in key and not key.endswith("/manifest.json"):  # after the manifest went
+            raise PermissionError(13, "Permission denied", key)
+        real_delete(self, key)
+
+    monkeypatch.setattr(ObjectStore, "delete_listed", failing_delete)

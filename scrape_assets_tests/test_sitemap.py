@@ -774,3 +774,202 @@ def test_an_index_reads_at_most_max_children_and_counts_the_rest_skipped():
     sitemap = asyncio.run(load_sitemap(fetcher, base + "index.xml"))
     assert len(fetcher.asked) == 1 + MAX_CHILD_SITEMAPS
     assert (sitemap.requests, sitemap.urls, sitemap.skipped) == (1 + MAX_CHILD_SITEMAPS, MAX_CHILD_SITEMAPS, 3)
+
+
+def test_hosts_compare_in_any_case_on_both_sides():
+    """``https://Shop.example/`` in a spec (its netloc is an origin as written) and a ``<loc>``
+    spelled ``SHOP.example``: one host, so the entries are dated, not skipped."""
+    body = _urlset([("https://SHOP.example/a.html", "2026-12-01T00:00:00Z"),
+                    ("https://shop.example/b.html", "2026-12-01T00:00:00Z")])
+    sitemap = Sitemap(url="https://shop.example/sitemap.xml")
+    sitemap.add(body, sitemap.url, ["Shop.Example"])
+    assert (sitemap.urls, sitemap.skipped, sorted(sitemap.lastmod)) == (2, 0, ["/a.html", "/b.html"])
+    assert sitemap.dated("https://shop.example/a.html") and sitemap.dated("https://Shop.Example/b.html")
+
+
+def test_a_loc_without_a_path_dates_the_sites_root():
+    """``https://shop.example`` and ``https://shop.example/`` are one URL (RFC 9110 §4.2.3)."""
+    sitemap = Sitemap(url="https://shop.example/sitemap.xml")
+    sitemap.add(_urlset([("https://shop.example", "2026-12-01T00:00:00Z")]), sitemap.url, ["shop.example"])
+    assert sitemap.lastmod == {"/": datetime.datetime(2026, 12, 1, tzinfo=UTC)}
+    assert sitemap.dated("https://shop.example/")
+    assert sitemap.unchanged_since("https://shop.example/", "Tue, 01 Dec 2026 00:00:00 GMT", "2026-12-01T00:00:05Z")
+
+
+def test_a_last_modified_at_the_very_second_of_the_fetch_is_believed():
+    """The copy's Last-Modified may equal its fetch time (a page generated for that request):
+    it is not after the fetch, so it settles a lastmod no later than it, without the margin."""
+    url = "https://shop.example/p"
+    same = _one_entry("2026-12-01T00:10:00Z")
+    assert same.unchanged_since(url, "Tue, 01 Dec 2026 00:10:00 GMT", "2026-12-01T00:10:00Z")
+    assert not same.unchanged_since(url, "Tue, 01 Dec 2026 00:10:01 GMT", "2026-12-01T00:10:00Z")  # after the fetch
+
+
+def test_a_gzip_sitemap_of_exactly_the_size_limit_is_read_and_the_limit_is_the_protocols(monkeypatch):
+    """sitemaps.org: at most 50 MB, i.e. 52,428,800 bytes, uncompressed; a document of exactly
+    the limit is read, one byte more is refused."""
+    from scrape_assets import sitemap as sitemap_module
+
+    assert sitemap_module.MAX_SITEMAP_BYTES == 52_428_800
+    monkeypatch.setattr(sitemap_module, "MAX_SITEMAP_BYTES", 10_000)
+    head, tail = f"<urlset {NS}>".encode(), b"</urlset>"
+    url = "https://shop.example/s.xml.gz"
+    for size in (9_999, 10_000):
+        document = head + b" " * (size - len(head) - len(tail)) + tail
+        assert Sitemap(url=url).add(gzip.compress(document), url, ["shop.example"]) == []
+    with pytest.raises(SitemapError, match="larger than 10,000 bytes once decompressed"):
+        Sitemap(url=url).add(gzip.compress(head + b" " * (10_001 - len(head) - len(tail)) + tail), url, ["shop.example"])
+
+
+class _DocumentsOr404Fetcher(_DocumentsFetcher):
+    """:class:`_DocumentsFetcher` answering a URL it has no document for as the fetcher does a 404."""
+
+    async def fetch(self, url, *, on_attempt=None, headers=None, validators_url=None):
+        from scrape_assets.errors import FetchError
+
+        if url not in self.docs:
+            self.asked.append(url)
+            if on_attempt is not None:
+                await on_attempt(1)
+            raise FetchError(url, "http_404", http_status=404, attempts=1)
+        return await super().fetch(url, on_attempt=on_attempt, headers=headers, validators_url=validators_url)
+
+
+def _entry_doc(*locs: str) -> bytes:
+    return _urlset([(loc, "2026-12-01") for loc in locs])
+
+
+def _index_doc(*locs: str) -> bytes:
+    return (f"<sitemapindex {NS}>" + "".join(f"<sitemap><loc>{loc}</loc></sitemap>" for loc in locs)
+            + "</sitemapindex>").encode()
+
+
+def test_several_roots_over_the_limit_are_counted_skipped_and_duplicates_read_once():
+    """robots.txt Sitemap: lines: at most MAX_CHILD_SITEMAPS read (the rest counted), each once."""
+    from scrape_assets.sitemap import MAX_CHILD_SITEMAPS
+
+    base = "https://shop.example/"
+    roots = [f"{base}s{i}.xml" for i in range(MAX_CHILD_SITEMAPS + 2)]
+    fetcher = _DocumentsFetcher({root: _entry_doc(f"{base}p{i}.html") for i, root in enumerate(roots)})
+    sitemap = asyncio.run(load_sitemap(fetcher, [roots[0], *roots, roots[1]]))
+    assert fetcher.asked == roots[:MAX_CHILD_SITEMAPS]
+    assert (sitemap.requests, sitemap.urls, sitemap.skipped) == (MAX_CHILD_SITEMAPS, MAX_CHILD_SITEMAPS, 2)
+    exactly = _DocumentsFetcher(fetcher.docs)
+    assert asyncio.run(load_sitemap(exactly, roots[:MAX_CHILD_SITEMAPS])).skipped == 0
+
+
+def test_each_roots_own_origin_is_accepted():
+    """Two Sitemap: lines on two origins the site serves (the mirror, the site): each one's entries count."""
+    a, b = "http://127.0.0.1:8000/", "https://shop.example/"
+    fetcher = _DocumentsFetcher({a + "a.xml": _entry_doc(a + "p1.html"), b + "b.xml": _entry_doc(b + "p2.html")})
+    sitemap = asyncio.run(load_sitemap(fetcher, [a + "a.xml", b + "b.xml"]))
+    assert (sitemap.urls, sitemap.skipped, sorted(sitemap.lastmod)) == (2, 0, ["/p1.html", "/p2.html"])
+
+
+def test_an_index_listing_itself_or_a_child_twice_costs_one_request_each():
+    base = "https://shop.example/"
+    fetcher = _DocumentsFetcher({base + "index.xml": _index_doc(base + "index.xml", base + "a.xml", base + "a.xml"),
+                                 base + "a.xml": _entry_doc(base + "p.html")})
+    sitemap = asyncio.run(load_sitemap(fetcher, base + "index.xml"))
+    assert fetcher.asked == [base + "index.xml", base + "a.xml"]
+    assert (sitemap.requests, sitemap.urls, sitemap.skipped) == (2, 1, 0)
+
+
+def test_an_index_listed_by_an_index_is_not_read_and_its_children_are_counted_skipped():
+    """The protocol nests one level: a child that is itself an index is read, its own children not."""
+    base = "https://shop.example/"
+    fetcher = _DocumentsFetcher({base + "index.xml": _index_doc(base + "inner.xml"),
+                                 base + "inner.xml": _index_doc(base + "deep1.xml", base + "deep2.xml")})
+    sitemap = asyncio.run(load_sitemap(fetcher, base + "index.xml"))
+    assert fetcher.asked == [base + "index.xml", base + "inner.xml"]
+    assert (sitemap.requests, sitemap.urls, sitemap.skipped) == (2, 0, 2)
+
+
+def test_many_failing_children_are_named_five_at_most_and_counted():
+    base = "https://shop.example/"
+    children = [f"{base}c{i}.xml" for i in range(7)]
+    fetcher = _DocumentsOr404Fetcher({base + "index.xml": _index_doc(*children)})
+    with pytest.raises(SitemapError) as info:
+        asyncio.run(load_sitemap(fetcher, base + "index.xml"))
+    assert info.value.reason == ("; ".join(f"{child}: http_404" for child in children[:5])
+                                 + "; 2 more (7 of its documents could not be read)")
+    assert info.value.requests == 8
+
+
+class _ValidatedDocumentsFetcher(_DocumentsFetcher):
+    """:class:`_DocumentsFetcher` serving every document with an ``ETag`` (so it is kept)."""
+
+    async def fetch(self, url, *, on_attempt=None, headers=None, validators_url=None):
+        page = await super().fetch(url, on_attempt=on_attempt, headers=headers, validators_url=validators_url)
+        page.headers["etag"] = '"v1"'
+        return page
+
+
+def _copies(tmp_path):
+    from scrape_assets.sitemap import SitemapCopies
+
+    return SitemapCopies(ObjectStore(str(tmp_path / "objects")), "demo/sitemap.copies")
+
+
+def test_a_storage_error_on_the_copies_costs_only_the_copy(tmp_path):
+    """The copy cannot be written (a folder where its body goes): the sitemap is read all the same."""
+    url = "https://shop.example/sitemap.xml"
+    copies = _copies(tmp_path)
+    (tmp_path / "objects" / copies._keys(url)[0]).mkdir(parents=True)
+    sitemap = asyncio.run(load_sitemap(_ValidatedDocumentsFetcher({url: _entry_doc("https://shop.example/p.html")}),
+                                       url, copies=copies))
+    assert (sitemap.urls, sorted(sitemap.lastmod)) == (1, ["/p.html"])
+    assert copies.load(url) is None
+
+
+def test_a_document_that_does_not_read_as_a_sitemap_is_not_kept(tmp_path):
+    """An HTML error page served with an ETag at the sitemap's URL: refused, and not kept (the
+    next run asks for it whole, not with the error page's validator)."""
+    url = "https://shop.example/sitemap.xml"
+    copies = _copies(tmp_path)
+    with pytest.raises(SitemapError, match="root element 'html'"):
+        asyncio.run(load_sitemap(_ValidatedDocumentsFetcher({url: b"<html><body>Maintenance</body></html>"}), url,
+                                 copies=copies))
+    assert copies.load(url) is None and not (tmp_path / "objects" / "demo").exists()
+
+
+def test_a_kept_copy_serves_only_its_own_url_and_only_with_a_validator_it_can_send(tmp_path):
+    import json
+
+    url, other = "https://shop.example/sitemap.xml", "https://shop.example/other.xml"
+    copies = _copies(tmp_path)
+    assert copies.save(url, b"<urlset/>", {"etag": '"v1"'})
+    objects = tmp_path / "objects"
+    for mine, theirs in zip(copies._keys(url), copies._keys(other)):  # a copy moved by hand
+        (objects / theirs).write_bytes((objects / mine).read_bytes())
+    assert copies.load(other) is None
+    assert copies.load(url).headers == {"If-None-Match": '"v1"'}
+    meta_key = objects / copies._keys(url)[1]
+    meta = json.loads(meta_key.read_text())
+    meta.update(etag='"caf\u00e9"', last_modified="Tue, 01 Dec 2026\r\n 00:00:00 GMT")  # edited: neither sendable
+    meta_key.write_text(json.dumps(meta))
+    assert copies.load(url) is None
+
+
+def test_a_copy_whose_body_went_missing_is_written_again_when_the_same_document_comes(tmp_path):
+    url = "https://shop.example/sitemap.xml"
+    copies = _copies(tmp_path)
+    assert copies.save(url, b"<urlset/>", {"etag": '"v1"'})
+    (tmp_path / "objects" / copies._keys(url)[0]).unlink()
+    assert copies.load(url) is None
+    assert copies.save(url, b"<urlset/>", {"etag": '"v1"'})  # the same document, its JSON unchanged
+    assert copies.load(url).body == b"<urlset/>"
+
+
+def test_a_copy_follows_where_its_document_is_served_from(tmp_path):
+    """The same document, moved to another redirect target, then served without a redirect:
+    the copy's validators go only to where it now comes from."""
+    url = "https://shop.example/sitemap.xml"
+    copies = _copies(tmp_path)
+    headers = {"etag": '"v1"'}
+    copies.save(url, b"<urlset/>", headers, "https://shop.example/maps/a.xml")
+    assert copies.load(url).final_url == "https://shop.example/maps/a.xml"
+    copies.save(url, b"<urlset/>", headers, "https://shop.example/maps/b.xml")
+    assert copies.load(url).final_url == "https://shop.example/maps/b.xml"
+    copies.save(url, b"<urlset/>", headers)
+    assert copies.load(url).final_url is None

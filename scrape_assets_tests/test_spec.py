@@ -91,6 +91,45 @@ def _demo_dict() -> dict:
         (lambda d: d.update(validation={"max_rejected_share": True}), "validation.max_rejected_share", "valid number"),
         (lambda d: d["politeness"].update(obey_robots_txt=0), "politeness.obey_robots_txt", "valid boolean"),
         (lambda d: d["politeness"].update(obey_robots_txt="off"), "politeness.obey_robots_txt", "valid boolean"),
+        # Partition keys are storage path segments: at most 64 characters, a letter or digit first.
+        (lambda d: d["categories"].update({"a" * 65: "x.html"}), "categories." + "a" * 65, "category keys must match"),
+        (lambda d: d["categories"].update({"-x": "x.html"}), "categories.-x", "category keys must match"),
+        (lambda d: d["categories"].update({"_x": "x.html"}), "categories._x", "category keys must match"),
+        (lambda d: d.update(categories={}), "categories", "at least 1 item"),
+        (lambda d: d.update(name="Demo Site"), "name", "should match pattern"),
+        # A bare "?" or "#" is a query or fragment too: every joined path would be swallowed by it.
+        (lambda d: d.update(base_url="https://example.com/shop?"), "base_url", "without a query or fragment"),
+        (lambda d: d.update(base_url="https://example.com/shop#"), "base_url", "without a query or fragment"),
+        (lambda d: d.update(base_url="http://token@example.com/"), "base_url", "without user:password@"),
+        (lambda d: d["selectors"].update(url={"css": "h3 > a", "attr": "href=x"}), "selectors.url.attr",
+         "expected an attribute name such as 'href'"),
+        (lambda d: d["selectors"].update(url={"css": "h3 > a", "attr": "href>"}), "selectors.url.attr",
+         "expected an attribute name such as 'href'"),
+        (lambda d: d["pagination"].update(max_pages=0), "pagination.max_pages", "greater than or equal to 1"),
+        (lambda d: d["pagination"].update(max_pages=100_001), "pagination.max_pages", "less than or equal to 100000"),
+        (lambda d: d["pagination"].update(pager_regex=r"Page (\d+) of (\d+) (x)"), "pagination.pager_regex",
+         "expected a regular expression with 2 groups"),
+        (lambda d: d["pagination"].update(pager_regex=r"Page (\d+)"), "pagination.pager_regex",
+         "expected a regular expression with 2 groups"),
+        # {n:s} has the one placeholder, but int refuses the format: it would fail only at page 2.
+        (lambda d: d["pagination"].update(page_url="page-{n:s}.html"), "pagination.page_url",
+         "only placeholder is {n}"),
+        (lambda d: d["pagination"].update(page_url="page-{n}-{n.real}.html"), "pagination.page_url",
+         "only placeholder is {n}"),
+        (lambda d: d["product_id"].update(regex=r"_\d+/index\.html$"), "product_id.regex",
+         "capturing group for the id"),
+        (lambda d: d["politeness"].update(requests_per_second=100_001), "politeness.requests_per_second",
+         "less than or equal to 100000"),
+        (lambda d: d["politeness"].update(max_concurrency=257), "politeness.max_concurrency",
+         "less than or equal to 256"),
+        (lambda d: d.update(incremental={"revalidate": "sitemap", "sitemap": "//cdn.example/sitemap.xml"}),
+         "incremental.sitemap", "expected a path on the site"),
+        (lambda d: d.update(incremental={"revalidate": "sitemap", "sitemap": ""}), "incremental.sitemap",
+         "at least 1 character"),
+        (lambda d: d.update(incremental={"revalidate": "sitemap", "max_days_without_request": 0}),
+         "incremental.max_days_without_request", "greater than or equal to 1"),
+        (lambda d: d.update(incremental={"revalidate": "sitemap", "max_days_without_request": 366}),
+         "incremental.max_days_without_request", "less than or equal to 365"),
     ],
 )
 def test_bad_spec_names_file_key_and_expectation(tmp_path, mutate, key, expected):
@@ -290,3 +329,116 @@ def test_a_document_with_many_problems_counts_those_not_listed():
         parse_yaml_model(text, "x.yaml", Model)
     assert str(info.value).count("unknown key") == 1 + MAX_MORE
     assert "; and 2 more)" in str(info.value)
+
+
+def test_the_bounds_themselves_are_accepted_and_an_attribute_name_is_trimmed(tmp_path):
+    """Each limit refused just past it (above) is accepted at it; ``attr: ' href '`` is href."""
+    data = _demo_dict()
+    data["categories"]["a" * 64] = "x.html"
+    data["pagination"]["max_pages"] = 100_000
+    data["politeness"].update(requests_per_second=0.001, max_concurrency=256)
+    data["selectors"]["url"] = {"css": "h3 > a", "attr": " href "}
+    data["incremental"] = {"revalidate": "sitemap", "max_days_without_request": 365}
+    data["validation"] = {"max_rejected_share": 0}
+    data["collapse"] = {"floor": 0, "max_drop": 1}
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump(data))
+    spec = load_spec(str(path))
+    assert spec.categories["a" * 64] == "x.html" and spec.pagination.max_pages == 100_000
+    assert (spec.politeness.requests_per_second, spec.politeness.max_concurrency) == (0.001, 256)
+    assert spec.selectors.url.attr == "href"
+    assert spec.incremental.max_days_without_request == 365
+    assert (spec.validation.max_rejected_share, spec.collapse.floor, spec.collapse.max_drop) == (0, 0, 1)
+    data["politeness"]["requests_per_second"] = 100_000
+    data["incremental"]["max_days_without_request"] = 1
+    data["validation"] = {"max_rejected_share": 1}
+    data["collapse"] = {"floor": 1, "max_drop": 0}
+    path.write_text(yaml.safe_dump(data))
+    spec = load_spec(str(path))
+    assert (spec.politeness.requests_per_second, spec.incremental.max_days_without_request) == (100_000, 1)
+    assert (spec.validation.max_rejected_share, spec.collapse.floor, spec.collapse.max_drop) == (1, 1, 0)
+
+
+def test_the_defaults_of_a_spec_that_leaves_the_optional_blocks_out(tmp_path):
+    """A polite crawl unless the spec says otherwise: 1 request/s, 2 at a time, robots.txt obeyed."""
+    data = _demo_dict()
+    for key in ("currency", "politeness"):
+        data.pop(key)
+    for key in ("max_pages", "pager_regex"):
+        data["pagination"].pop(key, None)
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump(data))
+    spec = load_spec(str(path))
+    assert spec.currency == "GBP"
+    assert (spec.politeness.requests_per_second, spec.politeness.max_concurrency, spec.politeness.obey_robots_txt) == (
+        1.0, 2, True)
+    assert (spec.pagination.max_pages, spec.pagination.pager_regex) == (1000, r"Page\s+(\d+)\s+of\s+(\d+)")
+    assert (spec.incremental.revalidate, spec.incremental.sitemap, spec.incremental.max_days_without_request) == (
+        "every_page", "sitemap.xml", 7)
+    assert spec.validation.max_rejected_share == 0.05
+    assert (spec.collapse.floor, spec.collapse.max_drop) == (0.9, 0.3)
+
+
+def test_a_base_url_without_a_trailing_slash_is_a_folder_categories_resolve_under(tmp_path):
+    """``https://shop.example/en`` means the folder /en/: a category path is joined under it,
+    not in place of its last segment."""
+    data = _demo_dict()
+    data["base_url"] = "https://shop.example/en"
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump(data))
+    spec = load_spec(str(path))
+    assert spec.base_url == "https://shop.example/en/"
+    assert spec.start_url("travel") == "https://shop.example/en/catalogue/category/books/travel_2/index.html"
+
+
+def test_an_unknown_category_names_the_known_ones():
+    demo = load_spec("demo")
+    with pytest.raises(SpecError) as info:
+        demo.start_url("travle")
+    assert info.value.key == "categories"
+    assert str(info.value).startswith("demo: categories: unknown category 'travle'; known: travel, mystery, classics,")
+
+
+@pytest.mark.parametrize("missing", ["pager", "page_url"])
+def test_first_page_revalidation_needs_both_the_pager_and_the_page_url(tmp_path, missing):
+    data = _demo_dict()
+    data["incremental"] = {"revalidate": "first_page"}
+    data["pagination"].pop(missing)
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError, match="revalidate 'first_page' needs pagination.pager and pagination.page_url"):
+        load_spec(str(path))
+
+
+def test_a_spec_path_is_read_whatever_its_suffix_and_a_missing_yml_is_a_missing_file(tmp_path):
+    """Only a bare word is taken for a shipped name: ``shop.yml`` that is not there is a file
+    that cannot be read, not an unknown site; an existing file is read whatever it is called."""
+    text = (Path(__file__).parents[1] / "scrape_assets" / "sites" / "demo.yaml").read_text("utf-8")
+    for name in ("shop.yml", "shop.spec"):
+        (tmp_path / name).write_text(text)
+        assert load_spec(str(tmp_path / name)).name == "demo"
+    with pytest.raises(SpecError) as info:
+        load_spec(str(tmp_path / "missing.yml"))
+    assert str(info.value) == f"{tmp_path / 'missing.yml'}: cannot read spec file: No such file or directory"
+
+
+def test_a_user_agent_is_printable_ascii_up_to_512_characters():
+    """The bounds of what httpx can send: U+0020 to U+007E (DEL and tabs are control characters)."""
+    from scrape_assets.spec import user_agent_problem
+
+    assert user_agent_problem("b" * 512) is None and user_agent_problem(" ~bot/1.0~ ") is None
+    assert user_agent_problem("b" * 513) == "513 characters"
+    assert user_agent_problem("bot\x7f") == "character '\\x7f' (U+007F) is not printable ASCII"
+    assert user_agent_problem("bot\t1.0") == "character '\\t' (U+0009) is not printable ASCII"
+    assert user_agent_problem(" \t ") == "blank"
+
+
+def test_the_parsing_rules_digest_of_the_shipped_specs_is_stable():
+    """The digest is part of every partition's input version: a change of how a spec is read
+    (a field reordered or added with a default, a value normalised otherwise) that leaves its
+    meaning alone must not change it, or every saved partition is parsed again after an
+    upgrade. Update these only with a change that is meant to re-parse everything."""
+    from scrape_assets.extract import parse_rules_digest
+
+    assert parse_rules_digest(load_spec("demo")) == "bb4479fa0cc5"
+    assert parse_rules_digest(load_spec("books_toscrape")) == "90595c975d60"

@@ -1734,3 +1734,26 @@ def test_demo_on_a_warehouse_that_is_not_a_database_stops_before_a_run(tmp_path,
     if (tmp_path / "home" / "dagster.yaml").exists():
         with dg.DagsterInstance.from_config(str(tmp_path / "home")) as instance:
             assert instance.get_runs() == []
+
+
+def test_an_s3_storage_url_with_credentials_in_it_is_refused_without_echoing_them(tmp_path, monkeypatch, capsys):
+    """s3fs reads no user:password@ from a URL: the bucket would be "KEY:secret@bucket", and the
+    S3 client's refusal of that name repeated the secret in the error line (found by the 13th
+    mutation audit). Refused before any client call, the URL named redacted, what to use instead."""
+    from scrape_assets.cli import main
+
+    monkeypatch.setenv("SCRAPE_SITE", "demo")
+    monkeypatch.setenv("SCRAPE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("SCRAPE_STORAGE_URL", "s3://AKIAEXAMPLE:secret-token@bucket/objects")
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                        ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_EC2_METADATA_DISABLED", "true")):
+        monkeypatch.setenv(name, value)
+    for command, needs in ((["summary"], "read"), (["prune", "--keep", "1"], "write")):
+        assert main(command) == 2, command
+        captured = capsys.readouterr()
+        assert captured.err == (
+            "scrape-assets: error: SCRAPE_STORAGE_URL='s3://bucket/objects' is invalid: expected object storage this"
+            f" process can {needs} (cannot open object storage: credentials in an s3:// URL (user:password@) are not"
+            " read: expected s3://bucket[/prefix], credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or an"
+            " AWS profile)\n"), command
+        assert "secret-token" not in captured.out, command

@@ -332,6 +332,14 @@ def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
     return url.scheme, url.host, url.port or _DEFAULT_PORTS.get(url.scheme)
 
 
+def _check_host(url: httpx.URL) -> None:
+    """Raise UnicodeError (``idna.IDNAError``) if ``url``'s host is no IDNA name (``xn--``,
+    ``xn--zz.shop.test``, a label IDNA 2008 forbids). httpx parses such a URL and fails only
+    when its ``host`` is read: here, where the fetcher can name the URL, not in the crawl."""
+    if url.raw_host:
+        url.host  # noqa: B018 - decoding the host is the check
+
+
 @functools.lru_cache(maxsize=65536)
 def resource_key(url: str) -> str:
     """The URL as the fetcher requests it, to tell two links to one resource apart from two
@@ -348,10 +356,10 @@ def same_origin(url: str, other: str) -> bool:
     """Whether two absolute URLs share scheme, host and port (RFC 6454 §4), compared as the
     fetcher compares a redirect's target: host case and an explicit default port do not
     matter (``http://Shop.example:80/a`` and ``http://shop.example/b`` are one origin).
-    False when either is no URL (a port that is no number)."""
+    False when either is no URL (a port that is no number, a host that is no IDNA name)."""
     try:
         return _origin(httpx.URL(url)) == _origin(httpx.URL(other))
-    except httpx.InvalidURL:
+    except (httpx.InvalidURL, UnicodeError):  # UnicodeError: a host that is no IDNA name
         return False
 
 
@@ -499,7 +507,8 @@ class PageFetcher:
     ) -> FetchedPage:
         try:
             parsed = httpx.URL(url)
-        except httpx.InvalidURL as exc:
+            _check_host(parsed)
+        except (httpx.InvalidURL, UnicodeError) as exc:
             raise PermanentFetchError(url, "invalid_url", str(exc), attempts=prior_attempts) from exc
         if parsed.scheme not in _DEFAULT_PORTS or not parsed.host:
             raise PermanentFetchError(url, "invalid_url", "expected an absolute http(s) URL", attempts=prior_attempts)
@@ -674,7 +683,8 @@ class PageFetcher:
     def _redirect_target(url: str, current: httpx.URL, location: str, status: int, attempt: int) -> httpx.URL:
         try:
             target = current.join(location).copy_with(fragment=None)
-        except httpx.InvalidURL as exc:
+            _check_host(target)
+        except (httpx.InvalidURL, UnicodeError) as exc:
             raise PermanentFetchError(
                 url, "invalid_redirect", f"Location {location!r}: {exc}", http_status=status, attempts=attempt
             ) from exc
@@ -729,9 +739,18 @@ class PageFetcher:
                                         self._body(direct.headers, direct.aiter_raw, direct.aiter_bytes))
             finally:
                 direct.release()
-        async with self.client.stream("GET", target, headers=request_headers, follow_redirects=False) as response:
-            return await self._read(url, attempt, progress, response.status_code, response.headers,
-                                    self._body(response.headers, response.aiter_raw, response.aiter_bytes))
+        try:
+            async with self.client.stream("GET", target, headers=request_headers, follow_redirects=False) as response:
+                return await self._read(url, attempt, progress, response.status_code, response.headers,
+                                        self._body(response.headers, response.aiter_raw, response.aiter_bytes))
+        except UnicodeError as exc:
+            if progress.headers_received:
+                raise
+            # httpx's client builds a redirect's next request even with follow_redirects=False,
+            # reading the Location's host: one that is no IDNA name fails there, before the answer
+            # reaches us (the aiohttp path above hands it to _redirect_target, which says the same)
+            raise PermanentFetchError(url, "invalid_redirect", f"a Location whose host is no IDNA name ({exc})",
+                                      attempts=attempt) from exc
 
     def _body(self, headers: httpx.Headers, raw: Callable[[], AsyncIterator[bytes]],
               decoded: Callable[[], AsyncIterator[bytes]]) -> AsyncIterator[bytes]:

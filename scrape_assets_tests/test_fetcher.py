@@ -357,6 +357,7 @@ def test_explicit_default_port_is_the_same_origin():
     ("https://shop.example/a", "http://shop.example/a", False),
     ("http://shop.example:81/", "http://shop.example/", False),
     ("http://shop.example:x/", "http://shop.example/", False),  # a port that is no number: no origin
+    ("http://xn--/a", "http://xn--/b", False),  # a host that is no IDNA name: no origin (not an IDNAError)
 ])
 def test_same_origin_compares_as_the_redirect_check_does(url, other, same):
     from scrape_assets.fetcher import same_origin
@@ -1192,3 +1193,34 @@ def test_a_redirect_without_a_location_is_permanent_after_one_attempt(status):
         harness.fetch()
     assert (raised.value.reason, raised.value.http_status, raised.value.attempts) == (f"http_{status}", status, 1)
     assert len(harness.requests) == 1
+
+
+@pytest.mark.parametrize("location", ["http://xn--/x", "//xn--/x", "http://xn--zz.shop.test/x"])
+def test_a_redirect_to_a_host_that_is_no_idna_name_is_an_invalid_redirect(location):
+    """httpx parses such a Location and raises idna.IDNAError only when its host is read (httpx's
+    client reads it building the redirect's request): that escaped the fetcher, and a crawl,
+    which records FetchErrors as dead letters, failed whole on one hostile redirect."""
+    harness = Harness(sequence(httpx.Response(302, headers={"Location": location})))
+    with pytest.raises(PermanentFetchError) as raised:
+        harness.fetch()
+    assert (raised.value.reason, raised.value.attempts, len(harness.requests)) == ("invalid_redirect", 1, 1)
+
+
+async def redirect_to_no_idna_host(n: int, writer: asyncio.StreamWriter) -> None:
+    writer.write(b"HTTP/1.1 302 Found\r\nLocation: http://xn--zz.shop.test/x\r\nContent-Length: 0\r\n\r\n")
+    await writer.drain()
+
+
+@pytest.mark.timeout(30)
+def test_a_redirect_to_a_host_that_is_no_idna_name_is_an_invalid_redirect_over_a_real_socket():
+    result, requests, _ = _fetch_from(redirect_to_no_idna_host, _socket_policy())
+    assert isinstance(result, PermanentFetchError)
+    assert (result.reason, result.http_status, result.attempts, requests) == ("invalid_redirect", 302, 1, 1)
+    assert result.detail.startswith("Location 'http://xn--zz.shop.test/x': ")
+
+
+def test_a_page_url_whose_host_is_no_idna_name_is_an_invalid_url():
+    harness = Harness(sequence(httpx.Response(200, content=b"<html>ok</html>")))
+    with pytest.raises(PermanentFetchError) as raised:
+        harness.fetch("http://xn--/catalogue/page-1.html")
+    assert (raised.value.reason, raised.value.attempts, harness.requests) == ("invalid_url", 0, [])

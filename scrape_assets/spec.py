@@ -164,7 +164,8 @@ class Pagination(_Strict):
         try:
             fields = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
             value.format(n=2)
-        except (ValueError, KeyError, IndexError):  # an unmatched brace, a format spec int cannot take
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):  # an unmatched brace, a format spec
+            # int cannot take, {n[0]} or {n.x} (pydantic reports only ValueError: others escaped load_spec bare)
             fields = None
         if fields != {"n"}:
             raise ValueError("expected a pattern whose only placeholder is {n} (write '{{' for a literal '{'), "

@@ -116,6 +116,11 @@ def _demo_dict() -> dict:
          "only placeholder is {n}"),
         (lambda d: d["pagination"].update(page_url="page-{n}-{n.real}.html"), "pagination.page_url",
          "only placeholder is {n}"),
+        # int cannot be indexed nor has .x: format raises TypeError / AttributeError, not ValueError
+        (lambda d: d["pagination"].update(page_url="page-{n[0]}.html"), "pagination.page_url",
+         "only placeholder is {n}"),
+        (lambda d: d["pagination"].update(page_url="page-{n.x}.html"), "pagination.page_url",
+         "only placeholder is {n}"),
         (lambda d: d["product_id"].update(regex=r"_\d+/index\.html$"), "product_id.regex",
          "capturing group for the id"),
         (lambda d: d["politeness"].update(requests_per_second=100_001), "politeness.requests_per_second",

@@ -47,7 +47,15 @@ from scrape_assets.manifest import (
 from scrape_assets.page_slots import PageSlots, run_within
 from scrape_assets.parsing import UrlJoiner, meta_declared_codec, parse_pager
 from scrape_assets.politeness import robots_url_for
-from scrape_assets.sitemap import MAX_SITEMAP_BYTES, Sitemap, SitemapCopies, SitemapError, load_sitemap, parse_fetched_at
+from scrape_assets.sitemap import (
+    MAX_SITEMAP_BYTES,
+    Sitemap,
+    SitemapCopies,
+    SitemapError,
+    load_sitemap,
+    origin_host,
+    parse_fetched_at,
+)
 from scrape_assets.spec import SiteSpec
 from scrape_assets.storage import ObjectStore
 
@@ -855,7 +863,7 @@ async def load_run_sitemap(
     reader = PageFetcher(fetcher.client, dataclasses.replace(fetcher.policy, max_body_bytes=MAX_SITEMAP_BYTES),
                          limiter=fetcher.limiter, robots=fetcher.robots)
     try:
-        sitemap = await load_sitemap(reader, urls, origins=[urlsplit(spec.base_url).netloc], copies=copies)
+        sitemap = await load_sitemap(reader, urls, origins=[origin_host(spec.base_url)], copies=copies)
     except SitemapError as exc:
         (warn or emit)(f"{exc}: not used, every page is revalidated with a conditional GET")
         return Sitemap(url=url, error=exc.reason, requests=exc.requests)

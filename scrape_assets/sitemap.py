@@ -150,14 +150,28 @@ def parse_fetched_at(value: str | None) -> datetime.datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=datetime.timezone.utc)
 
 
+_DEFAULT_PORT_SUFFIXES = {"http": ":80", "https": ":443"}
+
+
+def origin_host(url: str) -> str:
+    """``url``'s ``host[:port]`` as sitemap entries are matched against a site's: lower case,
+    the scheme's default port dropped (``https://Shop.example:443/p`` -> ``shop.example``,
+    one origin as RFC 6454 compares them); ``""`` when ``url`` cannot be parsed
+    (``http://[bad/``), which no origin matches."""
+    return _key(url)[0]
+
+
 def _key(url: str) -> tuple[str, str]:
-    """``(host[:port] lower-cased, path[?query])`` of ``url``; ``("", "")`` when it cannot be
+    """``(origin_host(url), path[?query])`` of ``url``; ``("", "")`` when it cannot be
     parsed (``http://[bad/``), which no origin matches."""
     try:
         parts = urlsplit(url)
         host = parts.netloc.lower()
     except ValueError:
         return "", ""
+    default = _DEFAULT_PORT_SUFFIXES.get(parts.scheme.lower())
+    if default and host.endswith(default):
+        host = host[: -len(default)]
     return host, (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
 
@@ -374,6 +388,10 @@ class SitemapCopies:
             files = self.store.list_files(self.prefix)
         except FileNotFoundError:  # nothing kept yet
             return 0
+        except OSError as exc:  # a local folder that cannot be read (EACCES, a file in the way)
+            error = StorageError(f"{self.store.describe()}/{self.prefix}", f"list failed: {exc}")
+            error.root = self.store.describe()
+            raise error from exc
         # Copies only: a temp file may be another run's write in flight (sweep_temp_files ages them).
         stale = [key for key, _size in files if key not in wanted and _COPY_NAME.fullmatch(key.rsplit("/", 1)[1])]
         for key in stale:
@@ -403,7 +421,8 @@ async def load_sitemap(
         fetcher: a page fetcher of the run.
         url: absolute URL of the sitemap (or sitemap index), or a non-empty list of them.
         origins: ``host[:port]`` whose URLs are accepted besides the sitemap's own (the site's
-            base URL when the sitemap is fetched from a mirror).
+            base URL when the sitemap is fetched from a mirror), as :func:`origin_host` spells
+            them (without the scheme's default port).
         copies: where documents are kept between runs (None: always fetched whole). A
             storage error on them is logged and costs only the copy.
 
@@ -419,7 +438,7 @@ async def load_sitemap(
     over = roots[MAX_CHILD_SITEMAPS:]  # several (robots.txt lines) count as one index's children
     roots = roots[:MAX_CHILD_SITEMAPS]
     sitemap = Sitemap(url=" ".join(roots), skipped=len(over))
-    allowed = {*(urlsplit(root).netloc for root in roots), *origins}
+    allowed = {*(origin_host(root) for root in roots), *origins}
 
     async def count(_attempt: int) -> None:
         sitemap.requests += 1

@@ -922,6 +922,33 @@ def test_a_storage_error_on_the_copies_costs_only_the_copy(tmp_path):
     assert copies.load(url) is None
 
 
+def test_a_copies_folder_that_cannot_be_listed_costs_only_the_copies(tmp_path):
+    """Deleting the copies no longer listed starts with a listing: a folder it cannot read (a
+    file in the way, EACCES) raised a bare OSError out of load_sitemap, which failed raw_pages
+    after its retries (found by the twelfth mutation audit). The sitemap is read all the same."""
+    url = "https://shop.example/sitemap.xml"
+    (tmp_path / "objects" / "demo").mkdir(parents=True)
+    (tmp_path / "objects" / "demo" / "sitemap.copies").write_text("in the way")
+    sitemap = asyncio.run(load_sitemap(_ValidatedDocumentsFetcher({url: _entry_doc("https://shop.example/p.html")}),
+                                       url, copies=_copies(tmp_path)))
+    assert (sitemap.urls, sorted(sitemap.lastmod)) == (1, ["/p.html"])
+
+
+@pytest.mark.parametrize(("base_url", "loc"), [
+    ("https://shop.example/", "https://shop.example:443/p.html"),
+    ("https://Shop.example:443/", "https://shop.example/p.html"),
+    ("http://shop.example:80/", "HTTP://shop.example/p.html"),
+])
+def test_an_entry_on_the_sites_origin_with_or_without_its_default_port_is_read(base_url, loc):
+    """One origin however its default port is spelled (RFC 6454), as crawl compares robots.txt's
+    Sitemap: lines: the entry was skipped and its page asked again every run."""
+    from scrape_assets.sitemap import origin_host
+
+    sitemap = Sitemap(url=base_url + "sitemap.xml")
+    sitemap.add(_urlset([(loc, "2026-12-01")]), sitemap.url, [origin_host(base_url)])
+    assert (sitemap.urls, sitemap.skipped, sitemap.dated(base_url + "p.html")) == (1, 0, True)
+
+
 def test_a_document_that_does_not_read_as_a_sitemap_is_not_kept(tmp_path):
     """An HTML error page served with an ETag at the sitemap's URL: refused, and not kept (the
     next run asks for it whole, not with the error page's validator)."""

@@ -334,10 +334,13 @@ def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
 
 def _check_host(url: httpx.URL) -> None:
     """Raise UnicodeError (``idna.IDNAError``) if ``url``'s host is no IDNA name (``xn--``,
-    ``xn--zz.shop.test``, a label IDNA 2008 forbids). httpx parses such a URL and fails only
-    when its ``host`` is read: here, where the fetcher can name the URL, not in the crawl."""
+    ``xn--zz.shop.test``, a label IDNA 2008 forbids) or has a label the resolver's encoder
+    refuses (empty, as in ``a..b``, or over 63 characters). httpx parses such a URL and fails
+    only when its ``host`` is read, and aiohttp's name lookup raises a bare UnicodeError: here,
+    where the fetcher can name the URL, not in the crawl."""
     if url.raw_host:
         url.host  # noqa: B018 - decoding the host is the check
+        url.raw_host.decode("ascii").encode("idna")  # as socket.getaddrinfo encodes it
 
 
 @functools.lru_cache(maxsize=65536)

@@ -69,8 +69,12 @@ def base_url_problem(url: str) -> str | None:
     """What a fetch base URL (``SCRAPE_BASE_URL``, the ``site`` resource's ``base_url``) should be,
     when ``url`` is not that; None when it is. The value itself is never in the text (user
     info or a query may hold a secret)."""
-    if not http_host(url):
+    if not (host := http_host(url)):
         return "an absolute http(s) URL with a host, e.g. http://127.0.0.1:8000/"
+    try:  # the round trip a resolver and httpx make of it (an empty label, one over 63 characters, xn-- junk)
+        host.encode("idna").decode("idna")
+    except UnicodeError:
+        return "an absolute http(s) URL whose host is a domain name (no empty label, none over 63 characters)"
     parts = urlsplit(url)  # parsable: http_host read it
     if "@" in parts.netloc:
         # Every page would be refused (credentials are not sent) and the URL stored in manifests and dead letters.

@@ -1219,8 +1219,11 @@ def test_a_redirect_to_a_host_that_is_no_idna_name_is_an_invalid_redirect_over_a
     assert result.detail.startswith("Location 'http://xn--zz.shop.test/x': ")
 
 
-def test_a_page_url_whose_host_is_no_idna_name_is_an_invalid_url():
+@pytest.mark.parametrize("host", ["xn--", "shop..example", "x" * 64 + ".example"])
+def test_a_page_url_whose_host_is_no_domain_name_is_an_invalid_url(host):
+    """No IDNA name (httpx raises reading it), or a label the resolver's encoder refuses (aiohttp's
+    lookup raised a bare UnicodeError): a dead letter, not an exception out of the crawl."""
     harness = Harness(sequence(httpx.Response(200, content=b"<html>ok</html>")))
     with pytest.raises(PermanentFetchError) as raised:
-        harness.fetch("http://xn--/catalogue/page-1.html")
+        harness.fetch(f"http://{host}/catalogue/page-1.html")
     assert (raised.value.reason, raised.value.attempts, harness.requests) == ("invalid_url", 0, [])

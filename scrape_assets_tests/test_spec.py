@@ -81,6 +81,10 @@ def _demo_dict() -> dict:
         (lambda d: d.update(base_url="https://example.com/shop#top"), "base_url", "without a query or fragment"),
         (lambda d: d.update(base_url="http://example.com:80a/"), "base_url", "with a host"),
         (lambda d: d.update(base_url="http://:8080/"), "base_url", "with a host"),
+        # the resolver's encoder refuses an empty label or one over 63 characters; httpx an xn-- that decodes to nothing
+        (lambda d: d.update(base_url="http://shop..example/"), "base_url", "whose host is a domain name"),
+        (lambda d: d.update(base_url=f"http://{'x' * 64}.example/"), "base_url", "whose host is a domain name"),
+        (lambda d: d.update(base_url="http://xn--zz.example/"), "base_url", "whose host is a domain name"),
         (lambda d: d.update(base_url="http://u:secret@example.com/"), "base_url", "without user:password@"),
         (lambda d: d["categories"].update(wiki="Category:Travel_books"), "categories", "no scheme or host"),
         (lambda d: d["categories"].update(mail="mailto:x@y"), "categories", "write 'a:b' as './a:b'"),

@@ -124,7 +124,7 @@ def parse_yaml_model(
             if error["type"] == "extra_forbidden":
                 return key, "unknown key" + (f" ({unknown_key_hint})" if unknown_key_hint and hint else "")
             detail = error["msg"].removeprefix("Value error, ")
-            if not isinstance(error["input"], (dict, list)):
+            if not isinstance(error["input"], (dict, list)) and ", got " not in detail:  # (a validator's own says it)
                 detail += f" (got {error['input']!r})"
             if isinstance(error["input"], (bool, int, float)) and (
                     "[key]" in error["loc"] or error["msg"].startswith("Keys should be strings")):

@@ -451,3 +451,20 @@ def test_the_parsing_rules_digest_of_the_shipped_specs_is_stable():
 
     assert parse_rules_digest(load_spec("demo")) == "bb4479fa0cc5"
     assert parse_rules_digest(load_spec("books_toscrape")) == "90595c975d60"
+
+
+@pytest.mark.parametrize(("change", "ending"), [
+    (lambda d: d["selectors"].update(url={"css": "h3 > a", "attr": "href=x"}),
+     "selectors.url.attr: expected an attribute name such as 'href' or 'title', got 'href=x'"),
+    (lambda d: d.update(collapse={"floor": 1.5}), "collapse.floor: expected a success rate from 0 to 1 (0.9 is 90%), got 1.5"),
+    (lambda d: d["pagination"].update(max_pages=0), "pagination.max_pages: Input should be greater than or equal to 1 (got 0)"),
+])
+def test_the_bad_value_is_named_once(tmp_path, change, ending):
+    """A validator whose message names the value is not followed by a second "(got ...)"."""
+    data = _demo_dict()
+    change(data)
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError) as raised:
+        load_spec(str(path))
+    assert str(raised.value) == f"{path}: {ending}"

@@ -142,17 +142,23 @@ def _demo_dict() -> dict:
     ],
 )
 def test_bad_spec_names_file_key_and_expectation(tmp_path, mutate, key, expected):
+    path, error = _spec_error(tmp_path, mutate)
+    message = str(error)
+    assert str(path) in message
+    assert key in message
+    assert expected in message
+    assert error.key.startswith(key.split(".")[0])
+
+
+def _spec_error(tmp_path, mutate) -> tuple[Path, SpecError]:
+    """The demo spec changed by ``mutate``, written to a file: its path and load_spec's error."""
     data = _demo_dict()
     mutate(data)
     path = tmp_path / "site.yaml"
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(SpecError) as info:
         load_spec(str(path))
-    message = str(info.value)
-    assert str(path) in message
-    assert key in message
-    assert expected in message
-    assert info.value.key.startswith(key.split(".")[0])
+    return path, info.value
 
 
 def test_malformed_yaml_and_unknown_site(tmp_path, monkeypatch):
@@ -461,10 +467,5 @@ def test_the_parsing_rules_digest_of_the_shipped_specs_is_stable():
 ])
 def test_the_bad_value_is_named_once(tmp_path, change, ending):
     """A validator whose message names the value is not followed by a second "(got ...)"."""
-    data = _demo_dict()
-    change(data)
-    path = tmp_path / "site.yaml"
-    path.write_text(yaml.safe_dump(data))
-    with pytest.raises(SpecError) as raised:
-        load_spec(str(path))
-    assert str(raised.value) == f"{path}: {ending}"
+    path, error = _spec_error(tmp_path, change)
+    assert str(error) == f"{path}: {ending}"

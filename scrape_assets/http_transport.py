@@ -105,8 +105,13 @@ def _message(exc: BaseException) -> str:
     the dead letter names already. Kept: the parser's message, its caret line dropped, as
     ``malformed response: Invalid header token: b'Content-Length 1000'`` or ``Response
     payload is not completed: Not enough data to satisfy content length header (received 10
-    of 1000 bytes).`` A proxy's refusal keeps aiohttp's text: its status is the proxy's.
+    of 1000 bytes).`` A server that hangs up inside the headers reads ``Server disconnected
+    before the response's headers were complete``, not aiohttp's dump of the headers it had
+    (cookies included). A proxy's refusal keeps aiohttp's text: its status is the proxy's.
     """
+    if isinstance(exc, aiohttp.ServerDisconnectedError) and not isinstance(exc.message, str):
+        # aiohttp's C parser hands over the headers read so far (Set-Cookie included): not for a dead letter
+        return "Server disconnected before the response's headers were complete"
     cause = exc.__cause__
     if isinstance(cause, HttpProcessingError) and not isinstance(exc, aiohttp.ClientHttpProxyError):
         if isinstance(exc, aiohttp.ClientPayloadError):

@@ -50,8 +50,10 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
+import idna
 
 from scrape_assets.errors import FetchError, PermanentFetchError, TransientFetchError
+from scrape_assets.hostnames import host_name_problem
 from scrape_assets.http_transport import AiohttpTransport
 from scrape_assets.politeness import HostLimiter, RobotsCache, within_deadline
 from scrape_assets.retry import backoff_delay_s, classify_exception, classify_status, parse_retry_after
@@ -332,15 +334,12 @@ def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
     return url.scheme, url.host, url.port or _DEFAULT_PORTS.get(url.scheme)
 
 
-def _check_host(url: httpx.URL) -> None:
-    """Raise UnicodeError (``idna.IDNAError``) if ``url``'s host is no IDNA name (``xn--``,
-    ``xn--zz.shop.test``, a label IDNA 2008 forbids) or has a label the resolver's encoder
-    refuses (empty, as in ``a..b``, or over 63 characters). httpx parses such a URL and fails
-    only when its ``host`` is read, and aiohttp's name lookup raises a bare UnicodeError: here,
-    where the fetcher can name the URL, not in the crawl."""
-    if url.raw_host:
-        url.host  # noqa: B018 - decoding the host is the check
-        url.raw_host.decode("ascii").encode("idna")  # as socket.getaddrinfo encodes it
+def _host_problem(url: httpx.URL) -> str | None:
+    """:func:`~scrape_assets.hostnames.host_name_problem` of ``url``'s host (``xn--``,
+    ``shop..example``...). httpx parses such a URL and fails only when its ``host`` is read,
+    and aiohttp's name lookup raises a bare UnicodeError: checked where the fetcher can name
+    the URL, not in the crawl."""
+    return host_name_problem(url.raw_host.decode("ascii"))
 
 
 @functools.lru_cache(maxsize=65536)
@@ -510,11 +509,13 @@ class PageFetcher:
     ) -> FetchedPage:
         try:
             parsed = httpx.URL(url)
-            _check_host(parsed)
-        except (httpx.InvalidURL, UnicodeError) as exc:
+        except httpx.InvalidURL as exc:
             raise PermanentFetchError(url, "invalid_url", str(exc), attempts=prior_attempts) from exc
-        if parsed.scheme not in _DEFAULT_PORTS or not parsed.host:
+        if parsed.scheme not in _DEFAULT_PORTS or not parsed.raw_host:
             raise PermanentFetchError(url, "invalid_url", "expected an absolute http(s) URL", attempts=prior_attempts)
+        if problem := _host_problem(parsed):
+            raise PermanentFetchError(url, "invalid_url", f"its host is no name to look up: {problem}",
+                                      attempts=prior_attempts)
         if parsed.userinfo:
             raise PermanentFetchError(url, "invalid_url", "credentials in a URL are not sent (user:password@host)",
                                       attempts=prior_attempts)
@@ -686,11 +687,13 @@ class PageFetcher:
     def _redirect_target(url: str, current: httpx.URL, location: str, status: int, attempt: int) -> httpx.URL:
         try:
             target = current.join(location).copy_with(fragment=None)
-            _check_host(target)
-        except (httpx.InvalidURL, UnicodeError) as exc:
+        except httpx.InvalidURL as exc:
             raise PermanentFetchError(
                 url, "invalid_redirect", f"Location {location!r}: {exc}", http_status=status, attempts=attempt
             ) from exc
+        if problem := _host_problem(target):
+            raise PermanentFetchError(url, "invalid_redirect", f"Location {location!r}: its host is no name to look up:"
+                                      f" {problem}", http_status=status, attempts=attempt)
         if target.userinfo:
             raise PermanentFetchError(url, "invalid_redirect", "a Location with credentials (user:password@host)",
                                       http_status=status, attempts=attempt)
@@ -746,13 +749,14 @@ class PageFetcher:
             async with self.client.stream("GET", target, headers=request_headers, follow_redirects=False) as response:
                 return await self._read(url, attempt, progress, response.status_code, response.headers,
                                         self._body(response.headers, response.aiter_raw, response.aiter_bytes))
-        except UnicodeError as exc:
+        except idna.IDNAError as exc:
             if progress.headers_received:
                 raise
             # httpx's client builds a redirect's next request even with follow_redirects=False,
             # reading the Location's host: one that is no IDNA name fails there, before the answer
-            # reaches us (the aiohttp path above hands it to _redirect_target, which says the same)
-            raise PermanentFetchError(url, "invalid_redirect", f"a Location whose host is no IDNA name ({exc})",
+            # reaches us (the aiohttp path above hands it to _redirect_target, which names the
+            # Location and its status)
+            raise PermanentFetchError(url, "invalid_redirect", f"a Location whose host is no IDNA 2008 name ({exc})",
                                       attempts=attempt) from exc
 
     def _body(self, headers: httpx.Headers, raw: Callable[[], AsyncIterator[bytes]],

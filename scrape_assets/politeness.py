@@ -47,9 +47,11 @@ from datetime import datetime, timezone
 from typing import Literal, TypeVar
 
 import httpx
+import idna
 from aiolimiter import AsyncLimiter
 from protego import Protego
 
+from scrape_assets.hostnames import host_name_problem
 from scrape_assets.retry import backoff_delay_s, classify_exception, classify_status, parse_retry_after
 
 logger = logging.getLogger(__name__)
@@ -298,10 +300,17 @@ class RobotsCache:
                     )
                 if url is None:
                     break
+                if problem := host_name_problem(httpx.URL(url).raw_host.decode("ascii")):
+                    # as a redirect to a host that does not resolve (unreachable), without retries
+                    return _RobotsFile("unreachable", robots_url, f"robots.txt redirected to {url}, whose host is no"
+                                                                  f" name to look up ({problem})"), None
             else:
                 raise httpx.TooManyRedirects(f"more than {client.max_redirects} redirects from {robots_url}")
         except httpx.TooManyRedirects as exc:
             return _RobotsFile("unavailable", robots_url, f"robots.txt redirected too often ({exc}); allowing all"), None
+        except idna.IDNAError as exc:  # httpx reads a Location's host to build the redirect's request
+            return _RobotsFile("unreachable", robots_url, f"robots.txt redirected to a host that is no IDNA 2008 name"
+                                                          f" ({exc})"), None
         except (httpx.RequestError, TimeoutError, asyncio.TimeoutError) as exc:
             what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             # Retried as a page's request would be (a URL we cannot send is not: unsupported_url...).

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 
 from scrape_assets.currencies import is_price_currency
 from scrape_assets.errors import SpecError, UnknownSiteError
+from scrape_assets.hostnames import host_name_problem
 from scrape_assets.yaml_models import parse_yaml_model, read_text_file
 
 #: Partition keys double as storage path segments: keep them boring.
@@ -71,10 +72,8 @@ def base_url_problem(url: str) -> str | None:
     info or a query may hold a secret)."""
     if not (host := http_host(url)):
         return "an absolute http(s) URL with a host, e.g. http://127.0.0.1:8000/"
-    try:  # the round trip a resolver and httpx make of it (an empty label, one over 63 characters, xn-- junk)
-        host.encode("idna").decode("idna")
-    except UnicodeError:
-        return "an absolute http(s) URL whose host is a domain name (no empty label, none over 63 characters)"
+    if problem := host_name_problem(host):  # as the fetcher checks each page's host
+        return f"an absolute http(s) URL whose host is a host name or IP address ({problem})"
     parts = urlsplit(url)  # parsable: http_host read it
     if "@" in parts.netloc:
         # Every page would be refused (credentials are not sent) and the URL stored in manifests and dead letters.

@@ -1219,7 +1219,7 @@ def test_a_redirect_to_a_host_that_is_no_idna_name_is_an_invalid_redirect_over_a
     assert result.detail.startswith("Location 'http://xn--zz.shop.test/x': ")
 
 
-@pytest.mark.parametrize("host", ["xn--", "shop..example", "x" * 64 + ".example"])
+@pytest.mark.parametrize("host", ["xn--", "shop..example", "x" * 64 + ".example", "www.xn--zz.example"])
 def test_a_page_url_whose_host_is_no_domain_name_is_an_invalid_url(host):
     """No IDNA name (httpx raises reading it), or a label the resolver's encoder refuses (aiohttp's
     lookup raised a bare UnicodeError): a dead letter, not an exception out of the crawl."""
@@ -1227,3 +1227,27 @@ def test_a_page_url_whose_host_is_no_domain_name_is_an_invalid_url(host):
     with pytest.raises(PermanentFetchError) as raised:
         harness.fetch(f"http://{host}/catalogue/page-1.html")
     assert (raised.value.reason, raised.value.attempts, harness.requests) == ("invalid_url", 0, [])
+    assert raised.value.detail.startswith("its host is no name to look up: ")
+
+
+def _robots_redirect_to(location: bytes) -> Responder:
+    async def respond(n: int, writer: asyncio.StreamWriter) -> None:  # robots.txt is the first request
+        writer.write(b"HTTP/1.1 302 Found\r\nLocation: " + location + b"\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+    return respond
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("location", "detail"), [
+    (b"http://xn--zz.shop.test/robots.txt", "robots.txt redirected to a host that is no IDNA 2008 name (Invalid A-label)"),
+    (b"http://shop..example/robots.txt",
+     "robots.txt redirected to http://shop..example/robots.txt, whose host is no name to look up (an empty label)"),
+])
+def test_robots_txt_redirected_to_a_host_that_is_no_name_is_unreachable_not_an_escaped_error(location, detail):
+    """As a redirect to a host that does not resolve: robots.txt unreachable, the page refused,
+    without retries (httpx raised idna.IDNAError building the hop; aiohttp's lookup a bare
+    UnicodeError: both escaped the fetcher and failed the crawl)."""
+    result, requests, _ = _fetch_from(_robots_redirect_to(location), _socket_policy(obey_robots_txt=True))
+    assert isinstance(result, PermanentFetchError)
+    assert (result.reason, requests) == ("robots_unreachable", 1)
+    assert detail in result.detail

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from scrape_assets.errors import SpecError
-from scrape_assets.spec import load_spec, parse_spec, shipped_spec_names
+from scrape_assets.spec import base_url_problem, load_spec, parse_spec, shipped_spec_names
 
 
 def test_shipped_specs_load():
@@ -82,9 +82,10 @@ def _demo_dict() -> dict:
         (lambda d: d.update(base_url="http://example.com:80a/"), "base_url", "with a host"),
         (lambda d: d.update(base_url="http://:8080/"), "base_url", "with a host"),
         # the resolver's encoder refuses an empty label or one over 63 characters; httpx an xn-- that decodes to nothing
-        (lambda d: d.update(base_url="http://shop..example/"), "base_url", "whose host is a domain name"),
-        (lambda d: d.update(base_url=f"http://{'x' * 64}.example/"), "base_url", "whose host is a domain name"),
-        (lambda d: d.update(base_url="http://xn--zz.example/"), "base_url", "whose host is a domain name"),
+        (lambda d: d.update(base_url="http://shop..example/"), "base_url", "whose host is a host name or IP address (an empty"),
+        (lambda d: d.update(base_url=f"http://{'x' * 64}.example/"), "base_url", "(a label over 63 characters)"),
+        (lambda d: d.update(base_url="http://xn--zz.example/"), "base_url", "'xn--zz' is no IDNA 2008 label"),
+        (lambda d: d.update(base_url="http://xn--i-7iq.ws/"), "base_url", "'xn--i-7iq' is no IDNA 2008 label"),
         (lambda d: d.update(base_url="http://u:secret@example.com/"), "base_url", "without user:password@"),
         (lambda d: d["categories"].update(wiki="Category:Travel_books"), "categories", "no scheme or host"),
         (lambda d: d["categories"].update(mail="mailto:x@y"), "categories", "write 'a:b' as './a:b'"),
@@ -469,3 +470,11 @@ def test_the_bad_value_is_named_once(tmp_path, change, ending):
     """A validator whose message names the value is not followed by a second "(got ...)"."""
     path, error = _spec_error(tmp_path, change)
     assert str(error) == f"{path}: {ending}"
+
+
+@pytest.mark.parametrize("base_url", ["http://xn--strae-oqa.de/", "http://stra\u00dfe.de/", "http://[::1]:8000/",
+                                      "http://shop.example./"])
+def test_a_base_url_on_a_valid_idna_2008_name_or_an_address_is_taken(base_url):
+    """IDNA 2008 as httpx encodes hosts: xn--strae-oqa.de (straße.de) is a name Python's own idna
+    codec (IDNA 2003) would map differently or refuse."""
+    assert base_url_problem(base_url) is None

@@ -1,0 +1,62 @@
+"""Whether a URL's host is a name the fetcher can look up: one check for the spec and the fetcher.
+
+httpx parses ``http://xn--zz.example/`` and ``http://shop..example/`` and fails only later:
+reading such a URL's ``host`` raises ``idna.IDNAError``, and aiohttp's name lookup raises a
+bare ``UnicodeError`` (``socket.getaddrinfo`` encodes the host with Python's ``idna`` codec,
+which refuses an empty label or one over 63 characters). :func:`host_name_problem` says so
+up front, the way httpx encodes hosts (IDNA 2008, the ``idna`` package), so that the spec
+refuses such a base URL and the fetcher turns such a page or redirect into a dead letter.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+
+
+@functools.lru_cache(maxsize=1024)
+def host_name_problem(host: str) -> str | None:
+    """What keeps ``host`` from being looked up, or None when nothing does.
+
+    Args:
+        host: a URL's host as ``urlsplit(url).hostname`` or ``httpx.URL(url).raw_host``
+            (decoded) give it: IPv6 without brackets, a name in ASCII (punycode) or Unicode.
+
+    Returns:
+        None for an IP address or a name whose labels (RFC 1035 §2.3.4: 1 to 63 characters;
+        one trailing dot allowed) are each plain ASCII or a valid IDNA 2008 A-label (RFC 5891,
+        as httpx decodes ``xn--`` labels), and whose Unicode form IDNA 2008 can encode
+        (``straße.de`` yes, ``i❤.ws`` no, as httpx refuses it). Else the problem in a few
+        words, e.g. ``"an empty label"``. Letters, digits and hyphens are not checked further
+        (``shop_1.example`` passes): a name that does not exist is the resolver's to say.
+    """
+    if not host:
+        return "no host"
+    try:
+        ipaddress.ip_address(host.partition("%")[0])  # an IPv6 zone ("%eth0") is not the address's
+        return None
+    except ValueError:
+        pass
+    if host.isascii():
+        name = host
+    else:
+        import idna  # httpx's own dependency; only for a Unicode host (the definitions do not load it)
+
+        try:
+            name = idna.encode(host.lower()).decode("ascii")  # as httpx encodes a Unicode host
+        except idna.IDNAError as exc:
+            return f"not an IDNA 2008 name ({exc})"
+    labels = name.removesuffix(".").split(".")
+    if any(not label for label in labels):
+        return "an empty label"
+    if any(len(label) > 63 for label in labels):
+        return "a label over 63 characters"
+    for label in labels:
+        if label[:4].lower() == "xn--":
+            import idna
+
+            try:
+                idna.decode(label)
+            except idna.IDNAError as exc:
+                return f"{label!r} is no IDNA 2008 label ({exc})"
+    return None

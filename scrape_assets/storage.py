@@ -198,12 +198,15 @@ class ObjectStore:
             raise StorageError(redact_url(url), f"cannot open object storage: {exc}") from exc
         self.is_local = self.root.protocol in ("", "file", "local")
         if self.root.protocol in S3_PROTOCOLS:
-            if "@" in url.partition("://")[2].split("/", 1)[0]:
+            bucket = url.partition("://")[2].split("/", 1)[0]
+            if "@" in bucket or (":" in bucket and not bucket.startswith("arn:")):  # (an access point ARN has ":")
                 # s3fs reads no credentials from the URL: "key:secret@bucket" would be the bucket's
-                # name, and the client's refusal of it would repeat the secret in every message
-                raise StorageError(redact_url(url), "cannot open object storage: credentials in an s3:// URL"
-                                   " (user:password@) are not read: expected s3://bucket[/prefix], credentials from"
-                                   " AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or an AWS profile")
+                # name ("key:wJalr" when the secret holds a "/"), and the client's refusal of that
+                # name would repeat the secret in every message. No bucket name holds "@" or ":".
+                raise StorageError(redact_url(url), "cannot open object storage: an s3:// URL names a bucket only,"
+                                   " credentials (user:password@) and ports are not read: expected s3://bucket[/prefix],"
+                                   " credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or an AWS profile, an"
+                                   " endpoint from AWS_ENDPOINT_URL")
             try:  # a URL without a bucket ("s3:/bucket", "s3://") fails here, not at the first read
                 self.root.joinpath("key")
                 if not self.root.path.strip("/"):

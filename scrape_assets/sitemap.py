@@ -150,28 +150,32 @@ def parse_fetched_at(value: str | None) -> datetime.datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=datetime.timezone.utc)
 
 
-_DEFAULT_PORT_SUFFIXES = {"http": ":80", "https": ":443"}
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def origin_host(url: str) -> str:
-    """``url``'s ``host[:port]`` as sitemap entries are matched against a site's: lower case,
-    the scheme's default port dropped (``https://Shop.example:443/p`` -> ``shop.example``,
-    one origin as RFC 6454 compares them); ``""`` when ``url`` cannot be parsed
-    (``http://[bad/``), which no origin matches."""
+    """``url``'s ``host[:port]`` as sitemap entries are matched against a site's: the host in
+    lower case (IPv6 in brackets), the port as a number, the scheme's default port dropped
+    (``https://Shop.example:443/p``, ``https://shop.example:/p`` -> ``shop.example``); the
+    scheme itself is not compared (a site's sitemap may list its http URLs). ``""`` when
+    ``url`` cannot be parsed (``http://[bad/``, a port that is no number), which no origin
+    matches."""
     return _key(url)[0]
 
 
 def _key(url: str) -> tuple[str, str]:
     """``(origin_host(url), path[?query])`` of ``url``; ``("", "")`` when it cannot be
-    parsed (``http://[bad/``), which no origin matches."""
+    parsed (``http://[bad/``, a port that is no number), which no origin matches."""
     try:
         parts = urlsplit(url)
-        host = parts.netloc.lower()
+        port = parts.port
     except ValueError:
         return "", ""
-    default = _DEFAULT_PORT_SUFFIXES.get(parts.scheme.lower())
-    if default and host.endswith(default):
-        host = host[: -len(default)]
+    host = parts.hostname or ""
+    if ":" in host:  # IPv6
+        host = f"[{host}]"
+    if port is not None and port != _DEFAULT_PORTS.get(parts.scheme.lower()):
+        host = f"{host}:{port}"
     return host, (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
 
@@ -389,14 +393,21 @@ class SitemapCopies:
         except FileNotFoundError:  # nothing kept yet
             return 0
         except OSError as exc:  # a local folder that cannot be read (EACCES, a file in the way)
-            error = StorageError(f"{self.store.describe()}/{self.prefix}", f"list failed: {exc}")
-            error.root = self.store.describe()
-            raise error from exc
+            raise self._storage_error(self.prefix, "list", exc) from exc
         # Copies only: a temp file may be another run's write in flight (sweep_temp_files ages them).
         stale = [key for key, _size in files if key not in wanted and _COPY_NAME.fullmatch(key.rsplit("/", 1)[1])]
         for key in stale:
-            self.store.delete_listed(key)
+            try:
+                self.store.delete_listed(key)
+            except OSError as exc:  # on local disks unwrapped: a read-only folder or mount
+                raise self._storage_error(key, "delete", exc) from exc
         return len(stale)
+
+    def _storage_error(self, key: str, action: str, exc: OSError) -> StorageError:
+        """``exc`` (the store's local listing or deletion failed) as the StorageError the caller handles."""
+        error = StorageError(f"{self.store.describe()}/{key}", f"{action} failed: {exc}")
+        error.root = self.store.describe()
+        return error
 
 
 async def load_sitemap(

@@ -934,10 +934,29 @@ def test_a_copies_folder_that_cannot_be_listed_costs_only_the_copies(tmp_path):
     assert (sitemap.urls, sorted(sitemap.lastmod)) == (1, ["/p.html"])
 
 
+def test_a_stale_copy_that_cannot_be_deleted_costs_only_the_copies(tmp_path, monkeypatch):
+    """A read-only copies folder (or mount): the delete's bare PermissionError escaped
+    load_sitemap as the listing's did. The sitemap is read; the stale copy stays."""
+    old, url = "https://shop.example/old.xml", "https://shop.example/sitemap.xml"
+    copies = _copies(tmp_path)
+    assert copies.save(old, b"<urlset/>", {"etag": '"v1"'})
+
+    def refuse(self, key):
+        raise PermissionError(13, "Permission denied", key)
+
+    monkeypatch.setattr(ObjectStore, "delete_listed", refuse)
+    sitemap = asyncio.run(load_sitemap(_ValidatedDocumentsFetcher({url: _entry_doc("https://shop.example/p.html")}),
+                                       url, copies=copies))
+    assert (sitemap.urls, sorted(sitemap.lastmod)) == (1, ["/p.html"])
+    assert copies.load(old) is not None
+
+
 @pytest.mark.parametrize(("base_url", "loc"), [
     ("https://shop.example/", "https://shop.example:443/p.html"),
     ("https://Shop.example:443/", "https://shop.example/p.html"),
     ("http://shop.example:80/", "HTTP://shop.example/p.html"),
+    ("https://shop.example/", "https://shop.example:/p.html"),  # an empty port is the default one
+    ("https://shop.example/", "https://shop.example:0443/p.html"),  # a port is a number
 ])
 def test_an_entry_on_the_sites_origin_with_or_without_its_default_port_is_read(base_url, loc):
     """One origin however its default port is spelled (RFC 6454), as crawl compares robots.txt's

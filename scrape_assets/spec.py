@@ -165,7 +165,10 @@ class Pagination(_Strict):
         if value is None:
             return value
         try:
-            fields = {name for _, name, _, _ in string.Formatter().parse(value) if name is not None}
+            parsed = [(name, spec) for _, name, spec, _ in string.Formatter().parse(value) if name is not None]
+            fields = {name for name, _spec in parsed}
+            if any(re.search(r"\d{4}", spec or "") for _name, spec in parsed):
+                raise ValueError("a width of 1,000 or more")  # {n:999999999}: a gigabyte per page URL
             value.format(n=2)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):  # an unmatched brace, a format spec
             # int cannot take, {n[0]} or {n.x} (pydantic reports only ValueError: others escaped load_spec bare)

@@ -126,6 +126,9 @@ def _demo_dict() -> dict:
          "only placeholder is {n}"),
         (lambda d: d["pagination"].update(page_url="page-{n.x}.html"), "pagination.page_url",
          "only placeholder is {n}"),
+        # a width that would build a page URL of a gigabyte (or raise MemoryError out of load_spec)
+        (lambda d: d["pagination"].update(page_url="page-{n:99999999999}.html"), "pagination.page_url",
+         "only placeholder is {n}"),
         (lambda d: d["product_id"].update(regex=r"_\d+/index\.html$"), "product_id.regex",
          "capturing group for the id"),
         (lambda d: d["politeness"].update(requests_per_second=100_001), "politeness.requests_per_second",

@@ -357,3 +357,99 @@ def test_serve_forever_prints_its_address_and_stops_on_ctrl_c():
     finally:
         process.kill()
         process.stdout.close()
+
+
+# --- behaviours pinned by the mutation audit --------------------------------------------------------
+
+
+def test_date_env_var_is_stripped_and_must_be_written_yyyy_mm_dd(monkeypatch):
+    """Whitespace around the date (an ``.env`` file, a shell quote) is ignored; other ISO 8601
+    spellings that ``date.fromisoformat`` would take (basic, week dates) are refused."""
+    monkeypatch.setenv(DATE_ENV_VAR, " 2024-05-01\n")
+    assert resolve_day() == DAY
+    for value in ("20240501", "2024-W18-3"):
+        monkeypatch.setenv(DATE_ENV_VAR, value)
+        with pytest.raises(ValueError) as raised:
+            resolve_day()
+        assert str(raised.value) == (f"SCRAPE_DEMO_DATE={value!r} is invalid: expected a date as YYYY-MM-DD, "
+                                     "e.g. 2024-05-01")
+
+
+def test_query_strings_are_ignored_and_methods_are_case_insensitive():
+    page = get(listing("travel"))
+    for target in (listing("travel") + "?utm_source=x", listing("travel") + "?", "/robots.txt?v=2"):
+        response = get(target)
+        assert response.status == 200, target
+        assert response.body == (page.body if "travel" in target else get("/robots.txt").body)
+    assert respond("get", listing("travel"), day=DAY).body == page.body
+    head = respond("head", listing("travel"), day=DAY)
+    assert (head.status, head.body, head.headers) == (200, b"", page.headers)
+
+
+def test_an_unsupported_method_is_405_on_any_path():
+    for target in (listing("travel"), "/no/such/page.html", listing("default", 99)):
+        response = respond("DELETE", target, day=DAY)
+        assert (response.status, response.headers["Allow"]) == (405, "GET, HEAD"), target
+        assert b"<h1>405 Method Not Allowed</h1>" in response.body
+
+
+def test_a_naive_if_modified_since_is_read_as_utc():
+    """``-0000`` (RFC 5322: no zone information) parses to a naive datetime: taken as UTC, not an error."""
+    assert get(listing(CHANGED_TODAY), {"If-Modified-Since": "Wed, 01 May 2024 00:00:00 -0000"}).status == 304
+    assert get(listing(CHANGED_TODAY), {"If-Modified-Since": "Tue, 30 Apr 2024 23:59:59 -0000"}).status == 200
+
+
+@pytest.mark.parametrize("host", ["", "evil.example/x", "a b", "127.0.0.1:8000/path", "x" * 254])
+def test_sitemap_urls_fall_back_to_the_demo_host_for_a_missing_or_malformed_host(host):
+    headers = {"Host": host} if host else {}
+    body = get("/sitemap.xml", headers).body.decode()
+    locs = re.findall(r"<loc>([^<]*)</loc>", body)
+    assert len(locs) == 38
+    assert all(loc.startswith(DEMO_BASE_URL + "catalogue/category/books/") for loc in locs), locs[:2]
+    named = get("/sitemap.xml", {"Host": "[::1]:8080"}).body.decode()
+    assert re.findall(r"<loc>([^<]*)</loc>", named)[0].startswith("http://[::1]:8080/catalogue/")
+
+
+def test_a_post_body_is_drained_so_the_next_request_on_the_connection_is_answered(server):
+    """The server reads a request's body before answering 405: the keep-alive connection's
+    next request is parsed from where that body ended, not from inside it."""
+    with httpx.Client(base_url=server.base_url) as client:
+        refused = client.post(listing("travel"), content=b"GET /robots.txt HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (refused.status_code, refused.headers["allow"]) == (405, "GET, HEAD")
+        page = client.get(listing("travel"))
+        assert (page.status_code, page.content) == (200, get(listing("travel")).body)
+    assert [(r.method, r.path, r.status) for r in server.requests] == [
+        ("POST", listing("travel"), 405), ("GET", listing("travel"), 200)]
+
+
+def test_a_malformed_content_length_is_answered_400(server):
+    import socket
+
+    with socket.create_connection(server.server_address[:2], timeout=10) as client:
+        client.sendall(f"POST {listing('travel')} HTTP/1.1\r\nHost: x\r\nContent-Length: ten\r\n\r\n".encode())
+        answer = b""
+        while chunk := client.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert server.requests == []  # refused before it was served or logged
+
+
+def test_the_generated_catalogue_is_the_same_in_every_version():
+    """Titles, ratings and categories "never change" and a price is a pure function of (product,
+    the day its category last changed), rounded to the penny: golden values for DAY, so a change
+    to the generator (a saved snapshot would no longer match the site) is seen."""
+    from scrape_assets.demo_site import price_epoch
+
+    cat = catalogue(DAY)
+    assert [(p.id, p.title, str(p.price), p.rating) for p in cat.category("travel").products[:3]] == [
+        (612, "Hidden Compass", "45.03", 2),
+        (607, "The Endless Café", "35.88", 4),
+        (536, "Ada's Garden", "38.29", 3),
+    ]
+    assert sum(p.price for p in cat.products) == Decimal("19532.69")
+    assert (min(p.price for p in cat.products), max(p.price for p in cat.products)) == (Decimal("5.44"), Decimal("55.99"))
+    assert {key: price_epoch(key, DAY).isoformat() for key in SIZES} == {
+        "travel": "2024-05-01", "mystery": "2024-04-27", "classics": "2024-04-21", "romance": "2024-04-30",
+        "fiction": "2024-04-29", "default": "2024-05-01", "fantasy": "2024-04-26", "science": "2024-04-23",
+        "poetry": "2024-04-29", "history": "2024-04-16", "nonfiction": "2024-04-20", "sequential-art": "2024-04-11",
+    }

@@ -561,6 +561,7 @@ def test_json_spec_loads(tmp_path):
         ("rules: [{match: x, fault: trickle, bytes_per_sec: 5}]", "rules.0.bytes_per_sec: unknown key"),
         ("rules: [{fault: robots_disallow}]", "rules.0.prefix: required key is missing"),
         ("rules: [{match: '(', fault: bad_gzip}]", "rules.0.match: expected a regular expression: missing )"),
+        ("rules: [{match: x, fault: bad_gzip, first_n: 0}]", "rules.0.first_n: Input should be greater than or equal to 1 (got 0)"),
         ("rates: {http_error: 0.1}", "rates.seed: required key is missing"),
         ("rates: {seed: 1, http_error: 0.7, bad_gzip: 0.5}", "rates: expected probabilities summing to at most 1, got 1.2"),
         ("[1, 2]", "expected a mapping with 'rules' and/or 'rates', got list"),
@@ -689,3 +690,163 @@ def test_storage_refusing_a_write_mid_crawl_fails_the_step_once_without_a_retry(
     assert "Operation not permitted" in description and "no retry changes a refusal" in description
     manifest = latest_manifest(ObjectStore(str(tmp_path / "objects")), "demo", "mystery")
     assert [(p.status, p.attempts) for _, p in sorted(manifest.pages.items())] == [("done", 1), ("pending", 0)]
+
+
+# --- behaviours pinned by the mutation audit -------------------------------------------------------
+
+
+def _raw_get(server, path: str, method: str = "GET") -> socket.socket:
+    client = socket.create_connection(server.server_address[:2], timeout=10)
+    client.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    return client
+
+
+def _read_to_end(client: socket.socket) -> tuple[bytes, str]:
+    """Everything the server sent, and how the connection ended: ``"fin"`` or ``"reset"``."""
+    data = b""
+    try:
+        while chunk := client.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        return data, "reset"
+    finally:
+        client.close()
+    return data, "fin"
+
+
+def test_a_rule_wins_over_rates_and_rates_draw_only_where_their_match_says():
+    spec = FaultSpec.model_validate({
+        "rules": [{"match": "travel", "fault": "http_429", "first_n": 1}],
+        "rates": {"seed": 1, "http_error": 1.0},
+    })
+    travel = page_path("travel", 1)
+    assert [spec.choose(travel, a).fault for a in (1, 2)] == ["http_429", "http_error"]
+    assert spec.choose(page_path("mystery", 2), 1).fault == "http_error"
+    # The default rates match is every listing page: robots.txt, the home page and the sitemap are spared.
+    assert [spec.choose(path, 1) for path in ("/robots.txt", "/", "/sitemap.xml")] == [None, None, None]
+
+
+def test_rates_summing_to_exactly_one_are_accepted():
+    spec = parse_fault_spec("rates: {seed: 3, http_error: 0.7, bad_gzip: 0.2, short_body: 0.1}", "rates.yaml")
+    assert spec.rates.probabilities() == {"http_error": 0.7, "short_body": 0.1, "bad_gzip": 0.2}
+    assert all(spec.choose(page_path("travel", 1), a) is not None for a in range(1, 50))  # every request breaks
+
+
+def test_status_fault_defaults_and_the_retry_after_seconds_form():
+    """http_error: 503 without Retry-After; http_429: Retry-After 1; whole seconds sent as an
+    integer (RFC 9110 delay-seconds), a fraction as it is."""
+    spec = FaultSpec.model_validate({"rules": [
+        {"match": "travel_2/", "fault": "http_error"},
+        {"match": "mystery_3/index", "fault": "http_429"},
+        {"match": "mystery_3/page-2", "fault": "http_429", "retry_after_s": 2.0},
+        {"match": "^/$", "fault": "http_error", "status": 500, "retry_after_s": 1.5},
+    ]})
+    with fault_server(spec) as server:
+        answers = [httpx.get(server.base_url + path.lstrip("/"))
+                   for path in (page_path("travel", 1), page_path("mystery", 1), page_path("mystery", 2), "/")]
+    assert [(a.status_code, a.headers.get("retry-after")) for a in answers] == [
+        (503, None), (429, "1"), (429, "2"), (500, "1.5")]
+    assert [e.retry_after_s for e in server.fault_log] == [None, 1.0, 2.0, 1.5]
+
+
+def test_an_http_date_retry_after_logs_what_the_date_asks_from_the_moment_it_was_sent():
+    import email.utils
+    import time
+
+    spec = FaultSpec.model_validate(
+        {"rules": [{"match": "travel", "fault": "http_429", "retry_after_s": 2, "retry_after_form": "http-date"}]}
+    )
+    with fault_server(spec) as server:
+        before = time.time()
+        response = httpx.get(server.base_url + page_path("travel", 1).lstrip("/"))
+        after = time.time()
+    (event,) = server.fault_log
+    date = email.utils.parsedate_to_datetime(response.headers["retry-after"]).timestamp()
+    assert date == int(date)  # whole seconds, rounded up from now + 2
+    # The date minus what the log says was asked is the moment the header was written.
+    assert before - 0.001 <= date - event.retry_after_s <= after + 0.001
+
+
+def test_a_head_request_to_a_status_fault_gets_no_body_and_the_connection_stays_usable():
+    spec = FaultSpec.model_validate({"rules": [{"match": "travel", "fault": "http_error", "status": 503, "first_n": 1}]})
+    with fault_server(spec) as server, httpx.Client(base_url=server.base_url) as client:
+        head = client.head(page_path("travel", 1))
+        assert (head.status_code, head.content) == (503, b"")
+        assert int(head.headers["content-length"]) > 0  # the length the GET's error page has
+        page = client.get(page_path("travel", 1))
+        assert (page.status_code, page.content) == (200, respond("GET", page_path("travel", 1), day=DAY).body)
+
+
+def test_reset_mid_body_sends_half_the_body_then_a_tcp_reset():
+    body = respond("GET", page_path("travel", 1), day=DAY).body
+    spec = FaultSpec.model_validate({"rules": [{"match": "travel", "fault": "reset_mid_body"}]})
+    with fault_server(spec) as server:
+        data, ending = _read_to_end(_raw_get(server, page_path("travel", 1)))
+    head, _, sent = data.partition(b"\r\n\r\n")
+    assert ending == "reset"
+    assert f"Content-Length: {len(body)}".encode() in head
+    # At most half the body arrives (a reset may drop bytes the client had not read yet).
+    assert sent == body[: len(sent)] and len(sent) <= len(body) // 2
+
+
+def test_short_body_sends_half_the_body_then_closes_the_connection():
+    body = respond("GET", page_path("travel", 1), day=DAY).body
+    spec = FaultSpec.model_validate({"rules": [{"match": "travel", "fault": "short_body"}]})
+    with fault_server(spec) as server:
+        client = _raw_get(server, page_path("travel", 1))
+        client.settimeout(5)  # a FIN comes at once; a connection kept open would time out here
+        data, ending = _read_to_end(client)
+    head, _, sent = data.partition(b"\r\n\r\n")
+    assert (ending, sent) == ("fin", body[: len(body) // 2])
+    assert f"Content-Length: {len(body)}".encode() in head
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("rule", [{"fault": "stall_after_headers", "max_stall_s": 0.1},
+                                  {"fault": "trickle", "bytes_per_s": 1_000_000},
+                                  {"fault": "oversize_body", "body_bytes": 100_000, "declare_length": False}],
+                         ids=lambda r: r["fault"])
+def test_faults_that_close_the_connection_say_so_in_the_head(rule):
+    spec = FaultSpec.model_validate({"rules": [{"match": "travel", **rule}]})
+    with fault_server(spec) as server:
+        data, ending = _read_to_end(_raw_get(server, page_path("travel", 1)))
+    head = data.partition(b"\r\n\r\n")[0].decode().split("\r\n")
+    assert head[0] == "HTTP/1.1 200 OK" and "Connection: close" in head and ending == "fin"
+
+
+def test_a_304_to_a_changed_page_carries_its_etag_and_last_modified():
+    original = respond("GET", page_path("travel", 1), day=DAY)
+    spec = FaultSpec.model_validate({"rules": [{"match": "travel", "fault": "layout_changed"}]})
+    with fault_server(spec) as server:
+        url = server.base_url + page_path("travel", 1).lstrip("/")
+        changed = httpx.get(url)
+        again = httpx.get(url, headers={"If-None-Match": changed.headers["etag"]})
+    assert again.status_code == 304
+    assert (again.headers["etag"], again.headers["last-modified"]) == (changed.headers["etag"],
+                                                                      original.headers["Last-Modified"])
+
+
+def test_retry_after_waits_measure_to_the_next_request_of_the_path():
+    spec = FaultSpec.model_validate({"rules": [{"match": "travel", "fault": "http_429", "retry_after_s": 0}]})
+    with fault_server(spec) as server:
+        url = server.base_url + page_path("travel", 1).lstrip("/")
+        assert [httpx.get(url).status_code for _ in range(3)] == [429] * 3
+    log = server.fault_log
+    assert [e.retry_after for e in log] == ["0"] * 3
+    assert retry_after_waits(server) == [
+        (page_path("travel", 1), 1, 0.0, log[1].at_s - log[0].answered_s),
+        (page_path("travel", 1), 2, 0.0, log[2].at_s - log[1].answered_s),
+    ]
+
+
+def test_zero_products_without_counts_removes_cards_count_and_pager():
+    from scrape_assets.faults import remove_products
+
+    page = respond("GET", page_path("mystery", 1), day=DAY).body
+    assert b'<ul class="pager">' in page and b"<strong>32</strong> results" in page
+    broken = remove_products(page)
+    assert b'<ul class="pager">' in broken and b"<strong>32</strong> results" in broken
+    assert b"product_pod" not in broken
+    empty = remove_products(page, keep_counts=False)
+    assert b'class="pager"' not in empty and b"product_pod" not in empty
+    assert b"<strong>0</strong> results." in empty and b"<strong>32</strong>" not in empty

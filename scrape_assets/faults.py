@@ -114,7 +114,9 @@ _PAUSE_STEP_S = 0.05
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan: .inf passed ge=0 / gt=0, then every matching request died in the handler
+    # (int(inf): OverflowError) and the client saw the connection drop, not the fault
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 RetryAfterForm = Literal["seconds", "http-date"]
@@ -511,6 +513,16 @@ class FaultyDemoServer(DemoServer):
         super().server_close()
 
 
+class _NoBody:
+    """Where a HEAD answer's body goes: nowhere."""
+
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
 class FaultyDemoRequestHandler(DemoRequestHandler):
     """Serves the demo catalogue, breaking the responses its server's :class:`FaultSpec` names."""
 
@@ -525,22 +537,27 @@ class FaultyDemoRequestHandler(DemoRequestHandler):
         rule = self.server.spec.choose(path, attempt)
         self._event = dict(at_s=at_s, method=self.command, path=path, attempt=attempt,
                            fault=rule.fault if rule is not None else None)
+        # HEAD is answered as GET with the body left out (_send_head): its Content-Length and a
+        # changed page's ETag are the GET's (RFC 9110 §9.3.2), whatever the fault writes.
+        method = "GET" if self.command == "HEAD" else self.command
         if rule is not None and rule.fault in _CHANGED_PAGE_KINDS | _BODY_KINDS:
             # The page changed: the client's validators are checked against the changed page
             # (_send_content), not the original, or a conditional GET would never see the change.
             # A body fault breaks the full page, whatever validators the client sent.
             conditional = ("if-none-match", "if-modified-since")
-            response = respond(self.command, self.path, {k: v for k, v in self.headers.items()
-                                                         if k.lower() not in conditional}, day=self.server.day)
+            response = respond(method, self.path, {k: v for k, v in self.headers.items()
+                                                   if k.lower() not in conditional}, day=self.server.day)
         else:
-            response = respond(self.command, self.path, self.headers, day=self.server.day)
+            response = respond(method, self.path, self.headers, day=self.server.day)
         self._sent_status: int | None = None
+        connection = self.wfile
         try:
             if rule is None:
                 self._send(response.status, response.headers, response.body)
             else:
                 getattr(self, f"_fault_{rule.fault}")(rule, response)
         finally:
+            self.wfile = connection  # after a HEAD's head: the next request on the connection is answered
             self.server.log_access(self.command, self.path, self._sent_status, self.headers,
                                    f" [attempt {attempt}" + (f", fault {rule.fault}]" if rule is not None else "]"))
 
@@ -558,6 +575,8 @@ class FaultyDemoRequestHandler(DemoRequestHandler):
             answered_s=time.monotonic(),
         ))
         self.end_headers()
+        if self.command == "HEAD":
+            self.wfile = _NoBody()  # whatever body the fault writes (handle_demo restores the connection)
 
     def _send(self, status: int, headers: Mapping[str, str], body: bytes, **head) -> None:
         headers = {**headers, "Content-Length": str(len(body))}

@@ -850,3 +850,32 @@ def test_zero_products_without_counts_removes_cards_count_and_pager():
     empty = remove_products(page, keep_counts=False)
     assert b'class="pager"' not in empty and b"product_pod" not in empty
     assert b"<strong>0</strong> results." in empty and b"<strong>32</strong>" not in empty
+
+
+@pytest.mark.parametrize("rules", [[], [{"match": "travel", "fault": "layout_changed"}]], ids=["no-fault", "layout_changed"])
+def test_head_to_the_faulty_server_gets_the_get_headers(rules):
+    """RFC 9110 §8.6: Content-Length in a HEAD answer, if sent, is the GET's length, as the plain
+    demo server sends; the fault server sent 0 (from the empty HEAD body) and, for a content
+    fault, the original page's ETag (found by the sixteenth mutation audit)."""
+    spec = FaultSpec.model_validate({"rules": rules})
+    original = respond("GET", page_path("travel", 1), day=DAY).body
+    body = content_body(spec.rules[0], original) if rules else original
+    with fault_server(spec) as server:
+        url = server.base_url + page_path("travel", 1).lstrip("/")
+        get, head = httpx.get(url), httpx.head(url)
+    assert get.content == body
+    assert (head.status_code, head.content) == (200, b"")
+    assert head.headers["content-length"] == get.headers["content-length"] == str(len(body))
+    assert head.headers["etag"] == get.headers["etag"]  # a content fault's HEAD named the original page's tag
+
+
+@pytest.mark.parametrize("text", [
+    "rules: [{match: travel, fault: http_429, retry_after_s: .inf}]",
+    "rules: [{match: travel, fault: http_error, retry_after_s: .inf, retry_after_form: http-date}]",
+    "rules: [{match: travel, fault: trickle, bytes_per_s: .inf}]",
+])
+def test_an_infinite_option_is_a_spec_error_not_a_crash_per_request(text):
+    """.inf passed ge=0 / gt=0; every matching request then died in the handler with
+    OverflowError (int(inf), round(inf)) and the client saw the connection drop."""
+    with pytest.raises(SpecError):
+        parse_fault_spec(text, "faults.yaml")

@@ -453,3 +453,52 @@ def test_the_generated_catalogue_is_the_same_in_every_version():
         "fiction": "2024-04-29", "default": "2024-05-01", "fantasy": "2024-04-26", "science": "2024-04-23",
         "poetry": "2024-04-29", "history": "2024-04-16", "nonfiction": "2024-04-20", "sequential-art": "2024-04-11",
     }
+
+
+# --- a second mutation audit (demo_markup.py): each test fails on the mutant named ---------------
+
+
+def test_truncate_words_keeps_a_title_of_exactly_the_limit_whole():
+    from scrape_assets.demo_markup import truncate_words
+
+    assert truncate_words("One Two Three Four") == "One Two Three Four"
+    assert truncate_words("One Two Three Four Five") == "One Two Three Four ..."
+    assert truncate_words("One Two", words=2) == "One Two" and truncate_words("One Two Three", words=2) == "One Two ..."
+
+
+def test_an_error_pages_message_and_status_are_escaped():
+    from scrape_assets.demo_markup import error_page
+
+    page = error_page("404 <Not> Found", 'no page "/<script>x</script>" & more')
+    assert "<script>" not in page and "<Not>" not in page
+    tree = LexborHTMLParser(page)
+    assert (tree.css_first("h1").text(), tree.css_first("p").text()) == (
+        "404 <Not> Found", 'no page "/<script>x</script>" & more')
+    reflected = get("/no/<b>x</b>.html")  # the 404 names the path the client asked for
+    assert reflected.status == 404 and b"<b>" not in reflected.body
+    assert LexborHTMLParser(reflected.body.decode("utf-8")).css_first("p").text().startswith("/no/<b>x</b>.html ")
+
+
+def test_a_listing_pages_site_links_resolve_to_the_site_root():
+    """The header, footer, breadcrumb, static files and covers are four folders up from a listing page."""
+    for page in (1, 2):
+        page_url = DEMO_BASE_URL + listing("mystery", page).lstrip("/")
+        tree = LexborHTMLParser(get(listing("mystery", page)).body.decode("utf-8"))
+        home_links = {urljoin(page_url, a.attributes["href"]) for a in tree.css("header a, ul.breadcrumb a, footer a")}
+        assert home_links == {DEMO_BASE_URL + p for p in ("index.html", "basket/", "accounts/login/", "robots.txt")}
+        stylesheet = urljoin(page_url, tree.css_first('link[rel="stylesheet"]').attributes["href"])
+        assert stylesheet == DEMO_BASE_URL + "static/oscar/css/styles.css"
+        cover = urljoin(page_url, tree.css_first("article.product_pod img").attributes["src"])
+        assert cover.startswith(DEMO_BASE_URL + "media/cache/")
+
+
+def test_the_sidebar_lists_categories_in_site_order_the_current_one_in_bold():
+    categories = sorted(catalogue(DAY).categories, key=lambda c: c.number)
+    page_url = DEMO_BASE_URL + listing("mystery", 2).lstrip("/")
+    tree = LexborHTMLParser(get(listing("mystery", 2)).body.decode("utf-8"))
+    links = tree.css("div.side_categories ul ul a")
+    assert [" ".join(a.text().split()) for a in links] == [c.name for c in categories]
+    assert [urljoin(page_url, a.attributes["href"]) for a in links] == [DEMO_BASE_URL + c.path for c in categories]
+    assert [a.text(strip=True) for a in tree.css("div.side_categories strong")] == ["Mystery"]
+    (current,) = [a for a in links if a.css_first("strong") is not None]
+    assert current.attributes["href"] == "index.html"

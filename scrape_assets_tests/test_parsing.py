@@ -806,3 +806,167 @@ def test_only_the_charset_parameter_names_the_charset_not_one_ending_in_charset(
     assert header_charset('text/html; profile="see charset=koi8-r"; charset=utf-8') == "utf-8"
     assert header_charset("text/html;Charset = latin1") == "latin1"
     assert header_charset("charset=utf-8") == "utf-8"
+
+
+# --- a second mutation audit (parsing.py): each test fails on the mutant named ------------------
+
+
+def test_double_encoded_signs_of_the_latin1_block_are_repaired_in_titles(spec):
+    """"½", "°", "©" are UTF-8 C2 xx: read twice they arrive as "Â½", "Â°", "Â©" (as "£" does as "Â£").
+    The price reads without the repair; a title keeps the mojibake unless the C2 lead counts."""
+    body = _page(_card(title="Dune Â½ Â© 180Â°", price="Â£3.50")).decode().encode("utf-8")
+    (product,) = parse_listing(body, spec, LIVE_BASE).products
+    assert product["title"] == "Dune ½ © 180°"
+    assert decode_html("<p>Dune ½ ©</p>".encode().decode("latin-1").encode()) == "<p>Dune ½ ©</p>"
+
+
+def test_the_first_meta_named_content_type_counts_not_a_later_one():
+    named = b'<meta name="Content-Type" content="text/html; charset=koi8-r">'
+    later = b'<meta name="content-type" content="text/html; charset=windows-1251">'
+    assert sniff_charset(named + later + "Книга".encode("koi8-r")) == "koi8-r"
+
+
+@pytest.mark.parametrize("http_equiv", ["Content-Type", "CONTENT-TYPE", " content-type "])
+def test_http_equiv_is_matched_in_any_case(http_equiv):
+    """HTML attribute values such as http-equiv are ASCII case-insensitive; pages write "Content-Type"."""
+    body = f'<meta http-equiv="{http_equiv}" content="text/html; charset=windows-1251"><p>'.encode() + \
+        "Книга".encode("cp1251") + b"</p>"
+    assert sniff_charset(body) == "cp1251"
+    assert decode_html(body).endswith("<p>Книга</p>")
+
+
+@pytest.mark.parametrize(("label", "codec"), [("koi8-ru", "koi8-u"), ("iso-8859-8-i", "iso8859-8"),
+                                              ("x-mac-cyrillic", "mac-cyrillic"), ("utf-16", "utf-16-le")])
+def test_whatwg_labels_python_does_not_know_map_to_their_codecs(label, codec):
+    """Labels of the WHATWG Encoding Standard that Python's codecs do not know by that name."""
+    assert sniff_charset(b"", f"text/html; charset={label}") == codec
+
+
+def test_meta_declared_codec_names_only_a_meta_charset_other_than_utf8_without_a_bom():
+    from scrape_assets.parsing import meta_declared_codec
+
+    assert meta_declared_codec(b'<meta charset="koi8-r"><p>x</p>') == "koi8-r"
+    assert meta_declared_codec(b'<meta charset="utf-8"><p>x</p>') is None  # reads as UTF-8 without a header's word
+    assert meta_declared_codec(b"<p>x</p>") is None
+    assert meta_declared_codec(b'\xef\xbb\xbf<meta charset="koi8-r"><p>x</p>') is None  # the BOM decides
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("NZ$12.99", "NZD"), ("HK$12.99", "HKD"), ("S$12.99", "SGD"), ("SG$12.99", "SGD"), ("NT$12.99", "TWD"),
+    ("MX$12.99", "MXN"), ("AU$12.99", "AUD"),
+])
+def test_every_dollar_prefix_names_its_dollar(text, expected):
+    assert parse_price(text, "EUR") == (Decimal("12.99"), expected)
+
+
+@pytest.mark.parametrize(("text", "mark", "expected"), [
+    ("123 456,78 €", None, Decimal("123456.78")),  # a first group of three digits is a group too
+    ("100 000 ₫", None, Decimal("100000")),
+    ("1 234.500 KWD", None, Decimal("1234.500")),  # three decimals after space-grouped digits
+    ("12€99", ",", Decimal("12.99")),  # cents after the symbol, whatever the spec's decimal mark
+    ("12€99", ".", Decimal("12.99")),
+])
+def test_space_groups_and_cents_after_the_symbol_at_their_edges(text, mark, expected):
+    assert parse_price(text, "EUR", decimal_mark=mark)[0] == expected
+
+
+@pytest.mark.parametrize(("text", "expected"), [("$1,234,567", Decimal("1234567")), ("1.234.567 Ft", Decimal("1234567"))])
+def test_a_mark_repeated_without_the_other_groups_thousands(text, expected):
+    assert parse_price(text, "EUR")[0] == expected
+
+
+@pytest.mark.parametrize(("text", "expected"), [("£5.00 (€6.00)", (Decimal("5.00"), "GBP")),
+                                                ("£12.99 (25)", (Decimal("12.99"), "GBP"))])
+def test_parentheses_after_the_price_do_not_make_it_negative(text, expected):
+    """Only parentheses around the whole price are accounting's minus; a second price or a count in them is not."""
+    assert parse_price(text, "EUR") == expected
+
+
+@pytest.mark.parametrize("link", ['<a href="">next</a>', "<a>next</a>", '<a href="  ">next</a>'])
+def test_a_next_link_without_an_href_is_no_next_page_not_this_page_again(spec, link):
+    """An empty href resolves to the page itself: following it would fetch the same page again."""
+    html = f'<ul class="pager"><li class="next">{link}</li></ul>'
+    assert parse_pager(html, spec, "http://h/c/page-3.html") == PagerInfo(None, None, None, None, shows_listing=True)
+
+
+def test_a_next_links_href_is_stripped_before_it_is_resolved(spec):
+    html = '<ul class="pager"><li class="next"><a href=" page-4.html\n ">next</a></li></ul>'
+    assert parse_pager(html, spec, "http://h/c/page-3.html").next_url == "http://h/c/page-4.html"
+
+
+def test_a_product_link_with_an_empty_href_is_rejected_naming_the_attribute(spec):
+    page_url = "https://books.toscrape.com/catalogue/page-3.html"
+    (reject,) = parse_listing(_page(_card(href="")), spec, page_url).rejects
+    assert reject == Reject(url=page_url, reason="url: empty attribute 'href' in 'h3 > a'")
+
+
+def test_a_product_link_whose_port_is_no_number_is_kept_as_written_on_a_mirror(spec):
+    """Such a link names no origin to compare with the mirror's: it is left alone, not rejected."""
+    href = "http://books.toscrape.com:abc/x_5/index.html"
+    parsed = parse_listing(_page(_card(href=href)), spec, MIRROR_BASE + "catalogue/page-1.html",
+                           fetch_base_url=MIRROR_BASE, canonical_base_url=LIVE_BASE)
+    assert ([p["url"] for p in parsed.products], parsed.rejects) == ([href], [])
+
+
+def test_a_product_id_of_exactly_the_warehouses_width_is_kept(spec):
+    product_id = "9" * 64
+    (product,) = parse_listing(_page(_card(href=f"x_{product_id}/index.html")), spec, LIVE_BASE).products
+    assert product["product_id"] == product_id
+
+
+def test_a_product_id_regex_matching_nothing_is_a_reject_not_an_empty_id(spec):
+    """A regex whose group may be empty (``(\\d*)``) matching an empty id: no row keyed by ""."""
+    lax = spec.model_copy(update={"product_id": spec.product_id.model_copy(update={"regex": r"_(\d*)/index\.html$"})})
+    parsed = parse_listing(_page(_card(href="no-id_/index.html"), _card()), lax, LIVE_BASE)
+    assert [p["product_id"] for p in parsed.products] == ["12"]
+    assert [r.reason for r in parsed.rejects] == [
+        "product_id: '_(\\d*)/index\\.html$' does not match 'https://books.toscrape.com/no-id_/index.html'"]
+
+
+def test_a_regex_holding_a_single_quote_is_shown_in_double_quotes_in_the_reason(spec):
+    quoted = spec.model_copy(update={"product_id": spec.product_id.model_copy(update={"regex": r"item'(\d+)"})})
+    (reject,) = parse_listing(_page(_card()), quoted, LIVE_BASE).rejects
+    assert reject.reason.startswith("product_id: \"item'(\\d+)\" does not match ")
+
+
+@pytest.mark.parametrize("meta", ['<META CHARSET="windows-1251">', "<meta charset='windows-1251'>",
+                                  "<Meta Http-Equiv='Content-Type' Content='text/html; charset=windows-1251'>"])
+def test_a_meta_charset_is_read_in_any_case_and_quoting(meta):
+    body = meta.encode() + "<p>Книга</p>".encode("cp1251")
+    assert sniff_charset(body) == "cp1251"
+    assert decode_html(body).endswith("<p>Книга</p>")
+
+
+def test_a_header_charset_no_browser_knows_leaves_the_meta_charset_to_decide():
+    body = b'<meta charset="windows-1251">' + "<p>Книга</p>".encode("cp1251")
+    for content_type in ("text/html; charset=no-such-charset", "text/html; charset=utf-7"):
+        assert sniff_charset(body, content_type) == "cp1251"
+        assert decode_html(body, content_type).endswith("<p>Книга</p>")
+
+
+def test_us_ascii_is_read_as_windows_1252_as_browsers_do():
+    assert sniff_charset(b"", "text/html; charset=us-ascii") == "sloppy-windows-1252"
+    assert decode_html(b"<p>\xa351.77 \x93q\x94</p>", "text/html; charset=us-ascii") == "<p>£51.77 “q”</p>"
+
+
+def test_block_elements_in_a_text_field_keep_words_apart(spec):
+    block = spec.model_copy(update={"selectors": spec.selectors.model_copy(
+        update={"availability": spec.selectors.availability.model_copy(update={"css": "div.availability"})})})
+    card = _card().replace("</article>", '<div class="availability"><div>In stock</div><ul><li>Ships</li>'
+                                         "<li>today</li></ul><p>Free</p><p>returns</p></div></article>")
+    (product,) = parse_listing(_page(card), block, LIVE_BASE).products
+    assert product["availability"] == "In stock Ships today Free returns"
+
+
+def test_a_price_broken_over_lines_still_reads_as_one_amount(spec):
+    """The price is the element's text as is: a <br> inside it does not split "£12" from ".99"."""
+    (product,) = parse_listing(_page(_card(price="£12<br>.99")), spec, LIVE_BASE).products
+    assert product["price"] == Decimal("12.99")
+
+
+def test_a_product_links_inner_whitespace_is_kept_as_the_site_wrote_it(spec):
+    """Other attributes have their whitespace collapsed; the url's is stripped only, so the row
+    names the address the site links (collapsing "a  b" to "a b" would name another one)."""
+    (product,) = parse_listing(_page(_card(href="\n  my  book_12/index.html  ")), spec,
+                               "https://books.toscrape.com/catalogue/page-3.html").products
+    assert product["url"] == "https://books.toscrape.com/catalogue/my  book_12/index.html"

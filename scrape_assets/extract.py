@@ -45,7 +45,9 @@ from scrape_assets.storage import ObjectStore
 #: mirror URLs matched by origin.
 #: 6: a rating may be a whole number 1..5 in its text ("4", "4/5", "4 of 5", "4 out of 5
 #: stars") when no word One..Five is there; a product_id reject shows its regex as written.
-PARSER_VERSION = "6"
+#: 7: text after a block element's end is a new word in text fields ("<p>In stock</p>Ships"
+#: is "In stock Ships", was "In stockShips").
+PARSER_VERSION = "7"
 
 
 @dataclass
@@ -222,7 +224,7 @@ def parse_rules_digest(spec: SiteSpec) -> str:
 
 def parser_code_version(spec: SiteSpec) -> str:
     """The parser as a whole, ``"<PARSER_VERSION>+spec<parse_rules_digest>"`` (e.g.
-    ``"6+spec1a2b3c4d5e6f"``): ``parsed_products``' Dagster ``code_version``, so a parser fix
+    ``"7+spec1a2b3c4d5e6f"``): ``parsed_products``' Dagster ``code_version``, so a parser fix
     and an edit of the spec's parsing rules alike mark it stale in the UI once the
     definitions are reloaded."""
     return f"{PARSER_VERSION}+spec{parse_rules_digest(spec)}"

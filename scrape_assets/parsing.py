@@ -692,20 +692,26 @@ class _FieldError(ValueError):
     """A card field could not be read; ``str()`` is the reject reason."""
 
 
-#: Elements a browser starts on a new line: their start separates the text around them.
+#: Elements a browser starts on a new line: their start and their end separate the text around them.
 _BREAKING_TAGS = frozenset({"br", "p", "div", "li", "ul", "ol", "dl", "dt", "dd", "tr", "td", "th", "table", "h1",
                             "h2", "h3", "h4", "h5", "h6", "section", "article", "header", "footer", "hr"})
 
 
 def _visible_text(node: LexborNode) -> str:
-    """``node``'s text, with a space where a line break or a block element starts."""
+    """``node``'s text, with a space where a line break or a block element starts or ends."""
     parts = []
+    inside = False  # past ``node`` itself (traverse yields it first)
+    block_inside = False  # a block element seen inside ``node``: only then can one end before a node
     for child in node.traverse(include_text=True):
         tag = child.tag
+        if tag in _BREAKING_TAGS:
+            parts.append(" ")
+            block_inside = inside
+        elif block_inside and (before := child.prev) is not None and before.tag in _BREAKING_TAGS:
+            parts.append(" ")  # the first node after a block element's end: "<p>In stock</p>Ships"
         if tag == "-text":
             parts.append(child.text_content or "")
-        elif tag in _BREAKING_TAGS:
-            parts.append(" ")
+        inside = True
     return "".join(parts)
 
 
@@ -715,9 +721,9 @@ def _read(
     """Text or attribute of ``field`` inside ``card``, whitespace-collapsed and mojibake-repaired.
 
     ``cache`` maps CSS selectors to the card's matching node (title and url share one).
-    Text fields put a space where a line break or a block element starts ("In stock<br>Ships
-    in 2 days" is "In stock Ships in 2 days"; inline markup joins as shown: "H<sub>2</sub>O"
-    is "H2O"). An attribute's whitespace is collapsed too (a ``title`` spanning lines),
+    Text fields put a space where a line break or a block element starts or ends ("In
+    stock<br>Ships in 2 days" and "<p>In stock</p>Ships in 2 days" are "In stock Ships in 2
+    days"; inline markup joins as shown: "H<sub>2</sub>O" is "H2O"). An attribute's whitespace is collapsed too (a ``title`` spanning lines),
     except the url's (stripped only).
     """
     if field.css not in cache:

@@ -970,3 +970,22 @@ def test_a_product_links_inner_whitespace_is_kept_as_the_site_wrote_it(spec):
     (product,) = parse_listing(_page(_card(href="\n  my  book_12/index.html  ")), spec,
                                "https://books.toscrape.com/catalogue/page-3.html").products
     assert product["url"] == "https://books.toscrape.com/catalogue/my  book_12/index.html"
+
+
+@pytest.mark.parametrize(("inner", "expected"), [
+    ("<p>In stock</p>Ships in 2 days", "In stock Ships in 2 days"),
+    ("<div>In stock</div>Ships in 2 days", "In stock Ships in 2 days"),
+    ("<ul><li>In stock</li></ul>Ships in 2 days", "In stock Ships in 2 days"),
+    ("<span><p>In stock</p>Ships in 2 days</span>", "In stock Ships in 2 days"),  # inside an inline element
+    ("<p>In stock</p><p>Ships</p><b>in 2 days</b>", "In stock Ships in 2 days"),  # after the second block
+    ("In <b>stock</b>", "In stock"),
+])
+def test_text_after_a_block_element_ends_is_a_new_word(spec, inner, expected):
+    """A browser starts a new line after a block element ends as well as where one starts; the
+    parser put a space only where one starts, so "<p>In stock</p>Ships in 2 days" read "In
+    stockShips in 2 days" (found by the fourteenth mutation audit)."""
+    block = spec.model_copy(update={"selectors": spec.selectors.model_copy(
+        update={"availability": spec.selectors.availability.model_copy(update={"css": "div.availability"})})})
+    card = _card().replace("</article>", f'<div class="availability">{inner}</div></article>')
+    (product,) = parse_listing(_page(card), block, LIVE_BASE).products
+    assert product["availability"] == expected

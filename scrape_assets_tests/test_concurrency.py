@@ -273,3 +273,111 @@ def test_a_locked_partition_fails_raw_pages_once_without_retries(tmp_path, insta
     assert not any(e.event_type_value in ("STEP_UP_FOR_RETRY", "STEP_RESTARTED") for e in result.all_events)
     (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     assert "is being written by another run" in failure.step_failure_data.user_failure_data.description
+
+
+def test_the_lock_file_names_its_live_holder_only(tmp_path):
+    """A holder killed with SIGKILL leaves its line in the lock file: the next holder's line
+    replaces it whole, and a released lock names nobody."""
+    import json
+    import socket
+
+    store = ObjectStore(str(tmp_path))
+    path = tmp_path / "demo" / "travel" / "raw_pages.lock"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"owner": "killed-run-" + "x" * 200, "pid": 1, "host": "gone", "since": "then"}))
+    with partition_lock(store, "demo", "travel", owner="run-B"):
+        with pytest.raises(PartitionLockedError) as info:
+            with partition_lock(store, "demo", "travel", owner="run-C"):
+                pass
+        assert info.value.holder.startswith(f"raw_pages of run run-B (pid {os.getpid()} on {socket.gethostname()}, "
+                                            "since 20")
+    assert path.read_text() == ""
+
+
+def test_a_lock_held_without_a_line_names_another_process(tmp_path):
+    """A holder between its flock and its line (or a tool that only flocks): no 'run None'."""
+    import fcntl
+
+    store = ObjectStore(str(tmp_path))
+    path = tmp_path / "demo" / "travel" / "raw_pages.lock"
+    path.parent.mkdir(parents=True)
+    with open(path, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(PartitionLockedError) as info:
+            with partition_lock(store, "demo", "travel", owner="run-B"):
+                pass
+    assert info.value.holder == "raw_pages of another process"
+
+
+class _FakeClock:
+    """The locks module's clock: sleeps advance it at once; each reading moves it 1 µs on (as a real one does)."""
+
+    def __init__(self):
+        self.now, self.slept = 1000.0, []
+
+    def monotonic(self) -> float:
+        self.now += 1e-6
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def _held_elsewhere(store, key_path):
+    import fcntl
+
+    key_path.parent.mkdir(parents=True, exist_ok=True)
+    held = open(key_path, "w")
+    held.write('{"owner": "run-A", "pid": 4242, "host": "worker-1", "since": "2026-12-01T02:00:00Z"}')
+    held.flush()
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return held
+
+
+def test_a_host_lock_waits_a_day_by_default_naming_the_holder_every_minute(tmp_path, monkeypatch):
+    from scrape_assets import locks
+
+    clock = _FakeClock()
+    monkeypatch.setattr(locks, "time", clock)
+    store = ObjectStore(str(tmp_path))
+    lines = []
+    with _held_elsewhere(store, tmp_path / "locks" / f"{host_lock_name('http://shop.example/')}.lock"):
+        start = clock.now
+        with pytest.raises(PartitionLockedError) as info:
+            with host_lock(store, "http://scraper:hunter2@Shop.Example/catalogue/", owner="run-B", on_wait=lines.append):
+                pass
+    assert 24 * 3600 <= clock.now - start < 24 * 3600 + 1  # waited the day, polling
+    assert 24 * 60 - 10 <= len(lines) <= 24 * 60  # once when the wait starts, then every minute (a poll late at most)
+    assert set(lines) == {"waiting for shop.example:80: fetched by run run-A (pid 4242 on worker-1, "
+                          "since 2026-12-01T02:00:00Z)"}
+    assert info.value.partition == "shop.example:80" and "hunter2" not in str(info.value)
+
+
+def test_a_partition_lock_stops_at_once_by_default_and_waits_when_asked(tmp_path, monkeypatch):
+    from scrape_assets import locks
+
+    clock = _FakeClock()
+    monkeypatch.setattr(locks, "time", clock)
+    store = ObjectStore(str(tmp_path))
+    with _held_elsewhere(store, tmp_path / "demo" / "travel" / "parsed_products.lock"):
+        for take in (lambda: partition_lock(store, "demo", "travel", owner="run-B", scope="parsed_products"),
+                     lambda: locks.partition_locks(store, "demo", ["travel"], owner="run-B", scope="parsed_products")):
+            with pytest.raises(PartitionLockedError, match="parsed_products of run run-A"):
+                with take():
+                    pass
+            assert clock.slept == []  # SCRAPE_LOCK_WAIT_S unset: no wait
+        start = clock.now
+        with pytest.raises(PartitionLockedError):
+            with locks.partition_locks(store, "demo", ["mystery", "travel"], owner="run-B", scope="parsed_products",
+                                       wait_s=30):
+                pass
+        assert 30 <= clock.now - start < 31
+    with locks.partition_locks(store, "demo", ["travel"], owner="run-B", scope="parsed_products"):
+        assert (tmp_path / "demo" / "travel" / "parsed_products.lock").read_text().startswith('{"owner": "run-B"')
+
+
+def test_a_host_port_that_is_no_number_is_no_port():
+    from scrape_assets.locks import host_origin
+
+    assert host_origin("http://example.com:abc/") == ("http", "example.com", 80)

@@ -395,3 +395,192 @@ def test_table_checks_are_remembered_until_wipe(tmp_path, monkeypatch):
     pooled.store_event(tagged("cat-9"))
     assert asked.count("asset_event_tags") == 2  # asked again after a wipe
     assert [t["dagster/data_version"] for t in pooled.get_event_tags_for_asset(ASSET)] == ["v-cat-9"]
+
+
+def _open_files(path) -> int:
+    """How many of this process's file descriptors are open on ``path`` (Linux /proc)."""
+    import os
+
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == str(path)
+        except OSError:
+            pass
+    return count
+
+
+def test_an_evicted_shard_closes_its_file(tmp_path):
+    """The bound on engines is a bound on open files: a run pushed out of the pool is closed."""
+    pooled = PooledSqliteEventLogStorage(str(tmp_path))
+    pooled.store_event(_materialization("run-0", "cat-0"))
+    assert _open_files(tmp_path / "run-0.db") >= 1  # kept open for the next event
+    for i in range(1, MAX_ENGINES + 1):
+        pooled.store_event(_materialization(f"run-{i}", "cat-0"))
+    assert "run-0" not in pooled.open_shards
+    assert _open_files(tmp_path / "run-0.db") == 0
+    pooled.dispose()
+
+
+def test_a_batch_of_several_runs_writes_each_event_to_its_own_run(tmp_path):
+    pooled = PooledSqliteEventLogStorage(str(tmp_path))
+    pooled.store_event_batch([_materialization("run-a", "cat-0"), _materialization("run-b", "cat-1"),
+                              _materialization("run-a", "cat-2")])
+    assert _partitions(pooled, "run-a") == ["cat-0", "cat-2"]
+    assert _partitions(pooled, "run-b") == ["cat-1"]
+    latest = pooled.get_latest_materialization_events([ASSET])[ASSET]
+    assert (latest.run_id, latest.dagster_event.partition) == ("run-a", "cat-2")
+
+
+def test_a_missing_table_is_asked_about_again(tmp_path):
+    """Only a positive answer is remembered: a table created later (an upgrade) is then seen."""
+    pooled = PooledSqliteEventLogStorage(str(tmp_path))
+    pooled.store_event(_materialization("run-a", "cat-0"))
+    assert pooled.has_table("no_such_table") is False
+    assert pooled.has_table("no_such_table") is False
+    with sqlite3.connect(tmp_path / "index.db") as conn:
+        conn.execute("CREATE TABLE no_such_table (id INTEGER)")
+    assert pooled.has_table("no_such_table") is True
+    pooled.dispose()
+
+
+def test_table_checks_are_asked_again_after_an_upgrade(tmp_path, monkeypatch):
+    pooled = PooledSqliteEventLogStorage(str(tmp_path))
+    pooled.store_event(_materialization("run-a", "cat-0"))
+    asked: list[str] = []
+    original = SqliteEventLogStorage.has_table
+    monkeypatch.setattr(SqliteEventLogStorage, "has_table", lambda self, name: asked.append(name) or original(self, name))
+    assert pooled.has_table("asset_event_tags") and pooled.has_table("asset_event_tags")
+    assert asked == ["asset_event_tags"]
+    pooled.upgrade()
+    assert pooled.has_table("asset_event_tags")
+    assert asked == ["asset_event_tags", "asset_event_tags"]  # an upgrade may add or drop tables
+    pooled.dispose()
+
+
+def test_the_index_is_left_to_sqlites_own_checkpoints(tmp_path):
+    """Only run databases get a checkpoint per use (the UI watches their .db files); index.db
+    keeps its write-ahead log until SQLite's ~1,000-page checkpoint, so an event costs one write."""
+    import os
+
+    pooled = PooledSqliteEventLogStorage(str(tmp_path))
+    for i in range(3):
+        pooled.store_event(_materialization("run-a", f"cat-{i}"))
+
+    def rows_in_the_db_file_alone(name: str) -> int:
+        copy = tmp_path / f"copy-{name}"
+        shutil.copyfile(tmp_path / name, copy)  # without its -wal: what checkpoints copied into the file
+        conn = sqlite3.connect(copy)
+        try:
+            return conn.execute("SELECT COUNT(*) FROM event_logs").fetchone()[0]
+        except sqlite3.OperationalError:  # the table itself is still in the WAL
+            return 0
+        finally:
+            conn.close()
+            os.remove(copy)
+
+    assert rows_in_the_db_file_alone("run-a.db") == 3
+    assert rows_in_the_db_file_alone("index.db") == 0
+    pooled.dispose()
+
+
+def test_dagster_event_batch_size_is_read_from_the_mapping_given(monkeypatch):
+    """Given a mapping, that mapping is checked, not this process's environment."""
+    from scrape_assets.instance_storage import configured_event_batch_size
+
+    monkeypatch.setenv("DAGSTER_EVENT_BATCH_SIZE", "abc")
+    assert configured_event_batch_size({"DAGSTER_EVENT_BATCH_SIZE": "0"}) == 0
+    assert configured_event_batch_size({"DAGSTER_EVENT_BATCH_SIZE": "25"}) == 25
+    assert configured_event_batch_size({}) is None
+
+
+def test_the_default_batch_holds_the_planned_events_of_a_100_category_run(tmp_path, monkeypatch):
+    """~400 planned materializations at run creation: one batch, not several (module docstring)."""
+    shutil.copy(REPO_ROOT / "dagster.yaml", tmp_path / "dagster.yaml")
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    monkeypatch.delenv("DAGSTER_EVENT_BATCH_SIZE", raising=False)
+    with dg.DagsterInstance.get() as instance:
+        assert instance._get_event_batch_size() == 1000
+
+
+def test_an_asset_check_result_in_a_batch_updates_the_checks_status(tmp_path, monkeypatch):
+    """A batch with an event kind the fast path does not write (a check's evaluation) is stored as
+    store_event stores it: the planned check becomes a succeeded one."""
+    monkeypatch.delenv("DAGSTER_EVENT_BATCH_SIZE", raising=False)
+    run_id, batches = _run_ranged(tmp_path / "run", monkeypatch)
+    log = SqliteEventLogStorage(str(tmp_path / "run" / "history" / "runs")).get_records_for_run(run_id).records
+    (evaluation,) = [r.event_log_entry for r in log
+                     if r.event_log_entry.dagster_event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION]
+    check_key = dg.AssetCheckKey(dg.AssetKey("ranged"), "rows_ok")
+    storage = PooledSqliteEventLogStorage(str(tmp_path / "replay"))
+    storage.store_event_batch(batches[0])  # planned materializations and the planned check
+    (planned,) = storage.get_asset_check_execution_history(check_key, 10)
+    assert planned.status.value == "PLANNED"
+    storage.store_event_batch([evaluation] + batches[1])
+    (evaluated,) = storage.get_asset_check_execution_history(check_key, 10)
+    assert evaluated.status.value == "SUCCEEDED"
+    assert storage.get_materialized_partitions(dg.AssetKey("ranged")) == {"a", "b", "c"}
+
+
+def test_another_thread_never_gets_the_batchs_own_index_connection(tmp_path, monkeypatch):
+    """Inside a batch only its own thread shares the batch's transaction; another thread (the
+    UI reading asset pages) waits for the storage lock and gets a connection of its own."""
+    import threading
+
+    storage = PooledSqliteEventLogStorage(str(tmp_path))
+    original = PooledSqliteEventLogStorage._store_asset_event
+    got, entered = [], threading.Event()
+
+    def reader():
+        with storage.index_connection() as conn:
+            got.append(conn)
+            entered.set()
+
+    threads = []
+
+    def during_the_batch(self, conn, event, event_id):
+        if not threads:
+            threads.append(threading.Thread(target=reader))
+            threads[0].start()
+            entered.wait(1.0)  # a reader sharing the batch's connection gets it at once; one waiting, never
+            got.append(("batch", conn))
+        return original(self, conn, event, event_id)
+
+    monkeypatch.setattr(PooledSqliteEventLogStorage, "_store_asset_event", during_the_batch)
+    storage.store_event_batch([_materialization("run-a", "cat-0"), _materialization("run-a", "cat-1")])
+    threads[0].join(30)
+    assert [type(g).__name__ for g in got] == ["tuple", "Connection"]  # the reader got in only after the batch
+    assert got[1] is not got[0][1]
+    assert _partitions(storage, "run-a") == ["cat-0", "cat-1"]
+    storage.dispose()
+
+
+def test_a_batch_with_log_messages_keeps_them_out_of_the_index(tmp_path):
+    """A batch that holds a plain log line (no Dagster event) is stored as store_event stores
+    each event: every line in the run's log, only the asset event in index.db."""
+    def log_line(message: str) -> dg.EventLogEntry:
+        return dg.EventLogEntry(error_info=None, level=20, user_message=message, run_id="run-a", timestamp=time.time(),
+                                step_key="raw_pages", job_name="job", dagster_event=None)
+
+    pooled = PooledSqliteEventLogStorage(str(tmp_path))
+    pooled.store_event_batch([log_line("fetching"), _materialization("run-a", "cat-0"), log_line("done")])
+    assert [r.event_log_entry.user_message or r.event_log_entry.dagster_event_type.value
+            for r in pooled.get_records_for_run("run-a").records] == ["fetching", "ASSET_MATERIALIZATION", "done"]
+    pooled.dispose()
+    with sqlite3.connect(tmp_path / "index.db") as conn:
+        assert conn.execute("SELECT dagster_event_type FROM event_logs").fetchall() == [("ASSET_MATERIALIZATION",)]
+
+
+def test_an_older_run_storage_block_alone_keeps_the_pooled_event_log(tmp_path, monkeypatch):
+    """Dagster's older per-storage blocks: a ``run_storage:`` block configures the runs only;
+    the event log it leaves unconfigured is the instance's SQLite default, the pooled one."""
+    (tmp_path / "dagster.yaml").write_text(
+        (REPO_ROOT / "dagster.yaml").read_text()
+        + f"run_storage:\n  module: dagster._core.storage.runs\n  class: SqliteRunStorage\n"
+          f"  config:\n    base_dir: {tmp_path / 'runs_elsewhere'}\n")
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    monkeypatch.delenv("DAGSTER_EVENT_BATCH_SIZE", raising=False)
+    with dg.DagsterInstance.get() as instance:
+        assert isinstance(instance.event_log_storage, PooledSqliteEventLogStorage)
+        assert instance.event_log_storage._base_dir == str(tmp_path / "history" / "runs")
+        assert instance._get_event_batch_size() == 1000

@@ -382,3 +382,97 @@ def test_a_setting_typed_with_a_word_missing_gets_the_closest_name():
 
     assert unknown_variables({"SCRAPE_WEBHOOK_URL": "x", "SCRAPE_LOCK_WAIT": "5", "SCRAPE_TEST_X": "1"}) == [
         ("SCRAPE_LOCK_WAIT", "SCRAPE_LOCK_WAIT_S"), ("SCRAPE_WEBHOOK_URL", "SCRAPE_ALERT_WEBHOOK_URL")]
+
+
+def test_the_settings_defaults(monkeypatch, tmp_path):
+    """Every setting unset: the defaults of the table in scrape_assets/settings.py, paths absolute."""
+    from scrape_assets.settings import load_settings
+
+    monkeypatch.chdir(tmp_path)
+    settings = load_settings({})
+    assert (settings.site, settings.base_url, settings.max_attempts, settings.schedule_cron, settings.lock_wait_s,
+            settings.resume_max_age_h, settings.requests_per_second, settings.max_concurrency) == (
+        "demo", None, 3, "0 2 * * *", 0.0, 20.0, None, None)
+    assert settings.data_dir == str(tmp_path / "data")  # ./data of this process's folder, made absolute
+    assert settings.storage_url == str(tmp_path / "data" / "objects")
+    assert settings.warehouse_url == f"sqlite:///{tmp_path / 'data' / 'warehouse.db'}"
+    assert not (settings.alert_webhook_set or settings.proxy_set or settings.storage_url_set or settings.warehouse_url_set)
+
+
+def test_a_data_dir_under_home_is_the_users_home(monkeypatch, tmp_path):
+    from scrape_assets.settings import load_settings
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert load_settings({"SCRAPE_DATA_DIR": "~/scrape"}).data_dir == str(tmp_path / "scrape")
+
+
+def test_number_settings_take_their_bounds_and_an_empty_value_is_unset():
+    """Each bound is allowed (≥, ≤); a variable set to "" (``KEY=`` in a .env file) is its default."""
+    from scrape_assets.settings import load_settings
+
+    lowest = load_settings({"SCRAPE_MAX_ATTEMPTS": "1", "SCRAPE_MAX_CONCURRENCY": "1", "SCRAPE_LOCK_WAIT_S": "0",
+                            "SCRAPE_RESUME_MAX_AGE_H": "0.01", "SCRAPE_REQUESTS_PER_SECOND": "0.001"})
+    assert (lowest.max_attempts, lowest.max_concurrency, lowest.lock_wait_s, lowest.resume_max_age_h,
+            lowest.requests_per_second) == (1, 1, 0.0, 0.01, 0.001)
+    highest = load_settings({"SCRAPE_MAX_ATTEMPTS": "100", "SCRAPE_MAX_CONCURRENCY": "256",
+                             "SCRAPE_LOCK_WAIT_S": "86400", "SCRAPE_RESUME_MAX_AGE_H": "8760",
+                             "SCRAPE_REQUESTS_PER_SECOND": "100000"})
+    assert (highest.max_attempts, highest.max_concurrency, highest.lock_wait_s, highest.resume_max_age_h,
+            highest.requests_per_second) == (100, 256, 86400.0, 8760.0, 100000.0)
+    empty = load_settings({name: "" for name in ("SCRAPE_MAX_ATTEMPTS", "SCRAPE_MAX_CONCURRENCY", "SCRAPE_LOCK_WAIT_S",
+                                                 "SCRAPE_RESUME_MAX_AGE_H", "SCRAPE_REQUESTS_PER_SECOND")})
+    assert (empty.max_attempts, empty.max_concurrency, empty.lock_wait_s, empty.resume_max_age_h,
+            empty.requests_per_second) == (3, None, 0.0, 20.0, None)
+    for name, value, expected in (("SCRAPE_MAX_CONCURRENCY", "0", "an integer ≥ 1 and ≤ 256"),
+                                  ("SCRAPE_REQUESTS_PER_SECOND", "0", "a number ≥ 0.001 and ≤ 100000"),
+                                  ("SCRAPE_LOCK_WAIT_S", "-1", "a number ≥ 0 and ≤ 86400"),
+                                  ("SCRAPE_MAX_ATTEMPTS", "0", "an integer ≥ 1 and ≤ 100")):
+        with pytest.raises(SettingsError) as refused:
+            load_settings({name: value})
+        assert str(refused.value) == f"{name}={value!r} is invalid: expected {expected}"
+
+
+def test_webhook_urls_the_settings_accept_and_refuse():
+    from scrape_assets.settings import load_settings
+
+    assert load_settings({"SCRAPE_ALERT_WEBHOOK_URL": "http://alerts.internal:8080/hook"}).alert_webhook_set
+    for bad in ("https://", "https://hooks.example/T0/a secret", "https://hooks.example:port/secret"):
+        with pytest.raises(SettingsError) as refused:
+            load_settings({"SCRAPE_ALERT_WEBHOOK_URL": bad})
+        assert str(refused.value).startswith("SCRAPE_ALERT_WEBHOOK_URL='<hidden>' is invalid: expected an http(s) URL "
+                                              "with a host"), bad
+        assert "secret" not in str(refused.value)
+
+
+def test_a_refused_url_setting_never_echoes_a_secret():
+    """A base URL's fragment, or a storage URL's user info, may hold a token: not echoed."""
+    from scrape_assets.settings import load_settings
+
+    with pytest.raises(SettingsError) as refused:
+        load_settings({"SCRAPE_BASE_URL": "http://mirror.example/#token=secret"})
+    assert str(refused.value).startswith("SCRAPE_BASE_URL='<hidden>' is invalid: expected a URL without a query")
+    for url, shown in (("file://u:secret@data/objects", "file://data/objects"),
+                       ("memory://u:secret@x/objects", "memory://x/objects"),
+                       ("MEMORY://objects", "memory://objects")):  # the scheme in any case
+        with pytest.raises(SettingsError) as refused:
+            load_settings({"SCRAPE_STORAGE_URL": url})
+        assert str(refused.value).startswith(f"SCRAPE_STORAGE_URL={shown!r} is invalid: expected a"), url
+
+
+def test_a_schedule_cron_has_exactly_five_fields():
+    from scrape_assets.settings import load_settings
+
+    for bad in ("0 2 * * * *", "0 2 * *"):  # a seconds or years field (Quartz style), a field missing
+        with pytest.raises(SettingsError, match=r"expected a cron expression with 5 fields"):
+            load_settings({"SCRAPE_SCHEDULE_CRON": bad})
+    assert load_settings({"SCRAPE_SCHEDULE_CRON": "30 4 * * 1-5"}).schedule_cron == "30 4 * * 1-5"
+
+
+def test_file_in_the_way_names_the_file_blocking_a_folder(tmp_path):
+    from scrape_assets.settings import file_in_the_way
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    assert file_in_the_way(blocker) == blocker
+    assert file_in_the_way(blocker / "data" / "objects") == blocker
+    assert file_in_the_way(tmp_path / "new" / "data") is None

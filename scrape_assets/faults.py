@@ -146,13 +146,13 @@ class HttpError(_Rule):
 
     fault: Literal["http_error"]
     status: int = Field(default=503, ge=400, le=599)
-    retry_after_s: float | None = Field(default=None, ge=0)
+    retry_after_s: float | None = Field(default=None, ge=0, le=10_000_000)  # ~116 days: an HTTP-date can say it
     retry_after_form: RetryAfterForm = "seconds"
 
 
 class Http429(_Rule):
     fault: Literal["http_429"]
-    retry_after_s: float | None = Field(default=1.0, ge=0)
+    retry_after_s: float | None = Field(default=1.0, ge=0, le=10_000_000)
     retry_after_form: RetryAfterForm = "seconds"
 
 
@@ -240,6 +240,8 @@ FAULT_KINDS: tuple[str, ...] = tuple(_RULE_MODELS)
 CONTENT_KINDS = frozenset({"charset_missing", "charset_wrong", "layout_changed", "zero_products"})
 #: Kinds that serve a page other than the demo's: conditional requests are checked against it.
 _CHANGED_PAGE_KINDS = CONTENT_KINDS | {"robots_disallow"}
+#: faults that end the connection after the head without announcing it (for a GET, that is the fault)
+_CLOSES_AFTER_HEAD = frozenset({"reset_mid_body", "short_body", "oversize_body"})
 #: Kinds that break the body of a full answer: a conditional request gets the 200 they break
 #: (a 304 has no body; stalling after one would hang the connection's next request instead).
 _BODY_KINDS = frozenset({"reset_mid_body", "short_body", "trickle", "stall_after_headers", "bad_gzip",
@@ -566,6 +568,11 @@ class FaultyDemoRequestHandler(DemoRequestHandler):
     # -- writing ------------------------------------------------------------------------------
     def _send_head(self, status: int, headers: Mapping[str, str], *, retry_after_s: float | None = None) -> None:
         self._sent_status = status
+        if self.command == "HEAD" and self._event["fault"] in _CLOSES_AFTER_HEAD:
+            # the fault ends the connection after the head (a HEAD's body goes nowhere): say so, or
+            # a keep-alive client sends its next request on a connection about to die
+            headers = {**headers, "Connection": "close"}
+            self.close_connection = True
         self.send_response(status)  # buffered until end_headers()
         for name, value in headers.items():
             self.send_header(name, value)

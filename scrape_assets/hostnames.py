@@ -59,4 +59,11 @@ def host_name_problem(host: str) -> str | None:
                 idna.decode(label)
             except idna.IDNAError as exc:
                 return f"{label!r} is no IDNA 2008 label ({exc})"
+    if name[:4].lower() == "xn--":  # httpx decodes such a host whole: its other labels must be IDNA 2008 too
+        import idna
+
+        try:
+            idna.decode(name)
+        except idna.IDNAError as exc:
+            return f"not an IDNA 2008 name ({exc})"
     return None

@@ -167,15 +167,17 @@ class Pagination(_Strict):
         try:
             parsed = [(name, spec) for _, name, spec, _ in string.Formatter().parse(value) if name is not None]
             fields = {name for name, _spec in parsed}
-            if any(re.search(r"\d{4}", spec or "") for _name, spec in parsed):
-                raise ValueError("a width of 1,000 or more")  # {n:999999999}: a gigabyte per page URL
-            value.format(n=2)
+            wide = any(re.search(r"[1-9]\d{3}", spec or "") for _name, spec in parsed)
+            if not wide:  # {n:999999999} would build a gigabyte per page URL (or raise MemoryError)
+                value.format(n=2)
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):  # an unmatched brace, a format spec
             # int cannot take, {n[0]} or {n.x} (pydantic reports only ValueError: others escaped load_spec bare)
             fields = None
         if fields != {"n"}:
             raise ValueError("expected a pattern whose only placeholder is {n} (write '{{' for a literal '{'), "
                              "e.g. 'page-{n}.html'")
+        if wide:
+            raise ValueError("expected a field width under 1,000 in {n}, e.g. 'page-{n:03d}.html'")
         return value
 
 

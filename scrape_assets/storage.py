@@ -203,7 +203,9 @@ class ObjectStore:
                 # s3fs reads no credentials from the URL: "key:secret@bucket" would be the bucket's
                 # name ("key:wJalr" when the secret holds a "/"), and the client's refusal of that
                 # name would repeat the secret in every message. No bucket name holds "@" or ":".
-                raise StorageError(redact_url(url), "cannot open object storage: an s3:// URL names a bucket only,"
+                # named <hidden>: redact_url may read "KEY:" or "KEY:1234" as host and port and keep
+                # the rest of the secret as the path
+                raise StorageError(f"{scheme}://<hidden>", "cannot open object storage: an s3:// URL names a bucket only,"
                                    " credentials (user:password@) and ports are not read: expected s3://bucket[/prefix],"
                                    " credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or an AWS profile, an"
                                    " endpoint from AWS_ENDPOINT_URL")

@@ -1748,8 +1748,10 @@ def test_an_s3_storage_url_with_credentials_in_it_is_refused_without_echoing_the
                         ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_EC2_METADATA_DISABLED", "true")):
         monkeypatch.setenv(name, value)
     # the second secret holds a "/", as AWS secret keys often do: the "bucket" ends before the "@"
-    for url, shown in (("s3://AKIAEXAMPLE:secret-token@bucket/objects", "s3://bucket/objects"),
-                       ("s3://AKIAEXAMPLE:secret/token@bucket/objects", "s3://<hidden>")):
+    # (a secret starting with "/", or all digits before its "/": urlsplit reads a host and a port)
+    for url in ("s3://AKIAEXAMPLE:secret-token@bucket/objects", "s3://AKIAEXAMPLE:secret/token@bucket/objects",
+                "s3://AKIAEXAMPLE:/secret-token@bucket/objects", "s3://AKIAEXAMPLE:1234/secret-token@bucket/objects"):
+        shown = "s3://<hidden>"
         monkeypatch.setenv("SCRAPE_STORAGE_URL", url)
         for command, needs in ((["summary"], "read"), (["prune", "--keep", "1"], "write")):
             assert main(command) == 2, command

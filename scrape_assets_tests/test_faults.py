@@ -879,3 +879,40 @@ def test_an_infinite_option_is_a_spec_error_not_a_crash_per_request(text):
     OverflowError (int(inf), round(inf)) and the client saw the connection drop."""
     with pytest.raises(SpecError):
         parse_fault_spec(text, "faults.yaml")
+
+
+_HEAD_THEN_GET_OPTIONS = {"trickle": {"bytes_per_s": 100000}, "stall_after_headers": {"max_stall_s": 1},
+                          "oversize_body": {"body_bytes": 200000}, "gzip_bomb": {"decompressed_bytes": 100000},
+                          "robots_disallow": {"prefix": "/x/"}}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", sorted(FAULT_KINDS))
+def test_a_get_after_a_faulted_head_on_a_keep_alive_connection_is_answered(kind):
+    """A HEAD's fault applies to its head only (no body to break): a fault that ends the
+    connection after the head announces it (Connection: close), so a keep-alive client's next
+    request goes on a new connection instead of one about to die (reset_mid_body, short_body
+    and oversize_body did not, and the GET failed)."""
+    import http.client
+
+    spec = FaultSpec.model_validate({"rules": [{"match": "travel", "fault": kind, "first_n": 1,
+                                                **_HEAD_THEN_GET_OPTIONS.get(kind, {})}]})
+    plain = respond("GET", page_path("travel", 1), day=DAY).body
+    with fault_server(spec) as server:
+        connection = http.client.HTTPConnection(*server.server_address[:2], timeout=5)
+        try:
+            connection.request("HEAD", page_path("travel", 1))
+            connection.getresponse().read()
+            connection.request("GET", page_path("travel", 1))  # the rule's first_n is spent: a plain answer
+            answer = connection.getresponse()
+            assert (answer.status, answer.read()) == (200, plain)
+        finally:
+            connection.close()
+
+
+def test_a_retry_after_beyond_an_http_dates_range_is_a_spec_error():
+    """retry_after_s: 1e12 as an HTTP-date overflowed the handler (year 33715), a dropped
+    connection instead of the fault: bounded at 10,000,000 s (~116 days)."""
+    with pytest.raises(SpecError, match="less than or equal to 10000000"):
+        parse_fault_spec("rules: [{match: travel, fault: http_429, retry_after_s: 1.0e12, retry_after_form: http-date}]",
+                         "faults.yaml")

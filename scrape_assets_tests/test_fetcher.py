@@ -1219,7 +1219,8 @@ def test_a_redirect_to_a_host_that_is_no_idna_name_is_an_invalid_redirect_over_a
     assert result.detail.startswith("Location 'http://xn--zz.shop.test/x': ")
 
 
-@pytest.mark.parametrize("host", ["xn--", "shop..example", "x" * 64 + ".example", "www.xn--zz.example"])
+@pytest.mark.parametrize("host", ["xn--", "shop..example", "x" * 64 + ".example", "www.xn--zz.example",
+                                  "xn--mnchen-3ya.my_shop.de"])
 def test_a_page_url_whose_host_is_no_domain_name_is_an_invalid_url(host):
     """No IDNA name (httpx raises reading it), or a label the resolver's encoder refuses (aiohttp's
     lookup raised a bare UnicodeError): a dead letter, not an exception out of the crawl."""

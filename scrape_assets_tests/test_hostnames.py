@@ -24,6 +24,8 @@ def test_names_and_addresses_httpx_can_send_pass(host):
     ("www.xn--zz.example", "'xn--zz' is no IDNA 2008 label (Invalid A-label)"),
     ("xn--i-7iq.ws", "'xn--i-7iq' is no IDNA 2008 label (Codepoint U+2764 at position 2 of 'i\u2764' not allowed)"),
     ("i\u2764.ws", "not an IDNA 2008 name (Codepoint U+2764 at position 2 of 'i\u2764' not allowed)"),
+    # httpx decodes a host that starts with xn-- whole, so its plain labels must be IDNA 2008 too
+    ("xn--mnchen-3ya.my_shop.de", "not an IDNA 2008 name (Codepoint U+005F at position 3 of 'my_shop' not allowed)"),
 ])
 def test_hosts_no_resolver_or_httpx_would_take_are_named(host, problem):
     assert host_name_problem(host) == problem
@@ -31,7 +33,7 @@ def test_hosts_no_resolver_or_httpx_would_take_are_named(host, problem):
 
 def test_it_agrees_with_httpx_on_what_httpx_refuses():
     """Every host httpx refuses to encode or decode is one host_name_problem names (IDNA 2008 both)."""
-    for host in ("xn--zz.shop.test", "xn--i-7iq.ws", "xn--"):
+    for host in ("xn--zz.shop.test", "xn--i-7iq.ws", "xn--", "xn--mnchen-3ya.my_shop.de"):
         with pytest.raises(UnicodeError):
             httpx.URL(f"http://{host}/").host  # noqa: B018
         assert host_name_problem(host) is not None

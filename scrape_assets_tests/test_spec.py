@@ -128,7 +128,7 @@ def _demo_dict() -> dict:
          "only placeholder is {n}"),
         # a width that would build a page URL of a gigabyte (or raise MemoryError out of load_spec)
         (lambda d: d["pagination"].update(page_url="page-{n:99999999999}.html"), "pagination.page_url",
-         "only placeholder is {n}"),
+         "expected a field width under 1,000 in {n}"),
         (lambda d: d["product_id"].update(regex=r"_\d+/index\.html$"), "product_id.regex",
          "capturing group for the id"),
         (lambda d: d["politeness"].update(requests_per_second=100_001), "politeness.requests_per_second",
@@ -230,6 +230,7 @@ def test_a_page_url_pattern_may_format_n_and_escape_braces():
     from scrape_assets.spec import Pagination
 
     assert Pagination(page_url="p-{n:03d}.html").page_url.format(n=2) == "p-002.html"
+    assert Pagination(page_url="p-{n:0999}.html").page_url == "p-{n:0999}.html"  # a width of 999, zero-filled
     assert Pagination(page_url="p{{x}}-{n}.html").page_url.format(n=2) == "p{x}-2.html"
 
 

@@ -53,7 +53,7 @@ import httpx
 import idna
 
 from scrape_assets.errors import FetchError, PermanentFetchError, TransientFetchError
-from scrape_assets.hostnames import host_name_problem
+from scrape_assets.hostnames import DEFAULT_PORTS, url_host_problem
 from scrape_assets.http_transport import AiohttpTransport
 from scrape_assets.politeness import HostLimiter, RobotsCache, within_deadline
 from scrape_assets.retry import backoff_delay_s, classify_exception, classify_status, parse_retry_after
@@ -64,7 +64,6 @@ logger = logging.getLogger(__name__)
 #: Statuses whose ``Location`` the fetcher follows (RFC 9110 §15.4); only GET is ever sent.
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 
-_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 @dataclass(frozen=True)
@@ -331,15 +330,7 @@ def validators_differ(headers: Mapping[str, str], saved) -> str | None:
 
 
 def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
-    return url.scheme, url.host, url.port or _DEFAULT_PORTS.get(url.scheme)
-
-
-def _host_problem(url: httpx.URL) -> str | None:
-    """:func:`~scrape_assets.hostnames.host_name_problem` of ``url``'s host (``xn--``,
-    ``shop..example``...). httpx parses such a URL and fails only when its ``host`` is read,
-    and aiohttp's name lookup raises a bare UnicodeError: checked where the fetcher can name
-    the URL, not in the crawl."""
-    return host_name_problem(url.raw_host.decode("ascii"))
+    return url.scheme, url.host, url.port or DEFAULT_PORTS.get(url.scheme)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -511,9 +502,9 @@ class PageFetcher:
             parsed = httpx.URL(url)
         except httpx.InvalidURL as exc:
             raise PermanentFetchError(url, "invalid_url", str(exc), attempts=prior_attempts) from exc
-        if parsed.scheme not in _DEFAULT_PORTS or not parsed.raw_host:
+        if parsed.scheme not in DEFAULT_PORTS or not parsed.raw_host:
             raise PermanentFetchError(url, "invalid_url", "expected an absolute http(s) URL", attempts=prior_attempts)
-        if problem := _host_problem(parsed):
+        if problem := url_host_problem(parsed):
             raise PermanentFetchError(url, "invalid_url", f"its host is no name to look up: {problem}",
                                       attempts=prior_attempts)
         if parsed.userinfo:
@@ -691,7 +682,7 @@ class PageFetcher:
             raise PermanentFetchError(
                 url, "invalid_redirect", f"Location {location!r}: {exc}", http_status=status, attempts=attempt
             ) from exc
-        if problem := _host_problem(target):
+        if problem := url_host_problem(target):
             raise PermanentFetchError(url, "invalid_redirect", f"Location {location!r}: its host is no name to look up:"
                                       f" {problem}", http_status=status, attempts=attempt)
         if target.userinfo:

@@ -13,6 +13,15 @@ from __future__ import annotations
 import functools
 import ipaddress
 
+#: the ports a URL of these schemes means when it names none
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def url_host_problem(url) -> str | None:
+    """:func:`host_name_problem` of an ``httpx.URL``'s host, read as it was encoded
+    (``raw_host``): reading its ``host`` is what raises for an ``xn--`` host that is no IDNA name."""
+    return host_name_problem(url.raw_host.decode("ascii"))
+
 
 @functools.lru_cache(maxsize=1024)
 def host_name_problem(host: str) -> str | None:

@@ -36,6 +36,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from scrape_assets.errors import PartitionLockedError
+from scrape_assets.hostnames import DEFAULT_PORTS
 from scrape_assets.manifest import utc_now_iso
 from scrape_assets.storage import ObjectStore, check_key
 
@@ -133,10 +134,6 @@ def host_lock(
         refused=lambda holder: PartitionLockedError(host, f"host slot of {holder}"),
         on_wait=None if on_wait is None else (lambda holder: on_wait(f"waiting for {host}: fetched by {holder}")),
     )
-
-
-#: the ports a URL of these schemes means when it names none
-DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def host_origin(url_or_netloc: str) -> tuple[str, str, int | None]:

@@ -26,6 +26,7 @@ from selectolax.lexbor import LexborHTMLParser, LexborNode
 
 from scrape_assets.content_type import header_charset
 from scrape_assets.currencies import is_price_currency
+from scrape_assets.hostnames import DEFAULT_PORTS
 from scrape_assets.limits import MAX_PRODUCT_ID_CHARS, PRICE_PRECISION, PRICE_SCALE, price_fits
 from scrape_assets.spec import Field_, SiteSpec
 
@@ -723,8 +724,8 @@ def _read(
     ``cache`` maps CSS selectors to the card's matching node (title and url share one).
     Text fields put a space where a line break or a block element starts or ends ("In
     stock<br>Ships in 2 days" and "<p>In stock</p>Ships in 2 days" are "In stock Ships in 2
-    days"; inline markup joins as shown: "H<sub>2</sub>O" is "H2O"). An attribute's whitespace is collapsed too (a ``title`` spanning lines),
-    except the url's (stripped only).
+    days"; inline markup joins as shown: "H<sub>2</sub>O" is "H2O"). An attribute's
+    whitespace is collapsed too (a ``title`` spanning lines), except the url's (stripped only).
     """
     if field.css not in cache:
         cache[field.css] = card.css_first(field.css)
@@ -744,16 +745,13 @@ def _read(
     return repair_text(value)
 
 
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
 def _origin(parts) -> tuple[str, str | None, int | None]:
     """``(scheme, host, port)`` of a ``urlsplit`` result as RFC 6454 compares them (host in
     lower case, a default port made explicit). Raises ValueError for a port that is no number.
     The fetcher's ``_origin`` does the same on httpx URLs; the parser does not import httpx
     (parse workers and re-parse backfills never fetch)."""
     scheme = parts.scheme.lower()
-    return scheme, parts.hostname, parts.port or _DEFAULT_PORTS.get(scheme)
+    return scheme, parts.hostname, parts.port or DEFAULT_PORTS.get(scheme)
 
 
 def _canonical(url: str, fetch_base_url: str | None, canonical_base_url: str | None) -> str:

@@ -51,7 +51,7 @@ import idna
 from aiolimiter import AsyncLimiter
 from protego import Protego
 
-from scrape_assets.hostnames import host_name_problem
+from scrape_assets.hostnames import url_host_problem
 from scrape_assets.retry import backoff_delay_s, classify_exception, classify_status, parse_retry_after
 
 logger = logging.getLogger(__name__)
@@ -300,7 +300,7 @@ class RobotsCache:
                     )
                 if url is None:
                     break
-                if problem := host_name_problem(httpx.URL(url).raw_host.decode("ascii")):
+                if problem := url_host_problem(httpx.URL(url)):
                     # as a redirect to a host that does not resolve (unreachable), without retries
                     return _RobotsFile("unreachable", robots_url, f"robots.txt redirected to {url}, whose host is no"
                                                                   f" name to look up ({problem})"), None

@@ -55,6 +55,7 @@ from defusedxml import DefusedXmlException
 
 from scrape_assets.errors import FetchError, StorageError
 from scrape_assets.fetcher import sendable_validator, validators_differ
+from scrape_assets.hostnames import DEFAULT_PORTS
 
 logger = logging.getLogger(__name__)
 _NS = "{http://www.sitemaps.org/schemas/sitemap/0.9}"
@@ -150,9 +151,6 @@ def parse_fetched_at(value: str | None) -> datetime.datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=datetime.timezone.utc)
 
 
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
 def origin_host(url: str) -> str:
     """``url``'s ``host[:port]`` as sitemap entries are matched against a site's: the host in
     lower case (IPv6 in brackets), the port as a number, the scheme's default port dropped
@@ -174,7 +172,7 @@ def _key(url: str) -> tuple[str, str]:
     host = parts.hostname or ""
     if ":" in host:  # IPv6
         host = f"[{host}]"
-    if port is not None and port != _DEFAULT_PORTS.get(parts.scheme.lower()):
+    if port is not None and port != DEFAULT_PORTS.get(parts.scheme.lower()):
         host = f"{host}:{port}"
     return host, (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 

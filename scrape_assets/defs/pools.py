@@ -14,7 +14,8 @@ slot a minute later (``run_monitoring: free_slots_after_run_end_seconds`` in
 with ``scrape-assets fail-run RUN_ID``. The flock needs none of this.
 """
 
-from scrape_assets.locks import DEFAULT_PORTS, host_origin
+from scrape_assets.hostnames import DEFAULT_PORTS
+from scrape_assets.locks import host_origin
 from scrape_assets.settings import load_settings
 from scrape_assets.spec import load_spec
 from scrape_assets.storage import ObjectStore

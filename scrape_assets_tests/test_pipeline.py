@@ -284,13 +284,18 @@ def test_blocking_check_stops_products_table_and_earlier_rows_stay(tmp_path, ins
         "pages: layout_guard x1 (page 1; ")
 
     # products_table launched alone (the UI, the CLI) refuses the partition its check held back.
-    alone = materialize(instance, broken, ["travel"], selection=["products_table"], raise_on_error=False)
-    assert not alone.success
-    (failure,) = [e for e in alone.all_events if e.event_type_value == "STEP_FAILURE"]
-    assert failure.step_failure_data.user_failure_data.description == (
+    assert _products_table_alone_refused(instance, broken, ["travel"]) == (
         "parsed rows of travel failed the schema (see the parsed_products_match_schema check); products_table not "
         "changed")
     assert _table(tmp_path) == before
+
+
+def _products_table_alone_refused(instance, resources, categories) -> str:
+    """products_table launched alone (the UI, the CLI) over ``categories``: the run fails; its step failure's text."""
+    alone = materialize(instance, resources, categories, selection=["products_table"], raise_on_error=False)
+    assert not alone.success
+    (failure,) = [e for e in alone.all_events if e.event_type_value == "STEP_FAILURE"]
+    return failure.step_failure_data.user_failure_data.description
 
 
 def test_products_table_over_several_categories_refuses_them_all_when_one_failed_the_schema(tmp_path, instance):
@@ -307,10 +312,7 @@ def test_products_table_over_several_categories_refuses_them_all_when_one_failed
     parsed = materialize(instance, make_resources(tmp_path, site=_broken_spec(tmp_path, "availability", "p.instock.availability")),
                          ["travel"], selection=["parsed_products"])
     assert parsed.success and run_metadata(parsed)["parsed_products"]["pages_parsed"] == 1
-    alone = materialize(instance, good, ["travel", "mystery"], selection=["products_table"], raise_on_error=False)
-    assert not alone.success
-    (failure,) = [e for e in alone.all_events if e.event_type_value == "STEP_FAILURE"]
-    assert failure.step_failure_data.user_failure_data.description == (
+    assert _products_table_alone_refused(instance, good, ["travel", "mystery"]) == (
         "parsed rows of mystery failed the schema (see the parsed_products_match_schema check); products_table not "
         "changed")
     assert _table(tmp_path) == before

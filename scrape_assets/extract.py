@@ -47,7 +47,9 @@ from scrape_assets.storage import ObjectStore
 #: stars") when no word One..Five is there; a product_id reject shows its regex as written.
 #: 7: text after a block element's end is a new word in text fields ("<p>In stock</p>Ships"
 #: is "In stock Ships", was "In stockShips").
-PARSER_VERSION = "7"
+#: 8: also where the block is nested in an inline element ("<a><h3>Title</h3></a>Ships"), and
+#: for every block-level element of the HTML Standard (blockquote, nav, pre, figure, ...).
+PARSER_VERSION = "8"
 
 
 @dataclass

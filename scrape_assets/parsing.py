@@ -694,26 +694,52 @@ class _FieldError(ValueError):
 
 
 #: Elements a browser starts on a new line: their start and their end separate the text around them.
-_BREAKING_TAGS = frozenset({"br", "p", "div", "li", "ul", "ol", "dl", "dt", "dd", "tr", "td", "th", "table", "h1",
-                            "h2", "h3", "h4", "h5", "h6", "section", "article", "header", "footer", "hr"})
+#: The HTML Standard's block-level rendering (https://html.spec.whatwg.org/multipage/rendering.html,
+#: "display: block", list items and table parts) plus ``br``.
+_BREAKING_TAGS = frozenset({
+    "br", "p", "div", "li", "ul", "ol", "dl", "dt", "dd", "menu", "dir", "tr", "td", "th", "table", "caption",
+    "h1", "h2", "h3", "h4", "h5", "h6", "hgroup", "section", "article", "aside", "nav", "main", "header", "footer",
+    "address", "blockquote", "center", "figure", "figcaption", "pre", "listing", "xmp", "form", "fieldset",
+    "legend", "details", "summary", "dialog", "search", "hr",
+})
 
 
 def _visible_text(node: LexborNode) -> str:
-    """``node``'s text, with a space where a line break or a block element starts or ends."""
+    """``node``'s text, with a space where a line break or a block element starts or ends.
+
+    A block element's end counts wherever it is nested: in ``<a><h3>Title</h3></a>Ships`` the
+    ``h3`` ends before "Ships" although "Ships" follows the ``a``.
+    """
     parts = []
     inside = False  # past ``node`` itself (traverse yields it first)
-    block_inside = False  # a block element seen inside ``node``: only then can one end before a node
+    open_blocks: list[LexborNode] = []  # block elements inside ``node`` not known to have ended, outermost first
     for child in node.traverse(include_text=True):
+        if open_blocks:  # each block that does not hold this node ended before it
+            ended = False
+            while open_blocks and not _holds(open_blocks[-1], child, node):
+                open_blocks.pop()
+                ended = True
+            if ended:
+                parts.append(" ")  # "<p>In stock</p>Ships", "<a><h3>Title</h3></a>Ships"
         tag = child.tag
         if tag in _BREAKING_TAGS:
             parts.append(" ")
-            block_inside = inside
-        elif block_inside and (before := child.prev) is not None and before.tag in _BREAKING_TAGS:
-            parts.append(" ")  # the first node after a block element's end: "<p>In stock</p>Ships"
-        if tag == "-text":
+            if inside:
+                open_blocks.append(child)
+        elif tag == "-text":
             parts.append(child.text_content or "")
         inside = True
     return "".join(parts)
+
+
+def _holds(block: LexborNode, node: LexborNode, root: LexborNode) -> bool:
+    """Whether ``node`` is inside ``block``; both are inside ``root``, where the search stops."""
+    parent = node.parent
+    while parent is not None and parent != root:
+        if parent == block:
+            return True
+        parent = parent.parent
+    return False
 
 
 def _read(

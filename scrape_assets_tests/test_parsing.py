@@ -979,6 +979,15 @@ def test_a_product_links_inner_whitespace_is_kept_as_the_site_wrote_it(spec):
     ("<span><p>In stock</p>Ships in 2 days</span>", "In stock Ships in 2 days"),  # inside an inline element
     ("<p>In stock</p><p>Ships</p><b>in 2 days</b>", "In stock Ships in 2 days"),  # after the second block
     ("In <b>stock</b>", "In stock"),
+    # A block nested in an inline element still ends before the text after that element.
+    ("<a><h3>In stock</h3></a>Ships in 2 days", "In stock Ships in 2 days"),
+    ("<span><b><p>In stock</p></b></span><i>Ships</i> in 2 days", "In stock Ships in 2 days"),
+    ("<div><p>In <b>stock</b></p></div><a>Ships</a> in 2 days", "In stock Ships in 2 days"),
+    ("<p>In <b>st</b>ock</p>", "In stock"),  # text inside the block, after an inline element: no break
+    # Every block-level element of the HTML Standard, not only the common ones.
+    ("<blockquote>In stock</blockquote>Ships in 2 days", "In stock Ships in 2 days"),
+    ("<nav>In stock</nav>Ships<figure>in 2 days</figure>", "In stock Ships in 2 days"),
+    ("<pre>In stock</pre>Ships<address>in 2 days</address>", "In stock Ships in 2 days"),
 ])
 def test_text_after_a_block_element_ends_is_a_new_word(spec, inner, expected):
     """A browser starts a new line after a block element ends as well as where one starts; the

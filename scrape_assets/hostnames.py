@@ -24,6 +24,22 @@ def url_host_problem(url) -> str | None:
 
 
 @functools.lru_cache(maxsize=1024)
+def ascii_host(host: str) -> str:
+    """``host`` (lower case) in ASCII as httpx sends it: a Unicode name IDNA 2008-encoded
+    (``straße.de`` -> ``xn--strae-oqa.de``; Python's own ``idna`` codec, IDNA 2003, would give
+    ``strasse.de``, another host); an ASCII host, or one IDNA 2008 cannot encode, as written."""
+    host = host.lower()
+    if host.isascii():
+        return host
+    import idna  # httpx's own dependency; only for a Unicode host
+
+    try:
+        return idna.encode(host).decode("ascii")
+    except idna.IDNAError:  # not a name httpx can fetch: the fetcher refuses it (host_name_problem)
+        return host
+
+
+@functools.lru_cache(maxsize=1024)
 def host_name_problem(host: str) -> str | None:
     """What keeps ``host`` from being looked up, or None when nothing does.
 

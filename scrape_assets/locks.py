@@ -36,7 +36,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from scrape_assets.errors import PartitionLockedError
-from scrape_assets.hostnames import DEFAULT_PORTS
+from scrape_assets.hostnames import DEFAULT_PORTS, ascii_host
 from scrape_assets.manifest import utc_now_iso
 from scrape_assets.storage import ObjectStore, check_key
 
@@ -138,13 +138,10 @@ def host_lock(
 
 def host_origin(url_or_netloc: str) -> tuple[str, str, int | None]:
     """``(scheme, host, port)`` as a host is one host: user info dropped, the host in lower
-    case, IDNA-encoded, without a trailing dot; a scheme's default port made explicit."""
+    case, IDNA 2008-encoded as httpx sends it (:func:`~scrape_assets.hostnames.ascii_host`),
+    without a trailing dot; a scheme's default port made explicit."""
     parts = urlsplit(url_or_netloc if "://" in url_or_netloc else "//" + url_or_netloc)
-    host = (parts.hostname or "").rstrip(".")
-    try:
-        host = host.encode("idna").decode("ascii")
-    except UnicodeError:  # not a name IDNA can encode: kept as written (lower case)
-        pass
+    host = ascii_host((parts.hostname or "").rstrip("."))
     try:
         port = parts.port
     except ValueError:  # not a number: no port to compare

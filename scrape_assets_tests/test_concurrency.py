@@ -107,6 +107,7 @@ def test_second_run_of_the_same_partition_stops_with_a_clear_message(tmp_path, d
 @pytest.mark.parametrize("spellings", [
     ["http://example.com/", "http://Example.COM:80/shop/", "http://example.com./", "example.com:80"],
     ["https://bücher.example/", "https://xn--bcher-kva.example:443/"],
+    ["https://straße.de/", "https://xn--strae-oqa.de/", "https://STRAßE.DE./"],  # IDNA 2008, as httpx
 ])
 def test_one_host_lock_however_the_host_is_spelled(tmp_path, spellings):
     """Host case, a trailing dot, an explicit default port, Unicode or punycode: one host,
@@ -128,6 +129,18 @@ def test_a_long_host_name_or_user_info_makes_a_usable_lock_name(tmp_path):
     assert host_lock_name(f"http://{long_host}/") != host_lock_name("http://" + "a" * 60 + ".other.example.com/")
     assert "secret" not in host_lock_name("http://user:secret@example.com/")  # user info is no part of a host
     assert host_lock_name("http://example.com:8080/") != host_lock_name("http://example.com/")
+
+
+def test_hosts_that_idna_2003_would_merge_get_a_lock_each():
+    """straße.de and strasse.de are two hosts for httpx (IDNA 2008: ß is kept, xn--strae-oqa.de);
+    the lock names used Python's IDNA 2003 codec, which maps ß to "ss": one lock for both
+    (and another for xn--strae-oqa.de, the name httpx fetches straße.de by)."""
+    from scrape_assets.defs.pools import host_pool
+
+    assert host_lock_name("https://straße.de/") == host_lock_name("https://xn--strae-oqa.de/") == "host-xn--strae-oqa.de=443"
+    assert host_lock_name("https://strasse.de/") == "host-strasse.de=443"
+    assert host_pool("https://straße.de/") == "scrape-host-xn--strae-oqa.de"
+    assert host_pool("https://strasse.de/") == "scrape-host-strasse.de"
 
 
 def test_host_lock_serialises_fetching_across_runs(tmp_path, demo_server):

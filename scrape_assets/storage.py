@@ -197,6 +197,12 @@ class ObjectStore:
         except (ValueError, ImportError) as exc:
             raise StorageError(redact_url(url), f"cannot open object storage: {exc}") from exc
         self.is_local = self.root.protocol in ("", "file", "local")
+        if scheme in ("file", "local") and ("?" in url or "#" in url):
+            # fsspec keeps them in the path: file:///data/objects?token=x would write into a
+            # folder named "objects?token=x". A local folder has no query: refused, named without it.
+            raise StorageError(redact_url(url).partition("#")[0], "cannot open object storage: a file:// URL has no query "
+                               "or fragment ('?' or '#'): expected file:///path/to/folder (a folder whose name holds "
+                               "'?' or '#' is given as a plain path, without file://)")
         if self.root.protocol in S3_PROTOCOLS:
             bucket = url.partition("://")[2].split("/", 1)[0]
             if "@" in bucket or (":" in bucket and not bucket.startswith("arn:")):  # (an access point ARN has ":")

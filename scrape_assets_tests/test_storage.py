@@ -144,6 +144,19 @@ def test_unwritable_root_gives_one_clear_error(tmp_path):
         store.ensure_writable()
 
 
+@pytest.mark.parametrize("url", ["file://{root}/objects?token=s3cret", "local://{root}/objects#x", "file://{root}/o?"])
+def test_a_file_url_with_a_query_is_refused_not_made_a_folder_name(tmp_path, url):
+    """fsspec kept the query in the path: file:///data/objects?token=s3cret wrote into a folder
+    named "objects?token=s3cret" and the run summary printed the token."""
+    with pytest.raises(StorageError) as info:
+        ObjectStore(url.format(root=tmp_path))
+    assert "file:///path/to/folder" in str(info.value) and "s3cret" not in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+    store = ObjectStore(str(tmp_path / "objects?x"))  # a plain path may name such a folder
+    store.write_bytes_atomic("a/b.html", b"x")
+    assert (tmp_path / "objects?x" / "a" / "b.html").read_bytes() == b"x"
+
+
 def test_memory_store_and_redaction():
     store = ObjectStore("memory://bucket/prefix")
     assert not store.is_local

@@ -48,7 +48,8 @@ from scrape_assets.storage import ObjectStore
 #: 7: text after a block element's end is a new word in text fields ("<p>In stock</p>Ships"
 #: is "In stock Ships", was "In stockShips").
 #: 8: also where the block is nested in an inline element ("<a><h3>Title</h3></a>Ships"), and
-#: for every block-level element of the HTML Standard (blockquote, nav, pre, figure, ...).
+#: for the HTML Standard's other block-level elements (blockquote, nav, pre, figure, ...);
+#: a script's or style sheet's text inside a text field is left out ("In stock<script>...").
 PARSER_VERSION = "8"
 
 
@@ -226,7 +227,7 @@ def parse_rules_digest(spec: SiteSpec) -> str:
 
 def parser_code_version(spec: SiteSpec) -> str:
     """The parser as a whole, ``"<PARSER_VERSION>+spec<parse_rules_digest>"`` (e.g.
-    ``"7+spec1a2b3c4d5e6f"``): ``parsed_products``' Dagster ``code_version``, so a parser fix
+    ``"8+spec1a2b3c4d5e6f"``): ``parsed_products``' Dagster ``code_version``, so a parser fix
     and an edit of the spec's parsing rules alike mark it stale in the UI once the
     definitions are reloaded."""
     return f"{PARSER_VERSION}+spec{parse_rules_digest(spec)}"

@@ -141,7 +141,7 @@ def host_origin(url_or_netloc: str) -> tuple[str, str, int | None]:
     case, IDNA 2008-encoded as httpx sends it (:func:`~scrape_assets.hostnames.ascii_host`),
     without a trailing dot; a scheme's default port made explicit."""
     parts = urlsplit(url_or_netloc if "://" in url_or_netloc else "//" + url_or_netloc)
-    host = ascii_host((parts.hostname or "").rstrip("."))
+    host = ascii_host((parts.hostname or "").rstrip(".")).rstrip(".")  # IDNA makes a trailing "。" a "."
     try:
         port = parts.port
     except ValueError:  # not a number: no port to compare

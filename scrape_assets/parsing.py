@@ -695,17 +695,20 @@ class _FieldError(ValueError):
 
 #: Elements a browser starts on a new line: their start and their end separate the text around them.
 #: The HTML Standard's block-level rendering (https://html.spec.whatwg.org/multipage/rendering.html,
-#: "display: block", list items and table parts) plus ``br``.
+#: "display: block", list items, table rows and cells) of elements found in page content, plus ``br``.
 _BREAKING_TAGS = frozenset({
     "br", "p", "div", "li", "ul", "ol", "dl", "dt", "dd", "menu", "dir", "tr", "td", "th", "table", "caption",
     "h1", "h2", "h3", "h4", "h5", "h6", "hgroup", "section", "article", "aside", "nav", "main", "header", "footer",
     "address", "blockquote", "center", "figure", "figcaption", "pre", "listing", "xmp", "form", "fieldset",
     "legend", "details", "summary", "dialog", "search", "hr",
 })
+#: Elements whose text a browser does not show (a script's code, a style sheet).
+_NOT_SHOWN_TAGS = frozenset({"script", "style", "template"})
 
 
 def _visible_text(node: LexborNode) -> str:
-    """``node``'s text, with a space where a line break or a block element starts or ends.
+    """``node``'s text as shown, with a space where a line break or a block element starts or
+    ends, without the text of script, style and template elements.
 
     A block element's end counts wherever it is nested: in ``<a><h3>Title</h3></a>Ships`` the
     ``h3`` ends before "Ships" although "Ships" follows the ``a``.
@@ -726,17 +729,23 @@ def _visible_text(node: LexborNode) -> str:
             parts.append(" ")
             if inside:
                 open_blocks.append(child)
-        elif tag == "-text":
+        elif tag == "-text" and child.parent.tag not in _NOT_SHOWN_TAGS:
             parts.append(child.text_content or "")
         inside = True
     return "".join(parts)
 
 
 def _holds(block: LexborNode, node: LexborNode, root: LexborNode) -> bool:
-    """Whether ``node`` is inside ``block``; both are inside ``root``, where the search stops."""
+    """Whether ``node`` is inside ``block``; both are inside ``root``, where the search stops.
+
+    Nodes are compared by ``mem_id`` (the node's address, one per node whatever wrapper
+    object holds it): selectolax's ``==`` serialises both subtrees when they are not the
+    same node, which made a field of many block elements quadratic (8,000 ``<p>``: 2.6 s).
+    """
+    target, stop = block.mem_id, root.mem_id
     parent = node.parent
-    while parent is not None and parent != root:
-        if parent == block:
+    while parent is not None and (found := parent.mem_id) != stop:
+        if found == target:
             return True
         parent = parent.parent
     return False

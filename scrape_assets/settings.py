@@ -51,7 +51,7 @@ from scrape_assets.spec import (  # noqa: F401 - base_url_problem re-exported
     load_spec,
     user_agent_problem,
 )
-from scrape_assets.storage import redact_url
+from scrape_assets.storage import query_problem, redact_url, shown_storage_url
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +174,8 @@ def storage_url_problem(url: str) -> str | None:
         protocol = UPath(url).protocol
     except (ValueError, ImportError):  # an unknown protocol: the store names it
         return None
+    if protocol and (problem := query_problem(url)):
+        return problem
     if protocol in ("file", "local"):
         # file://data/objects is read as a folder relative to each process's own, like "data/objects".
         rest = url.split("://", 1)[1] if "://" in url else url.split(":", 1)[1]
@@ -255,7 +257,8 @@ def load_settings(env: dict | None = None) -> Settings:
                             "the process ends, and a run's steps, the summary and the next run are other processes)")
     if storage_url and (problem := storage_url_problem(storage_url)):
         meant = _protocol_meant(storage_url)
-        shown = redact_url(storage_url) if meant is None else meant.replace("://", "//", 1)  # as typed, credentials out
+        # as typed, credentials out; a cut query marked
+        shown = shown_storage_url(storage_url) if meant is None else meant.replace("://", "//", 1)
         raise SettingsError("SCRAPE_STORAGE_URL", shown, problem)
     resume_max_age_h = _number(env, "SCRAPE_RESUME_MAX_AGE_H", float, MIN_RESUME_MAX_AGE_H, maximum=MAX_RESUME_MAX_AGE_H)
     return Settings(

@@ -136,6 +136,29 @@ def redact_url(url: str, *, keep_path: bool = True) -> str:
     return urlunsplit((parts.scheme, host, path, "", ""))
 
 
+#: What a storage URL with a query or fragment is told (see :func:`query_problem`).
+QUERY_PROBLEM = (
+    "a storage URL with no query or fragment: fsspec makes '?...' or '#...' part of the folder or object "
+    "names (s3://bucket/prefix?region=x writes under the prefix 'prefix?region=x'), e.g. s3://bucket/prefix or "
+    "file:///srv/scrape/objects; S3 options come from AWS_* variables (AWS_REGION, AWS_ENDPOINT_URL), and a local "
+    "folder whose name holds '?' or '#' is given as a plain path"
+)
+
+
+def query_problem(url: str) -> str | None:
+    """:data:`QUERY_PROBLEM` when the storage URL ``url`` (one with a protocol: a plain path
+    may name any folder) holds a ``?`` or ``#``, else None."""
+    return QUERY_PROBLEM if "?" in url or "#" in url else None
+
+
+def shown_storage_url(url: str) -> str:
+    """``url`` as :func:`redact_url` shows it, marked where a query or fragment was cut
+    (``s3://bucket/prefix?<hidden>``), so a message about the query shows where it was."""
+    cut = min((i for i in (url.find("?"), url.find("#")) if i >= 0), default=-1)
+    shown = redact_url(url)
+    return shown if cut < 0 else f"{shown}{url[cut]}<hidden>"
+
+
 def check_key(key: str) -> list[str]:
     """Split and validate a storage key.
 
@@ -197,12 +220,8 @@ class ObjectStore:
         except (ValueError, ImportError) as exc:
             raise StorageError(redact_url(url), f"cannot open object storage: {exc}") from exc
         self.is_local = self.root.protocol in ("", "file", "local")
-        if scheme in ("file", "local") and ("?" in url or "#" in url):
-            # fsspec keeps them in the path: file:///data/objects?token=x would write into a
-            # folder named "objects?token=x". A local folder has no query: refused, named without it.
-            raise StorageError(redact_url(url).partition("#")[0], "cannot open object storage: a file:// URL has no query "
-                               "or fragment ('?' or '#'): expected file:///path/to/folder (a folder whose name holds "
-                               "'?' or '#' is given as a plain path, without file://)")
+        if self.root.protocol and (problem := query_problem(url)):
+            raise StorageError(shown_storage_url(url), f"cannot open object storage: expected {problem}")
         if self.root.protocol in S3_PROTOCOLS:
             bucket = url.partition("://")[2].split("/", 1)[0]
             if "@" in bucket or (":" in bucket and not bucket.startswith("arn:")):  # (an access point ARN has ":")

@@ -1587,9 +1587,10 @@ def test_fewer_cards_blames_the_selector_only_when_no_category_found_a_card():
             "crawl did not reach: pagination, the spec's max_pages?)") in out.getvalue().splitlines()
 
 
-def test_prune_of_a_storage_url_without_the_site_names_it_without_its_query(tmp_path, monkeypatch, capsys):
-    """SCRAPE_STORAGE_URL may carry a token in its query (or user info): the error line names
-    the store without it, as every other line does."""
+def test_prune_of_a_storage_url_with_a_query_refuses_it_without_showing_the_query(tmp_path, monkeypatch, capsys):
+    """SCRAPE_STORAGE_URL may carry a token in its query: fsspec would make it part of the
+    folder's name, so the URL is refused, and the error line names it without the token
+    (marked where the query was), as every other line names a store."""
     from scrape_assets.cli import main
 
     monkeypatch.setenv("SCRAPE_SITE", "demo")
@@ -1597,9 +1598,11 @@ def test_prune_of_a_storage_url_without_the_site_names_it_without_its_query(tmp_
     monkeypatch.setenv("SCRAPE_STORAGE_URL", f"simplecache::file://{tmp_path / 'objects'}?token=secret-token")
     assert main(["prune", "--keep", "1"]) == 2
     captured = capsys.readouterr()
-    assert captured.err.splitlines()[-1] == (
-        f"scrape-assets: error: no snapshot of demo in simplecache::file://{tmp_path / 'objects'}: is SCRAPE_STORAGE_URL "
-        "the one you scraped into, and SCRAPE_SITE (demo) the site? Nothing pruned")
+    assert captured.err.splitlines()[-1].startswith(
+        f"scrape-assets: error: SCRAPE_STORAGE_URL='simplecache::file://{tmp_path / 'objects'}?<hidden>' is invalid: "
+        "expected a storage URL with no query or fragment")
+    assert "secret-token" not in captured.err + captured.out
+    assert not (tmp_path / "objects").exists()
     assert "secret-token" not in captured.out + captured.err
 
 

@@ -105,7 +105,8 @@ def test_second_run_of_the_same_partition_stops_with_a_clear_message(tmp_path, d
 
 
 @pytest.mark.parametrize("spellings", [
-    ["http://example.com/", "http://Example.COM:80/shop/", "http://example.com./", "example.com:80"],
+    ["http://example.com/", "http://Example.COM:80/shop/", "http://example.com./", "example.com:80",
+     "http://example.com\u3002/"],  # an ideographic full stop: a dot to IDNA
     ["https://bücher.example/", "https://xn--bcher-kva.example:443/"],
     ["https://straße.de/", "https://xn--strae-oqa.de/", "https://STRAßE.DE./"],  # IDNA 2008, as httpx
 ])

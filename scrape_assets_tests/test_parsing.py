@@ -9,6 +9,7 @@ import random
 import re
 import subprocess
 import sys
+import time
 from collections import Counter
 from urllib.parse import urljoin
 from decimal import Decimal
@@ -988,6 +989,9 @@ def test_a_product_links_inner_whitespace_is_kept_as_the_site_wrote_it(spec):
     ("<blockquote>In stock</blockquote>Ships in 2 days", "In stock Ships in 2 days"),
     ("<nav>In stock</nav>Ships<figure>in 2 days</figure>", "In stock Ships in 2 days"),
     ("<pre>In stock</pre>Ships<address>in 2 days</address>", "In stock Ships in 2 days"),
+    # Text a browser does not show: a script's code, a style sheet.
+    ("<span>In stock<script>var shipping = 2;</script></span> Ships<style>p {}</style> in 2 days",
+     "In stock Ships in 2 days"),
 ])
 def test_text_after_a_block_element_ends_is_a_new_word(spec, inner, expected):
     """A browser starts a new line after a block element ends as well as where one starts; the
@@ -998,3 +1002,18 @@ def test_text_after_a_block_element_ends_is_a_new_word(spec, inner, expected):
     card = _card().replace("</article>", f'<div class="availability">{inner}</div></article>')
     (product,) = parse_listing(_page(card), block, LIVE_BASE).products
     assert product["availability"] == expected
+
+
+def test_a_text_field_of_many_block_elements_reads_in_linear_time():
+    """Nodes were compared with selectolax's ``==``, which serialises both subtrees when they
+    differ: each node inside a block cost a serialisation of the whole field (8,000 ``<p>``:
+    2.6 s; 20,000: ~16 s). By ``mem_id`` the 20,000 take ~10 ms; the budget is 100x that."""
+    from selectolax.lexbor import LexborHTMLParser
+
+    from scrape_assets.parsing import _visible_text
+
+    root = LexborHTMLParser("<div id=r><span>" + "<p>x<b>y</b></p>" * 20_000 + "</span>tail</div>").css_first("#r")
+    started = time.perf_counter()
+    text = _visible_text(root)
+    assert time.perf_counter() - started < 2.0
+    assert " ".join(text.split()) == " ".join(["xy"] * 20_000 + ["tail"])

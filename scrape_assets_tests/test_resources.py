@@ -354,6 +354,21 @@ def test_storage_urls_the_settings_accept_and_refuse():
     for relative in ("file://data/objects", "local://data/objects"):  # "data" is no host: a relative folder
         assert storage_url_problem(relative).startswith(f"a {relative.split(':')[0]}:// URL of an absolute folder")
     assert storage_url_problem("local:///srv/objects") is None
+    for query in ("s3://bucket/prefix?region=eu", "file:///srv/objects#x", "file:/srv/objects?t=1",
+                  "simplecache::s3://bucket/p?x=1"):  # fsspec would make it part of the names
+        assert storage_url_problem(query).startswith("a storage URL with no query or fragment"), query
+    assert storage_url_problem("/srv/objects?x") is None  # a plain path names a folder as it is
+
+
+def test_a_storage_url_with_a_query_is_refused_showing_where_the_query_was():
+    from scrape_assets.errors import SettingsError
+    from scrape_assets.settings import load_settings
+
+    with pytest.raises(SettingsError) as info:
+        load_settings({"SCRAPE_STORAGE_URL": "s3://bucket/prefix?region=eu-s3cret"})
+    assert str(info.value).startswith("SCRAPE_STORAGE_URL='s3://bucket/prefix?<hidden>' is invalid: expected a "
+                                      "storage URL with no query or fragment")
+    assert "s3cret" not in str(info.value)
 
 
 @pytest.mark.parametrize("day", ["20261201", "2026-W48-1", "2026-12-1", "2026-13-01"])

@@ -706,49 +706,41 @@ _BREAKING_TAGS = frozenset({
 _NOT_SHOWN_TAGS = frozenset({"script", "style", "template"})
 
 
-def _visible_text(node: LexborNode) -> str:
-    """``node``'s text as shown, with a space where a line break or a block element starts or
-    ends, without the text of script, style and template elements.
+def _visible_text(node: LexborNode, *, breaks: bool = True) -> str:
+    """``node``'s text as shown: without the text of script, style and template elements and,
+    with ``breaks``, with a space where a line break or a block element starts or ends.
 
     A block element's end counts wherever it is nested: in ``<a><h3>Title</h3></a>Ships`` the
-    ``h3`` ends before "Ships" although "Ships" follows the ``a``.
+    ``h3`` ends before "Ships" although "Ships" follows the ``a``. The tree is walked once,
+    each node entered and left once (linear in the field's size however deep the nesting;
+    nodes are told apart by ``mem_id``, their address: selectolax's ``==`` serialises both
+    subtrees when they differ).
     """
     parts = []
-    inside = False  # past ``node`` itself (traverse yields it first)
-    open_blocks: list[LexborNode] = []  # block elements inside ``node`` not known to have ended, outermost first
-    for child in node.traverse(include_text=True):
-        if open_blocks:  # each block that does not hold this node ended before it
-            ended = False
-            while open_blocks and not _holds(open_blocks[-1], child, node):
-                open_blocks.pop()
-                ended = True
-            if ended:
-                parts.append(" ")  # "<p>In stock</p>Ships", "<a><h3>Title</h3></a>Ships"
-        tag = child.tag
-        if tag in _BREAKING_TAGS:
-            parts.append(" ")
-            if inside:
-                open_blocks.append(child)
-        elif tag == "-text" and child.parent.tag not in _NOT_SHOWN_TAGS:
-            parts.append(child.text_content or "")
-        inside = True
+    stop = node.mem_id
+    current = node.first_child
+    while current is not None:
+        tag = current.tag
+        if tag == "-text":
+            parts.append(current.text_content or "")
+        elif breaks and tag in _BREAKING_TAGS:
+            parts.append(" ")  # where it starts
+        child = None if tag in _NOT_SHOWN_TAGS else current.first_child
+        if child is not None:
+            current = child
+            continue
+        while True:  # leave ``current``, then each ancestor whose last child it was
+            if breaks and current.tag in _BREAKING_TAGS:
+                parts.append(" ")  # where it ends: "<p>In stock</p>Ships", "<a><h3>Title</h3></a>Ships"
+            following = current.next
+            if following is not None:
+                current = following
+                break
+            current = current.parent
+            if current is None or current.mem_id == stop:
+                current = None
+                break
     return "".join(parts)
-
-
-def _holds(block: LexborNode, node: LexborNode, root: LexborNode) -> bool:
-    """Whether ``node`` is inside ``block``; both are inside ``root``, where the search stops.
-
-    Nodes are compared by ``mem_id`` (the node's address, one per node whatever wrapper
-    object holds it): selectolax's ``==`` serialises both subtrees when they are not the
-    same node, which made a field of many block elements quadratic (8,000 ``<p>``: 2.6 s).
-    """
-    target, stop = block.mem_id, root.mem_id
-    parent = node.parent
-    while parent is not None and (found := parent.mem_id) != stop:
-        if found == target:
-            return True
-        parent = parent.parent
-    return False
 
 
 def _read(
@@ -768,7 +760,8 @@ def _read(
     if node is None:
         raise _FieldError(f"{name}: no element matches {field.css!r}")
     if field.attr is None:
-        value = " ".join((node.text() if name == "price" else _visible_text(node)).split())
+        # A price's digits may be split over inline elements ("£<span>51</span>.77"): joined as shown.
+        value = " ".join(_visible_text(node, breaks=name != "price").split())
     else:
         raw = node.attributes.get(field.attr)
         if raw is None:

@@ -111,11 +111,18 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
+#: The "::" between the URLs of an fsspec chain (``simplecache::s3://bucket``), before a
+#: "scheme://", so that an IPv6 address (``http://[::1]/``, ``[::ffff:1.2.3.4]``) is no chain.
+_CHAIN_SEPARATOR = re.compile(r"::(?=[A-Za-z][A-Za-z0-9+.-]*://)")
+
+
 def redact_url(url: str, *, keep_path: bool = True) -> str:
     """Return ``url`` without user info or query (where credentials hide), for logs and metadata.
 
     Pass ``keep_path=False`` for URLs whose path is itself a secret (webhooks).
     """
+    if len(chain := _CHAIN_SEPARATOR.split(url)) > 1:  # an fsspec chain (simplecache::s3://...): each URL on its own
+        return "::".join(redact_url(part, keep_path=keep_path) for part in chain)
     try:
         parts = urlsplit(url)
     except ValueError:  # e.g. an unbalanced '[' (as in an unencoded password): show none of it
@@ -123,11 +130,18 @@ def redact_url(url: str, *, keep_path: bool = True) -> str:
         return f"{scheme}://<hidden>" if sep else "<hidden>"
     if not parts.scheme or len(parts.scheme) == 1:  # a plain path (or a Windows drive letter)
         return url
+    after_netloc = url.partition("://")[2][len(parts.netloc):]
+    if ":" in parts.netloc and "@" not in parts.netloc and "@" in after_netloc:
+        # user:password@host with a "/", "?" or "#" in the password: urlsplit reads the user as
+        # the host and the password's start as a port, the rest of it as the path
+        return f"{parts.scheme}://<hidden>"
     try:
         port = parts.port
     except ValueError:  # not a number: the "host" may be part of an unencoded password
         return f"{parts.scheme}://<hidden>"
     host = parts.hostname or ""
+    if ":" in host:  # an IPv6 address, in its brackets again
+        host = f"[{host}]"
     if port:
         host = f"{host}:{port}"
     path = parts.path if keep_path else "/…"
@@ -156,7 +170,9 @@ def shown_storage_url(url: str) -> str:
     (``s3://bucket/prefix?<hidden>``), so a message about the query shows where it was."""
     cut = min((i for i in (url.find("?"), url.find("#")) if i >= 0), default=-1)
     shown = redact_url(url)
-    return shown if cut < 0 else f"{shown}{url[cut]}<hidden>"
+    if cut < 0 or shown == url:  # nothing cut (a plain path is shown as typed)
+        return shown
+    return shown if shown.endswith("<hidden>") else f"{shown}{url[cut]}<hidden>"
 
 
 def check_key(key: str) -> list[str]:
@@ -220,8 +236,6 @@ class ObjectStore:
         except (ValueError, ImportError) as exc:
             raise StorageError(redact_url(url), f"cannot open object storage: {exc}") from exc
         self.is_local = self.root.protocol in ("", "file", "local")
-        if self.root.protocol and (problem := query_problem(url)):
-            raise StorageError(shown_storage_url(url), f"cannot open object storage: expected {problem}")
         if self.root.protocol in S3_PROTOCOLS:
             bucket = url.partition("://")[2].split("/", 1)[0]
             if "@" in bucket or (":" in bucket and not bucket.startswith("arn:")):  # (an access point ARN has ":")
@@ -240,6 +254,8 @@ class ObjectStore:
                     raise ValueError("no bucket in the URL")
             except ValueError as exc:
                 raise StorageError(redact_url(url), f"cannot open object storage: {exc}: expected s3://bucket[/prefix]") from exc
+        if self.root.protocol and (problem := query_problem(url)):  # after the S3 credentials check (named <hidden>)
+            raise StorageError(shown_storage_url(url), f"cannot open object storage: expected {problem}")
         self._flat = scheme in OBJECT_STORE_PROTOCOLS  # one PUT per write, no folders to create
         self._bucketed = scheme in S3_PROTOCOLS
         # Local disks: plain os.path joins under the validated root (UPath.joinpath costs

@@ -177,6 +177,40 @@ def test_memory_store_and_redaction():
     assert redact_url("https://hooks.example.com/services/T0/B0/SECRET", keep_path=False) == "https://hooks.example.com/…"
 
 
+
+@pytest.mark.parametrize(("url", "shown"), [
+    # A "/" in the password: urlsplit read "KEY:1234" as host and port, the rest of it as the path.
+    ("s3://AKIAEXAMPLE:1234/wJalrS3CRET@bucket/prefix", "s3://<hidden>"),
+    ("sftp://user:12#S3CRET@host/p", "sftp://<hidden>"),
+    # An fsspec chain: each URL's user info dropped (the whole chain was read as a path).
+    ("simplecache::s3://KEY:S3CRET@bucket/p", "simplecache::s3://bucket/p"),
+    ("zip://a.csv::s3://KEY:S3CRET@bucket/x.zip", "zip://a.csv::s3://bucket/x.zip"),
+    # IPv6 hosts keep their brackets (were "http://::1:8000/x"), and are no chain.
+    ("http://[::1]:8000/x?token=S3CRET", "http://[::1]:8000/x"),
+    ("simplecache::http://u:S3CRET@[::ffff:1.2.3.4]:80/b", "simplecache::http://[::ffff:1.2.3.4]:80/b"),
+    ("hf://datasets/user/repo@main/path", "hf://datasets/user/repo@main/path"),  # an "@" of the path stays
+])
+def test_redact_url_hides_credentials_urlsplit_misreads(url, shown):
+    assert redact_url(url) == shown
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("s3://AKIAEXAMPLE:1234/wJalrS3CRET@bucket/prefix?region=eu", "s3://<hidden>"),
+    ("simplecache::s3://KEY:S3CRET@bucket/p?x=1", "simplecache::s3://bucket/p?<hidden>"),
+    ("data/objects?token=S3CRET", "data/objects?token=S3CRET"),  # a plain path: as typed, nothing was cut
+])
+def test_a_refused_storage_url_shows_no_credentials(url, shown):
+    """The query check ran before the S3 credentials check: an s3:// URL with both was named by
+    redact_url, which kept most of a secret holding a "/" (review of 0885d3c)."""
+    from scrape_assets.storage import shown_storage_url
+
+    assert shown_storage_url(url) == shown
+    if "://" in url:
+        with pytest.raises(StorageError) as info:
+            ObjectStore(url)
+        assert "S3CRET" not in str(info.value) and "1234" not in str(info.value)
+
+
 @pytest.mark.parametrize("where", ["local", "memory"])
 def test_list_files_recurses_with_sizes_and_delete_listed_removes_temp_files_too(tmp_path, where):
     store = ObjectStore(str(tmp_path / "objects") if where == "local" else f"memory://bucket-{tmp_path.name}/root")

@@ -491,3 +491,23 @@ def test_file_in_the_way_names_the_file_blocking_a_folder(tmp_path):
     assert file_in_the_way(blocker) == blocker
     assert file_in_the_way(blocker / "data" / "objects") == blocker
     assert file_in_the_way(tmp_path / "new" / "data") is None
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    ("data/objects", "data/objects: cannot open object storage: expected an absolute folder (this one is "),
+    ("s3//bucket/prefix", "s3//bucket/prefix: cannot open object storage: expected an object store URL with '://' "
+                          "after its protocol, e.g. s3://bucket/prefix"),
+    ("s3://bucket/prefix?region=S3CRET", "s3://bucket/prefix?<hidden>: cannot open object storage: expected a "
+                                         "storage URL with no query or fragment"),
+])
+def test_a_storage_url_given_in_the_launchpad_is_checked_as_the_variable_is(tmp_path, monkeypatch, url, expected):
+    """SCRAPE_STORAGE_URL refused a relative folder and "s3//"; the store resource's url set in
+    the launchpad went to fsspec as it was: pages written under the run worker's own folder."""
+    from scrape_assets.defs.resources import ObjectStoreResource
+    from scrape_assets.errors import StorageError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StorageError) as info:
+        ObjectStoreResource(url=url).store()
+    assert str(info.value).startswith(expected) and "S3CRET" not in str(info.value)
+    assert list(tmp_path.iterdir()) == []

@@ -18,7 +18,7 @@ import dagster as dg
 from pydantic import ConfigDict, Field, field_validator
 
 from scrape_assets import __version__
-from scrape_assets.errors import SettingsError
+from scrape_assets.errors import SettingsError, StorageError
 from scrape_assets.locks import host_lock, partition_locks
 from scrape_assets.manifest import has_snapshot, utc_now_iso
 from scrape_assets.proxies import ProxyURL
@@ -31,6 +31,7 @@ from scrape_assets.settings import (
     base_url_problem,
     file_in_the_way,
     load_settings,
+    storage_url_problem,
 )
 from scrape_assets.spec import (
     MAX_CONCURRENCY,
@@ -40,7 +41,7 @@ from scrape_assets.spec import (
     load_spec,
     user_agent_problem,
 )
-from scrape_assets.storage import ObjectStore
+from scrape_assets.storage import ObjectStore, shown_storage_url
 from scrape_assets.warehouse import Warehouse
 
 if TYPE_CHECKING:  # the HTTP stack is imported where a fetch needs it (see raw_pages), not with the definitions
@@ -178,7 +179,14 @@ class ObjectStoreResource(dg.ConfigurableResource):
         return None if self.resume_max_age_h is None else timedelta(hours=self.resume_max_age_h)
 
     def store(self) -> ObjectStore:
-        """The :class:`ObjectStore` at ``url`` (raises StorageError when it cannot be opened)."""
+        """The :class:`ObjectStore` at ``url`` (raises StorageError when it cannot be opened).
+
+        ``url`` is checked as ``SCRAPE_STORAGE_URL`` is (:func:`~scrape_assets.settings.storage_url_problem`):
+        a launchpad value such as ``data/objects`` (relative: each process's own folder) or
+        ``s3//bucket`` (a local folder to fsspec) is refused, not written to.
+        """
+        if problem := storage_url_problem(self.url):
+            raise StorageError(shown_storage_url(self.url), f"cannot open object storage: expected {problem}")
         return ObjectStore(self.url)
 
     def host_lock(self, context: dg.AssetExecutionContext, base_url: str):

@@ -412,8 +412,8 @@ def ui_command(env: Mapping[str, str]) -> str:
     ``SCRAPE_BASE_URL``, and ``DAGSTER_HOME`` other than the clone's ``.dagster_home``
     (unset: ``./.dagster_home`` of the current folder when it holds an instance, as
     ``scrape-assets demo`` run there used it; else the clone's),
-    each shell-quoted; paths absolute, a base URL
-    without user info or query.
+    each shell-quoted; paths absolute; a base URL only when it has nothing to redact (else
+    :func:`ui_exports` names it).
     ``SCRAPE_STORAGE_URL`` and ``SCRAPE_WAREHOUSE_URL`` are left out (they may hold
     credentials): set them as for the run. ``UI_PORT`` is carried when it is not 3000.
     """
@@ -427,8 +427,8 @@ def ui_command(env: Mapping[str, str]) -> str:
     data = data_folder(env)
     if data != _CLONE / "data":
         parts.append(f"SCRAPE_DATA_DIR={shlex.quote(str(data))}")
-    if env.get("SCRAPE_BASE_URL"):
-        parts.append(f"SCRAPE_BASE_URL={shlex.quote(redact_url(env['SCRAPE_BASE_URL']))}")  # never credentials
+    if (base := env.get("SCRAPE_BASE_URL")) and redact_url(base) == base:  # else named by ui_exports, not printed
+        parts.append(f"SCRAPE_BASE_URL={shlex.quote(base)}")
     parts.append("make ui")
     if (home := _ui_home(env)) != _CLONE / ".dagster_home":
         parts.append(f"DAGSTER_HOME={shlex.quote(str(home))}")
@@ -508,12 +508,18 @@ def run_daemon_check() -> int:
 
 
 def ui_exports(env: Mapping[str, str]) -> list[str]:
-    """The variables :func:`ui_command` leaves out that the UI needs too: storage and warehouse URLs set in ``env``.
+    """The variables :func:`ui_command` leaves out that the UI needs too: storage and warehouse URLs set in ``env``,
+    and a ``SCRAPE_BASE_URL`` that :func:`~scrape_assets.storage.redact_url` would not show whole.
 
     Their values may hold credentials, so the summary names them instead of printing them;
     without them the UI's code location would read ``./data`` and show another store.
     """
-    return [name for name in ("SCRAPE_STORAGE_URL", "SCRAPE_WAREHOUSE_URL") if env.get(name, "").strip()]
+    from scrape_assets.storage import redact_url
+
+    exports = [name for name in ("SCRAPE_STORAGE_URL", "SCRAPE_WAREHOUSE_URL") if env.get(name, "").strip()]
+    if (base := env.get("SCRAPE_BASE_URL")) and redact_url(base) != base:  # not shown whole: not in the command
+        exports.insert(0, "SCRAPE_BASE_URL")
+    return exports
 
 
 def pool_holders_notice(instance, pool: str | None) -> str | None:

@@ -716,6 +716,8 @@ def _visible_text(node: LexborNode, *, breaks: bool = True) -> str:
     nodes are told apart by ``mem_id``, their address: selectolax's ``==`` serialises both
     subtrees when they differ).
     """
+    if node.tag in _NOT_SHOWN_TAGS:  # a selector matching a script or style element: nothing shown
+        return ""
     parts = []
     stop = node.mem_id
     current = node.first_child

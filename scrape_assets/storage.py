@@ -121,7 +121,9 @@ def redact_url(url: str, *, keep_path: bool = True) -> str:
 
     Pass ``keep_path=False`` for URLs whose path is itself a secret (webhooks).
     """
-    if len(chain := _CHAIN_SEPARATOR.split(url)) > 1:  # an fsspec chain (simplecache::s3://...): each URL on its own
+    head = re.split(r"[?#]", url, maxsplit=1)[0]  # a "::scheme://" in a query is no chain: its text stays hidden
+    if len(chain := _CHAIN_SEPARATOR.split(head)) > 1:  # an fsspec chain (simplecache::s3://...): each URL on its own
+        chain[-1] += url[len(head):]
         return "::".join(redact_url(part, keep_path=keep_path) for part in chain)
     try:
         parts = urlsplit(url)
@@ -131,9 +133,11 @@ def redact_url(url: str, *, keep_path: bool = True) -> str:
     if not parts.scheme or len(parts.scheme) == 1:  # a plain path (or a Windows drive letter)
         return url
     after_netloc = url.partition("://")[2][len(parts.netloc):]
-    if ":" in parts.netloc and "@" not in parts.netloc and "@" in after_netloc:
-        # user:password@host with a "/", "?" or "#" in the password: urlsplit reads the user as
-        # the host and the password's start as a port, the rest of it as the path
+    if "@" in after_netloc and ("@" in parts.netloc or ":" in parts.netloc.rpartition("]")[2]):
+        # user:password@host with a "/", "?" or "#" in the password (before or after an "@" in
+        # it): urlsplit ends the user info early and shows the rest of the password as the
+        # host or path. Also hides a URL with a port and an "@" in its path or query
+        # (http://127.0.0.1:8000/@shop/), which cannot be told apart from "user:1234/...@host".
         return f"{parts.scheme}://<hidden>"
     try:
         port = parts.port

@@ -611,17 +611,23 @@ def _check_user_info(url: str) -> None:
     ``postgresql://scraper:Pa55@word@db.internal/shop`` would have the password "Pa55" and
     the host "word@db.internal", which a driver error would then print. So the check is on
     the host SQLAlchemy parsed (an ``@`` in a user name, ``user@server:pw@host``, parses
-    right and passes). RFC 3986 section 3.2.1: user info is percent-encoded. A URL
+    right and passes), or, after a password, on an ``@`` in the database name or query. RFC
+    3986 section 3.2.1: user info is percent-encoded. A URL
     SQLAlchemy cannot parse is left to :class:`Warehouse`, which shows none of it.
 
     Raises:
         SettingsError: naming ``SCRAPE_WAREHOUSE_URL``.
     """
     try:
-        host = sa.engine.make_url(url).host or ""
+        parsed = sa.engine.make_url(url)
     except (sa.exc.ArgumentError, ValueError):
         return
-    if "@" in host:
+    # After a password, an "@" in the database name, or in the query before any "=", means the
+    # password held a "/" or "?" too: postgresql://alice:p@ss/word@db/shop has the host "ss"
+    # and the database "word@db/shop"; with "p@ss?word@db" SQLAlchemy drops "word@db" unread.
+    query = url.partition("?")[2]
+    misread = "@" in (parsed.database or "") or ("@" in query and "=" not in query.partition("@")[0])
+    if "@" in (parsed.host or "") or (parsed.password is not None and misread):
         scheme = url.partition("://")[0]
         raise SettingsError(
             "SCRAPE_WAREHOUSE_URL", f"{scheme}://<hidden>",

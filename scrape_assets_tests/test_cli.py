@@ -564,7 +564,7 @@ def test_serve_demo_refuses_a_bad_port_date_or_busy_address_in_one_line(monkeypa
 
 
 def test_the_ui_hint_names_the_instance_the_runs_went_to(tmp_path, monkeypatch):
-    from scrape_assets.cli import ui_command
+    from scrape_assets.cli import ui_command, ui_exports
 
     monkeypatch.chdir(REPO_ROOT)
     assert ui_command({}) == "make ui"
@@ -584,8 +584,13 @@ def test_the_ui_hint_names_the_instance_the_runs_went_to(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     spec = tmp_path / "shop.yaml"
     spec.write_text("name: shop\n")
-    assert ui_command({"SCRAPE_SITE": "shop.yaml", "SCRAPE_BASE_URL": "http://u:secret@127.0.0.1:8001/?token=x"}) == (
-        f"SCRAPE_SITE={spec} SCRAPE_DATA_DIR={tmp_path / 'data'} SCRAPE_BASE_URL=http://127.0.0.1:8001/ make ui")
+    # A base URL redact_url would not show whole (here: user info, a query) is named, not printed nor cut.
+    env = {"SCRAPE_SITE": "shop.yaml", "SCRAPE_BASE_URL": "http://u:secret@127.0.0.1:8001/?token=x"}
+    assert ui_command(env) == f"SCRAPE_SITE={spec} SCRAPE_DATA_DIR={tmp_path / 'data'} make ui"
+    assert ui_exports(env) == ["SCRAPE_BASE_URL"]
+    # One with a port and an "@" in its path is hidden whole by redact_url: named too, never "http://<hidden>".
+    env = {"SCRAPE_BASE_URL": "http://127.0.0.1:8000/shop@2024/"}
+    assert "SCRAPE_BASE_URL" not in ui_command(env) and ui_exports(env) == ["SCRAPE_BASE_URL"]
     assert ui_command({"SCRAPE_DATA_DIR": str(REPO_ROOT / "data")}) == "make ui"  # no instance here: the clone's
     # DAGSTER_HOME unset in a folder with an instance: the one `scrape-assets demo` run there recorded into.
     home = tmp_path / ".dagster_home"

@@ -1031,3 +1031,16 @@ def test_a_price_does_not_read_a_script_inside_its_element(spec):
     (product,) = parse_listing(_page(_card(price="<script>var p=9.99</script>£10.00<style>b{}</style>")), spec,
                                "https://books.toscrape.com/catalogue/page-3.html").products
     assert product["price"] == Decimal("10.00")
+
+
+def test_a_field_whose_element_is_a_script_reads_no_text():
+    """A selector matching a script or style element itself read its code ("{"price": ...}") once
+    the walk started below it; a browser shows none of it, so the field is empty (a reject)."""
+    from selectolax.lexbor import LexborHTMLParser
+
+    from scrape_assets.parsing import _visible_text
+
+    tree = LexborHTMLParser('<div><script id=s type="application/ld+json">{"price": "9.99"}</script>'
+                            '<style id=t>.x{}</style><p id=p>In <b>stock</b></p></div>')
+    assert _visible_text(tree.css_first("#s")) == _visible_text(tree.css_first("#t")) == ""
+    assert _visible_text(tree.css_first("#p")) == "In stock"

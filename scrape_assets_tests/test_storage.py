@@ -189,6 +189,13 @@ def test_memory_store_and_redaction():
     ("http://[::1]:8000/x?token=S3CRET", "http://[::1]:8000/x"),
     ("simplecache::http://u:S3CRET@[::ffff:1.2.3.4]:80/b", "simplecache::http://[::ffff:1.2.3.4]:80/b"),
     ("hf://datasets/user/repo@main/path", "hf://datasets/user/repo@main/path"),  # an "@" of the path stays
+    # An "@" in the password before its "/", "?" or "#": urlsplit took the text after it as the host.
+    ("postgresql://alice:p@S3CRET/word@db.internal/shop", "postgresql://<hidden>"),
+    ("postgresql://alice:p@S3CRET?word@db.internal/shop", "postgresql://<hidden>"),
+    ("http://alice:qa9@S3CRET#qc5@host.example/db", "http://<hidden>"),
+    # "::scheme://" inside a query is no chain: the query stays hidden.
+    ("https://shop.example/list?ref=a::https://partner.example/p/S3CRET", "https://shop.example/list"),
+    ("http://[::1]/x?email=a@b", "http://[::1]/x"),  # the ":" of an IPv6 host is no port
 ])
 def test_redact_url_hides_credentials_urlsplit_misreads(url, shown):
     assert redact_url(url) == shown

@@ -657,7 +657,9 @@ def test_a_warehouse_is_described_without_its_password_wherever_the_url_holds_it
     assert Warehouse(url).describe() == shown
 
 
-@pytest.mark.parametrize("password", ["Pa55@SECRET-TAIL", "Pa55/x@SECRET-TAIL", "Pa55?x@SECRET-TAIL", "Pa55#x@SECRET-TAIL"])
+@pytest.mark.parametrize("password", ["Pa55@SECRET-TAIL", "Pa55/x@SECRET-TAIL", "Pa55?x@SECRET-TAIL", "Pa55#x@SECRET-TAIL",
+                                      # an "@" before the "/" or "?": host "SECRET", the rest database or dropped
+                                      "Pa55@SECRET/TAIL", "Pa55@SECRET?TAIL"])
 def test_an_unencoded_at_sign_in_the_password_is_refused_showing_none_of_it(password):
     """SQLAlchemy would split ``Pa55@word`` at its ``@``: password "Pa55", host "word@db...",
     and the driver's "failed to resolve host" would print the rest of the password."""

@@ -374,7 +374,8 @@ def _ui_hint(summary: dict) -> str:
     instance (whose UI is likely open already), that UI."""
     if summary.get("daemon_heartbeat_age_s") is not None:
         return "the Dagster UI serving this instance"
-    return f"`{summary.get('ui_command', 'make ui')}`"
+    exports = summary.get("ui_exports")
+    return f"`{summary.get('ui_command', 'make ui')}`" + (f" (with {' and '.join(exports)} exported)" if exports else "")
 
 
 def _ui_line(summary: dict) -> str:

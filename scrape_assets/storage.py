@@ -123,6 +123,9 @@ def redact_url(url: str, *, keep_path: bool = True) -> str:
     """
     head = re.split(r"[?#]", url, maxsplit=1)[0]  # a "::scheme://" in a query is no chain: its text stays hidden
     if len(chain := _CHAIN_SEPARATOR.split(head)) > 1:  # an fsspec chain (simplecache::s3://...): each URL on its own
+        if any(":" in (netloc := part.partition("://")[2].split("/", 1)[0]) or "@" in netloc for part in chain[:-1]):
+            # "s3://u:x::ab://SEC/RET@db": a password holding "::scheme://", no chain
+            return f"{url.partition(':')[0]}://<hidden>"
         chain[-1] += url[len(head):]
         return "::".join(redact_url(part, keep_path=keep_path) for part in chain)
     try:
@@ -130,10 +133,12 @@ def redact_url(url: str, *, keep_path: bool = True) -> str:
     except ValueError:  # e.g. an unbalanced '[' (as in an unencoded password): show none of it
         scheme, sep, _ = url.partition("://")
         return f"{scheme}://<hidden>" if sep else "<hidden>"
-    if not parts.scheme or len(parts.scheme) == 1:  # a plain path (or a Windows drive letter)
+    if not parts.scheme or (len(parts.scheme) == 1 and url[2:4] != "//"):  # a plain path (or a Windows drive letter)
         return url
     after_netloc = url.partition("://")[2][len(parts.netloc):]
-    if "@" in after_netloc and ("@" in parts.netloc or ":" in parts.netloc.rpartition("]")[2]):
+    # Without user info an IPv6 address comes first: only then is a ":" inside brackets no port.
+    host_port = parts.netloc.rpartition("]")[2] if parts.netloc.startswith("[") else parts.netloc
+    if "@" in after_netloc and ("@" in parts.netloc or ":" in host_port):
         # user:password@host with a "/", "?" or "#" in the password (before or after an "@" in
         # it): urlsplit ends the user info early and shows the rest of the password as the
         # host or path. Also hides a URL with a port and an "@" in its path or query

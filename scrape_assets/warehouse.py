@@ -611,7 +611,7 @@ def _check_user_info(url: str) -> None:
     ``postgresql://scraper:Pa55@word@db.internal/shop`` would have the password "Pa55" and
     the host "word@db.internal", which a driver error would then print. So the check is on
     the host SQLAlchemy parsed (an ``@`` in a user name, ``user@server:pw@host``, parses
-    right and passes), or, after a password, on an ``@`` in the database name or query. RFC
+    right and passes), or, after a password, on a second ``@`` after the one ending it. RFC
     3986 section 3.2.1: user info is percent-encoded. A URL
     SQLAlchemy cannot parse is left to :class:`Warehouse`, which shows none of it.
 
@@ -622,16 +622,20 @@ def _check_user_info(url: str) -> None:
         parsed = sa.engine.make_url(url)
     except (sa.exc.ArgumentError, ValueError):
         return
-    # After a password, an "@" in the database name, or in the query before any "=", means the
-    # password held a "/" or "?" too: postgresql://alice:p@ss/word@db/shop has the host "ss"
-    # and the database "word@db/shop"; with "p@ss?word@db" SQLAlchemy drops "word@db" unread.
-    query = url.partition("?")[2]
-    misread = "@" in (parsed.database or "") or ("@" in query and "=" not in query.partition("@")[0])
-    if "@" in (parsed.host or "") or (parsed.password is not None and misread):
+    # SQLAlchemy ends the password at its first "@" (the user name, "user@server" on Azure, may
+    # hold one): another "@" after that one means the password held an "@" and then a "/",
+    # "?" or "#" (postgresql://alice:p@ss/word@db/shop: host "ss", database "word@db/shop").
+    # An "@" in a query value is refused with it: encoded as %40, it passes.
+    rest = url.partition("://")[2]
+    user_end, slash = rest.find(":"), rest.find("/")
+    password_end = rest.find("@", user_end) if user_end >= 0 and (slash < 0 or user_end < slash) else -1
+    misread = parsed.password is not None and password_end >= 0 and "@" in rest[password_end + 1:]
+    if "@" in (parsed.host or "") or misread:
         scheme = url.partition("://")[0]
         raise SettingsError(
             "SCRAPE_WAREHOUSE_URL", f"{scheme}://<hidden>",
-            "a URL whose user name and password are percent-encoded ('@' as %40, ':' as %3A, '/' as %2F), "
+            "a URL whose user name and password are percent-encoded ('@' as %40, ':' as %3A, '/' as %2F, '?' "
+            "as %3F; an '@' elsewhere in the URL as %40), "
             "or the password left out of the URL and set in PGPASSWORD (PostgreSQL)",
         )
 

@@ -278,6 +278,10 @@ def test_a_run_summary_names_the_steps_that_did_not_finish():
     print_summary(summary, run, out=out)
     lines = out.getvalue().splitlines()
     assert lines[:2] == ["", "This run (FAILED: see the log above or `make ui`)"]  # parted from the run's log
+    out = io.StringIO()  # the variables the command leaves out are named here too, as on the summary's last line
+    print_summary({**summary, "ui_exports": ["SCRAPE_BASE_URL", "SCRAPE_WAREHOUSE_URL"]}, run, out=out)
+    assert out.getvalue().splitlines()[1] == ("This run (FAILED: see the log above or `make ui` (with SCRAPE_BASE_URL "
+                                              "and SCRAPE_WAREHOUSE_URL exported))")
     out = io.StringIO()  # why, when known; and no `make ui` while a daemon (and so a UI, likely) runs on the instance
     print_summary({**summary, "daemon_heartbeat_age_s": 4.0},
                   {**run, "failure": "raw_pages: ScrapeError: partition 'demo/classics' is being written by another run"},

@@ -196,6 +196,14 @@ def test_memory_store_and_redaction():
     # "::scheme://" inside a query is no chain: the query stays hidden.
     ("https://shop.example/list?ref=a::https://partner.example/p/S3CRET", "https://shop.example/list"),
     ("http://[::1]/x?email=a@b", "http://[::1]/x"),  # the ":" of an IPv6 host is no port
+    # ... but brackets inside a password are no IPv6 host: urlsplit took "[::1]" as the host.
+    ("postgresql://u:[::1]/S3CRET@h/db", "postgresql://<hidden>"),
+    ("postgresql://u:x[v1.S3CRET]/y@db/shop", "postgresql://<hidden>"),
+    ("http://[fe80::1%25eth0]:8000/x", "http://[fe80::1%25eth0]:8000/x"),
+    # A password holding "::scheme://" is no chain; a one-letter scheme with "//" is no drive letter.
+    ("s3://u:x::ab://S3C/RET@db", "s3://<hidden>"),
+    ("b://u:S3CRET@db", "b://db"),
+    ("a::b://u:S3CRET@db", "a::b://db"),
 ])
 def test_redact_url_hides_credentials_urlsplit_misreads(url, shown):
     assert redact_url(url) == shown

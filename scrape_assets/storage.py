@@ -133,8 +133,12 @@ def redact_url(url: str, *, keep_path: bool = True) -> str:
     except ValueError:  # e.g. an unbalanced '[' (as in an unencoded password): show none of it
         scheme, sep, _ = url.partition("://")
         return f"{scheme}://<hidden>" if sep else "<hidden>"
-    if not parts.scheme or (len(parts.scheme) == 1 and url[2:4] != "//"):  # a plain path (or a Windows drive letter)
-        return url
+    if not parts.scheme or (len(parts.scheme) == 1 and (url[2:4] != "//" or "@" not in url)):
+        # A plain path or a Windows drive letter ("C:/x", "C://Users" as typed), unless it holds
+        # user info: "b://u:pw@db" is a URL, as is "a_b://u:pw@h" (SQLAlchemy allows "_" in a
+        # driver's name, urlsplit in no scheme).
+        scheme, sep, _ = url.partition("://")
+        return f"{scheme}://<hidden>" if sep and "@" in url and not parts.scheme else url
     after_netloc = url.partition("://")[2][len(parts.netloc):]
     # Without user info an IPv6 address comes first: only then is a ":" inside brackets no port.
     host_port = parts.netloc.rpartition("]")[2] if parts.netloc.startswith("[") else parts.netloc

@@ -204,6 +204,10 @@ def test_memory_store_and_redaction():
     ("s3://u:x::ab://S3C/RET@db", "s3://<hidden>"),
     ("b://u:S3CRET@db", "b://db"),
     ("a::b://u:S3CRET@db", "a::b://db"),
+    ("C://Users/Me", "C://Users/Me"),  # a drive letter with no user info: as typed
+    # A scheme urlsplit does not read ("_" is allowed in a SQLAlchemy driver's name).
+    ("postgresql+psycopg_2://scraper:S3CRET@db/shop", "postgresql+psycopg_2://<hidden>"),
+    ("oracle+cx_oracle://scott:S3CRET@db:1521/x", "oracle+cx_oracle://<hidden>"),
 ])
 def test_redact_url_hides_credentials_urlsplit_misreads(url, shown):
     assert redact_url(url) == shown

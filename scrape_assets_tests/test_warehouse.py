@@ -784,3 +784,12 @@ def test_rows_of_loaded_snapshots_leaves_carried_rows_out(tmp_path):
     assert wh.rows_by_category(products) == {"a": 3}
     assert wh.rows_of_loaded_snapshots(["a", "b"]) == {"a": 1}
     wh.close()
+
+
+@pytest.mark.parametrize("url", ["postgresql+psycopg_2://scraper:S3CRET@db/shop", "oracle+cx_oracle://scott:S3CRET@db:abc/x"])
+def test_a_refused_warehouse_url_with_an_underscore_in_its_driver_shows_no_password(url):
+    """urlsplit reads no scheme with an "_" in it, and redact_url returned such a URL whole, as
+    a plain path: a mistyped driver or a port that is no number printed the password."""
+    with pytest.raises(SettingsError) as refused:
+        Warehouse(url)
+    assert "S3CRET" not in str(refused.value) and f"'{url.split('://')[0]}://<hidden>'" in str(refused.value)

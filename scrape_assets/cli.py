@@ -419,7 +419,6 @@ def ui_command(env: Mapping[str, str]) -> str:
     credentials): set them as for the run. ``UI_PORT`` is carried when it is not 3000.
     """
     from scrape_assets.settings import data_folder
-    from scrape_assets.storage import redact_url
 
     parts = []
     if (site := env.get("SCRAPE_SITE")) not in (None, "", "demo"):
@@ -428,7 +427,7 @@ def ui_command(env: Mapping[str, str]) -> str:
     data = data_folder(env)
     if data != _CLONE / "data":
         parts.append(f"SCRAPE_DATA_DIR={shlex.quote(str(data))}")
-    if (base := env.get("SCRAPE_BASE_URL")) and redact_url(base) == base:  # else named by ui_exports, not printed
+    if (base := env.get("SCRAPE_BASE_URL")) and _shown_whole(base):  # else named by ui_exports, not printed
         parts.append(f"SCRAPE_BASE_URL={shlex.quote(base)}")
     parts.append("make ui")
     if (home := _ui_home(env)) != _CLONE / ".dagster_home":
@@ -515,12 +514,17 @@ def ui_exports(env: Mapping[str, str]) -> list[str]:
     Their values may hold credentials, so the summary names them instead of printing them;
     without them the UI's code location would read ``./data`` and show another store.
     """
-    from scrape_assets.storage import redact_url
-
     exports = [name for name in ("SCRAPE_STORAGE_URL", "SCRAPE_WAREHOUSE_URL") if env.get(name, "").strip()]
-    if (base := env.get("SCRAPE_BASE_URL")) and redact_url(base) != base:  # not shown whole: not in the command
+    if (base := env.get("SCRAPE_BASE_URL")) and not _shown_whole(base):  # not in the command
         exports.insert(0, "SCRAPE_BASE_URL")
     return exports
+
+
+def _shown_whole(url: str) -> bool:
+    """Whether :func:`~scrape_assets.storage.redact_url` shows ``url`` as it is (nothing hidden, nothing normalised)."""
+    from scrape_assets.storage import redact_url
+
+    return redact_url(url) == url
 
 
 def pool_holders_notice(instance, pool: str | None) -> str | None:

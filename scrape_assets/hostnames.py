@@ -31,12 +31,20 @@ def ascii_host(host: str) -> str:
     host = host.lower()
     if host.isascii():
         return host
-    import idna  # httpx's own dependency; only for a Unicode host
+    import idna
 
     try:
-        return idna.encode(host).decode("ascii")
+        return _idna_2008(host)
     except idna.IDNAError:  # not a name httpx can fetch: the fetcher refuses it (host_name_problem)
         return host
+
+
+def _idna_2008(host: str) -> str:
+    """A Unicode ``host`` in ASCII as httpx encodes it (the ``idna`` package, IDNA 2008, lower
+    case first). Raises ``idna.IDNAError``."""
+    import idna  # httpx's own dependency; only for a Unicode host (the definitions do not load it)
+
+    return idna.encode(host.lower()).decode("ascii")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -65,10 +73,10 @@ def host_name_problem(host: str) -> str | None:
     if host.isascii():
         name = host
     else:
-        import idna  # httpx's own dependency; only for a Unicode host (the definitions do not load it)
+        import idna
 
         try:
-            name = idna.encode(host.lower()).decode("ascii")  # as httpx encodes a Unicode host
+            name = _idna_2008(host)
         except idna.IDNAError as exc:
             return f"not an IDNA 2008 name ({exc})"
     labels = name.removesuffix(".").split(".")

@@ -718,12 +718,11 @@ def _resume_refusal(
         return redact_url(config[key]) if key.endswith("_url") and isinstance(config[key], str) else config[key]
 
     changes = {key: (value(latest.fetch_config, key), value(fetch_config, key)) for key in keys}
+    if moved:  # the message reaches logs and alerts: redacted as any URL
+        changes["start_url"] = (redact_url(latest.start_url), redact_url(start_url))
     for key, (was, now) in changes.items():
         if was == now:  # URLs differing only in what redact_url hides (user info, a query, or all of it)
             changes[key] = (was, f"{now} (differs where it is not shown)")
-    if moved:  # the message reaches logs and alerts: redacted as any URL
-        was, now = redact_url(latest.start_url), redact_url(start_url)
-        changes["start_url"] = (was, now if was != now else f"{now} (differs where it is not shown)")
     return FetchConfigChangedError(latest.key, sorted(changes), changes)  # every differing key has its change
 
 

@@ -63,6 +63,11 @@ class ParsedSnapshot:
             site_claims_products, listing_recognised`` (the layout guards' input).
         rejects: product cards that could not be parsed: ``url, page_number, reason``, and
             ``product_id`` when the card's id was read before the field that failed.
+        listing_moved: None, or how the snapshot's pages disagree about the listing's size
+            (``"page 1 says 32 results, page 2 says 52"``): the listing changed while its
+            pages were fetched (a crawl resumed hours later, a long crawl), so a product may
+            have moved onto a page fetched before it or not fetched at all. ``products_table``
+            then keeps the earlier rows of products not seen, as after a failed page.
     """
 
     category: str
@@ -71,6 +76,7 @@ class ParsedSnapshot:
     products: list[dict] = field(default_factory=list)
     pages: list[dict] = field(default_factory=list)
     rejects: list[dict] = field(default_factory=list)
+    listing_moved: str | None = None
 
 
 def parsed_key(manifest: Manifest) -> str:
@@ -87,7 +93,9 @@ def extract_snapshot(
     fetched, or the site repeats a card on every page) keeps its first listing as its row;
     each other listing is recorded in ``rejects`` (``already listed on page N``: a parse dead
     letter, to see), but counts as parsed on its page: not in the rejected share, not a page
-    without products for the layout guard.
+    without products for the layout guard. Pages that disagree on the listing's results
+    count or page count set ``listing_moved`` (see :class:`ParsedSnapshot`); a listing that
+    shows neither cannot be checked this way.
 
     Args:
         fetch_base_url: the base the pages were fetched from; product URLs on it are
@@ -100,6 +108,7 @@ def extract_snapshot(
     """
     out = ParsedSnapshot(category=manifest.category, snapshot_id=manifest.snapshot_id)
     seen: dict[str, int] = {}  # product_id -> the page it was first listed on
+    sizes: dict[str, dict[int, int]] = {"results": {}, "pages": {}}  # what each page says the listing holds
     for n, entry in sorted(manifest.pages.items()):
         if entry.status != "done":
             continue
@@ -140,6 +149,10 @@ def extract_snapshot(
         for reject in page.rejects:
             out.rejects.append({"url": reject.url or entry.url, "page_number": n, "reason": reject.reason,
                                 **({"product_id": reject.product_id} if reject.product_id else {})})
+        if page.pager.results_count is not None:
+            sizes["results"][n] = page.pager.results_count
+        if page.pager.total_pages is not None:
+            sizes["pages"][n] = page.pager.total_pages
         claims = page.pager.total_pages is not None or bool(page.pager.results_count)
         # A bot check or an error page served as 200 has no card and none of the listing's
         # elements; without a results count in the spec an empty listing may show none either.
@@ -154,7 +167,31 @@ def extract_snapshot(
                 "listing_recognised": recognised,
             }
         )
+    out.listing_moved = _listing_moved(sizes)
     return out
+
+
+def _listing_moved(sizes: dict[str, dict[int, int]]) -> str | None:
+    """How a snapshot's pages disagree about the listing's size, or None when they agree.
+
+    Args:
+        sizes: ``{"results": {page number: results count}, "pages": {page number: N of "Page
+            X of N"}}``, for the pages that show each (a page showing neither is left out).
+
+    Returns:
+        e.g. ``"page 1 says 32 results, page 2 says 52; page 1 says 2 pages, page 2 says 3"``:
+        for each measure the first page that shows it against the first that differs.
+    """
+    parts = []
+    for unit, by_page in sizes.items():
+        pages = sorted(by_page)
+        if not pages:
+            continue
+        first = pages[0]
+        other = next((n for n in pages if by_page[n] != by_page[first]), None)
+        if other is not None:
+            parts.append(f"page {first} says {by_page[first]:,} {unit}, page {other} says {by_page[other]:,}")
+    return "; ".join(parts) or None
 
 
 def encode_parsed(parsed: ParsedSnapshot) -> bytes:
@@ -173,6 +210,8 @@ def encode_parsed(parsed: ParsedSnapshot) -> bytes:
         "pages": parsed.pages,
         "rejects": parsed.rejects,
     }
+    if parsed.listing_moved is not None:  # absent in the usual case (and in files written before the field)
+        payload["listing_moved"] = parsed.listing_moved
     return orjson.dumps(payload, default=_decimal_as_str)
 
 
@@ -313,4 +352,5 @@ def load_parsed(store: ObjectStore, manifest: Manifest, *, decimal_prices: bool 
         products=products,
         pages=data["pages"],
         rejects=data["rejects"],
+        listing_moved=data.get("listing_moved"),
     )

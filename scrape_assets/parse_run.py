@@ -71,8 +71,11 @@ class PartitionParse:
             passed (nothing validated).
         line: one human-readable log line.
         products_expected: the results count the site shows on page 1 (e.g. "32 results"),
-            when every page of the snapshot was fetched; None otherwise, or when the spec
-            names no results count.
+            when every page of the snapshot was fetched; None otherwise, when the spec
+            names no results count, or when the listing moved.
+        listing_moved: how the parsed pages disagree about the listing's size (see
+            :attr:`~scrape_assets.extract.ParsedSnapshot.listing_moved`); None when they
+            agree or nothing was parsed.
     """
 
     category: str
@@ -80,6 +83,7 @@ class PartitionParse:
     report: ValidationReport | None
     line: str
     products_expected: int | None = None
+    listing_moved: str | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,7 @@ class _Encoded:
     products: int
     rejects: int
     report: ValidationReport
+    listing_moved: str | None = None
 
 
 def default_workers() -> int:
@@ -145,7 +150,7 @@ def _parse_and_validate(store: ObjectStore, manifest: Manifest, spec: SiteSpec) 
     parsed = extract_snapshot(store, manifest, spec, fetch_base_url=manifest.fetch_config.get("base_url", spec.base_url))
     report = _validate(parsed, spec)
     return _Encoded(encode_parsed(parsed), parsed.snapshot_id, len(parsed.pages), len(parsed.products),
-                    len(parsed.rejects), report)
+                    len(parsed.rejects), report, parsed.listing_moved)
 
 
 def parse_partitions(
@@ -210,7 +215,9 @@ def parse_partitions(
                 else:
                     encoded = _parse_and_validate(store, manifest, spec)
                 result = _save(store, spec, category, manifest, version, encoded, state)
-            yield replace(result, products_expected=manifest.products_expected if manifest.sees_every_page else None)
+            # page 1's count is no yardstick when the listing moved (it says so itself)
+            sure = manifest.sees_every_page and result.listing_moved is None
+            yield replace(result, products_expected=manifest.products_expected if sure else None)
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -293,7 +300,8 @@ def _save(store: ObjectStore, spec: SiteSpec, category: str, manifest: Manifest,
                "pages_parsed": encoded.pages, "products": encoded.products, "rejects": encoded.rejects,
                "unchanged": False, "validated_again": False}
     return PartitionParse(category, figures, encoded.report, _line(category, encoded.products, encoded.pages,
-                                                                   encoded.snapshot_id, encoded.rejects, encoded.report))
+                                                                   encoded.snapshot_id, encoded.rejects, encoded.report),
+                          listing_moved=encoded.listing_moved)
 
 
 def _line(category: str, products: int, pages: int, snapshot_id: str, rejects: int, report: ValidationReport) -> str:

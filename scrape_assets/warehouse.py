@@ -424,7 +424,8 @@ class Warehouse:
                 when :attr:`accepts_decimal_strings`), or None to leave ``products`` as it is
                 (unchanged input: only the price history of the day is written).
             carry_unseen: True when the snapshot could not see every page (one failed, or was
-                never reached): every row loaded earlier whose product is not among ``rows``
+                never reached) or every product (its pages disagree on the listing's size:
+                it changed while they were fetched): every row loaded earlier whose product is not among ``rows``
                 is kept (carried forward with its older ``snapshot_id``), whatever page it
                 was on. A listing re-sorts from day to day, so a product last seen on a page
                 fetched now may be on the page that failed; only a snapshot that saw every

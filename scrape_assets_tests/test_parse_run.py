@@ -226,6 +226,40 @@ def test_parsed_json_keeps_prices_exact_and_refuses_unknown_types(tmp_path):
         encode_parsed(ParsedSnapshot(category="travel", snapshot_id="s1", products=[{**row, "price": {1.5}}]))
 
 
+@pytest.mark.parametrize(
+    ("sizes", "expected"),
+    [
+        ({"results": {1: 40, 2: 40}, "pages": {1: 2, 2: 2}}, None),
+        ({"results": {}, "pages": {}}, None),  # a listing that shows neither cannot be checked
+        ({"results": {2: 1200, 3: 1200}, "pages": {}}, None),  # page 1 without a count: the others agree
+        ({"results": {1: 40, 2: 40, 3: 39}, "pages": {}}, "page 1 says 40 results, page 3 says 39"),
+        ({"results": {1: 1040, 2: 1060}, "pages": {1: 52, 2: 53}},
+         "page 1 says 1,040 results, page 2 says 1,060; page 1 says 52 pages, page 2 says 53"),
+    ],
+)
+def test_pages_disagreeing_on_the_listings_size_say_how(sizes, expected):
+    from scrape_assets.extract import _listing_moved
+
+    assert _listing_moved(sizes) == expected
+
+
+def test_parsed_json_keeps_a_moved_listing_and_reads_an_older_file_as_unmoved(crawled, tmp_path):
+    from scrape_assets.extract import encode_parsed, load_current, load_parsed, save_parsed
+    from scrape_assets.manifest import load_manifest
+
+    store = _copy(crawled, tmp_path, "s")
+    list(parse_run.parse_partitions(store, SPEC, ["travel"], workers=1))
+    parsed, state = load_current(store, SPEC.name, "travel")
+    manifest = load_manifest(store, SPEC.name, "travel", state.snapshot_id)
+    assert parsed.listing_moved is None and b"listing_moved" not in encode_parsed(parsed)  # the demo's pages agree
+    parsed.listing_moved = "page 1 says 11 results, page 2 says 12"
+    save_parsed(store, manifest, parsed)
+    assert load_parsed(store, manifest).listing_moved == "page 1 says 11 results, page 2 says 12"
+    written_before = {k: v for k, v in json.loads(encode_parsed(parsed)).items() if k != "listing_moved"}
+    store.write_bytes_atomic(f"{manifest.prefix}/parsed.json", json.dumps(written_before).encode())
+    assert load_parsed(store, manifest).listing_moved is None
+
+
 def test_load_parsed_can_leave_prices_as_their_exact_strings(crawled, tmp_path):
     """products_table's way (decimal_prices=False): the same rows, each price the string parsed.json holds."""
     from decimal import Decimal

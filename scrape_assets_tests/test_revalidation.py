@@ -629,6 +629,120 @@ def test_a_product_that_moved_onto_the_page_that_failed_keeps_its_row(tmp_path, 
     assert (md["products_table"]["rows_loaded"], md["products_table"]["rows_carried_forward"]) == (2, 2)
 
 
+def _growing_listing(state: dict):
+    """``travel``: 40 books (1..40) on 2 pages; with ``state["grown"]``, 20 new books (101..120)
+    on top, 60 books on 3 pages (books 21..40 pushed onto page 3)."""
+    def books():
+        ids = ([*range(101, 121)] if state["grown"] else []) + [*range(1, 41)]
+        return [card(i, f"Book {i}", f"£{i}.{state.get('cents', '00')}") for i in ids]
+
+    def page(n):
+        def route(request):
+            all_cards = books()
+            total = len(all_cards) // 20
+            if n > total:
+                return 404, {"Content-Type": "text/plain"}, b"not found"
+            body = listing(n, total, all_cards[(n - 1) * 20:n * 20])
+            if n == 1 and state.get("grow_after_page_1"):
+                state["grown"] = True  # the site changes once page 1 is out: pages 2.. are the new listing
+            return compliant(body, etag=f'"{len(all_cards)}-{n}-{state.get("cents")}"')(request)
+        return route
+
+    site = Site()
+    for n in (1, 2, 3):
+        site.routes["/cat/index.html" if n == 1 else f"/cat/page-{n}.html"] = page(n)
+    return site
+
+
+def _check(result, name: str):
+    return {c.check_name: c for c in result.get_asset_check_evaluations()}[name]
+
+
+@pytest.mark.parametrize("day_two", ["grows during the crawl", "grows while a killed crawl waits to resume"])
+def test_a_listing_that_grew_while_its_pages_were_fetched_keeps_the_rows_it_pushed_out_of_sight(
+        tmp_path, instance, day_two):
+    """Page 1 (40 results, 2 pages) is fetched from the old listing, page 2 from the new one
+    (60 results, 3 pages: books 1..20 now on page 2, 21..40 on page 3, never fetched: page 1
+    fixed the page count). Books 21..40 never left the site: their rows are kept (carried
+    forward, as after a failed page), not deleted (before: 20 of 40 rows were left), and the
+    count check warns, naming the disagreement. The crash variant is the reviewer's case: a
+    crawl SIGKILLed after page 1, resumed after the site changed."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    from scrape_assets_tests.conftest import REPO_ROOT
+
+    state = {"grown": False}
+    site = _growing_listing(state)
+    with serve(site) as base:
+        runs = Runs(instance, tmp_path, base)
+        runs.run()  # day 1: 40 rows
+        assert sorted(int(pid) for pid, _t, _p in runs.products()) == [*range(1, 41)]
+        if day_two == "grows during the crawl":
+            state["grow_after_page_1"] = True
+        else:  # new prices (pages fetched whole); raw_pages killed (SIGKILL) once page 2's body is stored
+            state["cents"] = "50"
+            code = textwrap.dedent(f"""
+                import asyncio, logging
+                from scrape_assets.defs.assets.raw_pages import crawl_partitions
+                from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
+                asyncio.run(crawl_partitions(SiteResource(site={str(tmp_path / "rev.yaml")!r}, base_url={base!r}),
+                                             ObjectStoreResource(url={str(tmp_path / "objects")!r}), ["travel"],
+                                             new_snapshot=False, log=logging.getLogger("crawl")))
+            """)
+            env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("SCRAPE_")}
+            env.update(PYTHONPATH=str(REPO_ROOT), SCRAPE_CRASHPOINT="crawl.after_body_write:2")
+            killed = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True,
+                                    text=True, timeout=120)
+            assert killed.returncode == -signal.SIGKILL, killed.stderr
+            interrupted = runs.manifests()[-1]
+            assert {n: e.status for n, e in interrupted.pages.items()} == {1: "done", 2: "pending"}
+            state["grown"] = True
+        result = materialize(instance, runs.resources, ["travel"])
+    assert result.success
+    latest = runs.manifests()[-1]
+    if day_two != "grows during the crawl":
+        assert latest.snapshot_id == interrupted.snapshot_id  # resumed, not started anew
+    assert (sorted(latest.pages), latest.sees_every_page) == ([1, 2], True)
+    assert ("/cat/page-3.html", 200) not in site.asked()
+    # Books 1..20 from the new snapshot (page 1: 101..120 are not on the old page 1 it kept),
+    # 21..40 carried forward with the day-1 snapshot id; nothing lost, nothing duplicated.
+    rows = {int(pid): price for pid, _t, price in runs.products()}
+    assert sorted(rows) == [*range(1, 41)]
+    md = run_metadata(result)
+    assert (md["products_table"]["rows_loaded"], md["products_table"]["rows_carried_forward"]) == (20, 20)
+    with contextlib.closing(sqlite3.connect(tmp_path / "warehouse.db")) as db:
+        seen_today = db.execute("select count(*) from price_history where snapshot_id = ?",
+                                (latest.snapshot_id,)).fetchone()[0]
+    assert seen_today == 20  # carried rows were not seen: no price stamped for them
+    count = _check(result, "parsed_products_match_site_count")
+    assert not count.passed and count.metadata["mismatched"].value == {}
+    assert count.metadata["listing_moved"].value == {
+        "travel": "page 1 says 40 results, page 2 says 60; page 1 says 2 pages, page 2 says 3"}
+    assert _check(result, "products_table_matches_parsed").passed
+
+
+def test_pages_that_agree_on_the_listings_size_drop_a_product_that_left(tmp_path, instance):
+    """The usual case stays as it was: every page fetched, pages agreeing ("40 results",
+    "Page n of 2"), a book gone from the listing is deleted, nothing carried."""
+    state = {"grown": False, "gone": False}
+    site = _growing_listing(state)
+    with serve(site) as base:
+        runs = Runs(instance, tmp_path, base)
+        runs.run()
+        # book 40 leaves, book 41 takes its place: same size, the pages agree
+        site.routes["/cat/page-2.html"] = compliant(listing(2, 2, [card(i, f"Book {i}", f"£{i}.00")
+                                                                    for i in [*range(21, 40), 41]]), etag='"new"')
+        result = materialize(instance, runs.resources, ["travel"])
+    md = run_metadata(result)
+    assert sorted(int(pid) for pid, _t, _p in runs.products()) == [*range(1, 40), 41]
+    assert md["products_table"]["rows_carried_forward"] == 0
+    count = _check(result, "parsed_products_match_site_count")
+    assert count.passed and count.metadata["listing_moved"].value == {}
+
+
 def test_a_product_whose_card_is_rejected_keeps_its_earlier_row_until_the_card_parses_again(tmp_path, instance):
     """Day 2 one card's price no longer parses (1 of 3 cards: under the partial-layout
     guard, so the category loads): that product is still listed, so its day-1 row stays,

@@ -46,7 +46,9 @@ class ParsedProductsConfig(dg.Config):
             asset="parsed_products",
             blocking=False,
             description="a warning: fewer product cards found in a category than the results count its site "
-                        "shows (every page fetched): pages the crawl did not reach (pagination, max_pages)?",
+                        "shows (every page fetched): pages the crawl did not reach (pagination, max_pages)? Or its "
+                        "pages disagree on the results or page count: the listing changed during the crawl, and "
+                        "products_table keeps the earlier rows of products not seen",
         ),
     ],
 )
@@ -68,7 +70,7 @@ def parsed_products(
 
     spec = site.spec()
     object_store = store.store()
-    reports, per_category, why, counts = [], {}, [], {}
+    reports, per_category, why, counts, moved = [], {}, [], {}, {}
     workers = config.parse_workers or default_workers()
     log = BatchedLog(context.log.info)
     categories = run_categories(context)  # a range the spec lacks fails here, saying what to do
@@ -79,6 +81,8 @@ def parsed_products(
                 if result.products_expected is not None:
                     counts[result.category] = (result.figures["products"] + result.figures["rejects"],
                                                result.products_expected)
+                if result.listing_moved is not None:
+                    moved[result.category] = result.listing_moved
                 if result.report is not None:
                     reports.append(result.report)
                     if not result.report.passed:
@@ -129,11 +133,16 @@ def parsed_products(
         context.log.warning(f"{category}: {counted(figures['cards_found'], 'product card')} found on its pages, the site "
                             f"says {figures['site_says']} results: pages the crawl did not reach (pagination, the "
                             "spec's max_pages)?")
+    for category, how in moved.items():
+        context.log.warning(f"{category}: the listing changed while its pages were fetched ({how}): a product may "
+                            "have moved past the pages fetched; products_table keeps the earlier rows of products "
+                            "this snapshot did not see, as after a failed page")
     count_check = dg.AssetCheckResult(
         check_name=COUNT_CHECK,
-        passed=not mismatched,
+        passed=not (mismatched or moved),
         severity=dg.AssetCheckSeverity.WARN,
-        metadata={"mismatched": dg.MetadataValue.json(mismatched), "categories_compared": len(counts)},
+        metadata={"mismatched": dg.MetadataValue.json(mismatched), "categories_compared": len(counts),
+                  "listing_moved": dg.MetadataValue.json(moved)},
     )
     add_per_category(context, {"by_category": per_category},
                      {"products": {c: row["products"] for c, row in per_category.items()}})

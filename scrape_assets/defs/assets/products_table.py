@@ -68,7 +68,7 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
     earlier = (wh.loaded_since(products, [c for c in unchanged if c not in altered], step_started_at)
                if step_started_at and unchanged else set())
     for category, state in states.items():
-        rows, manifest, rejected = None, None, set()
+        rows, manifest, rejected, moved = None, None, set(), False
         if category in to_load:
             manifest = load_manifest(object_store, spec.name, category, state.snapshot_id)
             # On SQLite prices stay decimal strings: bound as the same numbers (200,000 rows: ~0.1 s less in a run).
@@ -81,6 +81,7 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
                                     "parse of this category ran at the same time): run products_table again")
             rows = parsed.products  # dicts with the table's columns and more (insert_many picks the columns)
             rejected = {r["product_id"] for r in parsed.rejects if r.get("product_id")}
+            moved = parsed.listing_moved is not None
         loaded[category], carried[category] = wh.load_products(
             category,
             rows,
@@ -89,8 +90,9 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
             loaded_at=utc_now_iso(),
             history_date=history_day(state),
             history_snapshot_id=state.latest_snapshot_id,
-            # Nothing to carry when the snapshot saw every page (the usual case): no rows are read back.
-            carry_unseen=manifest is not None and not manifest.sees_every_page,
+            # Nothing to carry when the snapshot saw every page of a listing that held still while
+            # they were fetched (the usual case): no rows are read back.
+            carry_unseen=manifest is not None and (not manifest.sees_every_page or moved),
             carry_ids=rejected,  # a card that no longer parses keeps its row
         )
         if category in earlier:
@@ -105,8 +107,8 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
                 "unchanged input: products not reloaded"
                 if rows is None
                 else f"loaded {counted(loaded[category], 'row')} into products (parsed from snapshot {state.snapshot_id})"
-                + (f"; kept {counted(carried[category], 'earlier row')} not seen this time (a page failed, or a card "
-                   "was rejected)" if carried[category] else "")
+                + (f"; kept {counted(carried[category], 'earlier row')} not seen this time (a page failed, a card "
+                   "was rejected, or the listing changed while it was crawled)" if carried[category] else "")
             )
         )
     # The check, for all the run's partitions at once (two queries, not two per partition).
@@ -180,8 +182,10 @@ def products_table(
     """The ``products`` table: one row per (category, product_id), replaced per partition.
 
     Delete-then-insert in one transaction per category: a rerun gives the same table. When a
-    page failed, earlier rows not seen this time are carried forward, never deleted by a
-    failed fetch, and so is the earlier row of a product whose card was rejected (see
+    page failed, or the pages disagree on the listing's size (it changed while they were
+    fetched: ``ParsedSnapshot.listing_moved``), earlier rows not seen this time are carried
+    forward, never deleted by a failed fetch or a moving listing, and so is the earlier row
+    of a product whose card was rejected (see
     ``Warehouse.load_products``). An
     unchanged input is not reloaded; ``price_history`` gets the prices seen that day either way (not
     those of carried-forward rows).

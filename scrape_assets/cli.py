@@ -375,7 +375,7 @@ def _ui_hint(summary: dict) -> str:
     if summary.get("daemon_heartbeat_age_s") is not None:
         return "the Dagster UI serving this instance"
     exports = summary.get("ui_exports")
-    return f"`{summary.get('ui_command', 'make ui')}`" + (f" (with {' and '.join(exports)} exported)" if exports else "")
+    return f"`{summary.get('ui_command', 'make ui')}`" + (f" (with {_names(exports)} exported)" if exports else "")
 
 
 def _ui_line(summary: dict) -> str:
@@ -389,7 +389,7 @@ def _ui_line(summary: dict) -> str:
                 "workspace.yaml` in the clone, in the runs' environment (README: A production setup)")
     exports = summary.get("ui_exports")
     return (f"  Dagster UI      {summary.get('ui_command', 'make ui')}  (then open {summary.get('ui_url', ui_url({}))})"
-            + (f"; with {' and '.join(exports)} exported as for the pipeline's runs" if exports else ""))
+            + (f"; with {_names(exports)} exported as for the pipeline's runs" if exports else ""))
 
 
 def _ui_port(env: Mapping[str, str]) -> str:
@@ -403,6 +403,16 @@ def ui_url(env: Mapping[str, str]) -> str:
     return f"http://127.0.0.1:{_ui_port(env)}"
 
 
+#: Settings the UI's runs need as this process had them, carried in the ``make ui`` command
+#: when set: without the User-Agent or attempts a killed snapshot was fetched with, the UI's
+#: run could not resume it; the rest make its runs behave as this one did.
+UI_CARRIED = ("SCRAPE_USER_AGENT", "SCRAPE_MAX_ATTEMPTS", "SCRAPE_REQUESTS_PER_SECOND", "SCRAPE_MAX_CONCURRENCY",
+              "SCRAPE_RESUME_MAX_AGE_H", "SCRAPE_LOCK_WAIT_S", "SCRAPE_DEMO_DATE", "SCRAPE_SCHEDULE_CRON",
+              "SCRAPE_GC_FREEZE")
+#: Settings whose values may hold credentials: named by :func:`ui_exports`, never printed.
+UI_SECRETS = ("SCRAPE_STORAGE_URL", "SCRAPE_WAREHOUSE_URL", "SCRAPE_PROXY_URL", "SCRAPE_ALERT_WEBHOOK_URL")
+
+
 def ui_command(env: Mapping[str, str]) -> str:
     """The ``make ui`` command (run in the clone) that shows this process's site, data and instance.
 
@@ -410,13 +420,16 @@ def ui_command(env: Mapping[str, str]) -> str:
     so the command carries those that differ from what ``make ui`` uses in the clone:
     ``SCRAPE_SITE`` (other than ``demo``), the data folder (``SCRAPE_DATA_DIR``, else
     ``./data`` of the current folder) other than the clone's ``data``,
-    ``SCRAPE_BASE_URL``, and ``DAGSTER_HOME`` other than the clone's ``.dagster_home``
+    ``SCRAPE_BASE_URL``, every other setting in :data:`UI_CARRIED` that is set (the
+    User-Agent and attempts a snapshot resumes only under, the pace, the demo's day, ...),
+    and ``DAGSTER_HOME`` other than the clone's ``.dagster_home``
     (unset: ``./.dagster_home`` of the current folder when it holds an instance, as
     ``scrape-assets demo`` run there used it; else the clone's),
     each shell-quoted; paths absolute; a base URL only when it has nothing to redact (else
     :func:`ui_exports` names it).
-    ``SCRAPE_STORAGE_URL`` and ``SCRAPE_WAREHOUSE_URL`` are left out (they may hold
-    credentials): set them as for the run. ``UI_PORT`` is carried when it is not 3000.
+    The storage, warehouse, proxy and webhook URLs are left out (they may hold
+    credentials; :func:`ui_exports` names them): set them as for the run. ``UI_PORT`` is
+    carried when it is not 3000.
     """
     from scrape_assets.settings import data_folder
 
@@ -429,6 +442,7 @@ def ui_command(env: Mapping[str, str]) -> str:
         parts.append(f"SCRAPE_DATA_DIR={shlex.quote(str(data))}")
     if (base := env.get("SCRAPE_BASE_URL")) and _shown_whole(base):  # else named by ui_exports, not printed
         parts.append(f"SCRAPE_BASE_URL={shlex.quote(base)}")
+    parts.extend(f"{name}={shlex.quote(value)}" for name in UI_CARRIED if (value := env.get(name, "").strip()))
     parts.append("make ui")
     if (home := _ui_home(env)) != _CLONE / ".dagster_home":
         parts.append(f"DAGSTER_HOME={shlex.quote(str(home))}")
@@ -508,16 +522,22 @@ def run_daemon_check() -> int:
 
 
 def ui_exports(env: Mapping[str, str]) -> list[str]:
-    """The variables :func:`ui_command` leaves out that the UI needs too: storage and warehouse URLs set in ``env``,
-    and a ``SCRAPE_BASE_URL`` that :func:`~scrape_assets.storage.redact_url` would not show whole.
+    """The variables :func:`ui_command` leaves out that the UI needs too: those of :data:`UI_SECRETS` set in
+    ``env`` (storage, warehouse, proxy, webhook URLs), and a ``SCRAPE_BASE_URL`` that
+    :func:`~scrape_assets.storage.redact_url` would not show whole.
 
     Their values may hold credentials, so the summary names them instead of printing them;
     without them the UI's code location would read ``./data`` and show another store.
     """
-    exports = [name for name in ("SCRAPE_STORAGE_URL", "SCRAPE_WAREHOUSE_URL") if env.get(name, "").strip()]
+    exports = [name for name in UI_SECRETS if env.get(name, "").strip()]
     if (base := env.get("SCRAPE_BASE_URL")) and not _shown_whole(base):  # not in the command
         exports.insert(0, "SCRAPE_BASE_URL")
     return exports
+
+
+def _names(names: list[str]) -> str:
+    """``A``, ``A and B``, ``A, B and C``."""
+    return " and ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def _shown_whole(url: str) -> bool:

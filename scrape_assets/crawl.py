@@ -318,6 +318,7 @@ class PartitionCrawler:
             resume_max_age=self.resume_max_age,
             on_abandon=self._report_abandoned,
             latest=self._latest,
+            on_repace=self._report_repace,
         )
         swept = self._sweep_abandoned(manifest)
         if not manifest.is_complete:  # a complete one is read (and written into) by later stages
@@ -386,6 +387,12 @@ class PartitionCrawler:
                 manifest.record(self.store, n)
                 lost += 1
         return lost
+
+    def _report_repace(self, manifest: Manifest, changes: dict[str, tuple]) -> None:
+        self.progress.emit(
+            f"{self.category}: snapshot {manifest.snapshot_id} goes on at the pace set now: "
+            + ", ".join(f"{key} {was!r} -> {now!r}" for key, (was, now) in changes.items())
+        )
 
     def _report_abandoned(self, stale: Manifest) -> None:
         c = stale.counts()

@@ -9,7 +9,7 @@ partition it is about), so a log line alone tells the operator what to fix::
     ├── SettingsError                an environment variable has a bad value
     ├── StorageError                 object storage unreachable, unwritable, or a key escapes the root
     ├── ManifestError                a manifest cannot be read or does not match its partition
-    │   └── FetchConfigChangedError  resume refused: the frozen fetch config differs
+    │   └── FetchConfigChangedError  resume refused: the frozen fetch config differs (not the pace)
     ├── PartitionLockedError         another run holds the partition's lock
     └── FetchError                   one page could not be fetched (carries url, attempts)
         ├── TransientFetchError      worth retrying: 5xx, 408, 429, timeout, connection error
@@ -113,7 +113,8 @@ ABSENT = "<absent>"
 
 
 class FetchConfigChangedError(ManifestError):
-    """Resuming an incomplete snapshot was refused because the fetch config changed.
+    """Resuming an incomplete snapshot was refused because the fetch config changed (other
+    than its pace: ``manifest.PACING_KEYS``).
 
     Attributes:
         differing_keys: the config keys whose values differ, sorted.

@@ -11,7 +11,8 @@ person can read::
 ``snapshot_id`` is the UTC start time, ``YYYY-MM-DDTHHMMSSZ`` (``-1``, ``-2``, ... appended for
 further snapshots in the same second); :func:`snapshot_sort_key` orders them by time.
 
-The manifest (JSON) holds the frozen fetch config and its SHA-256, and for every page
+The manifest (JSON) holds the frozen fetch config and its SHA-256 (a resume may change
+only its pace, :data:`PACING_KEYS`, and records the config it goes on with), and for every page
 its URL, status (``pending`` → ``done`` | ``failed``), attempts, HTTP status, content
 hash, byte size, fetched time and last error. Every change of state is persisted
 before the crawl moves on, so after a crash the manifest holds the previous state or
@@ -116,6 +117,25 @@ def config_hash(config: dict) -> str:
 def differing_keys(old: dict, new: dict) -> list[str]:
     """Sorted keys whose values differ between two flat config dicts (missing counts as differing)."""
     return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+
+
+#: Fetch config keys that set only the pace of a crawl (``FetchPolicy`` fields): how fast and
+#: how patiently pages are asked, not which pages or what they hold. A snapshot resumes under
+#: other values of these (a rate lowered after a run of 429s, a longer timeout for a slow
+#: site); any other key that differs refuses the resume (:class:`FetchConfigChangedError`).
+PACING_KEYS = frozenset(
+    {"requests_per_second", "max_concurrency", "timeout_s", "backoff_base_s", "backoff_max_s", "retry_after_max_s"}
+)
+
+
+def fetch_identity(config: dict) -> dict:
+    """``config`` without its :data:`PACING_KEYS`: what must be equal for a snapshot to resume."""
+    return {k: v for k, v in config.items() if k not in PACING_KEYS}
+
+
+def pace_changes(old: dict, new: dict) -> dict[str, tuple]:
+    """``{key: (old value, new value)}`` of the :data:`PACING_KEYS` whose values differ."""
+    return {k: (old.get(k), new.get(k)) for k in sorted(PACING_KEYS) if old.get(k) != new.get(k)}
 
 
 @dataclass
@@ -598,6 +618,7 @@ def open_snapshot(
     on_abandon: Callable[[Manifest], None] | None = None,
     latest: Manifest | None | object = UNREAD,
     reexecuted_run_ids: Collection[str] = (),
+    on_repace: Callable[[Manifest, dict[str, tuple]], None] | None = None,
 ) -> tuple[Manifest, bool]:
     """Resume the partition's incomplete snapshot, or start a new one.
 
@@ -608,6 +629,9 @@ def open_snapshot(
             ``reexecuted_run_ids``; same config) is resumed or adopted as usual: a retry of
             the step, or a re-execution of the run from failure, continues what was fetched.
         reexecuted_run_ids: the runs this one re-executes (Dagster's parent and root run ids).
+        on_repace: called with an incomplete snapshot about to be resumed at another pace
+            (:data:`PACING_KEYS` differing) and ``{key: (was, now)}``, before its manifest
+            records ``fetch_config`` as it is now (for a log line).
         now: the current time (UTC; default: the clock), for the new snapshot's id and the age below.
         resume_max_age: an incomplete snapshot created longer ago than this is not resumed
             (its pages would be dated by its start, possibly days ago): it is left as it is,
@@ -631,14 +655,16 @@ def open_snapshot(
 
     Raises:
         FetchConfigChangedError: the latest snapshot is incomplete, was fetched with a
-            different config or from another ``start_url``, and ``new_snapshot`` is false.
-            Lists the differing keys (``start_url`` among them for the latter).
+            different config (other than its pace: :data:`PACING_KEYS`) or from another
+            ``start_url``, and ``new_snapshot`` is false. Lists the differing keys
+            (``start_url`` among them for the latter).
     """
     digest = config_hash(fetch_config)
+    identity = fetch_identity(fetch_config)
     now = now or datetime.now(timezone.utc)
     if latest is UNREAD:
         latest = latest_manifest(store, site, category)
-    if new_snapshot and run_id is not None and latest is not None and latest.fetch_config_hash == digest \
+    if new_snapshot and run_id is not None and latest is not None and fetch_identity(latest.fetch_config) == identity \
             and (latest.run_id == run_id or latest.run_id in reexecuted_run_ids):
         new_snapshot = False  # this launch's own new snapshot: a step retry or a re-execution goes on with it
     if _too_old_to_resume(latest, now, resume_max_age):
@@ -649,9 +675,9 @@ def open_snapshot(
         refusal = _resume_refusal(latest, fetch_config, now, resume_max_age, start_url)
         if refusal is not None:
             raise refusal
-        return _reopen(store, latest, run_id), True
+        return _reopen(store, latest, run_id, fetch_config, on_repace), True
     if latest is not None and not new_snapshot and adopt_complete is not None:
-        if latest.fetch_config_hash == digest and adopt_complete(latest):
+        if fetch_identity(latest.fetch_config) == identity and adopt_complete(latest):
             if not _older_than(latest, now, resume_max_age):
                 return latest, True  # complete: left as it is (its run_id names the run that completed it)
             if on_abandon is not None:  # its pages are as old as its start: today's run fetches today's
@@ -709,9 +735,9 @@ def _resume_refusal(
     if latest is None or latest.is_complete or _too_old_to_resume(latest, now, resume_max_age):
         return None
     moved = start_url is not None and latest.start_url != start_url
-    if latest.fetch_config_hash == config_hash(fetch_config) and not moved:
+    keys = differing_keys(fetch_identity(latest.fetch_config), fetch_identity(fetch_config))
+    if not keys and not moved:
         return None
-    keys = differing_keys(latest.fetch_config, fetch_config) if latest.fetch_config_hash != config_hash(fetch_config) else []
     def value(config: dict, key: str):
         if key not in config:
             return ABSENT
@@ -726,9 +752,17 @@ def _resume_refusal(
     return FetchConfigChangedError(latest.key, sorted(changes), changes)  # every differing key has its change
 
 
-def _reopen(store: ObjectStore, manifest: Manifest, run_id: str | None) -> Manifest:
+def _reopen(store: ObjectStore, manifest: Manifest, run_id: str | None, fetch_config: dict,
+            on_repace: Callable[[Manifest, dict[str, tuple]], None] | None) -> Manifest:
+    """``manifest`` resumed by ``run_id`` at ``fetch_config``'s pace: saved when either changes it."""
+    changed = False
     if run_id is not None and manifest.run_id != run_id:
-        manifest.run_id = run_id
+        manifest.run_id, changed = run_id, True
+    if manifest.fetch_config != fetch_config:  # the pace only (_resume_refusal passed it): recorded as it is now
+        if on_repace is not None and (paces := pace_changes(manifest.fetch_config, fetch_config)):
+            on_repace(manifest, paces)
+        manifest.fetch_config, manifest.fetch_config_hash, changed = fetch_config, config_hash(fetch_config), True
+    if changed:
         manifest.save(store)
     return manifest
 

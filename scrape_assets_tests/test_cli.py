@@ -582,8 +582,16 @@ def test_the_ui_hint_names_the_instance_the_runs_went_to(tmp_path, monkeypatch):
                        "SCRAPE_BASE_URL": "http://127.0.0.1:8001/", "SCRAPE_WAREHOUSE_URL": "postgresql://u:pw@db/w",
                        "SCRAPE_REQUESTS_PER_SECOND": "20"}) == (
         f"SCRAPE_SITE=books_toscrape SCRAPE_DATA_DIR={REPO_ROOT / 'data-books'} "
-        f"SCRAPE_BASE_URL=http://127.0.0.1:8001/ make ui DAGSTER_HOME='{books}'"  # quoted; no warehouse URL
-    )
+        f"SCRAPE_BASE_URL=http://127.0.0.1:8001/ SCRAPE_REQUESTS_PER_SECOND=20 make ui DAGSTER_HOME='{books}'"
+    )  # quoted; no warehouse URL
+    # The settings a killed snapshot resumes only under (User-Agent, attempts) and the rest of how
+    # the run behaved (the demo's day, ...): the UI's runs get them too; a secret is only named.
+    env = {"SCRAPE_USER_AGENT": "shopbot/1.0 (+mailto:ops@example.com)", "SCRAPE_MAX_ATTEMPTS": "5",
+           "SCRAPE_DEMO_DATE": "2026-12-08", "SCRAPE_MAX_CONCURRENCY": " ", "SCRAPE_PROXY_URL": "http://u:pw@p:3128",
+           "SCRAPE_ALERT_WEBHOOK_URL": "https://hooks.example/T0/secret", "SCRAPE_STORAGE_URL": "s3://b/p"}
+    assert ui_command(env) == ("SCRAPE_USER_AGENT='shopbot/1.0 (+mailto:ops@example.com)' SCRAPE_MAX_ATTEMPTS=5 "
+                               "SCRAPE_DEMO_DATE=2026-12-08 make ui")
+    assert ui_exports(env) == ["SCRAPE_STORAGE_URL", "SCRAPE_PROXY_URL", "SCRAPE_ALERT_WEBHOOK_URL"]
     # Elsewhere: the data folder of that folder (./data by default) is not the clone's.
     monkeypatch.chdir(tmp_path)
     spec = tmp_path / "shop.yaml"

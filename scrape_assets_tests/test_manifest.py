@@ -74,9 +74,9 @@ def test_changed_config_refuses_resume_listing_keys_unless_new_snapshot(tmp_path
     changed = {**CONFIG, "max_attempts": 5, "requests_per_second": 1.0}
     with pytest.raises(FetchConfigChangedError) as info:
         _open(store, fetch_config=changed)
-    assert info.value.differing_keys == ["max_attempts", "requests_per_second"]
+    assert info.value.differing_keys == ["max_attempts"]  # the rate is the pace only: not a reason to refuse
     # Each with what the snapshot was fetched with and what it is now, so the earlier settings can be restored.
-    assert "(differing keys: max_attempts (was 3, now 5), requests_per_second (was 5.0, now 1.0))" in str(info.value)
+    assert "(differing keys: max_attempts (was 3, now 5))" in str(info.value)
     # A key one side lacks says so; URLs lose their user info and query (the message reaches logs and alerts).
     from scrape_assets.manifest import resume_conflict
 
@@ -90,6 +90,30 @@ def test_changed_config_refuses_resume_listing_keys_unless_new_snapshot(tmp_path
     assert resumed is False
     assert fresh.snapshot_id == "2026-11-30T084512Z-1"  # same second: still unique and sorted after
     assert list_snapshots(store, "demo", "travel") == ["2026-11-30T084512Z", "2026-11-30T084512Z-1"]
+
+
+def test_a_snapshot_resumes_at_another_pace_and_records_the_pace_it_goes_on_at(tmp_path):
+    """A rate lowered after a run of 429s, a longer timeout: what pages are asked is the same,
+    so the snapshot resumes (before: refused until the earlier settings were restored)."""
+    from scrape_assets.fetcher import FetchPolicy
+    from scrape_assets.manifest import PACING_KEYS, config_hash, resume_conflict
+
+    assert PACING_KEYS <= {f.name for f in dataclasses.fields(FetchPolicy)}
+    store = ObjectStore(str(tmp_path))
+    first, _ = _open(store, fetch_config={**CONFIG, "timeout_s": 20.0}, now=T0)
+    slower = {**CONFIG, "requests_per_second": 0.5, "timeout_s": 60.0}
+    assert resume_conflict(store, site="demo", category="travel", fetch_config=slower) is None
+    told = []
+    again, resumed = open_snapshot(store, site="demo", category="travel", start_url="http://x/t/index.html",
+                                   fetch_config=slower, now=T0, on_repace=lambda m, changes: told.append(changes))
+    assert (resumed, again.snapshot_id) == (True, first.snapshot_id)
+    assert told == [{"requests_per_second": (5.0, 0.5), "timeout_s": (20.0, 60.0)}]
+    saved = load_manifest(store, "demo", "travel", first.snapshot_id)
+    assert (saved.fetch_config, saved.fetch_config_hash) == (slower, config_hash(slower))
+    # A pace change together with another key still refuses, naming the other key only.
+    with pytest.raises(FetchConfigChangedError) as info:
+        _open(store, fetch_config={**CONFIG, "requests_per_second": 9.0, "user_agent": "other/1.0"})
+    assert info.value.differing_keys == ["user_agent"]
 
 
 def test_a_category_moved_to_another_start_url_refuses_to_resume_its_old_snapshot(tmp_path):

@@ -94,11 +94,15 @@ def test_killed_run_resumes_fetching_only_pages_not_done(tmp_path, demo_server, 
     assert 4 <= len(done_at_kill) < 12
     before = Counter(r.path for r in demo_server.requests if r.path.startswith(PAGE_PREFIX))
 
-    second = _materialize(env, "*", launched)
+    # Resumed at another rate (the pace only: before, refused until the earlier rate was set again).
+    second = _materialize({**env, "SCRAPE_REQUESTS_PER_SECOND": "50"}, "*", launched)
     _, err = second.communicate(timeout=300)
     assert second.returncode == 0, err[-3000:]
+    assert f"{CATEGORY}: snapshot {killed.snapshot_id} goes on at the pace set now: requests_per_second 4.0 -> 50.0" \
+        in err
 
     resumed = latest_manifest(store, "demo", CATEGORY)
+    assert (killed.fetch_config["requests_per_second"], resumed.fetch_config["requests_per_second"]) == (4.0, 50.0)
     assert resumed.snapshot_id == killed.snapshot_id  # continued, not restarted
     assert list_snapshots(store, "demo", CATEGORY) == [killed.snapshot_id]
     assert resumed.is_complete and resumed.counts()["done"] == 12

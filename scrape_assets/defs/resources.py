@@ -114,7 +114,8 @@ class SiteResource(dg.ConfigurableResource):
         )
 
     def fetch_config(self) -> dict:
-        """The frozen fetch config recorded in each manifest (a change refuses resume).
+        """The frozen fetch config recorded in each manifest (a change other than the pace,
+        ``manifest.PACING_KEYS``, refuses resume).
 
         ``site`` is the spec's name, not how ``SCRAPE_SITE`` named it: ``demo`` and the path
         of the same spec file (or a copy of it elsewhere) resume each other's snapshots.

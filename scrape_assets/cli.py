@@ -1000,13 +1000,21 @@ def _to_a_reader(write: Callable[[], int]) -> int:
 
 
 def _percent(text: str) -> float:
-    """argparse type: a percentage 0..100, with or without its ``%`` (``90``, ``99.5%``), as a fraction."""
+    """argparse type: a percentage 0..100, with or without its ``%`` (``90``, ``99.5%``), as a fraction.
+
+    A number between 0 and 1 without ``%`` (``0.9``) is refused: it reads as a fraction (the
+    spec's ``collapse.floor`` is one) but would mean 0.9%, a gate that never closes.
+    """
+    bare = text.strip()
     try:
-        value = float(text.strip().removesuffix("%"))
+        value = float(bare.removesuffix("%"))
     except ValueError:
         value = math.nan
     if not 0 <= value <= 100:  # nan (not a number at all, or "nan") too
         raise argparse.ArgumentTypeError(f"expected a percentage from 0 to 100, e.g. 90 or 99.5%, got {text!r}")
+    if 0 < value < 1 and not bare.endswith("%"):
+        raise argparse.ArgumentTypeError(f"expected a percentage from 0 to 100, e.g. 90 or 99.5%, got {text!r}: "
+                                         f"for {value * 100:g}% write {value * 100:g}; for {value:g}% write {value:g}%")
     return value / 100
 
 
@@ -1104,6 +1112,10 @@ def main(argv: list[str] | None = None) -> int:
             return _to_a_reader(run_categories_command)
         if args.command == "summary":
             from scrape_assets.defs.resources import build_resources
+            from scrape_assets.defs.schedules import checked_cron  # the schedule's check, as the definitions make it
+            from scrape_assets.settings import load_settings
+
+            checked_cron(load_settings().schedule_cron)  # the README's pre-flight: a cron the daemon would refuse
 
             summary = summarize(build_resources(secrets_as_env_vars=False))
             code = _to_a_reader(lambda: print_summary(summary) or 0)

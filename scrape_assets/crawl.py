@@ -29,7 +29,7 @@ from scrape_assets.batched_log import LOG_EVERY_S
 from scrape_assets.content_type import header_charset
 from scrape_assets.counts import counted
 from scrape_assets.crashpoints import crashpoint
-from scrape_assets.errors import FetchError, ManifestError, StorageError
+from scrape_assets.errors import FetchError, ManifestError, StorageError, exception_text
 from scrape_assets.fetcher import PageFetcher, resource_key, same_origin, sendable_validator, validators_differ
 from scrape_assets.manifest import (
     UNREAD,
@@ -771,6 +771,17 @@ class PartitionCrawler:
             entry.http_status = exc.http_status
             self._fail_for_good(n, exc.recorded_reason)
             return
+        except StorageError:
+            raise  # its attempt was given back (on_attempt, or the body's write)
+        except Exception as exc:
+            # Not the site's answer: a bug, ours or a library's, while the attempt was out. The
+            # step fails (its RetryPolicy tries again); the attempt still counts, so a page whose
+            # answer makes this happen every time ends a dead letter instead of failing every
+            # run, and its reason keeps what happened ("... (the one before: unexpected_error: ...)").
+            entry.last_error = f"unexpected_error: {exception_text(exc)}"
+            with contextlib.suppress(StorageError):
+                manifest.record(self.store, n)
+            raise
         content_hash = old.content_hash if page.http_status == 304 else "sha256:" + hashlib.sha256(page.body).hexdigest()
         same = old is not None and content_hash == old.content_hash and (
             page.http_status == 304 or self._saved_copy_ok(*previous))  # else the new body is stored

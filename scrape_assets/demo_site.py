@@ -183,11 +183,17 @@ class DemoCatalogue:
         return sum(c.page_count for c in self.categories)
 
 
+#: The days ``SCRAPE_DEMO_DATE`` may name: the catalogue looks 400 days back for a category's
+#: last change (year 1 has no such days), and a day after the last is still a date.
+FIRST_DAY, LAST_DAY = datetime.date(2000, 1, 1), datetime.date(9998, 12, 31)
+
+
 def resolve_day(day: datetime.date | None = None) -> datetime.date:
     """``day`` if given, else ``$SCRAPE_DEMO_DATE`` (``YYYY-MM-DD``), else today's UTC date.
 
     Raises:
-        ValueError: ``SCRAPE_DEMO_DATE`` is set but is not a ``YYYY-MM-DD`` date.
+        ValueError: ``SCRAPE_DEMO_DATE`` is set but is not a ``YYYY-MM-DD`` date from
+            :data:`FIRST_DAY` to :data:`LAST_DAY`.
     """
     if day is not None:
         return day
@@ -197,9 +203,12 @@ def resolve_day(day: datetime.date | None = None) -> datetime.date:
     if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", raw):
         raise ValueError(f"{DATE_ENV_VAR}={raw!r} is invalid: expected a date as YYYY-MM-DD, e.g. 2024-05-01")
     try:
-        return datetime.date.fromisoformat(raw)
+        day = datetime.date.fromisoformat(raw)
     except ValueError as exc:
         raise ValueError(f"{DATE_ENV_VAR}={raw!r} is invalid: expected a date as YYYY-MM-DD ({exc})") from None
+    if not FIRST_DAY <= day <= LAST_DAY:
+        raise ValueError(f"{DATE_ENV_VAR}={raw!r} is invalid: expected a date from {FIRST_DAY} to {LAST_DAY}")
+    return day
 
 
 def _title(product_id: int) -> str:

@@ -22,6 +22,8 @@ can act on them.
 
 from __future__ import annotations
 
+import re
+
 
 class ScrapeError(Exception):
     """Base class of every error raised by scrape_assets.
@@ -200,3 +202,22 @@ class TransientFetchError(FetchError):
 
 class PermanentFetchError(FetchError):
     """A failure not worth retrying (other 4xx, disallowed by robots.txt, off-site redirect)."""
+
+
+#: ``<ssl.SSLContext object at 0x7f874bd18b00>``: a repr whose address differs in every process.
+_OBJECT_AT = re.compile(r"<([\w.]+) object at 0x[0-9a-fA-F]+>")
+
+
+def without_addresses(text: str) -> str:
+    """``text`` with each ``<Type object at 0x...>`` as ``<Type object>``."""
+    return _OBJECT_AT.sub(r"<\1 object>", text)
+
+
+def exception_text(exc: BaseException, limit: int = 300) -> str:
+    """``Type: message`` of ``exc`` on one line, for a manifest's ``last_error`` or a dead
+    letter's reason: object addresses dropped (``<ssl.SSLContext object>``: the same failure
+    reads the same in every run, so reasons group), at most ``limit`` characters."""
+    text = " ".join(without_addresses(str(exc)).split())
+    text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+

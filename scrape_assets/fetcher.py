@@ -52,7 +52,7 @@ from typing import Any
 import httpx
 import idna
 
-from scrape_assets.errors import FetchError, PermanentFetchError, TransientFetchError
+from scrape_assets.errors import FetchError, PermanentFetchError, TransientFetchError, exception_text
 from scrape_assets.hostnames import DEFAULT_PORTS, url_host_problem
 from scrape_assets.http_transport import AiohttpTransport
 from scrape_assets.politeness import HostLimiter, RobotsCache, within_deadline
@@ -712,7 +712,7 @@ class PageFetcher:
                     # the hop's URL only when it is not the page's own (a redirect's target): the
                     # dead letter's url column and the crawl's warning name the page already
                     hop = f"{target}: " if str(target) != url else ""
-                    detail = f"{hop}{type(exc).__name__}" + (f": {exc}" if str(exc) else "")
+                    detail = f"{hop}{exception_text(exc, limit=10_000)}"
                 error_type = TransientFetchError if decision == "retry" else PermanentFetchError
                 raise error_type(url, reason, detail, http_status=progress.status, attempts=attempt) from exc
             return status, headers, body, self._clock() - started

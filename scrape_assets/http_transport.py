@@ -67,6 +67,7 @@ import httpx
 from aiohttp.http_exceptions import HttpProcessingError
 from yarl import URL
 
+from scrape_assets.errors import without_addresses
 from scrape_assets.proxies import ProxyURL
 
 _EXCEPTIONS: tuple[tuple[type[BaseException], type[httpx.TransportError]], ...] = (
@@ -118,7 +119,9 @@ def _message(exc: BaseException) -> str:
             return f"Response payload is not completed: {_one_line(cause.message)}"
         if isinstance(exc, aiohttp.ClientResponseError):
             return f"malformed response: {_one_line(exc.message)}"
-    return str(exc) or type(exc).__name__
+    # "ssl:<ssl.SSLContext object at 0x7f...>" in a connection error: no address, so the same
+    # failure reads the same in every run (dead letters group by reason)
+    return without_addresses(str(exc)) or type(exc).__name__
 
 
 def _one_line(message: str) -> str:

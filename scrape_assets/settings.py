@@ -22,7 +22,7 @@ resources (``SCRAPE_GC_FREEZE`` and ``DAGSTER_EVENT_BATCH_SIZE`` are read where 
 | ``SCRAPE_LOCK_WAIT_S`` | seconds a run waits for another run holding the same partition | 0: stop at once |
 | ``SCRAPE_RESUME_MAX_AGE_H`` | hours after its start an incomplete snapshot is still resumed | 20 |
 | ``SCRAPE_SCHEDULE_CRON`` | cron of the daily schedule (UTC) | ``0 2 * * *`` |
-| ``SCRAPE_DEMO_DATE`` | the demo catalogue's day (``YYYY-MM-DD``) | today (UTC) |
+| ``SCRAPE_DEMO_DATE`` | the demo catalogue's day (``YYYY-MM-DD``, 2000-01-01 to 9998-12-31) | today (UTC) |
 | ``SCRAPE_GC_FREEZE`` | garbage-collector policy, read by :mod:`scrape_assets.gc_tuning` | ``1`` |
 """
 
@@ -221,9 +221,13 @@ def load_settings(env: dict | None = None) -> Settings:
         try:
             if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", day):  # fromisoformat also takes 20261201, 2026-W48-1
                 raise ValueError(day)
-            date.fromisoformat(day)
+            demo_day = date.fromisoformat(day)
         except ValueError:
             raise SettingsError("SCRAPE_DEMO_DATE", day, "a date as YYYY-MM-DD, e.g. 2026-12-01") from None
+        from scrape_assets.demo_site import FIRST_DAY, LAST_DAY
+
+        if not FIRST_DAY <= demo_day <= LAST_DAY:  # the catalogue's dates look 400 days back
+            raise SettingsError("SCRAPE_DEMO_DATE", day, f"a date from {FIRST_DAY} to {LAST_DAY}, e.g. 2026-12-01")
     cron = env.get("SCRAPE_SCHEDULE_CRON") or "0 2 * * *"
     if not _CRON.fullmatch(cron.strip()):
         raise SettingsError("SCRAPE_SCHEDULE_CRON", cron, "a cron expression with 5 fields, e.g. '0 2 * * *'")

@@ -149,6 +149,11 @@ def test_bad_inputs_each_give_one_clear_error_naming_the_input(tmp_path):
             {"SCRAPE_DEMO_DATE": "2026-13-01"},
             "scrape-assets: error: SCRAPE_DEMO_DATE='2026-13-01' is invalid: expected a date as YYYY-MM-DD",
         ),
+        "demo date out of the catalogue's range": (  # year 1 has no 400 days before it: the demo overflowed
+            {"SCRAPE_DEMO_DATE": "0001-01-01"},
+            "scrape-assets: error: SCRAPE_DEMO_DATE='0001-01-01' is invalid: expected a date from 2000-01-01 to "
+            "9998-12-31, e.g. 2026-12-01",
+        ),
         "bad cron": (
             {"SCRAPE_SCHEDULE_CRON": "bogus"},
             "scrape-assets: error: SCRAPE_SCHEDULE_CRON='bogus' is invalid: expected a cron expression with 5 fields",
@@ -1414,6 +1419,30 @@ def test_a_percentage_that_is_not_a_number_is_refused_naming_it(tmp_path, monkey
             "scrape-assets summary: error: argument --min-success-rate: expected a percentage from 0 to 100, e.g. 90 "
             f"or 99.5%, got {bad!r}")
     assert not (tmp_path / "data").exists()
+    # A fraction, as the spec's collapse.floor is written, would mean 0.9%: a CI gate that never closes.
+    with pytest.raises(SystemExit):
+        main(["summary", "--min-success-rate", "0.9"])
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "scrape-assets summary: error: argument --min-success-rate: expected a percentage from 0 to 100, e.g. 90 "
+        "or 99.5%, got '0.9': for 90% write 90; for 0.9% write 0.9%")
+    from scrape_assets.cli import _percent
+
+    assert [_percent(v) for v in ("0.9%", "0", "1", "90")] == pytest.approx([0.009, 0.0, 0.01, 0.9])
+
+
+def test_summary_refuses_a_cron_the_schedule_would_refuse(tmp_path, monkeypatch, capsys):
+    """The README's pre-flight check (`scrape-assets summary`) says what `make demo` and the
+    definitions would: a cron Dagster's scheduler refuses is an error, not a clean summary."""
+    from scrape_assets.cli import main
+
+    monkeypatch.setenv("SCRAPE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("SCRAPE_SCHEDULE_CRON", "0 25 * * *")
+    assert main(["summary"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "scrape-assets: error: SCRAPE_SCHEDULE_CRON='0 25 * * *' is invalid: expected a cron expression Dagster's "
+        "scheduler accepts: 5 fields, each in range (minute 0-59, hour 0-23, ")
+    monkeypatch.setenv("SCRAPE_SCHEDULE_CRON", "0 2 * * *")
+    assert main(["summary"]) == 0
 
 
 def test_serve_demo_takes_every_port_from_0_to_65535():

@@ -130,6 +130,20 @@ def test_malformed_date_env_var_is_a_clear_error(monkeypatch, value):
         respond("GET", listing("travel"))
 
 
+@pytest.mark.parametrize("value", ["0001-01-01", "1999-12-31", "9999-12-31"])
+def test_a_date_outside_the_catalogues_range_is_a_clear_error(monkeypatch, value):
+    monkeypatch.setenv(DATE_ENV_VAR, value)
+    with pytest.raises(ValueError, match=rf"^SCRAPE_DEMO_DATE='{value}' is invalid: expected a date from 2000-01-01 "
+                                         "to 9998-12-31$"):
+        respond("GET", listing("travel"))
+
+
+@pytest.mark.parametrize("value", ["2000-01-01", "9998-12-31"])
+def test_the_first_and_last_days_of_the_range_are_served(monkeypatch, value):
+    monkeypatch.setenv(DATE_ENV_VAR, value)
+    assert respond("GET", listing("travel")).status == 200
+
+
 # --- pages ---------------------------------------------------------------------------------------
 
 

@@ -195,18 +195,45 @@ def test_broken_answers_become_the_httpx_error_for_them(reply, error, reason):
     assert classify_exception(exc, headers_received=False) == ("retry", reason)
 
 
-def test_refused_connection_is_a_connect_error_not_a_timeout():
+def _refused(scheme: str) -> tuple[httpx.ConnectError, int]:
+    """The error of a request to a port nothing listens on, and the port."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
 
     async def main():
         async with httpx.AsyncClient(transport=AiohttpTransport(max_connections=1)) as client:
-            await client.get(f"http://127.0.0.1:{port}/")
+            await client.get(f"{scheme}://127.0.0.1:{port}/")
 
     with pytest.raises(httpx.ConnectError) as raised:
         asyncio.run(main())
-    assert classify_exception(raised.value, headers_received=False) == ("retry", "connection_error")
+    return raised.value, port
+
+
+def test_refused_connection_is_a_connect_error_not_a_timeout():
+    assert classify_exception(_refused("http")[0], headers_received=False) == ("retry", "connection_error")
+
+
+def test_a_refused_tls_connection_reads_the_same_in_every_run():
+    """aiohttp's text names the TLS context by its repr ("ssl:<ssl.SSLContext object at
+    0x7f...>"): the address differs per process, so the same failure gave dead letters of
+    different reasons. The address is dropped."""
+    from scrape_assets.errors import exception_text
+
+    error, port = _refused("https")
+    assert f"127.0.0.1:{port} ssl:<ssl.SSLContext object> [" in str(error)  # the transport's own message
+    text = exception_text(error)
+    assert text.startswith(f"ConnectError: Cannot connect to host 127.0.0.1:{port} ssl:<ssl.SSLContext object> [")
+    assert " at 0x" not in text
+
+
+def test_exception_text_is_one_line_without_addresses_and_bounded():
+    from scrape_assets.errors import exception_text
+
+    assert exception_text(OverflowError("date value out of range")) == "OverflowError: date value out of range"
+    assert exception_text(KeyError()) == "KeyError"
+    assert exception_text(ValueError("a\n  <foo.Bar object at 0xDEADbeef> b")) == "ValueError: a <foo.Bar object> b"
+    assert exception_text(ValueError("x" * 500), limit=20) == "ValueError: xxxxx..."
 
 
 def test_read_timeout_is_a_read_timeout():

@@ -749,3 +749,46 @@ def test_a_page_adopted_on_resume_forgets_the_attempt_an_earlier_run_made_on_it(
     assert (entry.status, entry.assumed_unchanged, entry.http_status, entry.etag) == ("done", True, 200, '"e"')
     assert entry.body_key == previous.page_key(2) and entry.content_hash == "sha256:b"
     assert (entry.last_error, entry.retry_at) == (None, None)
+
+
+def test_an_error_of_ours_during_an_attempt_fails_the_step_and_the_dead_letter_keeps_it(tmp_path, monkeypatch):
+    """Not the site's answer: an exception that is no FetchError (here the transport raising
+    OverflowError, as the demo catalogue did for SCRAPE_DEMO_DATE=0001-01-01) fails the crawl
+    at once, and the page records what happened. Its attempt still counts, as a crash's does,
+    so a page that makes this happen every time becomes a dead letter after max_attempts runs
+    (step retries) instead of failing every run, and the dead letter says why (before:
+    "attempts_exhausted: interrupted on the last attempt", the error lost)."""
+    import asyncio
+    import logging
+
+    import httpx
+
+    from scrape_assets import demo_site
+    from scrape_assets.defs.assets.raw_pages import crawl_partitions
+    from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
+
+    real = demo_site.DemoTransport.handle_async_request
+
+    async def broken(self, request: httpx.Request) -> httpx.Response:
+        if "/travel_2/" in request.url.path:
+            raise OverflowError("date value out of range")
+        return await real(self, request)
+
+    monkeypatch.setattr(demo_site.DemoTransport, "handle_async_request", broken)
+    store = ObjectStore(str(tmp_path / "objects"))
+
+    def crawl():
+        return asyncio.run(crawl_partitions(SiteResource(site="demo"), ObjectStoreResource(url=store.url), ["travel"],
+                                            new_snapshot=False, log=logging.getLogger("test")))
+
+    for attempt in (1, 2, 3):  # the run and its step's retries
+        with pytest.raises(OverflowError):
+            crawl()
+        entry = latest_manifest(store, "demo", "travel").pages[1]
+        assert (entry.status, entry.attempts, entry.last_error) == (
+            "pending", attempt, "unexpected_error: OverflowError: date value out of range")
+    [report] = crawl()  # the next run: its last allowed attempt was used
+    entry = latest_manifest(store, "demo", "travel").pages[1]
+    assert (report.pages_failed, entry.status, entry.last_error) == (1, "failed", (
+        "attempts_exhausted: interrupted on the last attempt (the one before: unexpected_error: OverflowError: "
+        "date value out of range)"))

@@ -53,7 +53,8 @@ test: $(VENV)/.test-installed
 non_digits = $(subst 0,,$(subst 1,,$(subst 2,,$(subst 3,,$(subst 4,,$(subst 5,,$(subst 6,,$(subst 7,,$(subst 8,,$(subst 9,,$(1)))))))))))
 
 ## make ui: the Dagster UI on the same instance as `make demo` (http://127.0.0.1:3000; UI_PORT=3001 for another port).
-## It refuses while a daemon runs on the instance (another make ui, a dagster-daemon service): UI_FORCE=1 starts anyway.
+## It refuses while a daemon runs on the instance (another make ui, a dagster-daemon service): UI_FORCE=1 starts anyway;
+## and when the port is taken (UI_FORCE does not change that).
 ui_port := $(or $(strip $(UI_PORT)),3000)
 ifneq ($(filter ui,$(MAKECMDGOALS)),)
 ifneq ($(call non_digits,$(ui_port)),)
@@ -61,6 +62,7 @@ $(error UI_PORT=$(UI_PORT) is not a port number: give digits, e.g. make ui UI_PO
 endif
 endif
 ui: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml
+	$(BIN)/scrape-assets port-check $(ui_port)
 	$(if $(filter-out 0,$(strip $(UI_FORCE))),,$(BIN)/scrape-assets daemon-check)
 	$(BIN)/dagster dev -w workspace.yaml -p $(ui_port)
 

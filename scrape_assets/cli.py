@@ -521,6 +521,30 @@ def run_daemon_check() -> int:
     return 1
 
 
+def run_port_check(port: int, host: str = "127.0.0.1") -> int:
+    """``make ui``'s check before it starts ``dagster dev``: 1, saying what to do, when ``port``
+    on ``host`` is taken; else 0.
+
+    ``dagster dev`` started on a taken port prints "Serving dagster-webserver on ..." and
+    starts its daemon before the webserver fails to bind: the browser then shows the other
+    program, and the daemon's heartbeats make the next ``make ui`` (on a free port) refuse
+    for 40 s. The bind is tried as the webserver does (``SO_REUSEADDR``: a port left in
+    TIME_WAIT by a stopped UI is free).
+    """
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            print(f"scrape-assets: cannot serve the UI on {host}:{port}: {exc.strerror or exc} (another program, or "
+                  f"another `make ui`, listens there): `make ui UI_PORT={port + 1 if port < 65535 else 3001}` serves "
+                  "it on another port", file=sys.stderr)
+            return 1
+    return 0
+
+
 def ui_exports(env: Mapping[str, str]) -> list[str]:
     """The variables :func:`ui_command` leaves out that the UI needs too: those of :data:`UI_SECRETS` set in
     ``env`` (storage, warehouse, proxy, webhook URLs), and a ``SCRAPE_BASE_URL`` that
@@ -1095,6 +1119,9 @@ def main(argv: list[str] | None = None) -> int:
                                "run lists and the alerts show it")
     command("daemon-check", f"exit 1, saying why, when a Dagster daemon beat on the instance in the last "
                             f"{DAEMON_SEEN_S} s (`make ui` asks first: dagster dev would start a second one)")
+    port_check = command("port-check", "exit 1, saying why, when PORT on 127.0.0.1 is taken (`make ui` asks "
+                                       "first: dagster dev would say it serves, then fail to bind)")
+    port_check.add_argument("port", type=_port, metavar="PORT")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -1108,6 +1135,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_fail_run(args.run_id)
         if args.command == "daemon-check":
             return run_daemon_check()
+        if args.command == "port-check":
+            return run_port_check(args.port)
         if args.command == "categories":
             return _to_a_reader(run_categories_command)
         if args.command == "summary":

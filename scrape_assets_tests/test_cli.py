@@ -998,11 +998,32 @@ def test_make_ui_checks_for_a_daemon_first_unless_told_not_to():
                               env={**{k: v for k, v in os.environ.items() if k not in ("UI_PORT", "UI_FORCE")},
                                    "MAKEFLAGS": ""})
         assert done.returncode == 0, done.stderr
-        return [line for line in done.stdout.splitlines() if "daemon-check" in line or "dagster dev" in line]
+        return [line for line in done.stdout.splitlines() if "-check" in line or "dagster dev" in line]
 
-    assert planned() == [".venv/bin/scrape-assets daemon-check", ".venv/bin/dagster dev -w workspace.yaml -p 3000"]
-    assert planned("UI_FORCE=1") == [".venv/bin/dagster dev -w workspace.yaml -p 3000"]
-    assert planned("UI_FORCE=0")[0] == ".venv/bin/scrape-assets daemon-check"
+    assert planned() == [".venv/bin/scrape-assets port-check 3000", ".venv/bin/scrape-assets daemon-check",
+                         ".venv/bin/dagster dev -w workspace.yaml -p 3000"]
+    assert planned("UI_FORCE=1") == [".venv/bin/scrape-assets port-check 3000",
+                                     ".venv/bin/dagster dev -w workspace.yaml -p 3000"]
+    assert planned("UI_FORCE=0")[1] == ".venv/bin/scrape-assets daemon-check"
+    assert planned("UI_PORT=3001")[0] == ".venv/bin/scrape-assets port-check 3001"
+
+
+def test_port_check_refuses_a_port_another_program_listens_on(capsys):
+    """`dagster dev` on a taken port said it served there, then failed to bind, leaving its
+    daemon running (the next `make ui` refused for 40 s): make ui now asks first."""
+    import socket
+
+    from scrape_assets.cli import main
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["port-check", str(port)]) == 1
+        assert capsys.readouterr().err == (
+            f"scrape-assets: cannot serve the UI on 127.0.0.1:{port}: Address already in use (another program, or "
+            f"another `make ui`, listens there): `make ui UI_PORT={port + 1}` serves it on another port\n")
+    assert main(["port-check", str(port)]) == 0  # free again
 
 
 def test_make_refuses_a_python_older_than_3_11_before_making_the_venv(tmp_path):

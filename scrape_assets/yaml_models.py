@@ -125,7 +125,7 @@ def parse_yaml_model(
                 return key, "unknown key" + (f" ({unknown_key_hint})" if unknown_key_hint and hint else "")
             detail = error["msg"].removeprefix("Value error, ")
             if not isinstance(error["input"], (dict, list)) and ", got " not in detail:  # (a validator's own says it)
-                detail += f" (got {error['input']!r})"
+                detail += f" (got {_as_typed(error['input'])})"
             if isinstance(error["input"], (bool, int, float)) and (
                     "[key]" in error["loc"] or error["msg"].startswith("Keys should be strings")):
                 detail += ("; YAML reads an unquoted key such as no, yes, on or off as a boolean and 0755 as a "
@@ -164,3 +164,13 @@ def read_text_file(path: Path, what: str) -> str:
     except UnicodeDecodeError as exc:
         raise UnreadableFileError(str(path), None, f"expected UTF-8 text, found byte {exc.object[exc.start]:#04x} at offset "
                                          f"{exc.start}") from exc
+
+
+def _as_typed(value: object) -> str:
+    """``value`` quoted as a YAML author typed it: a regex ``_\\d+`` shows as ``'_\\d+'``, not
+    Python's ``'_\\\\d+'``; a string with a quote or a character that does not print (a tab,
+    a control character) keeps Python's escapes, so it stays unambiguous."""
+    if isinstance(value, str) and value.isprintable() and "'" not in value:
+        return f"'{value}'"
+    return repr(value)
+

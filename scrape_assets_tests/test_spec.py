@@ -130,7 +130,9 @@ def _demo_dict() -> dict:
         (lambda d: d["pagination"].update(page_url="page-{n:99999999999}.html"), "pagination.page_url",
          "expected a field width under 1,000 in {n}"),
         (lambda d: d["product_id"].update(regex=r"_\d+/index\.html$"), "product_id.regex",
-         "capturing group for the id"),
+         "capturing group for the id (got '_\\d+/index\\.html$')"),  # as typed, not Python's '_\\\\d+'
+        (lambda d: d["product_id"].update(regex="_\\d+\t/'x'"), "product_id.regex",  # a tab, a quote: escaped
+         "capturing group for the id (got \"_\\\\d+\\t/'x'\")"),
         (lambda d: d["politeness"].update(requests_per_second=100_001), "politeness.requests_per_second",
          "less than or equal to 100000"),
         (lambda d: d["politeness"].update(max_concurrency=257), "politeness.max_concurrency",

@@ -245,12 +245,17 @@ def run_figures(result) -> dict:
     assets = metadata_by_asset(event.materialization for event in result.get_asset_materialization_events())
     raw, parsed, table, letters = (assets.get(a, {}) for a in ("raw_pages", "parsed_products", "products_table", "dead_letters"))
     short: dict[str, dict] = {}  # category -> {cards_found, site_says}: the WARN check that does not stop the run
+    moved: dict[str, str] = {}  # category -> how its pages disagree on the listing's size (the same check)
     for evaluation in result.get_asset_check_evaluations():
-        if evaluation.check_name == COUNT_CHECK and not evaluation.passed and "mismatched" in evaluation.metadata:
-            short.update(evaluation.metadata["mismatched"].value)
+        if evaluation.check_name == COUNT_CHECK and not evaluation.passed:
+            if "mismatched" in evaluation.metadata:
+                short.update(evaluation.metadata["mismatched"].value)
+            if "listing_moved" in evaluation.metadata:
+                moved.update(evaluation.metadata["listing_moved"].value)
     return {
         "success": result.success,
         "categories_short_of_site_count": short,
+        "categories_listing_moved": moved,
         "requests_made": raw.get("requests_made"),
         "pages_done": raw.get("pages_done"),
         "pages_not_modified": raw.get("pages_not_modified"),
@@ -301,6 +306,10 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
             "  parsed          " + step("pages_parsed", lambda: (
                 f"{counted(run['pages_parsed'], 'page')} re-parsed, "
                 f"{counted(run['partitions_unchanged'], 'category')} unchanged"), "parsed_products"),
+            *([f"  listing moved   while its pages were fetched in {counted(len(moved), 'category')}: "
+               + _first_names([f"{c} ({how})" for c, how in moved.items()])
+               + " (earlier rows of products not seen are kept; the next snapshot settles it)"]
+              if (moved := run.get("categories_listing_moved")) else []),
             *([f"  fewer cards     than the site counts in {counted(len(short), 'category')}: " + _first_names(
                 [f"{c} ({f['cards_found']:,} of {f['site_says']:,})" for c, f in short.items()])
                + (" (no card at all: does the spec's selectors.product still match the site's markup?)"
@@ -310,7 +319,8 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
             "  loaded          " + step("rows_loaded", lambda: (
                 f"{counted(run['rows_loaded'], 'row')} (re)loaded"
                 # Only by this run's loads: an unchanged category keeps its carried rows unloaded (Summary below).
-                + (f", and {counted(kept, 'earlier row')} kept in those categories for pages that failed or cards rejected"
+                + (f", and {counted(kept, 'earlier row')} kept in those categories for pages that failed, cards "
+                   "rejected or a listing that moved"
                    if (kept := run["rows_carried_forward"]) else "")), "products_table"),
             "",
         ]
@@ -344,9 +354,9 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
         shown = ", ".join(f"{c} ({n:,})" for c, n in list(carried.items())[:10]) + (", ..." if len(carried) > 10 else "")
         lines.append(
             f"  carried forward {sum(carried.values()):,} of those rows were not seen in the latest snapshot (a page "
-            f"of their category failed, or their card was rejected; the oldest parsed from a body fetched "
-            f"{summary['carried_forward_oldest_fetch']}, later 304s not counted): {shown}; the pages and cards are in "
-            "`dead_letters`"
+            f"of their category failed, their card was rejected, or its listing changed while it was crawled; the "
+            f"oldest parsed from a body fetched {summary['carried_forward_oldest_fetch']}, later 304s not counted): "
+            f"{shown}; failed pages and rejected cards are in `dead_letters`"
         )
     stale = summary.get("products_of_categories_not_in_spec") or {}
     if stale:
@@ -442,7 +452,8 @@ def ui_command(env: Mapping[str, str]) -> str:
         parts.append(f"SCRAPE_DATA_DIR={shlex.quote(str(data))}")
     if (base := env.get("SCRAPE_BASE_URL")) and _shown_whole(base):  # else named by ui_exports, not printed
         parts.append(f"SCRAPE_BASE_URL={shlex.quote(base)}")
-    parts.extend(f"{name}={shlex.quote(value)}" for name in UI_CARRIED if (value := env.get(name, "").strip()))
+    # as set (a User-Agent with a trailing space is recorded so, and a resume compares it whole)
+    parts.extend(f"{name}={shlex.quote(env[name])}" for name in UI_CARRIED if env.get(name, "").strip())
     parts.append("make ui")
     if (home := _ui_home(env)) != _CLONE / ".dagster_home":
         parts.append(f"DAGSTER_HOME={shlex.quote(str(home))}")

@@ -72,6 +72,9 @@ PREVIOUS_SNAPSHOTS_SEARCHED = 7
 #: A page's ``last_error`` while it is asked once more after a crash between storing its
 #: body and recording it on its last allowed attempt.
 STORED_THEN_INTERRUPTED = "interrupted after its body was stored, before it was recorded"
+#: ``last_error`` of an attempt that ended in an exception of ours (no FetchError): "unexpected_error on
+#: attempt N: Type: message".
+UNEXPECTED_ERROR = "unexpected_error"
 
 
 class CrawlProgress:
@@ -714,6 +717,10 @@ class PartitionCrawler:
                 # process every time, in the pager's parse say, still ends failed below).
                 entry.attempts -= 1
                 entry.last_error = STORED_THEN_INTERRUPTED
+            elif (entry.last_error or "").startswith(f"{UNEXPECTED_ERROR} on attempt {entry.attempts}:"):
+                # The last allowed attempt ended in an error of ours (recorded below), not in a crash.
+                self._fail_for_good(n, f"attempts_exhausted: {entry.last_error}")
+                return
             else:
                 # The last allowed attempt was in flight when an earlier run died.
                 self._fail_for_good(n, "attempts_exhausted: interrupted on the last attempt" + (
@@ -777,8 +784,8 @@ class PartitionCrawler:
             # Not the site's answer: a bug, ours or a library's, while the attempt was out. The
             # step fails (its RetryPolicy tries again); the attempt still counts, so a page whose
             # answer makes this happen every time ends a dead letter instead of failing every
-            # run, and its reason keeps what happened ("... (the one before: unexpected_error: ...)").
-            entry.last_error = f"unexpected_error: {exception_text(exc)}"
+            # run, and its reason keeps what happened ("attempts_exhausted: unexpected_error on attempt 3: ...").
+            entry.last_error = f"{UNEXPECTED_ERROR} on attempt {entry.attempts}: {exception_text(exc)}"
             with contextlib.suppress(StorageError):
                 manifest.record(self.store, n)
             raise

@@ -95,7 +95,9 @@ def extract_snapshot(
     letter, to see), but counts as parsed on its page: not in the rejected share, not a page
     without products for the layout guard. Pages that disagree on the listing's results
     count or page count set ``listing_moved`` (see :class:`ParsedSnapshot`); a listing that
-    shows neither cannot be checked this way.
+    shows neither cannot be checked this way. Results counts are left out of that comparison
+    when a page shows one below its own number of cards: the spec's ``results_count`` then
+    reads a position ("Showing 13-24 of 32" read as 13), not the listing's total.
 
     Args:
         fetch_base_url: the base the pages were fetched from; product URLs on it are
@@ -109,6 +111,7 @@ def extract_snapshot(
     out = ParsedSnapshot(category=manifest.category, snapshot_id=manifest.snapshot_id)
     seen: dict[str, int] = {}  # product_id -> the page it was first listed on
     sizes: dict[str, dict[int, int]] = {"results": {}, "pages": {}}  # what each page says the listing holds
+    counts_ok = True  # the results counts read are totals (see below)
     for n, entry in sorted(manifest.pages.items()):
         if entry.status != "done":
             continue
@@ -151,6 +154,8 @@ def extract_snapshot(
                                 **({"product_id": reject.product_id} if reject.product_id else {})})
         if page.pager.results_count is not None:
             sizes["results"][n] = page.pager.results_count
+            if page.pager.results_count < page.cards_found:  # "Showing 13-24 of 32" read as 13: no total
+                counts_ok = False
         if page.pager.total_pages is not None:
             sizes["pages"][n] = page.pager.total_pages
         claims = page.pager.total_pages is not None or bool(page.pager.results_count)
@@ -167,6 +172,8 @@ def extract_snapshot(
                 "listing_recognised": recognised,
             }
         )
+    if not counts_ok:  # a position on the page, not the listing's total: no measure of its size
+        sizes["results"] = {}
     out.listing_moved = _listing_moved(sizes)
     return out
 
@@ -249,6 +256,9 @@ class ParseState:
     #: the spec's validation.max_rejected_share the verdict was given under (None in a state
     #: written before the field): another share validates the saved rows again
     max_rejected_share: float | None = None
+    #: how the parsed pages disagree on the listing's size (ParsedSnapshot.listing_moved), so
+    #: a run that reuses the rows still says so; None when they agree (or written before the field)
+    listing_moved: str | None = None
 
 
 _PARSE_STATE_FIELDS = frozenset(f.name for f in fields(ParseState))

@@ -74,8 +74,8 @@ class PartitionParse:
             when every page of the snapshot was fetched; None otherwise, when the spec
             names no results count, or when the listing moved.
         listing_moved: how the parsed pages disagree about the listing's size (see
-            :attr:`~scrape_assets.extract.ParsedSnapshot.listing_moved`); None when they
-            agree or nothing was parsed.
+            :attr:`~scrape_assets.extract.ParsedSnapshot.listing_moved`; for rows reused
+            unchanged, as their parse recorded it); None when they agree.
     """
 
     category: str
@@ -266,7 +266,8 @@ def _reuse(store: ObjectStore, spec: SiteSpec, category: str, manifest: Manifest
     if not figures["validated_again"]:
         save_parse_state(store, spec.name, category, replace(state, **_standing_for(manifest)))
         return PartitionParse(category, figures, None,
-                              f"{category}: unchanged since snapshot {state.snapshot_id}: 0 pages re-parsed")
+                              f"{category}: unchanged since snapshot {state.snapshot_id}: 0 pages re-parsed",
+                              listing_moved=state.listing_moved)
     parsed, _ = load_current(store, spec.name, category)
     report = _validate(parsed, spec)
     save_parse_state(store, spec.name, category,
@@ -279,7 +280,7 @@ def _reuse(store: ObjectStore, spec: SiteSpec, category: str, manifest: Manifest
     return PartitionParse(category, figures, report, (
         f"{category}: unchanged since snapshot {state.snapshot_id}: 0 pages re-parsed; its "
         f"{counted(state.products, 'product')} and {counted(state.rejects, 'rejected card')} validated again{why} "
-        f"(schema {'passed' if report.passed else 'FAILED'})"))
+        f"(schema {'passed' if report.passed else 'FAILED'})"), listing_moved=state.listing_moved)
 
 
 def _save(store: ObjectStore, spec: SiteSpec, category: str, manifest: Manifest, version: str,
@@ -294,7 +295,7 @@ def _save(store: ObjectStore, spec: SiteSpec, category: str, manifest: Manifest,
         store, spec.name, category,
         ParseState(snapshot_id=encoded.snapshot_id, input_version=version, **_standing_for(manifest),
                    validated=encoded.report.passed, products=encoded.products, rejects=encoded.rejects,
-                   max_rejected_share=spec.validation.max_rejected_share),
+                   max_rejected_share=spec.validation.max_rejected_share, listing_moved=encoded.listing_moved),
     )
     figures = {"snapshot_id": manifest.snapshot_id, "parsed_snapshot_id": encoded.snapshot_id,
                "pages_parsed": encoded.pages, "products": encoded.products, "rejects": encoded.rejects,

@@ -519,8 +519,9 @@ def test_the_summary_counts_rows_carried_forward_from_pages_that_failed(tmp_path
     assert wh.carried_forward() == {"mystery": (1, day0), "travel": (2, day1)}
     wh.close()
     assert ("  carried forward 3 of those rows were not seen in the latest snapshot (a page of their category failed, "
-            f"or their card was rejected; the oldest parsed from a body fetched {day0}, later 304s not counted): "
-            "mystery (1), travel (2); the pages and cards are in `dead_letters`") in _demo_summary(tmp_path, url)
+            "their card was rejected, or its listing changed while it was crawled; the oldest parsed from a body "
+            f"fetched {day0}, later 304s not counted): mystery (1), travel (2); failed pages and rejected cards are in "
+            "`dead_letters`") in _demo_summary(tmp_path, url)
 
 
 def test_this_runs_loaded_line_counts_only_rows_this_runs_loads_kept():
@@ -538,13 +539,19 @@ def test_this_runs_loaded_line_counts_only_rows_this_runs_loads_kept():
            "partitions_unchanged": 10, "rows_loaded": 94, "rows_carried_forward": 0, "dead_letters": 1}
     for carried, expected in ((0, "  loaded          94 rows (re)loaded"),
                               (1, "  loaded          94 rows (re)loaded, and 1 earlier row kept in those categories "
-                                  "for pages that failed or cards rejected"),
+                                  "for pages that failed, cards rejected or a listing that moved"),
                               (20, "  loaded          94 rows (re)loaded, and 20 earlier rows kept in those "
-                                   "categories for pages that failed or cards rejected")):
+                                   "categories for pages that failed, cards rejected or a listing that moved")):
         out = io.StringIO()
         print_summary(summary, {**run, "rows_carried_forward": carried}, out=out)
         assert expected in out.getvalue().splitlines()
         assert "  carried forward 20 of those rows" in out.getvalue()
+    out = io.StringIO()  # a listing that moved during the crawl: said in the run's lines
+    print_summary(summary, {**run, "categories_listing_moved": {"travel": "page 1 says 40 results, page 2 says 60"}},
+                  out=out)
+    assert ("  listing moved   while its pages were fetched in 1 category: travel (page 1 says 40 results, page 2 "
+            "says 60) (earlier rows of products not seen are kept; the next snapshot settles it)") \
+        in out.getvalue().splitlines()
 
 
 def test_serve_demo_refuses_a_bad_port_date_or_busy_address_in_one_line(monkeypatch, capsys):
@@ -597,6 +604,9 @@ def test_the_ui_hint_names_the_instance_the_runs_went_to(tmp_path, monkeypatch):
     assert ui_command(env) == ("SCRAPE_USER_AGENT='shopbot/1.0 (+mailto:ops@example.com)' SCRAPE_MAX_ATTEMPTS=5 "
                                "SCRAPE_DEMO_DATE=2026-12-08 make ui")
     assert ui_exports(env) == ["SCRAPE_STORAGE_URL", "SCRAPE_PROXY_URL", "SCRAPE_ALERT_WEBHOOK_URL"]
+    # As set: a User-Agent with a trailing space is what the run recorded, and a resume compares it whole.
+    assert ui_command({"SCRAPE_USER_AGENT": "bot/1.0 (+ops@x.example) "}) == (
+        "SCRAPE_USER_AGENT='bot/1.0 (+ops@x.example) ' make ui")
     # Elsewhere: the data folder of that folder (./data by default) is not the clone's.
     monkeypatch.chdir(tmp_path)
     spec = tmp_path / "shop.yaml"

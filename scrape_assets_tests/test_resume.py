@@ -757,7 +757,7 @@ def test_an_error_of_ours_during_an_attempt_fails_the_step_and_the_dead_letter_k
     at once, and the page records what happened. Its attempt still counts, as a crash's does,
     so a page that makes this happen every time becomes a dead letter after max_attempts runs
     (step retries) instead of failing every run, and the dead letter says why (before:
-    "attempts_exhausted: interrupted on the last attempt", the error lost)."""
+    "attempts_exhausted: interrupted on the last attempt", the error lost; it was not interrupted)."""
     import asyncio
     import logging
 
@@ -786,9 +786,8 @@ def test_an_error_of_ours_during_an_attempt_fails_the_step_and_the_dead_letter_k
             crawl()
         entry = latest_manifest(store, "demo", "travel").pages[1]
         assert (entry.status, entry.attempts, entry.last_error) == (
-            "pending", attempt, "unexpected_error: OverflowError: date value out of range")
+            "pending", attempt, f"unexpected_error on attempt {attempt}: OverflowError: date value out of range")
     [report] = crawl()  # the next run: its last allowed attempt was used
     entry = latest_manifest(store, "demo", "travel").pages[1]
     assert (report.pages_failed, entry.status, entry.last_error) == (1, "failed", (
-        "attempts_exhausted: interrupted on the last attempt (the one before: unexpected_error: OverflowError: "
-        "date value out of range)"))
+        "attempts_exhausted: unexpected_error on attempt 3: OverflowError: date value out of range"))

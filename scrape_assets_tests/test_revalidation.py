@@ -722,6 +722,41 @@ def test_a_listing_that_grew_while_its_pages_were_fetched_keeps_the_rows_it_push
     assert count.metadata["listing_moved"].value == {
         "travel": "page 1 says 40 results, page 2 says 60; page 1 says 2 pages, page 2 says 3"}
     assert _check(result, "products_table_matches_parsed").passed
+    from scrape_assets.cli import run_figures
+
+    assert run_figures(result)["categories_listing_moved"] == count.metadata["listing_moved"].value  # make demo's line
+    if day_two == "grows during the crawl":
+        # parsed_products again (a re-execution, a launch from the UI): the rows are reused, and
+        # the check still says the listing moved (the parse state keeps it), page 1's count no yardstick.
+        again = materialize(instance, runs.resources, ["travel"], selection=["parsed_products"])
+        assert run_metadata(again)["parsed_products"]["pages_parsed"] == 0
+        count = _check(again, "parsed_products_match_site_count")
+        assert not count.passed and count.metadata["listing_moved"].value == {
+            "travel": "page 1 says 40 results, page 2 says 60; page 1 says 2 pages, page 2 says 3"}
+
+
+def test_a_results_count_that_is_a_position_on_the_page_is_no_measure_of_the_listing(tmp_path, instance):
+    """A spec whose results_count reads "Showing 21-40 of 40" as 21: page 1 says 1, page 2 says
+    21. Below the page's own 20 cards, that is no total: the pages are not taken to disagree,
+    and a book that left the listing is dropped as usual (not carried forward every day)."""
+    def page(n: int, ids: list[int]) -> bytes:
+        cards = "".join(card(i, f"Book {i}", f"£{i}.00") for i in ids)
+        following = f'<li class="next"><a href="page-{n + 1}.html">next</a></li>' if n < 2 else ""
+        return (f'<html><body><form class="form-horizontal">Showing <strong>{(n - 1) * 20 + 1}</strong>-{n * 20} of '
+                f'40</form><ol>{cards}</ol><ul class="pager"><li class="current">Page {n} of 2</li>{following}</ul>'
+                "</body></html>").encode()
+
+    site = Site()
+    site.routes["/cat/index.html"] = compliant(page(1, [*range(1, 21)]), etag='"1"')
+    site.routes["/cat/page-2.html"] = compliant(page(2, [*range(21, 41)]), etag='"2"')
+    with serve(site) as base:
+        runs = Runs(instance, tmp_path, base)
+        runs.run()
+        site.routes["/cat/page-2.html"] = compliant(page(2, [*range(21, 40), 41]), etag='"2b"')
+        result = materialize(instance, runs.resources, ["travel"])
+    assert sorted(int(pid) for pid, _t, _p in runs.products()) == [*range(1, 40), 41]
+    assert run_metadata(result)["products_table"]["rows_carried_forward"] == 0
+    assert _check(result, "parsed_products_match_site_count").metadata["listing_moved"].value == {}
 
 
 def test_pages_that_agree_on_the_listings_size_drop_a_product_that_left(tmp_path, instance):

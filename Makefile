@@ -62,8 +62,8 @@ $(error UI_PORT=$(UI_PORT) is not a port number: give digits, e.g. make ui UI_PO
 endif
 endif
 ui: $(VENV)/.installed $(DAGSTER_HOME)/dagster.yaml
-	$(BIN)/scrape-assets port-check $(ui_port)
 	$(if $(filter-out 0,$(strip $(UI_FORCE))),,$(BIN)/scrape-assets daemon-check)
+	$(BIN)/scrape-assets port-check $(ui_port)
 	$(BIN)/dagster dev -w workspace.yaml -p $(ui_port)
 
 ## make serve-demo: the demo catalogue over real sockets on 127.0.0.1:8000 (DEMO_PORT=8001 for another port)

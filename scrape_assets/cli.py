@@ -452,8 +452,11 @@ def ui_command(env: Mapping[str, str]) -> str:
         parts.append(f"SCRAPE_DATA_DIR={shlex.quote(str(data))}")
     if (base := env.get("SCRAPE_BASE_URL")) and _shown_whole(base):  # else named by ui_exports, not printed
         parts.append(f"SCRAPE_BASE_URL={shlex.quote(base)}")
-    # as set (a User-Agent with a trailing space is recorded so, and a resume compares it whole)
-    parts.extend(f"{name}={shlex.quote(env[name])}" for name in UI_CARRIED if env.get(name, "").strip())
+    # The User-Agent as set (one with a trailing space is recorded so, and a resume compares it
+    # whole); the others as the settings read them, stripped (a \r of a CRLF .env file would
+    # garble the printed line).
+    parts.extend(f"{name}={shlex.quote(env[name] if name == 'SCRAPE_USER_AGENT' else value)}"
+                 for name in UI_CARRIED if (value := env.get(name, "").strip()))
     parts.append("make ui")
     if (home := _ui_home(env)) != _CLONE / ".dagster_home":
         parts.append(f"DAGSTER_HOME={shlex.quote(str(home))}")
@@ -542,6 +545,7 @@ def run_port_check(port: int, host: str = "127.0.0.1") -> int:
     for 40 s. The bind is tried as the webserver does (``SO_REUSEADDR``: a port left in
     TIME_WAIT by a stopped UI is free).
     """
+    import errno
     import socket
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -549,9 +553,14 @@ def run_port_check(port: int, host: str = "127.0.0.1") -> int:
         try:
             probe.bind((host, port))
         except OSError as exc:
-            print(f"scrape-assets: cannot serve the UI on {host}:{port}: {exc.strerror or exc} (another program, or "
-                  f"another `make ui`, listens there): `make ui UI_PORT={port + 1 if port < 65535 else 3001}` serves "
-                  "it on another port", file=sys.stderr)
+            if exc.errno == errno.EADDRINUSE:
+                why, other = "another program, or another `make ui`, listens there", port + 1 if port < 65535 else 3001
+            elif exc.errno == errno.EACCES and port < 1024:
+                why, other = "a port below 1024 needs privileges", 3000
+            else:
+                why, other = "not a port this process may serve on", 3000 if port != 3000 else 3001
+            print(f"scrape-assets: cannot serve the UI on {host}:{port}: {exc.strerror or exc} ({why}): "
+                  f"`make ui UI_PORT={other}` serves it on another port", file=sys.stderr)
             return 1
     return 0
 

@@ -96,8 +96,8 @@ def extract_snapshot(
     without products for the layout guard. Pages that disagree on the listing's results
     count or page count set ``listing_moved`` (see :class:`ParsedSnapshot`); a listing that
     shows neither cannot be checked this way. Results counts are left out of that comparison
-    when a page shows one below its own number of cards: the spec's ``results_count`` then
-    reads a position ("Showing 13-24 of 32" read as 13), not the listing's total.
+    when one cannot be the listing's total (:func:`_are_totals`): the spec's
+    ``results_count`` then reads a figure of the page ("Showing 13-24 of 32" read as 13).
 
     Args:
         fetch_base_url: the base the pages were fetched from; product URLs on it are
@@ -111,7 +111,7 @@ def extract_snapshot(
     out = ParsedSnapshot(category=manifest.category, snapshot_id=manifest.snapshot_id)
     seen: dict[str, int] = {}  # product_id -> the page it was first listed on
     sizes: dict[str, dict[int, int]] = {"results": {}, "pages": {}}  # what each page says the listing holds
-    counts_ok = True  # the results counts read are totals (see below)
+    cards: dict[int, int] = {}  # page number -> cards found on it
     for n, entry in sorted(manifest.pages.items()):
         if entry.status != "done":
             continue
@@ -154,8 +154,7 @@ def extract_snapshot(
                                 **({"product_id": reject.product_id} if reject.product_id else {})})
         if page.pager.results_count is not None:
             sizes["results"][n] = page.pager.results_count
-            if page.pager.results_count < page.cards_found:  # "Showing 13-24 of 32" read as 13: no total
-                counts_ok = False
+        cards[n] = page.cards_found
         if page.pager.total_pages is not None:
             sizes["pages"][n] = page.pager.total_pages
         claims = page.pager.total_pages is not None or bool(page.pager.results_count)
@@ -172,10 +171,22 @@ def extract_snapshot(
                 "listing_recognised": recognised,
             }
         )
-    if not counts_ok:  # a position on the page, not the listing's total: no measure of its size
+    if not _are_totals(sizes["results"], cards):  # a figure of the page, not the listing's total
         sizes["results"] = {}
     out.listing_moved = _listing_moved(sizes)
     return out
+
+
+def _are_totals(counts: dict[int, int], cards: dict[int, int]) -> bool:
+    """Whether the results counts read on each page (``{page number: count}``) can be the
+    listing's total: on page n, at least the cards before it (page 1's count of cards on each
+    earlier page) plus its own. A page figure fails that: "Showing 13-24 of 32" read as 13 on
+    page 2 of 12 cards a page (below 24), or "Showing 20 of 35" read as 20 and then 15 (below
+    35). A listing that grew or shrank between the fetches still passes: each page's count is
+    the total when it was fetched, and its cards sat at those positions. Without page 1, only
+    each page's own cards bound its count."""
+    per_page = cards.get(1, 0)
+    return all(count >= (n - 1) * per_page + cards.get(n, 0) for n, count in counts.items())
 
 
 def _listing_moved(sizes: dict[str, dict[int, int]]) -> str | None:

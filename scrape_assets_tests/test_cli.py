@@ -605,8 +605,9 @@ def test_the_ui_hint_names_the_instance_the_runs_went_to(tmp_path, monkeypatch):
                                "SCRAPE_DEMO_DATE=2026-12-08 make ui")
     assert ui_exports(env) == ["SCRAPE_STORAGE_URL", "SCRAPE_PROXY_URL", "SCRAPE_ALERT_WEBHOOK_URL"]
     # As set: a User-Agent with a trailing space is what the run recorded, and a resume compares it whole.
-    assert ui_command({"SCRAPE_USER_AGENT": "bot/1.0 (+ops@x.example) "}) == (
-        "SCRAPE_USER_AGENT='bot/1.0 (+ops@x.example) ' make ui")
+    # The others stripped, as the settings read them (a \r left by a CRLF .env file would garble the line).
+    assert ui_command({"SCRAPE_USER_AGENT": "bot/1.0 (+ops@x.example) ", "SCRAPE_MAX_ATTEMPTS": "4\r"}) == (
+        "SCRAPE_USER_AGENT='bot/1.0 (+ops@x.example) ' SCRAPE_MAX_ATTEMPTS=4 make ui")
     # Elsewhere: the data folder of that folder (./data by default) is not the clone's.
     monkeypatch.chdir(tmp_path)
     spec = tmp_path / "shop.yaml"
@@ -1010,15 +1011,17 @@ def test_make_ui_checks_for_a_daemon_first_unless_told_not_to():
         assert done.returncode == 0, done.stderr
         return [line for line in done.stdout.splitlines() if "-check" in line or "dagster dev" in line]
 
-    assert planned() == [".venv/bin/scrape-assets port-check 3000", ".venv/bin/scrape-assets daemon-check",
+    # The daemon first: a port taken by a `make ui` already open on the instance gets its advice
+    # (open that UI), not "try UI_PORT=3001" which the daemon check would then refuse.
+    assert planned() == [".venv/bin/scrape-assets daemon-check", ".venv/bin/scrape-assets port-check 3000",
                          ".venv/bin/dagster dev -w workspace.yaml -p 3000"]
     assert planned("UI_FORCE=1") == [".venv/bin/scrape-assets port-check 3000",
                                      ".venv/bin/dagster dev -w workspace.yaml -p 3000"]
-    assert planned("UI_FORCE=0")[1] == ".venv/bin/scrape-assets daemon-check"
-    assert planned("UI_PORT=3001")[0] == ".venv/bin/scrape-assets port-check 3001"
+    assert planned("UI_FORCE=0")[0] == ".venv/bin/scrape-assets daemon-check"
+    assert planned("UI_PORT=3001")[1] == ".venv/bin/scrape-assets port-check 3001"
 
 
-def test_port_check_refuses_a_port_another_program_listens_on(capsys):
+def test_port_check_refuses_a_port_another_program_listens_on(capsys, monkeypatch):
     """`dagster dev` on a taken port said it served there, then failed to bind, leaving its
     daemon running (the next `make ui` refused for 40 s): make ui now asks first."""
     import socket
@@ -1034,6 +1037,19 @@ def test_port_check_refuses_a_port_another_program_listens_on(capsys):
             f"scrape-assets: cannot serve the UI on 127.0.0.1:{port}: Address already in use (another program, or "
             f"another `make ui`, listens there): `make ui UI_PORT={port + 1}` serves it on another port\n")
     assert main(["port-check", str(port)]) == 0  # free again
+    # Another refusal is not "someone listens there": a port below 1024 without the privilege.
+    import errno
+
+    from scrape_assets import cli
+
+    class Refused(socket.socket):
+        def bind(self, address):
+            raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(socket, "socket", Refused)
+    assert cli.run_port_check(80) == 1
+    assert capsys.readouterr().err == ("scrape-assets: cannot serve the UI on 127.0.0.1:80: Permission denied (a port "
+                                       "below 1024 needs privileges): `make ui UI_PORT=3000` serves it on another port\n")
 
 
 def test_make_refuses_a_python_older_than_3_11_before_making_the_venv(tmp_path):

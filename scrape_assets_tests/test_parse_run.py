@@ -243,6 +243,24 @@ def test_pages_disagreeing_on_the_listings_size_say_how(sizes, expected):
     assert _listing_moved(sizes) == expected
 
 
+@pytest.mark.parametrize(
+    ("counts", "cards", "totals"),
+    [
+        ({1: 35, 2: 35}, {1: 20, 2: 15}, True),
+        ({1: 40, 2: 60}, {1: 20, 2: 20}, True),  # grew between the fetches: each the total of its time
+        ({1: 60, 3: 41}, {1: 20, 2: 20, 3: 1}, True),  # shrank: page 3's one card sits at 41
+        ({1: 1, 2: 13}, {1: 12, 2: 12}, False),  # "Showing 1-12 of 32" read as 1, then 13
+        ({1: 20, 2: 15}, {1: 20, 2: 15}, False),  # "Showing 20 of 35" read as 20, then 15
+        ({2: 15}, {2: 15}, True),  # no page 1: only the page's own cards bound it
+        ({}, {1: 20}, True),
+    ],
+)
+def test_a_results_count_that_cannot_be_the_listings_total_is_a_figure_of_the_page(counts, cards, totals):
+    from scrape_assets.extract import _are_totals
+
+    assert _are_totals(counts, cards) is totals
+
+
 def test_parsed_json_keeps_a_moved_listing_and_reads_an_older_file_as_unmoved(crawled, tmp_path):
     from scrape_assets.extract import encode_parsed, load_current, load_parsed, save_parsed
     from scrape_assets.manifest import load_manifest

@@ -278,7 +278,7 @@ def load_settings(env: dict | None = None) -> Settings:
         proxy_set=bool(proxy),
         storage_url_set=bool(storage_url),
         warehouse_url_set=bool(env.get("SCRAPE_WAREHOUSE_URL")),
-        schedule_cron=cron,
+        schedule_cron=cron.strip(),  # as checked: a \r of a CRLF .env file is not the schedule's
         user_agent=user_agent,
         lock_wait_s=_number(env, "SCRAPE_LOCK_WAIT_S", float, 0, maximum=MAX_LOCK_WAIT_S) or 0.0,
         resume_max_age_h=DEFAULT_RESUME_MAX_AGE_H if resume_max_age_h is None else resume_max_age_h,

@@ -481,6 +481,8 @@ def test_a_schedule_cron_has_exactly_five_fields():
         with pytest.raises(SettingsError, match=r"expected a cron expression with 5 fields"):
             load_settings({"SCRAPE_SCHEDULE_CRON": bad})
     assert load_settings({"SCRAPE_SCHEDULE_CRON": "30 4 * * 1-5"}).schedule_cron == "30 4 * * 1-5"
+    # checked stripped, kept stripped: a \r left by a CRLF .env file does not reach the schedule
+    assert load_settings({"SCRAPE_SCHEDULE_CRON": " 30 4 * * 1-5\r"}).schedule_cron == "30 4 * * 1-5"
 
 
 def test_file_in_the_way_names_the_file_blocking_a_folder(tmp_path):

@@ -96,8 +96,8 @@ def extract_snapshot(
     without products for the layout guard. Pages that disagree on the listing's results
     count or page count set ``listing_moved`` (see :class:`ParsedSnapshot`); a listing that
     shows neither cannot be checked this way. Results counts are left out of that comparison
-    when one cannot be the listing's total (:func:`_are_totals`): the spec's
-    ``results_count`` then reads a figure of the page ("Showing 13-24 of 32" read as 13).
+    when they are figures of each page (:func:`_page_figures`): the spec's ``results_count``
+    then reads "Showing 13-24 of 32" as 13, not the listing's total.
 
     Args:
         fetch_base_url: the base the pages were fetched from; product URLs on it are
@@ -171,22 +171,27 @@ def extract_snapshot(
                 "listing_recognised": recognised,
             }
         )
-    if not _are_totals(sizes["results"], cards):  # a figure of the page, not the listing's total
+    if _page_figures(sizes["results"], cards):  # not the listing's total
         sizes["results"] = {}
     out.listing_moved = _listing_moved(sizes)
     return out
 
 
-def _are_totals(counts: dict[int, int], cards: dict[int, int]) -> bool:
-    """Whether the results counts read on each page (``{page number: count}``) can be the
-    listing's total: on page n, at least the cards before it (page 1's count of cards on each
-    earlier page) plus its own. A page figure fails that: "Showing 13-24 of 32" read as 13 on
-    page 2 of 12 cards a page (below 24), or "Showing 20 of 35" read as 20 and then 15 (below
-    35). A listing that grew or shrank between the fetches still passes: each page's count is
-    the total when it was fetched, and its cards sat at those positions. Without page 1, only
-    each page's own cards bound its count."""
-    per_page = cards.get(1, 0)
-    return all(count >= (n - 1) * per_page + cards.get(n, 0) for n, count in counts.items())
+def _page_figures(counts: dict[int, int], cards: dict[int, int]) -> bool:
+    """Whether the results counts read on each page (``{page number: count}``) are figures of
+    the page rather than the listing's total: they differ, and every one is the page's own
+    number of cards, or its first or last position (page 1's cards a page), as a spec reading
+    "Showing 20 of 35", "Showing 21-40 of 45" or "Showing 40 of 45" takes the first number.
+    Only such evidence drops them: counts that differ otherwise are totals that changed while
+    the pages were fetched (a card repeated on every page, or featured on page 1, does not
+    hide a change)."""
+    if len(set(counts.values())) < 2:
+        return False
+    per_page = cards.get(1)
+    shapes = [lambda n: cards.get(n)]
+    if per_page:  # positions need page 1's size
+        shapes += [lambda n: (n - 1) * per_page + 1, lambda n: (n - 1) * per_page + cards.get(n, 0)]
+    return any(all(count == shape(n) for n, count in counts.items()) for shape in shapes)
 
 
 def _listing_moved(sizes: dict[str, dict[int, int]]) -> str | None:

@@ -244,21 +244,24 @@ def test_pages_disagreeing_on_the_listings_size_say_how(sizes, expected):
 
 
 @pytest.mark.parametrize(
-    ("counts", "cards", "totals"),
+    ("counts", "cards", "figures"),
     [
-        ({1: 35, 2: 35}, {1: 20, 2: 15}, True),
-        ({1: 40, 2: 60}, {1: 20, 2: 20}, True),  # grew between the fetches: each the total of its time
-        ({1: 60, 3: 41}, {1: 20, 2: 20, 3: 1}, True),  # shrank: page 3's one card sits at 41
-        ({1: 1, 2: 13}, {1: 12, 2: 12}, False),  # "Showing 1-12 of 32" read as 1, then 13
-        ({1: 20, 2: 15}, {1: 20, 2: 15}, False),  # "Showing 20 of 35" read as 20, then 15
-        ({2: 15}, {2: 15}, True),  # no page 1: only the page's own cards bound it
-        ({}, {1: 20}, True),
+        ({1: 35, 2: 35}, {1: 20, 2: 15}, False),  # the same total on every page
+        ({1: 40, 2: 60}, {1: 20, 2: 20}, False),  # grew between the fetches: totals that changed
+        ({1: 60, 3: 41}, {1: 20, 2: 20, 3: 1}, False),  # shrank
+        ({1: 60, 2: 55, 3: 55}, {1: 21, 2: 21, 3: 14}, False),  # shrank, a card repeated on every page
+        ({1: 60, 2: 55}, {1: 22, 2: 20}, False),  # shrank, two cards featured on page 1
+        ({1: 1, 2: 13}, {1: 12, 2: 12}, True),  # "Showing 1-12 of 32" read as 1, then 13
+        ({1: 20, 2: 15}, {1: 20, 2: 15}, True),  # "Showing 20 of 35" read as 20, then 15
+        ({1: 20, 2: 40, 3: 45}, {1: 20, 2: 20, 3: 5}, True),  # "Showing 40 of 45" read as 40
+        ({2: 20, 3: 5}, {2: 20, 3: 5}, True),  # no page 1: its own cards still tell
+        ({}, {1: 20}, False),
     ],
 )
-def test_a_results_count_that_cannot_be_the_listings_total_is_a_figure_of_the_page(counts, cards, totals):
-    from scrape_assets.extract import _are_totals
+def test_results_counts_that_are_figures_of_each_page_are_not_compared(counts, cards, figures):
+    from scrape_assets.extract import _page_figures
 
-    assert _are_totals(counts, cards) is totals
+    assert _page_figures(counts, cards) is figures
 
 
 def test_parsed_json_keeps_a_moved_listing_and_reads_an_older_file_as_unmoved(crawled, tmp_path):

@@ -111,7 +111,6 @@ def extract_snapshot(
     out = ParsedSnapshot(category=manifest.category, snapshot_id=manifest.snapshot_id)
     seen: dict[str, int] = {}  # product_id -> the page it was first listed on
     sizes: dict[str, dict[int, int]] = {"results": {}, "pages": {}}  # what each page says the listing holds
-    cards: dict[int, int] = {}  # page number -> cards found on it
     for n, entry in sorted(manifest.pages.items()):
         if entry.status != "done":
             continue
@@ -154,7 +153,6 @@ def extract_snapshot(
                                 **({"product_id": reject.product_id} if reject.product_id else {})})
         if page.pager.results_count is not None:
             sizes["results"][n] = page.pager.results_count
-        cards[n] = page.cards_found
         if page.pager.total_pages is not None:
             sizes["pages"][n] = page.pager.total_pages
         claims = page.pager.total_pages is not None or bool(page.pager.results_count)
@@ -171,6 +169,7 @@ def extract_snapshot(
                 "listing_recognised": recognised,
             }
         )
+    cards = {row["page_number"]: row["cards_found"] for row in out.pages}
     if _page_figures(sizes["results"], cards):  # not the listing's total
         sizes["results"] = {}
     out.listing_moved = _listing_moved(sizes)

@@ -51,6 +51,7 @@ import idna
 from aiolimiter import AsyncLimiter
 from protego import Protego
 
+from scrape_assets.errors import exception_text
 from scrape_assets.hostnames import url_host_problem
 from scrape_assets.retry import backoff_delay_s, classify_exception, classify_status, parse_retry_after
 
@@ -312,7 +313,7 @@ class RobotsCache:
             return _RobotsFile("unreachable", robots_url, f"robots.txt redirected to a host that is no IDNA 2008 name"
                                                           f" ({exc})"), None
         except (httpx.RequestError, TimeoutError, asyncio.TimeoutError) as exc:
-            what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            what = exception_text(exc, limit=10_000)
             # Retried as a page's request would be (a URL we cannot send is not: unsupported_url...).
             try:
                 retry = classify_exception(exc, headers_received=False)[0] == "retry"

@@ -10,7 +10,8 @@ Outcomes of :meth:`PageFetcher.fetch`::
     200, 203, 304                         FetchedPage
     other 2xx (202, 204, 206...), a 200   retried with backoff, then TransientFetchError
     with an empty body                    "http_<status>" / "empty_body" (no page in it)
-    a compression not asked for (br...)   PermanentFetchError "unsupported_content_encoding"
+    a compression not asked for (zstd...) PermanentFetchError "unsupported_content_encoding"
+    a transfer coding but chunked         PermanentFetchError "unsupported_transfer_encoding"
     robots.txt forbids / is unreachable   PermanentFetchError "robots_disallowed" / "robots_unreachable"
     (after max_attempts requests for it)
     other 4xx                             PermanentFetchError "http_<status>", no retry
@@ -19,8 +20,8 @@ Outcomes of :meth:`PageFetcher.fetch`::
     more than max_redirects redirects     PermanentFetchError "too_many_redirects"
     body larger than max_body_bytes       PermanentFetchError "body_too_large"
     5xx, 408, 429, timeout, connection    retried with backoff; once max_attempts are used:
-    error, short/reset body               TransientFetchError "http_<status>", "timeout",
-                                          "connection_error", "incomplete_body"
+    error, short/reset body, a compressed TransientFetchError "http_<status>", "timeout",
+    stream cut short or corrupt           "connection_error", "incomplete_body", "decoding_error"
 
 A 429 or 503 with ``Retry-After`` also pauses the whole host (every new request of the run
 to it, robots.txt included) for that long, capped at ``retry_after_max_s``: a 429 (RFC
@@ -42,7 +43,6 @@ import http.cookiejar
 import logging
 import random
 import time
-import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -52,6 +52,7 @@ from typing import Any
 import httpx
 import idna
 
+from scrape_assets.content_coding import ACCEPT_ENCODING, COMPRESSIONS, DECODED, BodyTooLarge, codings, decode_body
 from scrape_assets.errors import FetchError, PermanentFetchError, TransientFetchError, exception_text
 from scrape_assets.hostnames import DEFAULT_PORTS, url_host_problem
 from scrape_assets.http_transport import AiohttpTransport
@@ -204,7 +205,7 @@ def build_client(
         ValueError: ``proxy_url`` is not an ``http://[user:pass@]host:port`` URL (the message
             names the rule broken, not the value).
     """
-    return httpx.AsyncClient(
+    client = httpx.AsyncClient(
         headers={"User-Agent": policy.user_agent},
         cookies=http.cookiejar.CookieJar(policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[])),
         timeout=httpx.Timeout(policy.timeout_s),
@@ -213,52 +214,12 @@ def build_client(
         transport=AiohttpTransport(max_connections=policy.max_concurrency + 2, proxy=proxy_url),
         mounts=mounts,
     )
+    # the codings decode_body reads, not httpx's choice (zstd when zstandard is installed); set
+    # in place, so the headers keep httpx's order
+    client.headers["Accept-Encoding"] = ACCEPT_ENCODING
+    return client
 
 
-async def _gzip_decoded(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
-    """The body of a ``Content-Encoding: gzip`` (or ``x-gzip``, RFC 9110 §8.4.1.3) response
-    decompressed. Not httpx's decoder: it has none for ``x-gzip`` (it passes such a body on
-    compressed), and for ``gzip`` it accepts a stream cut short and reads only its first member.
-
-    Every member of a multi-member stream is read (RFC 1952 §2.2); bytes after the last one
-    that start no member are ignored, as gzip(1) ignores them. At most ``limit + 1`` bytes
-    come out, however small the input (the caller refuses a body above ``limit``: no gzip
-    bomb is expanded in memory).
-
-    Raises:
-        httpx.DecodingError: the bytes are not gzip, or the stream stops before its end (a
-            body cut short inside a complete HTTP message), as httpx's gzip errors are.
-    """
-    decompressor = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-    produced, held, received, ignoring = 0, b"", False, False
-    try:
-        async for chunk in chunks:
-            data, held = held + chunk, b""
-            received = received or bool(data)
-            while data and produced <= limit and not ignoring:
-                if decompressor.eof:  # a member ended: another may follow
-                    if len(data) < 2:
-                        held = data  # too short to tell
-                        break
-                    if not data.startswith(b"\x1f\x8b"):
-                        ignoring = True
-                        break
-                    decompressor = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-                out = decompressor.decompress(data, limit + 1 - produced)
-                produced += len(out)
-                if out:
-                    yield out
-                data = decompressor.unused_data if decompressor.eof else decompressor.unconsumed_tail
-        if produced <= limit and received and not decompressor.eof:
-            raise httpx.DecodingError("gzip body: the stream ends before its end (cut short?)")
-    except zlib.error as exc:
-        raise httpx.DecodingError(f"gzip body: {exc}") from exc
-
-
-#: Content codings that compress (IANA HTTP Content Coding Registry): a body in one the client
-#: did not offer cannot be read.
-_COMPRESSIONS = frozenset({"gzip", "x-gzip", "deflate", "br", "zstd", "compress", "x-compress", "dcb", "dcz", "exi",
-                           "pack200-gzip"})
 #: Statuses whose body is the page asked for (203: a proxy's transformed copy of a 200).
 _PAGE_STATUSES = frozenset({200, 203, 304})
 #: Statuses whose Retry-After pauses every request to the host (Too Many Requests, Service Unavailable).
@@ -664,15 +625,14 @@ class PageFetcher:
 
     def _unsupported_codings(self, content_encoding: str) -> list[str]:
         """The compressions in a ``Content-Encoding`` value that the client's ``Accept-Encoding``
-        did not offer (what httpx can decode: gzip, deflate, br with brotli...). A value that
-        names no compression (``identity``, or a server's nonsense such as ``UTF-8``) is
-        ignored, as httpx and aiohttp ignore it: the body is then what was sent."""
+        did not offer, or that :func:`~scrape_assets.content_coding.decode_body` does not
+        decode. A value that names no compression (``identity``, or a server's nonsense such as
+        ``UTF-8``) is ignored, as httpx and aiohttp ignore it: the body is then what was sent."""
         if not content_encoding:
             return []
         accepted = {c.split(";")[0].strip().lower() for c in self.client.headers.get("accept-encoding", "").split(",")}
         accepted |= {"x-gzip"} if "gzip" in accepted else set()  # x-gzip: RFC 9110 §8.4.1.3
-        codings = (c.strip().lower() for c in content_encoding.split(","))
-        return [c for c in codings if c in _COMPRESSIONS and c not in accepted]
+        return [c for c in codings(content_encoding) if c in COMPRESSIONS and not (c in accepted and c in DECODED)]
 
     @staticmethod
     def _redirect_target(url: str, current: httpx.URL, location: str, status: int, attempt: int) -> httpx.URL:
@@ -732,14 +692,17 @@ class PageFetcher:
             headers.update(request_headers)
             direct = await transport.get(target, headers, self.client.timeout.as_dict())
             try:
-                return await self._read(url, attempt, progress, direct.status, direct.headers,
-                                        self._body(direct.headers, direct.aiter_raw, direct.aiter_bytes))
+                return await self._read(url, attempt, progress, direct.status, direct.headers, direct.aiter_raw())
             finally:
                 direct.release()
         try:
             async with self.client.stream("GET", target, headers=request_headers, follow_redirects=False) as response:
+                if response.is_stream_consumed:  # a transport that answered with its content whole (the
+                    # in-process demo): httpx read and decoded it already, its raw bytes are gone
+                    return await self._read(url, attempt, progress, response.status_code, response.headers,
+                                            response.aiter_bytes(), decoded=True)
                 return await self._read(url, attempt, progress, response.status_code, response.headers,
-                                        self._body(response.headers, response.aiter_raw, response.aiter_bytes))
+                                        response.aiter_raw())
         except idna.IDNAError as exc:
             if progress.headers_received:
                 raise
@@ -750,39 +713,31 @@ class PageFetcher:
             raise PermanentFetchError(url, "invalid_redirect", f"a Location whose host is no IDNA 2008 name ({exc})",
                                       attempts=attempt) from exc
 
-    def _body(self, headers: httpx.Headers, raw: Callable[[], AsyncIterator[bytes]],
-              decoded: Callable[[], AsyncIterator[bytes]]) -> AsyncIterator[bytes]:
-        """The body's chunks, decoded: gzip or x-gzip alone by :func:`_gzip_decoded` (from the
-        raw bytes; at most ``max_body_bytes + 1`` of output), any other coding by httpx."""
-        if headers.get("content-encoding", "").strip().lower() in ("gzip", "x-gzip"):
-            return _gzip_decoded(raw(), self.policy.max_body_bytes)
-        return decoded()
-
     async def _read(
         self, url: str, attempt: int, progress: _Progress, status: int, response_headers: httpx.Headers,
-        body: AsyncIterator[bytes],
+        body: AsyncIterator[bytes], *, decoded: bool = False,
     ) -> tuple[int, dict[str, str], bytes]:
-        """The response's ``(status, headers, body)``; the body only of a success, within ``max_body_bytes``."""
+        """The response's ``(status, headers, body)``; the body only of a success, within
+        ``max_body_bytes``. ``body``: the bytes as sent, decoded here, unless ``decoded``."""
         progress.status = status
         progress.headers_received = True
         headers = {name.lower(): value for name, value in response_headers.items()}
         if status in REDIRECT_STATUSES or classify_status(status) != "ok":
             return status, headers, b""  # the body of a redirect or an error is not needed
         if status != 304 and (unsupported := self._unsupported_codings(headers.get("content-encoding", ""))):
-            # httpx passes a coding it has no decoder for through as it is: compressed bytes that
-            # would parse to no products (RFC 9110 §8.4: we never asked for it).
+            # a body in a coding we never offered cannot be read (RFC 9110 §8.4)
             raise PermanentFetchError(
                 url, "unsupported_content_encoding",
                 f"Content-Encoding {', '.join(unsupported)}; this client accepts "
                 f"{self.client.headers.get('accept-encoding', 'identity')}", http_status=status, attempts=attempt,
             )
         limit = self.policy.max_body_bytes
-        codings = [c.strip().lower() for c in headers.get("content-encoding", "").split(",")]
-        if status != 304 and "x-gzip" in codings and codings != ["x-gzip"]:
-            # httpx has no decoder by that name: it would pass it on, between the others it decodes
+        if status != 304 and any(c != "chunked" for c in codings(headers.get("transfer-encoding", ""))):
+            # aiohttp undoes chunked only: a transfer coding we never offered (no TE header sent,
+            # RFC 9112 §6.1) would leave its bytes in the body, saved as the page
             raise PermanentFetchError(
-                url, "unsupported_content_encoding",
-                f"Content-Encoding {headers['content-encoding']}: x-gzip is read alone only",
+                url, "unsupported_transfer_encoding",
+                f"Transfer-Encoding {headers['transfer-encoding']}; this client reads chunked only",
                 http_status=status, attempts=attempt)
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
@@ -792,7 +747,7 @@ class PageFetcher:
             )
         chunks: list[bytes] = []
         size = 0
-        async for chunk in body:
+        async for chunk in body:  # as sent: a compressed body larger than the limit is refused too
             size += len(chunk)
             if size > limit:
                 raise PermanentFetchError(
@@ -800,4 +755,10 @@ class PageFetcher:
                     http_status=status, attempts=attempt,
                 )
             chunks.append(chunk)
-        return status, headers, b"".join(chunks)
+        if status == 304 or decoded:
+            return status, headers, b"" if status == 304 else b"".join(chunks)
+        try:
+            return status, headers, decode_body(b"".join(chunks), headers.get("content-encoding", ""), limit)
+        except BodyTooLarge as exc:
+            raise PermanentFetchError(url, "body_too_large", f"{exc} (max_body_bytes)", http_status=status,
+                                      attempts=attempt) from None

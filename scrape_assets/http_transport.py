@@ -175,11 +175,10 @@ class DirectResponse:
     """A response of :meth:`AiohttpTransport.get`: status, headers and body as httpx would give them.
 
     ``headers`` is an :class:`httpx.Headers` of the raw response headers (httpx's decoding
-    and its merging of repeated names). The body is aiohttp's bytes as they arrive when the
-    response has no ``Content-Encoding``; an encoded one goes through httpx's own decoders
-    (those its ``Accept-Encoding`` offers: gzip, deflate, and br when ``brotli`` is
-    installed), so a corrupt stream is the same ``httpx.DecodingError``. Errors while
-    reading are mapped as in the module table.
+    and its merging of repeated names). The body is aiohttp's bytes as they arrive, still in
+    their ``Content-Encoding`` (the fetcher decodes it with
+    :func:`scrape_assets.content_coding.decode_body`). Errors while reading are mapped as in
+    the module table.
     """
 
     __slots__ = ("status", "headers", "_response", "_request", "_chain")
@@ -190,14 +189,6 @@ class DirectResponse:
         self._response = response
         self._request = request
         self._chain = chain
-
-    def aiter_bytes(self) -> AsyncIterator[bytes]:
-        """The body, decoded, chunk by chunk as it arrives."""
-        if self.headers.get("content-encoding", "identity").strip().lower() != "identity":
-            request = self._request()
-            return httpx.Response(self.status, headers=self._response.raw_headers, request=request,
-                                  stream=_ResponseStream(self._response, request, chain=self._chain)).aiter_bytes()
-        return self.aiter_raw()
 
     def aiter_raw(self) -> AsyncIterator[bytes]:
         """The body as sent (still encoded), chunk by chunk as it arrives."""

@@ -51,6 +51,7 @@ import idna
 from aiolimiter import AsyncLimiter
 from protego import Protego
 
+from scrape_assets.content_coding import codings, decode_body
 from scrape_assets.errors import exception_text
 from scrape_assets.hostnames import url_host_problem
 from scrape_assets.retry import backoff_delay_s, classify_exception, classify_status, parse_retry_after
@@ -58,7 +59,7 @@ from scrape_assets.retry import backoff_delay_s, classify_exception, classify_st
 logger = logging.getLogger(__name__)
 
 #: RFC 9309 §2.5: crawlers must parse at least the first 500 KiB; we read 512 KiB, drop the rest.
-ROBOTS_MAX_BYTES = 512 * 1024
+ROBOTS_MAX_BYTES = 512 * 1024  # decoded; as many raw bytes of a compressed one at most
 
 RobotsReason = Literal["robots_disallowed", "robots_unreachable"]
 
@@ -347,14 +348,20 @@ class RobotsCache:
                 return response.status_code, "", b"", str(response.next_request.url)
             if not 200 <= response.status_code <= 299:
                 return response.status_code, response.headers.get("retry-after", ""), b"", None
+            if any(c != "chunked" for c in codings(response.headers.get("transfer-encoding", ""))):
+                raise httpx.DecodingError(f"Transfer-Encoding {response.headers['transfer-encoding']}: only chunked is read")
+            if response.is_stream_consumed:  # content given whole by an in-process transport: httpx decoded it
+                return response.status_code, "", response.content[:ROBOTS_MAX_BYTES], None
             chunks: list[bytes] = []
             size = 0
-            async for chunk in response.aiter_bytes():
+            async for chunk in response.aiter_raw():  # decoded below: a stream cut short is an error
                 chunks.append(chunk)
                 size += len(chunk)
                 if size >= ROBOTS_MAX_BYTES:
                     break
-            return response.status_code, "", b"".join(chunks)[:ROBOTS_MAX_BYTES], None
+            body = decode_body(b"".join(chunks), response.headers.get("content-encoding", ""), ROBOTS_MAX_BYTES,
+                               truncate=True, complete=size < ROBOTS_MAX_BYTES)
+            return response.status_code, "", body, None
 
 
 class HostLimiter:

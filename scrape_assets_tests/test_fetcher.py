@@ -777,11 +777,122 @@ def test_a_gzip_body_is_read_whole_within_the_body_limit_or_not_at_all(coding):
         assert isinstance(result, FetchedPage) and result.body == page
 
 
-def test_x_gzip_with_another_coding_is_refused():
-    harness = Harness(sequence(httpx.Response(200, headers={"Content-Encoding": "x-gzip, gzip"}, content=b"\x1f\x8b")))
-    with pytest.raises(PermanentFetchError) as raised:
-        harness.fetch()
-    assert raised.value.reason == "unsupported_content_encoding" and "x-gzip is read alone only" in raised.value.detail
+def _coded(body: bytes, content_encoding: str) -> bytes:
+    """``body`` with the codings of a ``Content-Encoding`` value applied, first listed first."""
+    import gzip
+    import zlib
+
+    import brotli
+
+    raw_deflate = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    coders = {"gzip": gzip.compress, "x-gzip": gzip.compress, "deflate": zlib.compress, "br": brotli.compress,
+              "identity": lambda data: data,
+              "raw-deflate": lambda data: raw_deflate.compress(data) + raw_deflate.flush()}
+    for coding in content_encoding.split(", "):
+        body = coders[coding](body)
+    return body
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("content_encoding", ["deflate", "raw-deflate", "br", "gzip, gzip", "identity, gzip",
+                                              "x-gzip, gzip", "br, gzip", "gzip, deflate"])
+def test_every_coding_offered_is_read_whole_and_one_cut_short_is_a_decoding_error(content_encoding):
+    """httpx 0.28's deflate and brotli decoders never check that a stream reached its end: a
+    page whose compressed stream was cut inside a complete HTTP message (a broken CDN or
+    compressing proxy) was saved as a whole page holding part of its products (a review
+    loaded 1 of 11 products of a category from such a br page, and deleted the other 10).
+    Every coding the client offers, alone or stacked, is now read to its end or refused."""
+    sent = content_encoding.replace("raw-deflate", "deflate")  # raw deflate is sent as deflate by some servers
+    page = b"<html>" + b"".join(b"<li>book %d, caf\xc3\xa9</li>" % i for i in range(3000)) + b"</html>"
+    stream = _coded(page, content_encoding)
+    result, _, _ = _fetch_from(_encoded(stream, sent), _socket_policy())
+    assert isinstance(result, FetchedPage) and result.body == page
+    for cut in (stream[: len(stream) * 6 // 10], stream[:-4]):
+        result, requests, _ = _fetch_from(_encoded(cut, sent), _socket_policy(max_attempts=2))
+        assert isinstance(result, TransientFetchError), (content_encoding, len(cut))
+        assert (result.reason, requests) == ("decoding_error", 2) and "cut short" in result.detail
+    bomb = _coded(b"\0" * 30_000_000, content_encoding)  # 30 MB from a few KB: refused, never expanded whole
+    result, requests, _ = _fetch_from(_encoded(bomb, sent), _socket_policy(max_body_bytes=1_000_000))
+    assert isinstance(result, PermanentFetchError) and (result.reason, requests) == ("body_too_large", 1)
+    assert "decodes to more than 1000000 bytes" in result.detail
+
+
+def test_a_decoding_step_never_holds_more_than_the_limit_and_one_byte():
+    from scrape_assets.content_coding import BodyTooLarge, _gunzip, _inflate, _unbrotli, decode_body
+
+    zeros = b"\0" * 20_000_000
+    assert len(_gunzip(_coded(zeros, "gzip"), 1000)[0]) == 1001  # the limit and one byte to tell "too large"
+    assert len(_inflate(_coded(zeros, "deflate"), 1000)[0]) == 1001
+    assert 1001 <= len(_unbrotli(_coded(zeros, "br"), 1000)[0]) <= 1000 + 65_536  # Brotli's last block may overshoot
+    with pytest.raises(BodyTooLarge, match="Content-Encoding gzip, br decodes to more than 1000 bytes"):
+        decode_body(_coded(zeros, "gzip, br"), "gzip, br", 1000)
+    # truncate=True (a robots.txt): the first bytes, no error; complete=False: a prefix is no error either
+    assert decode_body(_coded(b"abc" * 1000, "br"), "br", 10, truncate=True) == b"abcabcabca"
+    cut = _coded(b"abc" * 1000, "gzip")[:-4]
+    assert decode_body(cut, "gzip", 10_000, complete=False) == b"abc" * 1000
+    with pytest.raises(httpx.DecodingError, match="cut short"):
+        decode_body(cut, "gzip", 10_000)
+    assert decode_body(b"as sent", "identity, UTF-8", 100) == b"as sent"  # names of no compression are skipped
+    with pytest.raises(httpx.DecodingError, match="zstd: not decoded by this client"):
+        decode_body(b"x", "zstd", 100)
+
+
+@pytest.mark.timeout(30)
+def test_a_transfer_coding_other_than_chunked_is_refused_not_saved_as_the_page():
+    """aiohttp undoes chunked only: a body sent with ``Transfer-Encoding: gzip, chunked`` (never
+    asked for: no TE header is sent) reached storage as gzip bytes, then read as an
+    unrecognised page (a bot check?) by the parser."""
+    import gzip
+
+    body = gzip.compress(b"<html>page</html>")
+
+    async def respond(n: int, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+                     + b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n")
+        await writer.drain()
+
+    result, requests, _ = _fetch_from(respond, _socket_policy())
+    assert isinstance(result, PermanentFetchError) and (result.reason, requests) == ("unsupported_transfer_encoding", 1)
+    assert result.detail == "Transfer-Encoding gzip, chunked; this client reads chunked only"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("content_encoding", ["gzip", "deflate", "br"])
+def test_a_robots_txt_cut_short_in_its_compressed_stream_is_unreachable_not_read_in_part(content_encoding):
+    """A robots.txt read through httpx's decoders was parsed as far as its cut stream decoded:
+    its later rules (here the one that disallows our page) were lost and the page fetched."""
+    robots = "User-agent: *\n" + "".join(f"Disallow: /private/{i}\n" for i in range(400)) + "Disallow: /page\n"
+    stream = _coded(robots.encode(), content_encoding)
+
+    async def crawl(robots_body: bytes) -> tuple[FetchedPage | FetchError, list[str]]:
+        paths: list[str] = []
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode()
+            paths.append(head.split()[1])
+            body, coding = (robots_body, content_encoding) if paths[-1] == "/robots.txt" else (b"<html></html>", "identity")
+            writer.write(f"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Encoding: {coding}\r\n"
+                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        policy = _socket_policy(obey_robots_txt=True, max_attempts=2)
+        try:
+            async with build_client(policy) as client:
+                fetcher = PageFetcher(client, policy, sleep=_no_sleep)
+                try:
+                    return await fetcher.fetch(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/page"), paths
+                except FetchError as exc:
+                    return exc, paths
+        finally:
+            server.close()
+
+    whole, paths = asyncio.run(crawl(stream))
+    assert isinstance(whole, FetchError) and whole.reason == "robots_disallowed" and "/page" not in paths
+    cut, paths = asyncio.run(crawl(stream[: len(stream) * 7 // 10]))
+    assert isinstance(cut, FetchError) and cut.reason == "robots_unreachable" and "/page" not in paths
+    assert "cut short" in cut.detail
 
 
 @pytest.mark.timeout(30)
@@ -1010,22 +1121,6 @@ def test_a_gzip_member_that_starts_one_byte_before_a_chunk_ends_is_read():
 
     harness = Harness(lambda request: httpx.Response(200, headers={"Content-Encoding": "gzip"}, content=chunks()))
     assert harness.fetch().body == b"<html>first half, second half</html>"
-
-
-def test_a_gzip_bomb_is_never_expanded_past_the_limit_in_memory():
-    import gzip
-
-    from scrape_assets.fetcher import _gzip_decoded
-
-    bomb = gzip.compress(b"\0" * 20_000_000)  # ~20 KB in one chunk
-
-    async def main() -> list[int]:
-        async def chunks():
-            yield bomb
-
-        return [len(out) async for out in _gzip_decoded(chunks(), 1000)]
-
-    assert sum(asyncio.run(main())) == 1001  # the limit and one byte to tell "too large", not 20 MB
 
 
 def test_the_back_off_of_a_resumed_page_grows_from_its_attempt_number_not_from_one():

@@ -11,6 +11,7 @@ import ssl
 import httpx
 import pytest
 
+from scrape_assets.content_coding import decode_body
 from scrape_assets.http_transport import AiohttpTransport
 from scrape_assets.retry import classify_exception
 
@@ -113,7 +114,9 @@ async def _direct_get(client: httpx.AsyncClient, url: str, **headers: str) -> _D
     merged.update(headers)
     response = await client._transport.get(httpx.URL(url), merged, client.timeout.as_dict())
     try:
-        return _Direct(response.status, response.headers, b"".join([c async for c in response.aiter_bytes()]))
+        raw = b"".join([c async for c in response.aiter_raw()])
+        return _Direct(response.status, response.headers,
+                       decode_body(raw, response.headers.get("content-encoding", ""), 100_000_000))
     finally:
         response.release()
 

@@ -1373,3 +1373,25 @@ def test_a_run_with_no_page_attempted_has_a_success_rate_of_one():
 
     totals, by_category = crawl_metadata([])
     assert totals["success_rate"] == 1.0 and totals["pages_attempted"] == 0 and by_category == {}
+
+
+def test_a_run_leaving_a_failing_category_out_says_so_on_the_schema_check(tmp_path, instance):
+    """Dagster keeps one result of the check per run, and the UI shows the latest: a run over
+    other categories (a one-category re-parse, a per-partition backfill) turned it green while
+    mystery's rows were still held back for failing it. The result now names such categories."""
+    good = make_resources(tmp_path)
+    assert materialize(instance, good, ["travel", "mystery"]).success
+    broken = make_resources(tmp_path, site=_broken_spec(tmp_path))
+    failed = materialize(instance, broken, ["mystery"], selection=["parsed_products"], raise_on_error=False)
+    assert {c.check_name: c.passed for c in failed.get_asset_check_evaluations()}["parsed_products_match_schema"] is False
+    travel = materialize(instance, good, ["travel"], selection=["parsed_products"])
+    check = {c.check_name: c for c in travel.get_asset_check_evaluations()}["parsed_products_match_schema"]
+    assert check.passed is True  # travel's rows pass: its load goes on
+    assert check.metadata["still_failing_outside_this_run"].value == ["mystery"]
+    assert check.description == ("1 category outside this run still failing this check since an earlier run, rows "
+                                 "held back: mystery")
+    # a run over every category checks them itself: nothing is outside it
+    everything = materialize(instance, good, ["travel", "mystery"], selection=["parsed_products"])
+    check = {c.check_name: c for c in everything.get_asset_check_evaluations()}["parsed_products_match_schema"]
+    assert check.passed and check.description is None  # the spec's fix parsed mystery again: it passes
+    assert check.metadata["still_failing_outside_this_run"].value == []

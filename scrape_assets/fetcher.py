@@ -53,6 +53,7 @@ import httpx
 import idna
 
 from scrape_assets.content_coding import ACCEPT_ENCODING, COMPRESSIONS, DECODED, BodyTooLarge, codings, decode_body
+from scrape_assets.counts import counted
 from scrape_assets.errors import FetchError, PermanentFetchError, TransientFetchError, exception_text
 from scrape_assets.hostnames import DEFAULT_PORTS, url_host_problem
 from scrape_assets.http_transport import AiohttpTransport
@@ -608,14 +609,16 @@ class PageFetcher:
                     attempts=attempts_in_call,
                     redirected=redirects > 0,
                 )
+            # the page's URL is the dead letter's: say when the answer came from where it redirected
+            hop_detail = f"answered by {current}, after {counted(redirects, 'redirect')}" if redirects else ""
             if decision == "retry":
                 retry_after_s = parse_retry_after(headers.get("retry-after"), datetime.now(timezone.utc))
                 if retry_after_s and status in _HOST_WIDE_STATUSES:
                     self._pause_host(current, status, retry_after_s)
                 raise TransientFetchError(
-                    url, f"http_{status}", http_status=status, retry_after_s=retry_after_s, attempts=attempt
+                    url, f"http_{status}", hop_detail, http_status=status, retry_after_s=retry_after_s, attempts=attempt
                 )
-            raise PermanentFetchError(url, f"http_{status}", http_status=status, attempts=attempt)
+            raise PermanentFetchError(url, f"http_{status}", hop_detail, http_status=status, attempts=attempt)
 
     def _pause_host(self, target: httpx.URL, status: int, retry_after_s: float) -> None:
         seconds = min(retry_after_s, self.policy.retry_after_max_s)

@@ -397,6 +397,21 @@ def test_retryable_status_after_a_redirect_retries_from_the_start():
     assert harness.paths == ["/old", "/new", "/old", "/new"]
 
 
+def test_an_error_after_a_redirect_names_the_url_that_answered_it():
+    """The dead letter's url is the page's: a 404 of where it redirected said nothing of the redirect."""
+    answers = iter([httpx.Response(301, headers={"Location": "/moved"}), httpx.Response(302, headers={"Location": "/gone"}),
+                    httpx.Response(404)])
+    harness = Harness(lambda request: next(answers))
+    with pytest.raises(PermanentFetchError) as raised:
+        harness.fetch("http://shop.test/old")
+    assert (raised.value.reason, raised.value.http_status) == ("http_404", 404)
+    assert raised.value.detail == "answered by http://shop.test/gone, after 2 redirects"
+    harness = Harness(sequence(httpx.Response(404)))  # no redirect: nothing to add to the page's own URL
+    with pytest.raises(PermanentFetchError) as raised:
+        harness.fetch("http://shop.test/old")
+    assert (raised.value.reason, raised.value.detail) == ("http_404", "")
+
+
 # --- body size ----------------------------------------------------------------------------
 
 

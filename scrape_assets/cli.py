@@ -614,97 +614,20 @@ def pool_holders_notice(instance, pool: str | None) -> str | None:
             "core (Ctrl-C does not stop it: kill it)")
 
 
-#: Tags of a ``scrape-assets demo`` run: who launched it, and the process and host running it,
-#: so a later demo can tell the run was left "started" by a process that is gone.
-LAUNCHED_BY_TAG, PID_TAG, HOST_TAG = "scrape/launched_by", "scrape/pid", "scrape/host"
-#: ``<boot id>:<pid namespace>:<pid>:<start time in clock ticks>`` of the process running a
-#: demo run (Linux), so a later demo can tell, exactly, that the process is gone.
-PROCESS_TAG = "scrape/process"
-DEMO_LAUNCHER = "scrape-assets demo"
+from scrape_assets.run_processes import (  # noqa: E402, F401 - the demo's and fail-run's, re-exported
+    DEMO_LAUNCHER,
+    HOST_TAG,
+    LAUNCHED_BY_TAG,
+    PID_TAG,
+    PROCESS_TAG,
+    _start_ticks,
+    _this_kernel_and_namespace,
+    fail_dead_runs,
+    process_gone,
+    process_identity,
+)
 
-
-def _start_ticks(pid: int) -> str | None:
-    """Process ``pid``'s start time in clock ticks after boot (``proc(5)``: field 22 of
-    ``/proc/PID/stat``, readable for every process); None when there is no such process.
-
-    Raises:
-        OSError: ``/proc`` cannot be read (not Linux).
-    """
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-
-
-def _this_kernel_and_namespace() -> tuple[str, str]:
-    """This boot's id (``/proc/sys/kernel/random/boot_id``) and this process's pid namespace (its inode).
-
-    Raises:
-        OSError: not Linux.
-    """
-    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    return boot, str(os.stat("/proc/self/ns/pid").st_ino)
-
-
-def process_identity() -> str | None:
-    """:data:`PROCESS_TAG`'s value for this process; None where ``/proc`` does not tell (not Linux)."""
-    try:
-        boot, namespace = _this_kernel_and_namespace()
-        return f"{boot}:{namespace}:{os.getpid()}:{_start_ticks(os.getpid())}"
-    except (OSError, IndexError):
-        return None
-
-
-def _demo_process_gone(identity: str) -> bool | None:
-    """Whether the process of a :data:`PROCESS_TAG` value no longer runs.
-
-    True: no process has that number now, or the one that has it started at another time
-    (the number reused). False: it runs. None: not to be told from here, another boot
-    (another machine, or this one before a restart: they cannot be told apart), another
-    pid namespace (another container), or no ``/proc``.
-    """
-    try:
-        boot, namespace, pid, ticks = identity.split(":")
-        if (boot, namespace) != _this_kernel_and_namespace() or not pid.isdigit():
-            return None
-        now = _start_ticks(int(pid))
-    except (OSError, ValueError, IndexError):
-        return None
-    return now != ticks
-
-
-def fail_dead_demo_runs(instance) -> list[str]:
-    """Mark failed the runs an earlier ``scrape-assets demo`` left "started" or "starting" when
-    it was killed (SIGKILL, the OOM killer) on this machine since it booted, and give back
-    the concurrency slots they held; return a line for each.
-
-    Nothing else watches such a run: it would stay "started" for good, counted against the
-    instance's ``max_concurrent_runs`` (and, with S3 storage, holding its host's pool slot).
-    Judged only when the run's process ran on this boot of this kernel in this pid
-    namespace (:data:`PROCESS_TAG`): runs of other machines, containers or boots, of other
-    launchers, and of demo processes still running are left alone. The failure is the
-    instance's (``RUN_FAILURE`` event with the reason); a demo run belongs to no code
-    location, so the run-failure alert sensor does not see it (the README's "Alerts").
-    """
-    import dagster as dg
-
-    live = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
-    runs = instance.get_runs(filters=dg.RunsFilter(statuses=live, tags={LAUNCHED_BY_TAG: DEMO_LAUNCHER}))
-    lines = []
-    for run in runs:
-        identity = run.tags.get(PROCESS_TAG, "")
-        if not _demo_process_gone(identity):
-            continue
-        current = instance.get_run_by_id(run.run_id)  # another demo starting now may have done it already
-        if current is None or current.status not in live:
-            continue
-        pid = identity.split(":")[2]
-        instance.report_run_failed(current, message=f"the {DEMO_LAUNCHER} process running it (pid {pid} on "
-                                                    f"{run.tags.get(HOST_TAG, '?')}) is gone: it was killed")
-        instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
-        lines.append(f"scrape-assets: run {run.run_id}, left started by a {DEMO_LAUNCHER} that is gone (pid {pid}), "
-                     "marked failed")
-    return lines
+_demo_process_gone = process_gone  # its name before other runs were tagged too
 
 
 def run_fail_run(run_id: str) -> int:
@@ -717,14 +640,15 @@ def run_fail_run(run_id: str) -> int:
     or "started" is marked failed (``RUN_FAILURE`` with the reason; the alert sensor sees
     it only for runs the daemon or the UI launched: command-line runs belong to no code
     location); one stuck "canceling" is marked canceled. The operator says the process is
-    gone: only a ``scrape-assets demo`` run's process can be checked (same machine, boot
-    and pid namespace), and one still running is refused. A run that ended only has its
-    slots freed. Prints what it did; returns 0.
+    gone: only the process of a run tagged with it (by ``raw_pages`` or ``scrape-assets
+    demo``: :mod:`scrape_assets.run_processes`) can be checked, on the same machine, boot and
+    pid namespace, and one still running is refused. A run that ended only has its slots
+    freed. Prints what it did; returns 0.
 
     Raises:
         ScrapeError: no such run (the full id, or the 8-character short id when only one run
             has it), a run queued or not started
-            (nothing to free: delete it), or a demo run whose process still runs.
+            (nothing to free: delete it), or a run whose process still runs.
     """
     import dagster as dg
 
@@ -739,8 +663,9 @@ def run_fail_run(run_id: str) -> int:
                               f"or with `dagster run delete {run_id}` if it should not start")
         done = f"had already ended ({status})"
         if run.status in live:
-            if run.tags.get(PROCESS_TAG) and _demo_process_gone(run.tags[PROCESS_TAG]) is False:
-                raise ScrapeError(f"run {run_id} is {status} and its {DEMO_LAUNCHER} process "
+            if run.tags.get(PROCESS_TAG) and process_gone(run.tags[PROCESS_TAG]) is False:
+                launcher = run.tags.get(LAUNCHED_BY_TAG, "")
+                raise ScrapeError(f"run {run_id} is {status} and its {launcher + ' ' if launcher else ''}process "
                                   f"(pid {run.tags.get(PID_TAG, '?')}) is still running: stop that process instead "
                                   "(Ctrl-C), or terminate the run from the UI")
             if run.status == dg.DagsterRunStatus.CANCELING:
@@ -806,7 +731,7 @@ def run_demo(new_snapshot: bool = False, min_success_rate: float | None = None) 
         print(f"scrape-assets: {counted(len(keys), 'category')} in one run on the Dagster instance at {os.environ['DAGSTER_HOME']}")
         from scrape_assets.defs.pools import configured_host_pool
 
-        for line in fail_dead_demo_runs(instance):
+        for line in fail_dead_runs(instance):
             print(line, file=sys.stderr, flush=True)
         if notice := pool_holders_notice(instance, configured_host_pool()):
             print(notice, file=sys.stderr, flush=True)

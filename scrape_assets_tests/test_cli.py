@@ -829,7 +829,7 @@ def test_fail_run_marks_a_killed_run_failed_and_frees_its_pool_slot(tmp_path, mo
     assert capsys.readouterr().out == "scrape-assets: run killed-run had already ended (failure); it held no slot\n"
     assert cli.main(["fail-run", "live-demo-run"]) == 2
     assert capsys.readouterr().err == (
-        f"scrape-assets: error: run live-demo-run is started and its scrape-assets demo process (pid {os.getpid()}) "
+        f"scrape-assets: error: run live-demo-run is started and its process (pid {os.getpid()}) "
         "is still running: stop that process instead (Ctrl-C), or terminate the run from the UI\n")
     assert cli.main(["fail-run", "queued-run"]) == 2
     assert capsys.readouterr().err == (
@@ -1572,8 +1572,9 @@ def test_fail_run_ends_a_demo_run_whose_process_cannot_be_checked_from_here(tmp_
 
 
 def test_the_next_demo_fails_only_the_runs_whose_process_it_can_tell_is_gone(instance):
-    """Runs of another boot or pid namespace, of a live process, or of another launcher stay
-    started; a demo run of this boot whose process is gone is failed and its slot freed."""
+    """Runs of another boot or pid namespace, of a live process, or untagged stay started; a
+    run of this boot whose process is gone (a demo's, or one raw_pages tagged) is failed and
+    its slot freed."""
     import subprocess as sp
 
     from scrape_assets import cli
@@ -1597,13 +1598,14 @@ def test_the_next_demo_fails_only_the_runs_whose_process_it_can_tell_is_gone(ins
     pool = "scrape-host-127.0.0.1:8000"
     instance.event_log_storage.set_concurrency_slots(pool, 1)
     assert instance.event_log_storage.claim_concurrency_slot(pool, "dead", "raw_pages").is_claimed
-    assert cli.fail_dead_demo_runs(instance) == [
-        f"scrape-assets: run dead, left started by a scrape-assets demo that is gone (pid {child.pid}), marked failed"]
+    assert sorted(cli.fail_dead_runs(instance)) == [
+        f"scrape-assets: run dead, left started by a scrape-assets demo that is gone (pid {child.pid}), marked failed",
+        f"scrape-assets: run not-a-demo, left started by a process that is gone (pid {child.pid}), marked failed"]
     statuses = {run_id: instance.get_run_by_id(run_id).status for run_id in runs}
-    assert statuses.pop("dead") == dg.DagsterRunStatus.FAILURE
+    assert statuses.pop("dead") == statuses.pop("not-a-demo") == dg.DagsterRunStatus.FAILURE
     assert set(statuses.values()) == {dg.DagsterRunStatus.STARTED}
     assert not instance.event_log_storage.get_concurrency_info(pool).active_run_ids
-    assert cli.fail_dead_demo_runs(instance) == []  # once
+    assert cli.fail_dead_runs(instance) == []  # once
 
 
 def test_a_process_number_reused_by_a_process_started_at_another_time_is_gone():

@@ -395,3 +395,51 @@ def test_a_host_port_that_is_no_number_is_no_port():
     from scrape_assets.locks import host_origin
 
     assert host_origin("http://example.com:abc/") == ("http", "example.com", 80)
+
+
+def test_a_run_killed_while_fetching_is_failed_by_the_dead_run_sensor_and_its_slot_freed(tmp_path, demo_server):
+    """A `dagster asset materialize` killed with SIGKILL stays "started" for good: with S3
+    storage its host's pool slot with it, and every later raw_pages waited for it silently
+    (a newcomer's trial: 10 minutes at 95% CPU, SIGTERM ignored). raw_pages tags its run with
+    its process; the daemon's dead_run_sensor fails the run once that process is gone and
+    frees its slots (claimed here by hand: the pool is S3's; the demo server is local)."""
+    import signal
+
+    import dagster as dg
+
+    from scrape_assets.defs.resources import AlertsResource
+    from scrape_assets.defs.sensors import dead_run_sensor
+    from scrape_assets.run_processes import PROCESS_TAG, process_gone
+
+    env = _env(tmp_path, "killed", pools=True, SCRAPE_BASE_URL=demo_server.base_url,
+               SCRAPE_REQUESTS_PER_SECOND="2", SCRAPE_MAX_CONCURRENCY="1")
+    store = ObjectStore(str(tmp_path / "data" / "objects"))
+    killed = _start(env, "raw_pages", "default")
+    _wait_for_fetching(store, "default", killed, pages=1)
+    killed.send_signal(signal.SIGKILL)
+    killed.communicate(timeout=60)
+    with dg.instance_for_test(temp_dir=env["DAGSTER_HOME"]) as instance:
+        (run,) = instance.get_runs()
+        assert run.status == dg.DagsterRunStatus.STARTED  # nobody marks it: no launcher watched the CLI run
+        assert process_gone(run.tags[PROCESS_TAG]) is True and run.tags["scrape/pid"] == str(killed.pid)
+        pool = "scrape-host-example"
+        instance.event_log_storage.set_concurrency_slots(pool, 1)
+        assert instance.event_log_storage.claim_concurrency_slot(pool, run.run_id, "raw_pages").is_claimed
+        context = dg.build_sensor_context(instance=instance, resources={"alerts": AlertsResource(webhook_url=None)})
+        skip = dead_run_sensor(context)
+        assert skip.skip_message == "1 run left started by a process that is gone: marked failed"
+        failed = instance.get_run_by_id(run.run_id)
+        assert failed.status == dg.DagsterRunStatus.FAILURE
+        assert not instance.event_log_storage.get_concurrency_info(pool).claimed_slots
+        (event,) = instance.all_logs(run.run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
+        assert event.dagster_event.message == f"the process running it (pid {killed.pid} on {run.tags['scrape/host']}) " \
+                                              "is gone: it was killed"
+        again = dead_run_sensor(dg.build_sensor_context(instance=instance,
+                                                        resources={"alerts": AlertsResource(webhook_url=None)}))
+        assert again.skip_message == "no run left started by a process that is gone"
+    # The next run resumes the killed run's snapshot.
+    again = _start(env, "raw_pages", "default")
+    _, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err[-2000:]
+    (snapshot,) = list_snapshots(store, "demo", "default")
+    assert latest_manifest(store, "demo", "default").counts()["done"] == 12

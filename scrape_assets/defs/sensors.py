@@ -1,4 +1,5 @@
-"""Sensors: ``success_rate_collapse_sensor``, ``run_failure_alert_sensor``, ``held_back_load_sensor``.
+"""Sensors: ``success_rate_collapse_sensor``, ``run_failure_alert_sensor``, ``held_back_load_sensor``,
+``dead_run_sensor``.
 
 The collapse sensor reads new materializations of ``raw_pages`` (page success rates,
 per category and per run) and ``parsed_products`` / ``products_table`` (products per
@@ -14,6 +15,9 @@ of all of them. After such a run fails, it launches ``load_job`` (``products_tab
 ``dead_letters``, no request, no parse) for the run's categories whose rows passed the
 schema (unchanged ones too: their load writes the day's ``price_history``), one run per
 consecutive range of them.
+
+``dead_run_sensor`` fails the runs a killed process left "started" and frees their pool
+slots (:mod:`scrape_assets.run_processes`).
 """
 
 
@@ -32,6 +36,7 @@ from scrape_assets.defs.partitions import configured_spec, site_spec
 from scrape_assets.defs.resources import AlertsResource, ObjectStoreResource, SiteResource
 from scrape_assets.extract import load_parse_state
 from scrape_assets.manifest import utc_now_iso
+from scrape_assets.run_processes import fail_dead_runs
 
 RULES = CollapseRules()
 BATCH = 200
@@ -245,6 +250,25 @@ def success_rate_collapse_sensor(context: dg.SensorEvaluationContext, alerts: Al
     if sent:
         return dg.SkipReason(f"{len(pending)} alert(s) sent in one message")
     return dg.SkipReason(f"webhook refused {len(pending)} alert(s): kept for the next evaluation")
+
+
+@dg.sensor(minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING)
+def dead_run_sensor(context: dg.SensorEvaluationContext, alerts: AlertsResource):
+    """Mark failed the runs left "started" by a process killed on this machine, and free the
+    pool slots they held (:func:`~scrape_assets.run_processes.fail_dead_runs`): a
+    ``dagster asset materialize`` killed with SIGKILL on S3 storage otherwise keeps its host's
+    slot for good, and every later run's ``raw_pages`` waits for it silently. One alert
+    (log + webhook) names the runs; requests no run (re-execute one from failure to resume
+    its snapshots)."""
+    lines = fail_dead_runs(context.instance)
+    if not lines:
+        return dg.SkipReason("no run left started by a process that is gone")
+    for line in lines:
+        context.log.warning(line)
+    send_alert("scrape_assets: " + "\n".join(line.removeprefix("scrape-assets: ") for line in lines)
+               + "\n(their pool slots freed; re-execute a run from failure to resume its snapshots)",
+               webhook_url=alerts.webhook_url, fields={"kind": "dead_run"})
+    return dg.SkipReason(f"{counted(len(lines), 'run')} left started by a process that is gone: marked failed")
 
 
 #: The start of Dagster's RUN_FAILURE (or STEP_FAILURE) message, said by the alert's own "run <id> of <job> failed".
@@ -597,4 +621,5 @@ def _spans(ranges: list[tuple[str, str]]) -> str:
     return ", ".join(range_label(first, last) for first, last in ranges)
 
 
-defs = dg.Definitions(sensors=[success_rate_collapse_sensor, run_failure_alert_sensor, held_back_load_sensor])
+defs = dg.Definitions(sensors=[success_rate_collapse_sensor, run_failure_alert_sensor, held_back_load_sensor,
+                               dead_run_sensor])

@@ -28,6 +28,7 @@ from scrape_assets.errors import (
 from scrape_assets.gc_tuning import freeze_again
 from scrape_assets.interrupts import CrawlInterrupted, run_interruptible
 from scrape_assets.manifest import Manifest, has_snapshot, latest_manifest, resume_conflict
+from scrape_assets.run_processes import PROCESS_TAG, process_tags
 from scrape_assets.storage import refusal
 from scrape_assets.warehouse import may_recover
 
@@ -300,10 +301,21 @@ def raw_pages(
         raise dg.Failure(description=INTERRUPTED, allow_retries=False) from exc
 
 
+def _tag_process(context: dg.AssetExecutionContext) -> None:
+    """Tag the run with the process running it (:data:`~scrape_assets.run_processes.PROCESS_TAG`;
+    the run's own: the executor runs steps in process) unless it has it: killed, the run
+    stays "started" holding its host's pool slot, and the next demo or the daemon's
+    ``dead_run_sensor`` can then tell it is dead (:func:`~scrape_assets.run_processes.fail_dead_runs`)."""
+    tags = process_tags()
+    if PROCESS_TAG in tags and context.run.tags.get(PROCESS_TAG) != tags[PROCESS_TAG]:
+        context.instance.add_run_tags(context.run_id, tags)
+
+
 def _raw_pages(
     context: dg.AssetExecutionContext, config: RawPagesConfig, site: SiteResource, store: ObjectStoreResource,
     warehouse: WarehouseResource,
 ) -> dg.MaterializeResult:
+    _tag_process(context)
     categories = run_categories(context)
     try:
         store.store().ensure_writable()  # one probe object: before any lock, request or warehouse

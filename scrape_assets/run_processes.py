@@ -1,0 +1,121 @@
+"""Which process runs a run, and failing the runs whose process is gone (killed with SIGKILL).
+
+A run executed in the process that launched it (``dagster asset materialize``, ``dagster
+job execute``, ``scrape-assets demo``) has nobody watching it: killed with SIGKILL (or by
+the kernel's OOM killer), it stays "started" for good, counted against the instance's
+``max_concurrent_runs`` and, with S3 storage, holding its host's pool slot, so the next
+run's ``raw_pages`` waits for it silently (Dagster's in-process executor, using a core).
+Dagster's own run monitoring covers only runs its run launcher started.
+
+So the process running ``raw_pages`` tags its run with :data:`PROCESS_TAG` (boot id, pid
+namespace, pid and start time: exact on Linux), and :func:`fail_dead_runs` (called by the
+next ``scrape-assets demo``, and every minute by the daemon's ``dead_run_sensor``) marks
+failed the runs "started" by a process that is gone on this machine and frees their slots.
+Runs of other machines, containers or boots cannot be told from here and are left alone
+(``scrape-assets fail-run RUN_ID`` ends them on the operator's word).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+#: Tags of a run: who launched it (``scrape-assets demo`` sets it), and the process and host
+#: running it, so a later process can tell the run was left "started" by a process that is gone.
+LAUNCHED_BY_TAG, PID_TAG, HOST_TAG = "scrape/launched_by", "scrape/pid", "scrape/host"
+#: ``<boot id>:<pid namespace>:<pid>:<start time in clock ticks>`` of the process running a
+#: run (Linux), so a later process can tell, exactly, that it is gone.
+PROCESS_TAG = "scrape/process"
+DEMO_LAUNCHER = "scrape-assets demo"
+
+
+def _start_ticks(pid: int) -> str | None:
+    """Process ``pid``'s start time in clock ticks after boot (``proc(5)``: field 22 of
+    ``/proc/PID/stat``, readable for every process); None when there is no such process.
+
+    Raises:
+        OSError: ``/proc`` cannot be read (not Linux).
+    """
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def _this_kernel_and_namespace() -> tuple[str, str]:
+    """This boot's id (``/proc/sys/kernel/random/boot_id``) and this process's pid namespace (its inode).
+
+    Raises:
+        OSError: not Linux.
+    """
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return boot, str(os.stat("/proc/self/ns/pid").st_ino)
+
+
+def process_identity() -> str | None:
+    """:data:`PROCESS_TAG`'s value for this process; None where ``/proc`` does not tell (not Linux)."""
+    try:
+        boot, namespace = _this_kernel_and_namespace()
+        return f"{boot}:{namespace}:{os.getpid()}:{_start_ticks(os.getpid())}"
+    except (OSError, IndexError):
+        return None
+
+
+def process_tags() -> dict[str, str]:
+    """:data:`PID_TAG`, :data:`HOST_TAG` and (on Linux) :data:`PROCESS_TAG` of this process."""
+    tags = {PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname()}
+    if identity := process_identity():
+        tags[PROCESS_TAG] = identity
+    return tags
+
+
+def process_gone(identity: str) -> bool | None:
+    """Whether the process of a :data:`PROCESS_TAG` value no longer runs.
+
+    True: no process has that number now, or the one that has it started at another time
+    (the number reused). False: it runs. None: not to be told from here, another boot
+    (another machine, or this one before a restart: they cannot be told apart), another
+    pid namespace (another container), or no ``/proc``.
+    """
+    try:
+        boot, namespace, pid, ticks = identity.split(":")
+        if (boot, namespace) != _this_kernel_and_namespace() or not pid.isdigit():
+            return None
+        now = _start_ticks(int(pid))
+    except (OSError, ValueError, IndexError):
+        return None
+    return now != ticks
+
+
+def fail_dead_runs(instance) -> list[str]:
+    """Mark failed the runs left "started" or "starting" by a process that was killed on this
+    machine since it booted (:data:`PROCESS_TAG`), and give back the concurrency slots they
+    held; return a line for each.
+
+    Judged only when the run's process ran on this boot of this kernel in this pid namespace:
+    runs of other machines, containers or boots, runs without the tag, and runs whose process
+    still runs are left alone. The failure is the instance's (``RUN_FAILURE`` event with the
+    reason); the run-failure alert sensor sees it for runs of the code location (launched by
+    the daemon or the UI), not for command-line runs, which belong to none.
+    """
+    import dagster as dg
+
+    live = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
+    lines = []
+    for run in instance.get_runs(filters=dg.RunsFilter(statuses=live)):
+        identity = run.tags.get(PROCESS_TAG, "")
+        if not identity or not process_gone(identity):
+            continue
+        current = instance.get_run_by_id(run.run_id)  # another process may have done it already
+        if current is None or current.status not in live:
+            continue
+        pid = identity.split(":")[2]
+        launcher = run.tags.get(LAUNCHED_BY_TAG, "")
+        what = f"the {launcher} process" if launcher else "the process"
+        instance.report_run_failed(current, message=f"{what} running it (pid {pid} on {run.tags.get(HOST_TAG, '?')}) "
+                                                    "is gone: it was killed")
+        instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
+        lines.append(f"scrape-assets: run {run.run_id}, left started by a{' ' + launcher if launcher else ' process'} "
+                     f"that is gone (pid {pid}), marked failed")
+    return lines

@@ -92,12 +92,15 @@ def _mapped(exc: BaseException, request: httpx.Request) -> httpx.TransportError:
     :func:`_message`'s text."""
     for source, target in _EXCEPTIONS:
         if isinstance(exc, source):
-            return target(_message(exc), request=request)
+            return target(_message(exc, request.url.scheme), request=request)
     raise TypeError(f"not an aiohttp error: {type(exc).__name__}")  # pragma: no cover - table ends with ClientError
 
 
-def _message(exc: BaseException) -> str:
+def _message(exc: BaseException, scheme: str = "https") -> str:
     """aiohttp's text for ``exc`` on one line, as a dead letter's reason shows it.
+
+    A connection error to an ``http`` URL loses aiohttp's `` ssl:default`` (its TLS setting,
+    unused there: "Cannot connect to host shop.example:80 [Connect call failed ...]").
 
     A response aiohttp's parser refuses (a malformed status line, header or chunk; a body
     shorter than its ``Content-Length``) reads ``400, message="...", url='...'`` in aiohttp:
@@ -121,7 +124,8 @@ def _message(exc: BaseException) -> str:
             return f"malformed response: {_one_line(exc.message)}"
     # "ssl:<ssl.SSLContext object at 0x7f...>" in a connection error: no address, so the same
     # failure reads the same in every run (dead letters group by reason)
-    return without_addresses(str(exc)) or type(exc).__name__
+    text = without_addresses(str(exc)) or type(exc).__name__
+    return text.replace(" ssl:default [", " [", 1) if scheme == "http" else text
 
 
 def _one_line(message: str) -> str:

@@ -214,7 +214,10 @@ def _refused(scheme: str) -> tuple[httpx.ConnectError, int]:
 
 
 def test_refused_connection_is_a_connect_error_not_a_timeout():
-    assert classify_exception(_refused("http")[0], headers_received=False) == ("retry", "connection_error")
+    error, port = _refused("http")
+    assert classify_exception(error, headers_received=False) == ("retry", "connection_error")
+    # aiohttp's "ssl:default" (its TLS setting) said nothing of a plain-http site but suggested TLS
+    assert str(error).startswith(f"Cannot connect to host 127.0.0.1:{port} [") and "ssl" not in str(error)
 
 
 def test_a_refused_tls_connection_reads_the_same_in_every_run():

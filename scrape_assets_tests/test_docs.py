@@ -72,3 +72,18 @@ def test_options_the_readme_gives_dagster_asset_materialize_exist():
                                timeout=120, check=True).stdout
     taken = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", help_text))
     assert used <= taken, f"not options of dagster asset materialize: {sorted(used - taken)}"
+
+
+def test_the_runbooks_daily_run_tags_are_the_schedules_kind():
+    """The runbook's `dagster job launch --tags` is valid JSON selecting a range, queued with
+    the daily runs (scrape/day, max runtime) but not under a date the schedule checks."""
+    import json
+
+    from scrape_assets.defs.jobs import QUEUE_TAG, partition_range_tags, queue_tags
+
+    text = (REPO_ROOT / "README.md").read_text()
+    runbook = text[text.index("## Runbook"):text.index("## What it builds")]
+    raw = re.search(r"--tags\s+'(\{.*?\})'", runbook, re.DOTALL).group(1)
+    tags = json.loads(" ".join(raw.split()))
+    assert tags == {**partition_range_tags("FIRST", "LAST"), **queue_tags("manual")}
+    assert not re.fullmatch(r"\d{4}-\d{2}-\d{2}", tags[QUEUE_TAG])

@@ -38,6 +38,7 @@ import shutil
 import socket
 import sys
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -619,12 +620,15 @@ from scrape_assets.run_processes import (  # noqa: E402, F401 - the demo's and f
     HOST_TAG,
     LAUNCHED_BY_TAG,
     PID_TAG,
+    PROCESS_RUN_TAG,
     PROCESS_TAG,
     _start_ticks,
     _this_kernel_and_namespace,
     fail_dead_runs,
     process_gone,
     process_identity,
+    process_tags,
+    run_process,
 )
 
 _demo_process_gone = process_gone  # its name before other runs were tagged too
@@ -663,7 +667,7 @@ def run_fail_run(run_id: str) -> int:
                               f"or with `dagster run delete {run_id}` if it should not start")
         done = f"had already ended ({status})"
         if run.status in live:
-            if run.tags.get(PROCESS_TAG) and process_gone(run.tags[PROCESS_TAG]) is False:
+            if (identity := run_process(run)) and process_gone(identity) is False:
                 launcher = run.tags.get(LAUNCHED_BY_TAG, "")
                 raise ScrapeError(f"run {run_id} is {status} and its {launcher + ' ' if launcher else ''}process "
                                   f"(pid {run.tags.get(PID_TAG, '?')}) is still running: stop that process instead "
@@ -735,11 +739,11 @@ def run_demo(new_snapshot: bool = False, min_success_rate: float | None = None) 
             print(line, file=sys.stderr, flush=True)
         if notice := pool_holders_notice(instance, configured_host_pool()):
             print(notice, file=sys.stderr, flush=True)
+        run_id = str(uuid.uuid4())  # as Dagster's make_new_run_id: known before the run, for its process tag
         result = job.execute_in_process(
             instance=instance,
-            tags={**all_categories_tags(category_partitions), LAUNCHED_BY_TAG: DEMO_LAUNCHER,
-                  PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname(),
-                  **({PROCESS_TAG: identity} if (identity := process_identity()) else {})},
+            run_id=run_id,
+            tags={**all_categories_tags(category_partitions), LAUNCHED_BY_TAG: DEMO_LAUNCHER, **process_tags(run_id)},
             run_config={
                 "loggers": {"console": {"config": {"log_level": "INFO"}}},
                 "ops": {"raw_pages": {"config": {"new_snapshot": new_snapshot}}},

@@ -27,6 +27,11 @@ LAUNCHED_BY_TAG, PID_TAG, HOST_TAG = "scrape/launched_by", "scrape/pid", "scrape
 #: ``<boot id>:<pid namespace>:<pid>:<start time in clock ticks>`` of the process running a
 #: run (Linux), so a later process can tell, exactly, that it is gone.
 PROCESS_TAG = "scrape/process"
+#: The id of the run :data:`PROCESS_TAG` was set for: a re-execution inherits its parent's
+#: tags (the UI's, Dagster's automatic retries), and the parent's process, gone, is not the
+#: re-execution's (which may not run ``raw_pages`` to tag its own). Only a run whose tag
+#: names itself is judged by it.
+PROCESS_RUN_TAG = "scrape/process_run"
 DEMO_LAUNCHER = "scrape-assets demo"
 
 
@@ -62,12 +67,21 @@ def process_identity() -> str | None:
         return None
 
 
-def process_tags() -> dict[str, str]:
-    """:data:`PID_TAG`, :data:`HOST_TAG` and (on Linux) :data:`PROCESS_TAG` of this process."""
-    tags = {PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname()}
+def process_tags(run_id: str) -> dict[str, str]:
+    """:data:`PID_TAG`, :data:`HOST_TAG` and (on Linux) :data:`PROCESS_TAG` of this process,
+    running run ``run_id`` (:data:`PROCESS_RUN_TAG`)."""
+    tags = {PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname(), PROCESS_RUN_TAG: run_id}
     if identity := process_identity():
         tags[PROCESS_TAG] = identity
     return tags
+
+
+def run_process(run) -> str | None:
+    """The :data:`PROCESS_TAG` of a ``DagsterRun`` when it was set for that run, else None
+    (none set, or inherited from the run it re-executes: :data:`PROCESS_RUN_TAG`)."""
+    if run.tags.get(PROCESS_RUN_TAG) != run.run_id:
+        return None
+    return run.tags.get(PROCESS_TAG) or None
 
 
 def process_gone(identity: str) -> bool | None:
@@ -94,8 +108,9 @@ def fail_dead_runs(instance) -> list[str]:
     held; return a line for each.
 
     Judged only when the run's process ran on this boot of this kernel in this pid namespace:
-    runs of other machines, containers or boots, runs without the tag, and runs whose process
-    still runs are left alone. The failure is the instance's (``RUN_FAILURE`` event with the
+    runs of other machines, containers or boots, runs without the tag or with one inherited
+    from the run they re-execute (:func:`run_process`), and runs whose process still runs
+    are left alone. The failure is the instance's (``RUN_FAILURE`` event with the
     reason); the run-failure alert sensor sees it for runs of the code location (launched by
     the daemon or the UI), not for command-line runs, which belong to none.
     """
@@ -104,7 +119,7 @@ def fail_dead_runs(instance) -> list[str]:
     live = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
     lines = []
     for run in instance.get_runs(filters=dg.RunsFilter(statuses=live)):
-        identity = run.tags.get(PROCESS_TAG, "")
+        identity = run_process(run)
         if not identity or not process_gone(identity):
             continue
         current = instance.get_run_by_id(run.run_id)  # another process may have done it already

@@ -802,7 +802,8 @@ def test_fail_run_marks_a_killed_run_failed_and_frees_its_pool_slot(tmp_path, mo
         add("killed-run")
         add("stuck-canceling", dg.DagsterRunStatus.CANCELING)
         add("queued-run", dg.DagsterRunStatus.NOT_STARTED)  # a queued one needs a code location; the same answer
-        add("live-demo-run", **{cli.PROCESS_TAG: cli.process_identity(), cli.PID_TAG: str(os.getpid())})
+        add("live-demo-run", **{cli.PROCESS_TAG: cli.process_identity(), cli.PID_TAG: str(os.getpid()),
+                                cli.PROCESS_RUN_TAG: "live-demo-run"})
         add("1a2b3c4d-5e6f-4a0b-8c1d-2e3f4a5b6c7d")  # as alerts name it: run 1a2b3c4d
         add("feedbeef-0000-4000-8000-000000000001")
         add("feedbeef-0000-4000-8000-000000000002")
@@ -1564,7 +1565,7 @@ def test_fail_run_ends_a_demo_run_whose_process_cannot_be_checked_from_here(tmp_
         instance.add_run(dg.DagsterRun(job_name="daily_scrape_job", run_id="other-boot-run",
                                        status=dg.DagsterRunStatus.STARTED,
                                        tags={cli.PROCESS_TAG: f"another-boot:{namespace}:{pid}:{ticks}",
-                                             cli.PID_TAG: pid}))
+                                             cli.PID_TAG: pid, cli.PROCESS_RUN_TAG: "other-boot-run"}))
     assert cli.main(["fail-run", "other-boot-run"]) == 0
     assert capsys.readouterr().out == "scrape-assets: run other-boot-run was started, now failed; it held no slot\n"
     with cli._instance() as instance:
@@ -1591,8 +1592,11 @@ def test_the_next_demo_fails_only_the_runs_whose_process_it_can_tell_is_gone(ins
         "alive": {**demo, cli.PROCESS_TAG: cli.process_identity()},
         "untagged": dict(demo),
         "not-a-demo": {cli.PROCESS_TAG: gone},
+        # a live re-execution (Dagster copies the parent's tags) of a run whose process is gone
+        "re-execution": {cli.PROCESS_TAG: gone, cli.PROCESS_RUN_TAG: "dead", "dagster/parent_run_id": "dead"},
     }
     for run_id, tags in runs.items():
+        tags = {cli.PROCESS_RUN_TAG: run_id, **tags}  # the tag names the run it was set for
         instance.add_run(dg.DagsterRun(job_name="daily_scrape_job", run_id=run_id, tags=tags,
                                        status=dg.DagsterRunStatus.STARTED))
     pool = "scrape-host-127.0.0.1:8000"

@@ -422,6 +422,7 @@ def test_a_run_killed_while_fetching_is_failed_by_the_dead_run_sensor_and_its_sl
         (run,) = instance.get_runs()
         assert run.status == dg.DagsterRunStatus.STARTED  # nobody marks it: no launcher watched the CLI run
         assert process_gone(run.tags[PROCESS_TAG]) is True and run.tags["scrape/pid"] == str(killed.pid)
+        assert run.tags["scrape/process_run"] == run.run_id  # set for this run, not inherited by a re-execution
         pool = "scrape-host-example"
         instance.event_log_storage.set_concurrency_slots(pool, 1)
         assert instance.event_log_storage.claim_concurrency_slot(pool, run.run_id, "raw_pages").is_claimed

@@ -27,6 +27,12 @@ COMPRESSIONS = frozenset({"gzip", "x-gzip", "deflate", "br", "zstd", "compress",
 #: The codings :func:`decode_body` decodes (x-gzip is gzip, RFC 9110 §8.4.1.3).
 DECODED = frozenset({"gzip", "x-gzip", "deflate", "br"})
 _GZIP_MAGIC = b"\x1f\x8b"
+#: Most members a gzip body may have (RFC 1952 §2.2 sets none): BGZF, the most member-happy
+#: producer, writes one per 64 KiB, 160 for a 10 MB page; a body of thousands of empty
+#: members is an attack on the decoder, not a page.
+MAX_GZIP_MEMBERS = 10_000
+#: Bytes of a gzip body fed to zlib at a time (see :func:`_gunzip`).
+_WINDOW = 16 * 1024
 
 
 class BodyTooLarge(Exception):
@@ -53,8 +59,8 @@ def decode_body(body: bytes, content_encoding: str, max_bytes: int, *, truncate:
         body: the bytes as received (an empty body is returned as is).
         content_encoding: the response's ``Content-Encoding`` value ("" for none).
         max_bytes: most bytes any decoding step may produce. No step expands more than
-            ``max_bytes + 1`` bytes in memory, however small the input (a bomb is never
-            expanded whole).
+            ``max_bytes + 1`` bytes in memory (Brotli: up to 64 KiB more, its last block),
+            however small the input (a bomb is never expanded whole).
         truncate: return the first ``max_bytes`` bytes of a larger body (a robots.txt) instead
             of raising :class:`BodyTooLarge`; the end of a stream cut by the limit is not checked.
         complete: False when the caller stopped reading before the body's end: a stream that
@@ -93,21 +99,39 @@ def decode_body(body: bytes, content_encoding: str, max_bytes: int, *, truncate:
 
 
 def _gunzip(data: bytes, max_bytes: int) -> tuple[bytes, bool]:
-    """``(decoded, ended)`` of a gzip stream of one or more members; at most ``max_bytes + 1``."""
+    """``(decoded, ended)`` of a gzip stream of one or more members; at most ``max_bytes + 1``.
+
+    Fed :data:`_WINDOW` bytes at a time: zlib copies the input left over at each member's end
+    (``unused_data``), so feeding the whole body would copy it once a member, quadratic in
+    a body of many tiny members. At most :data:`MAX_GZIP_MEMBERS` members are read.
+
+    Raises:
+        httpx.DecodingError: more members than :data:`MAX_GZIP_MEMBERS`.
+        zlib.error: not gzip.
+    """
     parts: list[bytes] = []
-    produced = 0
-    while True:
-        decompressor = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-        out = decompressor.decompress(data, max_bytes + 1 - produced)
-        parts.append(out)
-        produced += len(out)
-        if produced > max_bytes:
-            return b"".join(parts), True
-        if not decompressor.eof:
-            return b"".join(parts), False
-        data = decompressor.unused_data
-        if not data.startswith(_GZIP_MAGIC):  # the end, or bytes after the last member: ignored
-            return b"".join(parts), True
+    produced, members, held = 0, 1, b""
+    decompressor = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    for start in range(0, len(data), _WINDOW):
+        window, held = held + data[start:start + _WINDOW], b""
+        while window:
+            if decompressor.eof:  # a member ended: another may follow
+                if len(window) < 2 and start + _WINDOW < len(data):
+                    held = window  # too short to tell: the next window says
+                    break
+                if not window.startswith(_GZIP_MAGIC):  # bytes after the last member: ignored
+                    return b"".join(parts), True
+                members += 1
+                if members > MAX_GZIP_MEMBERS:
+                    raise httpx.DecodingError(f"gzip body: more than {MAX_GZIP_MEMBERS} members")
+                decompressor = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+            out = decompressor.decompress(window, max_bytes + 1 - produced)
+            parts.append(out)
+            produced += len(out)
+            if produced > max_bytes:
+                return b"".join(parts), True
+            window = decompressor.unused_data if decompressor.eof else decompressor.unconsumed_tail
+    return b"".join(parts), decompressor.eof
 
 
 def _inflate(data: bytes, max_bytes: int) -> tuple[bytes, bool]:

@@ -83,7 +83,8 @@ class FetchPolicy:
         backoff_base_s: ceiling of the first retry delay, seconds; doubles per attempt.
         backoff_max_s: ceiling of any jittered retry delay, seconds.
         retry_after_max_s: the longest ``Retry-After`` honoured, seconds (longer ones are capped).
-        max_body_bytes: largest accepted body after content decoding, bytes.
+        max_body_bytes: largest accepted body, bytes, both as sent (compressed) and after
+            content decoding (each decoding step's output).
         max_redirects: most same-origin redirects followed in one attempt.
         obey_robots_txt: check robots.txt (RFC 9309) before fetching.
 
@@ -758,7 +759,9 @@ class PageFetcher:
                     http_status=status, attempts=attempt,
                 )
             chunks.append(chunk)
-        if status == 304 or decoded:
+        if status == 304 or decoded or status not in _PAGE_STATUSES:
+            # a 304 has no body; another 2xx (206: part of a body) is no page and is refused as
+            # http_<status> by the caller: not decoded (a part of a stream would read as cut short)
             return status, headers, b"" if status == 304 else b"".join(chunks)
         try:
             return status, headers, decode_body(b"".join(chunks), headers.get("content-encoding", ""), limit)

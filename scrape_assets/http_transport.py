@@ -9,7 +9,8 @@ to 64 connections. The robots.txt cache and the tests keep speaking httpx
 bytes on the wire go through aiohttp. Pages go one step further: :meth:`AiohttpTransport.get`
 takes the headers httpx's client would send and skips its client, request and response
 objects (about half of what a request through ``httpx.AsyncClient`` costs here, 0.3 of
-0.65 ms), with httpx's header semantics and its decoders for an encoded body.
+0.65 ms), with httpx's header semantics; bodies come as sent (the fetcher decodes them:
+:mod:`scrape_assets.content_coding`).
 
 Why not the ``httpx-aiohttp`` package: its exception map turns a refused connection or a
 server that hangs up into ``httpx.ConnectTimeout``, which would make a dead host look like a
@@ -50,7 +51,8 @@ off: ``HTTP(S)_PROXY`` / ``NO_PROXY`` variables are ignored, so a proxy meant fo
 installs never carries a crawl by surprise.
 
 Limits: HTTP/1.1 only (no HTTP/2); no proxy chains or SOCKS proxies;
-bodies are passed through undecoded (httpx decodes ``Content-Encoding``); no cookie jar
+bodies are passed through undecoded (pages and robots.txt undo ``Content-Encoding`` with
+:func:`scrape_assets.content_coding.decode_body`); no cookie jar
 (aiohttp's is disabled; :func:`scrape_assets.fetcher.build_client` gives httpx one that
 refuses every cookie). Response headers larger than aiohttp's parser limits
 (8,190 bytes a line) are a ``RemoteProtocolError``.
@@ -176,7 +178,7 @@ class _ResponseStream(httpx.AsyncByteStream):
 
 
 class DirectResponse:
-    """A response of :meth:`AiohttpTransport.get`: status, headers and body as httpx would give them.
+    """A response of :meth:`AiohttpTransport.get`: status, headers as httpx would give them, the body as sent.
 
     ``headers`` is an :class:`httpx.Headers` of the raw response headers (httpx's decoding
     and its merging of repeated names). The body is aiohttp's bytes as they arrive, still in
@@ -296,8 +298,8 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         the CPU of a request through ``httpx.AsyncClient`` on this transport (0.3 against
         0.65 ms at 16 connections, ``benchmarks/micro.py``). The caller gives the complete
         request headers (the client's defaults merged with its own, as httpx would send
-        them) and ``timeout`` as ``httpx.Timeout.as_dict()``; the response's headers and
-        body bytes are those httpx would give (see :class:`DirectResponse`). Release the
+        them) and ``timeout`` as ``httpx.Timeout.as_dict()``; the response's headers are those
+        httpx would give, its body the bytes as sent (see :class:`DirectResponse`). Release the
         response when done with it.
 
         Raises:

@@ -625,6 +625,7 @@ from scrape_assets.run_processes import (  # noqa: E402, F401 - the demo's and f
     _start_ticks,
     _this_kernel_and_namespace,
     fail_dead_runs,
+    pools_held,
     process_gone,
     process_identity,
     process_tags,
@@ -678,7 +679,7 @@ def run_fail_run(run_id: str) -> int:
             else:
                 instance.report_run_failed(run, message=reason)
                 done = f"was {status}, now failed"
-        pools = _pools_held(instance, run_id)
+        pools = pools_held(instance, run_id)
         instance.event_log_storage.free_concurrency_slots_for_run(run_id)
     freed = f"freed its slot{'s' if len(pools) > 1 else ''} in {', '.join(pools)}" if pools else "it held no slot"
     print(f"scrape-assets: run {run_id} {done}; {freed}")
@@ -712,13 +713,6 @@ def _run_by_id_or_short_id(instance, run_id: str):
     return instance.get_run_by_id(matches[0])
 
 
-def _pools_held(instance, run_id: str) -> list[str]:
-    """The pools in which ``run_id`` holds a concurrency slot, sorted."""
-    storage = instance.event_log_storage
-    return sorted(key for key in storage.get_concurrency_keys()
-                  if any(slot.run_id == run_id for slot in storage.get_concurrency_info(key).claimed_slots))
-
-
 def run_demo(new_snapshot: bool = False, min_success_rate: float | None = None) -> int:
     """Materialize all assets for all categories in one run; print a summary. Returns an exit code:
     1 when the run failed, or when the summary's success rate is below ``min_success_rate``
@@ -735,8 +729,8 @@ def run_demo(new_snapshot: bool = False, min_success_rate: float | None = None) 
         print(f"scrape-assets: {counted(len(keys), 'category')} in one run on the Dagster instance at {os.environ['DAGSTER_HOME']}")
         from scrape_assets.defs.pools import configured_host_pool
 
-        for line in fail_dead_runs(instance):
-            print(line, file=sys.stderr, flush=True)
+        for dead in fail_dead_runs(instance):
+            print(dead.line, file=sys.stderr, flush=True)
         if notice := pool_holders_notice(instance, configured_host_pool()):
             print(notice, file=sys.stderr, flush=True)
         run_id = str(uuid.uuid4())  # as Dagster's make_new_run_id: known before the run, for its process tag

@@ -9,6 +9,7 @@ from scrape_assets.defs.assets.dead_letters import dead_letters
 from scrape_assets.defs.assets.parsed_products import parsed_products
 from scrape_assets.defs.assets.products_table import products_table
 from scrape_assets.defs.assets.raw_pages import raw_pages
+from scrape_assets.defs.executor import in_process_executor
 from scrape_assets.defs.resources import build_resources
 from scrape_assets.gc_tuning import apply_gc_policy
 from scrape_assets.instance_storage import configured_event_batch_size
@@ -22,7 +23,7 @@ defs = dg.Definitions.merge(
     dg.Definitions(
         assets=[raw_pages, parsed_products, products_table, dead_letters],
         resources=build_resources(),
-        executor=dg.in_process_executor,
+        executor=in_process_executor,  # Dagster's, tagging the run with its process first
     ),
     jobs.defs,
     schedules.defs,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 
 #: Tags of a run: who launched it (``scrape-assets demo`` sets it), and the process and host
@@ -76,6 +77,14 @@ def process_tags(run_id: str) -> dict[str, str]:
     return tags
 
 
+def tag_run_process(instance, run) -> None:
+    """Tag ``run`` (a ``DagsterRun`` of ``instance``) with this process (:func:`process_tags`),
+    unless its tags name this process for it already; nothing where ``/proc`` does not tell."""
+    tags = process_tags(run.run_id)
+    if PROCESS_TAG in tags and run_process(run) != tags[PROCESS_TAG]:  # none, inherited, another process
+        instance.add_run_tags(run.run_id, tags)
+
+
 def run_process(run) -> str | None:
     """The :data:`PROCESS_TAG` of a ``DagsterRun`` when it was set for that run, else None
     (none set, or inherited from the run it re-executes: :data:`PROCESS_RUN_TAG`)."""
@@ -102,22 +111,39 @@ def process_gone(identity: str) -> bool | None:
     return now != ticks
 
 
-def fail_dead_runs(instance) -> list[str]:
+@dataclass(frozen=True)
+class DeadRun:
+    """A run :func:`fail_dead_runs` marked failed."""
+
+    run_id: str
+    line: str  # what was done, one line ("scrape-assets: run ..., marked failed")
+    #: launched from the code location (the daemon, the UI): run_failure_alert_sensor alerts for it
+    of_code_location: bool
+
+
+def pools_held(instance, run_id: str) -> list[str]:
+    """The pools in which ``run_id`` holds a concurrency slot, sorted."""
+    storage = instance.event_log_storage
+    return sorted(key for key in storage.get_concurrency_keys()
+                  if any(slot.run_id == run_id for slot in storage.get_concurrency_info(key).claimed_slots))
+
+
+def fail_dead_runs(instance) -> list[DeadRun]:
     """Mark failed the runs left "started" or "starting" by a process that was killed on this
     machine since it booted (:data:`PROCESS_TAG`), and give back the concurrency slots they
-    held; return a line for each.
+    held; return what was done for each.
 
     Judged only when the run's process ran on this boot of this kernel in this pid namespace:
     runs of other machines, containers or boots, runs without the tag or with one inherited
     from the run they re-execute (:func:`run_process`), and runs whose process still runs
-    are left alone. The failure is the instance's (``RUN_FAILURE`` event with the
-    reason); the run-failure alert sensor sees it for runs of the code location (launched by
-    the daemon or the UI), not for command-line runs, which belong to none.
+    are left alone. The failure is the instance's (``RUN_FAILURE`` event with the reason); the
+    run-failure alert sensor sees it for runs of the code location (launched by the daemon or
+    the UI), not for command-line runs, which belong to none.
     """
     import dagster as dg
 
     live = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
-    lines = []
+    dead = []
     for run in instance.get_runs(filters=dg.RunsFilter(statuses=live)):
         identity = run_process(run)
         if not identity or not process_gone(identity):
@@ -130,7 +156,13 @@ def fail_dead_runs(instance) -> list[str]:
         what = f"the {launcher} process" if launcher else "the process"
         instance.report_run_failed(current, message=f"{what} running it (pid {pid} on {run.tags.get(HOST_TAG, '?')}) "
                                                     "is gone: it was killed")
+        pools = pools_held(instance, run.run_id)
         instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
-        lines.append(f"scrape-assets: run {run.run_id}, left started by a{' ' + launcher if launcher else ' process'} "
-                     f"that is gone (pid {pid}), marked failed")
-    return lines
+        freed = f"; its slot{'s' if len(pools) > 1 else ''} in {', '.join(pools)} freed" if pools else ""
+        dead.append(DeadRun(
+            run.run_id,
+            f"scrape-assets: run {run.run_id}, left started by a{' ' + launcher if launcher else ' process'} that is "
+            f"gone (pid {pid}), marked failed{freed}",
+            of_code_location=run.remote_job_origin is not None,
+        ))
+    return dead

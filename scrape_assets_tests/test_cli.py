@@ -1602,8 +1602,9 @@ def test_the_next_demo_fails_only_the_runs_whose_process_it_can_tell_is_gone(ins
     pool = "scrape-host-127.0.0.1:8000"
     instance.event_log_storage.set_concurrency_slots(pool, 1)
     assert instance.event_log_storage.claim_concurrency_slot(pool, "dead", "raw_pages").is_claimed
-    assert sorted(cli.fail_dead_runs(instance)) == [
-        f"scrape-assets: run dead, left started by a scrape-assets demo that is gone (pid {child.pid}), marked failed",
+    assert sorted(dead.line for dead in cli.fail_dead_runs(instance)) == [
+        f"scrape-assets: run dead, left started by a scrape-assets demo that is gone (pid {child.pid}), marked "
+        f"failed; its slot in {pool} freed",
         f"scrape-assets: run not-a-demo, left started by a process that is gone (pid {child.pid}), marked failed"]
     statuses = {run_id: instance.get_run_by_id(run_id).status for run_id in runs}
     assert statuses.pop("dead") == statuses.pop("not-a-demo") == dg.DagsterRunStatus.FAILURE

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -397,7 +398,8 @@ def test_a_host_port_that_is_no_number_is_no_port():
     assert host_origin("http://example.com:abc/") == ("http", "example.com", 80)
 
 
-def test_a_run_killed_while_fetching_is_failed_by_the_dead_run_sensor_and_its_slot_freed(tmp_path, demo_server):
+def test_a_run_killed_while_fetching_is_failed_by_the_dead_run_sensor_and_its_slot_freed(tmp_path, demo_server,
+                                                                                       caplog):
     """A `dagster asset materialize` killed with SIGKILL stays "started" for good: with S3
     storage its host's pool slot with it, and every later raw_pages waited for it silently
     (a newcomer's trial: 10 minutes at 95% CPU, SIGTERM ignored). raw_pages tags its run with
@@ -427,7 +429,11 @@ def test_a_run_killed_while_fetching_is_failed_by_the_dead_run_sensor_and_its_sl
         instance.event_log_storage.set_concurrency_slots(pool, 1)
         assert instance.event_log_storage.claim_concurrency_slot(pool, run.run_id, "raw_pages").is_claimed
         context = dg.build_sensor_context(instance=instance, resources={"alerts": AlertsResource(webhook_url=None)})
-        skip = dead_run_sensor(context)
+        with caplog.at_level(logging.WARNING, logger="scrape_assets.alerts"):
+            skip = dead_run_sensor(context)
+        (alert,) = [r.getMessage() for r in caplog.records if r.name == "scrape_assets.alerts"]
+        assert alert.startswith(f"ALERT: scrape_assets: run {run.run_id}, left started by a process that is gone (pid "
+                                f"{killed.pid}), marked failed; its slot in {pool} freed\n(launch it again")
         assert skip.skip_message == "1 run left started by a process that is gone: marked failed"
         failed = instance.get_run_by_id(run.run_id)
         assert failed.status == dg.DagsterRunStatus.FAILURE
@@ -444,3 +450,24 @@ def test_a_run_killed_while_fetching_is_failed_by_the_dead_run_sensor_and_its_sl
     assert again.returncode == 0, err[-2000:]
     (snapshot,) = list_snapshots(store, "demo", "default")
     assert latest_manifest(store, "demo", "default").counts()["done"] == 12
+
+
+def test_every_cli_run_is_tagged_with_its_process_before_its_first_step(tmp_path):
+    """A run killed while its raw_pages still waits for the host's pool slot (S3) got no tag
+    (raw_pages tagged it from its body, after the wait): Dagster then handed the freed slot
+    to that dead run, and a third run waited for good. The project's executor tags each run
+    before its first step, whatever it selects (here raw_pages not at all)."""
+    import dagster as dg
+
+    from scrape_assets.run_processes import PROCESS_RUN_TAG, PROCESS_TAG, process_gone
+
+    env = _env(tmp_path, "tagged", pools=True)
+    done = subprocess.run([DAGSTER, "asset", "materialize", "-m", "scrape_assets.definitions", "--select",
+                           "dead_letters", "--partition", "travel"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    with dg.instance_for_test(temp_dir=env["DAGSTER_HOME"]) as instance:
+        (run,) = instance.get_runs()
+        assert run.tags[PROCESS_RUN_TAG] == run.run_id, done.stderr[-2000:]
+        assert process_gone(run.tags[PROCESS_TAG]) is True  # the command's process, exited
+        starts = [r.timestamp for r in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_START)]
+        assert starts  # a step ran, after the tag was set (the executor sets it first)

@@ -260,15 +260,18 @@ def dead_run_sensor(context: dg.SensorEvaluationContext, alerts: AlertsResource)
     slot for good, and every later run's ``raw_pages`` waits for it silently. One alert
     (log + webhook) names the runs; requests no run (re-execute one from failure to resume
     its snapshots)."""
-    lines = fail_dead_runs(context.instance)
-    if not lines:
+    dead = fail_dead_runs(context.instance)
+    if not dead:
         return dg.SkipReason("no run left started by a process that is gone")
-    for line in lines:
-        context.log.warning(line)
-    send_alert("scrape_assets: " + "\n".join(line.removeprefix("scrape-assets: ") for line in lines)
-               + "\n(their pool slots freed; re-execute a run from failure to resume its snapshots)",
-               webhook_url=alerts.webhook_url, fields={"kind": "dead_run"})
-    return dg.SkipReason(f"{counted(len(lines), 'run')} left started by a process that is gone: marked failed")
+    for run in dead:
+        context.log.warning(run.line)
+    # Runs of the code location get run_failure_alert_sensor's alert (the failure's reason names
+    # the process): one alert a run. Command-line runs belong to no code location: alerted here.
+    unseen = [run.line.removeprefix("scrape-assets: ") for run in dead if not run.of_code_location]
+    if unseen:
+        send_alert("scrape_assets: " + "\n".join(unseen) + "\n(launch it again, or re-execute it from failure: "
+                   "raw_pages resumes its snapshots)", webhook_url=alerts.webhook_url, fields={"kind": "dead_run"})
+    return dg.SkipReason(f"{counted(len(dead), 'run')} left started by a process that is gone: marked failed")
 
 
 #: The start of Dagster's RUN_FAILURE (or STEP_FAILURE) message, said by the alert's own "run <id> of <job> failed".

@@ -28,7 +28,7 @@ from scrape_assets.errors import (
 from scrape_assets.gc_tuning import freeze_again
 from scrape_assets.interrupts import CrawlInterrupted, run_interruptible
 from scrape_assets.manifest import Manifest, has_snapshot, latest_manifest, resume_conflict
-from scrape_assets.run_processes import PROCESS_TAG, process_tags, run_process
+from scrape_assets.run_processes import tag_run_process
 from scrape_assets.storage import refusal
 from scrape_assets.warehouse import may_recover
 
@@ -303,12 +303,12 @@ def raw_pages(
 
 def _tag_process(context: dg.AssetExecutionContext) -> None:
     """Tag the run with the process running it (:data:`~scrape_assets.run_processes.PROCESS_TAG`;
-    the run's own: the executor runs steps in process) unless it has it: killed, the run
-    stays "started" holding its host's pool slot, and the next demo or the daemon's
-    ``dead_run_sensor`` can then tell it is dead (:func:`~scrape_assets.run_processes.fail_dead_runs`)."""
-    tags = process_tags(context.run_id)
-    if PROCESS_TAG in tags and run_process(context.run) != tags[PROCESS_TAG]:  # none, inherited, another process
-        context.instance.add_run_tags(context.run_id, tags)
+    the run's own: steps run in process) unless it has it: killed, the run stays "started"
+    holding its host's pool slot, and the next demo or the daemon's ``dead_run_sensor`` can
+    then tell it is dead (:func:`~scrape_assets.run_processes.fail_dead_runs`). The project's
+    executor tags runs before their first step (:mod:`scrape_assets.defs.executor`); this
+    covers ``execute_in_process`` runs (``materialize()`` from Python), which replace it."""
+    tag_run_process(context.instance, context.run)
 
 
 def _raw_pages(

@@ -816,8 +816,11 @@ def _load_held_back(defs, instance, run_id: str, resources: dict, keys: list[str
     def follow_up(categories: list[str], asset_selection=None) -> list[str]:
         done = []
         for first, last in consecutive_ranges(categories, keys):
+            follow_up_id = str(uuid.uuid4())  # tagged with this process, as the demo's own run (fail_dead_runs)
             run = job.execute_in_process(instance=instance, raise_on_error=False, asset_selection=asset_selection,
-                                         tags={**partition_range_tags(first, last), HELD_BACK_TAG: run_id},
+                                         run_id=follow_up_id,
+                                         tags={**partition_range_tags(first, last), HELD_BACK_TAG: run_id,
+                                               LAUNCHED_BY_TAG: DEMO_LAUNCHER, **process_tags(follow_up_id)},
                                          run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
             span = range_label(first, last)
             done.append(span if run.success else f"{span} (FAILED: run {run.run_id})")

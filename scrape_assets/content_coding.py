@@ -50,7 +50,8 @@ def decode_body(body: bytes, content_encoding: str, max_bytes: int, *, truncate:
     """``body`` with the codings of ``content_encoding`` undone, last applied first.
 
     gzip and x-gzip read every member of a multi-member stream (RFC 1952 §2.2) and ignore
-    bytes after the last member that start none, as gzip(1) does; deflate is the zlib format
+    bytes after the last member that start none, as gzip(1) does (a body ending inside the
+    next member's two-byte magic is cut short, as gzip -t says too); deflate is the zlib format
     (RFC 9110 §8.4.1.2), or raw deflate as some servers send it (httpx reads both); br is
     Brotli (RFC 7932). Names that are no compression (``identity``, a server's ``UTF-8``)
     are skipped, as httpx and aiohttp skip them: such a body is what was sent.
@@ -119,6 +120,8 @@ def _gunzip(data: bytes, max_bytes: int) -> tuple[bytes, bool]:
                 if len(window) < 2 and start + _WINDOW < len(data):
                     held = window  # too short to tell: the next window says
                     break
+                if _GZIP_MAGIC.startswith(window):  # the body ends inside another member's magic: cut short
+                    return b"".join(parts), False
                 if not window.startswith(_GZIP_MAGIC):  # bytes after the last member: ignored
                     return b"".join(parts), True
                 members += 1

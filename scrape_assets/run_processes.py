@@ -17,10 +17,13 @@ Runs of other machines, containers or boots cannot be told from here and are lef
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 #: Tags of a run: who launched it (``scrape-assets demo`` sets it), and the process and host
 #: running it, so a later process can tell the run was left "started" by a process that is gone.
@@ -77,12 +80,24 @@ def process_tags(run_id: str) -> dict[str, str]:
     return tags
 
 
-def tag_run_process(instance, run) -> None:
+def tag_run_process(instance, run) -> bool:
     """Tag ``run`` (a ``DagsterRun`` of ``instance``) with this process (:func:`process_tags`),
-    unless its tags name this process for it already; nothing where ``/proc`` does not tell."""
+    unless its tags name this process for it already; nothing where ``/proc`` does not tell.
+
+    Returns False when the instance refused the write (locked, down): logged, never raised,
+    as the tag is bookkeeping for :func:`fail_dead_runs`; the run goes on, and only a kill
+    of it would go unnoticed.
+    """
     tags = process_tags(run.run_id)
-    if PROCESS_TAG in tags and run_process(run) != tags[PROCESS_TAG]:  # none, inherited, another process
+    if PROCESS_TAG not in tags or run_process(run) == tags[PROCESS_TAG]:  # none to set, or set already
+        return True
+    try:
         instance.add_run_tags(run.run_id, tags)
+    except Exception as exc:  # noqa: BLE001 - whatever the instance's storage raises
+        logger.warning("run %s: could not tag it with its process (%s: %s): if it is killed, nothing will mark it "
+                       "failed (scrape-assets fail-run will)", run.run_id, type(exc).__name__, exc)
+        return False
+    return True
 
 
 def run_process(run) -> str | None:
@@ -99,7 +114,8 @@ def process_gone(identity: str) -> bool | None:
     True: no process has that number now, or the one that has it started at another time
     (the number reused). False: it runs. None: not to be told from here, another boot
     (another machine, or this one before a restart: they cannot be told apart), another
-    pid namespace (another container), or no ``/proc``.
+    pid namespace (another container), no ``/proc``, or a process ``/proc`` hides from this
+    user (``hidepid``) that ``kill(pid, 0)`` says exists.
     """
     try:
         boot, namespace, pid, ticks = identity.split(":")
@@ -108,6 +124,14 @@ def process_gone(identity: str) -> bool | None:
         now = _start_ticks(int(pid))
     except (OSError, ValueError, IndexError):
         return None
+    if now is None:  # no /proc/PID: gone, or hidden (procfs hidepid=2, systemd ProtectProc=invisible)
+        try:
+            os.kill(int(pid), 0)  # signal 0: only asks whether the process exists
+        except ProcessLookupError:
+            return True
+        except (PermissionError, OverflowError):  # exists, another user's (or no pid at all: not ours to say)
+            return None
+        return None  # exists, hidden from /proc: its start time cannot be compared
     return now != ticks
 
 

@@ -1272,6 +1272,14 @@ def test_demo_loads_the_categories_that_passed_when_one_fails_the_schema_check(t
     assert {(r["category"], r["stage"], r["reason"]) for r in letters} == {
         ("fiction", "parse", "price: no element matches 'p.price_color'")} and len(letters) == 65
     assert "  dead letters    65 (table `dead_letters`)" in lines
+    # Every run of the demo, the follow-up loads too, carries its own process tag: killed, each
+    # could be told dead (fail_dead_runs); untagged, a killed follow-up stayed "started" for good.
+    from scrape_assets.run_processes import PROCESS_RUN_TAG, process_gone, run_process
+
+    with dg.instance_for_test(temp_dir=env["DAGSTER_HOME"]) as instance:
+        runs = instance.get_runs()
+        assert len(runs) == 4  # the demo's run, its two loads (two ranges) and its dead letters
+        assert all(r.tags[PROCESS_RUN_TAG] == r.run_id and process_gone(run_process(r)) for r in runs)
     # ... and the summary (of this run, and `scrape-assets summary` on later days) says which one is failing
     assert [line for line in lines if line.startswith("  schema failed ")] == [
         "  schema failed   1 whose latest parse failed the schema check, `products` holding their earlier rows, "
@@ -1865,3 +1873,34 @@ def test_an_s3_storage_url_with_credentials_in_it_is_refused_without_echoing_the
                 " (user:password@) and ports are not read: expected s3://bucket[/prefix], credentials from"
                 " AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or an AWS profile, an endpoint from AWS_ENDPOINT_URL)\n"), command
             assert "secret" not in captured.out, command
+
+
+def test_a_process_hidden_by_procfs_is_not_taken_for_gone(monkeypatch):
+    """With /proc mounted hidepid=2 (or systemd's ProtectProc=invisible) another user's live
+    process has no /proc/PID: it read as gone, and its live run would have been failed and its
+    host slot freed. kill(pid, 0) tells: it exists (can't tell -> None) or not (gone)."""
+    import subprocess as sp
+
+    from scrape_assets import run_processes
+
+    boot, namespace, pid, ticks = run_processes.process_identity().split(":")
+    monkeypatch.setattr(run_processes, "_start_ticks", lambda pid: None)  # /proc hides every process
+    assert run_processes.process_gone(f"{boot}:{namespace}:{pid}:{ticks}") is None  # this one runs
+    child = sp.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert run_processes.process_gone(f"{boot}:{namespace}:{child.pid}:{ticks}") is True  # no such process
+
+
+def test_a_refused_process_tag_is_logged_and_the_run_goes_on(caplog):
+    """The tag is bookkeeping: an instance that refuses the write (database is locked) failed
+    the whole run before its first step."""
+    from scrape_assets import run_processes
+
+    class Refusing:
+        def add_run_tags(self, run_id, tags):
+            raise RuntimeError("database is locked")
+
+    run = dg.DagsterRun(job_name="daily_scrape_job", run_id="r1", tags={})
+    with caplog.at_level("WARNING", logger="scrape_assets.run_processes"):
+        assert run_processes.tag_run_process(Refusing(), run) is False
+    assert "run r1: could not tag it with its process (RuntimeError: database is locked)" in caplog.text

@@ -1400,3 +1400,14 @@ def test_a_206_with_a_compressed_part_is_refused_as_a_206_not_a_cut_stream():
 
     result, requests, _ = _fetch_from(respond, _socket_policy(max_attempts=2))
     assert isinstance(result, TransientFetchError) and (result.reason, requests) == ("http_206", 2)
+
+
+def test_a_gzip_body_ending_one_byte_into_another_member_is_cut_short():
+    import gzip
+
+    from scrape_assets.content_coding import decode_body
+
+    first, second = gzip.compress(b"a" * 1000), gzip.compress(b"b" * 1000)
+    with pytest.raises(httpx.DecodingError, match="cut short"):
+        decode_body(first + second[:1], "gzip", 100_000)  # as gzip -t: "unexpected end of file"
+    assert decode_body(first + b"\x00", "gzip", 100_000) == b"a" * 1000  # a byte that starts no member: ignored

@@ -45,6 +45,16 @@ from pathlib import Path
 
 from scrape_assets.counts import counted
 from scrape_assets.errors import ScrapeError, SettingsError, StorageError
+from scrape_assets.run_processes import (
+    DEMO_LAUNCHER,
+    LAUNCHED_BY_TAG,
+    PID_TAG,
+    fail_dead_runs,
+    pools_held,
+    process_gone,
+    process_tags,
+    run_process,
+)
 
 #: The clone (the checkout this package runs from): where ``make`` runs, its ``dagster.yaml``,
 #: ``data/`` and ``.dagster_home/``.
@@ -615,26 +625,6 @@ def pool_holders_notice(instance, pool: str | None) -> str | None:
             "core (Ctrl-C does not stop it: kill it)")
 
 
-from scrape_assets.run_processes import (  # noqa: E402, F401 - the demo's and fail-run's, re-exported
-    DEMO_LAUNCHER,
-    HOST_TAG,
-    LAUNCHED_BY_TAG,
-    PID_TAG,
-    PROCESS_RUN_TAG,
-    PROCESS_TAG,
-    _start_ticks,
-    _this_kernel_and_namespace,
-    fail_dead_runs,
-    pools_held,
-    process_gone,
-    process_identity,
-    process_tags,
-    run_process,
-)
-
-_demo_process_gone = process_gone  # its name before other runs were tagged too
-
-
 def run_fail_run(run_id: str) -> int:
     """``scrape-assets fail-run RUN_ID``: end a run whose process is gone, free its slots.
 
@@ -645,9 +635,9 @@ def run_fail_run(run_id: str) -> int:
     or "started" is marked failed (``RUN_FAILURE`` with the reason; the alert sensor sees
     it only for runs the daemon or the UI launched: command-line runs belong to no code
     location); one stuck "canceling" is marked canceled. The operator says the process is
-    gone: only the process of a run tagged with it (by ``raw_pages`` or ``scrape-assets
-    demo``: :mod:`scrape_assets.run_processes`) can be checked, on the same machine, boot and
-    pid namespace, and one still running is refused. A run that ended only has its slots
+    gone: only the process of a run tagged with it (every run of the project's executor,
+    ``raw_pages`` and ``scrape-assets demo``: :mod:`scrape_assets.run_processes`) can be
+    checked, on the same machine, boot and pid namespace, and one still running is refused. A run that ended only has its slots
     freed. Prints what it did; returns 0.
 
     Raises:

@@ -45,6 +45,13 @@ def codings(content_encoding: str) -> list[str]:
     return [c for c in (item.strip().lower() for item in content_encoding.split(",")) if c and c != "identity"]
 
 
+def transfer_coded(transfer_encoding: str) -> bool:
+    """Whether a ``Transfer-Encoding`` value names a coding other than ``chunked`` (``gzip,
+    chunked``): aiohttp undoes chunked only, and this client sends no ``TE`` asking for any
+    other (RFC 9112 §6.1), so such a body would reach the caller still coded."""
+    return any(c != "chunked" for c in codings(transfer_encoding))
+
+
 def decode_body(body: bytes, content_encoding: str, max_bytes: int, *, truncate: bool = False,
                 complete: bool = True) -> bytes:
     """``body`` with the codings of ``content_encoding`` undone, last applied first.

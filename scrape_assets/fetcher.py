@@ -52,7 +52,15 @@ from typing import Any
 import httpx
 import idna
 
-from scrape_assets.content_coding import ACCEPT_ENCODING, COMPRESSIONS, DECODED, BodyTooLarge, codings, decode_body
+from scrape_assets.content_coding import (
+    ACCEPT_ENCODING,
+    COMPRESSIONS,
+    DECODED,
+    BodyTooLarge,
+    codings,
+    decode_body,
+    transfer_coded,
+)
 from scrape_assets.counts import counted
 from scrape_assets.errors import FetchError, PermanentFetchError, TransientFetchError, exception_text
 from scrape_assets.hostnames import DEFAULT_PORTS, url_host_problem
@@ -736,9 +744,7 @@ class PageFetcher:
                 f"{self.client.headers.get('accept-encoding', 'identity')}", http_status=status, attempts=attempt,
             )
         limit = self.policy.max_body_bytes
-        if status != 304 and any(c != "chunked" for c in codings(headers.get("transfer-encoding", ""))):
-            # aiohttp undoes chunked only: a transfer coding we never offered (no TE header sent,
-            # RFC 9112 §6.1) would leave its bytes in the body, saved as the page
+        if status != 304 and transfer_coded(headers.get("transfer-encoding", "")):  # its bytes would be the page
             raise PermanentFetchError(
                 url, "unsupported_transfer_encoding",
                 f"Transfer-Encoding {headers['transfer-encoding']}; this client reads chunked only",

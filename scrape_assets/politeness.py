@@ -51,7 +51,7 @@ import idna
 from aiolimiter import AsyncLimiter
 from protego import Protego
 
-from scrape_assets.content_coding import codings, decode_body
+from scrape_assets.content_coding import decode_body, transfer_coded
 from scrape_assets.errors import exception_text
 from scrape_assets.hostnames import url_host_problem
 from scrape_assets.retry import backoff_delay_s, classify_exception, classify_status, parse_retry_after
@@ -348,7 +348,7 @@ class RobotsCache:
                 return response.status_code, "", b"", str(response.next_request.url)
             if not 200 <= response.status_code <= 299:
                 return response.status_code, response.headers.get("retry-after", ""), b"", None
-            if any(c != "chunked" for c in codings(response.headers.get("transfer-encoding", ""))):
+            if transfer_coded(response.headers.get("transfer-encoding", "")):
                 raise httpx.DecodingError(f"Transfer-Encoding {response.headers['transfer-encoding']}: only chunked is read")
             if response.is_stream_consumed:  # content given whole by an in-process transport: httpx decoded it
                 return response.status_code, "", response.content[:ROBOTS_MAX_BYTES], None

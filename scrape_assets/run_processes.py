@@ -7,8 +7,10 @@ the kernel's OOM killer), it stays "started" for good, counted against the insta
 run's ``raw_pages`` waits for it silently (Dagster's in-process executor, using a core).
 Dagster's own run monitoring covers only runs its run launcher started.
 
-So the process running ``raw_pages`` tags its run with :data:`PROCESS_TAG` (boot id, pid
-namespace, pid and start time: exact on Linux), and :func:`fail_dead_runs` (called by the
+So each run is tagged with the process running it (:data:`PROCESS_TAG`: boot id, pid
+namespace, pid and start time, exact on Linux; set before its first step by the project's
+executor, :mod:`scrape_assets.defs.executor`, by ``raw_pages`` in runs of
+``execute_in_process``, by ``scrape-assets demo`` at launch), and :func:`fail_dead_runs` (called by the
 next ``scrape-assets demo``, and every minute by the daemon's ``dead_run_sensor``) marks
 failed the runs "started" by a process that is gone on this machine and frees their slots.
 Runs of other machines, containers or boots cannot be told from here and are left alone
@@ -130,8 +132,8 @@ def process_gone(identity: str) -> bool | None:
         except ProcessLookupError:
             return True
         except (PermissionError, OverflowError):  # exists, another user's (or no pid at all: not ours to say)
-            return None
-        return None  # exists, hidden from /proc: its start time cannot be compared
+            pass
+        return None  # it exists, hidden from /proc: its start time cannot be compared
     return now != ticks
 
 

@@ -15,6 +15,7 @@ import dagster as dg
 import yaml
 from fsspec.registry import _registry as fsspec_classes  # protocol -> imported class
 
+from scrape_assets import run_processes
 from scrape_assets.warehouse import Warehouse, dead_letters, products
 from scrape_assets_tests.conftest import REPO_ROOT
 
@@ -802,8 +803,8 @@ def test_fail_run_marks_a_killed_run_failed_and_frees_its_pool_slot(tmp_path, mo
         add("killed-run")
         add("stuck-canceling", dg.DagsterRunStatus.CANCELING)
         add("queued-run", dg.DagsterRunStatus.NOT_STARTED)  # a queued one needs a code location; the same answer
-        add("live-demo-run", **{cli.PROCESS_TAG: cli.process_identity(), cli.PID_TAG: str(os.getpid()),
-                                cli.PROCESS_RUN_TAG: "live-demo-run"})
+        add("live-demo-run", **{run_processes.PROCESS_TAG: run_processes.process_identity(), run_processes.PID_TAG: str(os.getpid()),
+                                run_processes.PROCESS_RUN_TAG: "live-demo-run"})
         add("1a2b3c4d-5e6f-4a0b-8c1d-2e3f4a5b6c7d")  # as alerts name it: run 1a2b3c4d
         add("feedbeef-0000-4000-8000-000000000001")
         add("feedbeef-0000-4000-8000-000000000002")
@@ -861,16 +862,16 @@ def test_a_demo_run_is_marked_failed_only_if_its_process_is_gone():
     """Exactly: the same boot, pid namespace, number and start time is the same process."""
     from scrape_assets import cli
 
-    mine = cli.process_identity()
+    mine = run_processes.process_identity()
     boot, namespace, pid, ticks = mine.split(":")
     assert pid == str(os.getpid())
-    assert cli._demo_process_gone(mine) is False  # this process runs
-    assert cli._demo_process_gone(f"{boot}:{namespace}:{pid}:{int(ticks) + 1}") is True  # its number, reused
-    assert cli._demo_process_gone(f"{boot}:{namespace}:{2**22 + 12345}:{ticks}") is True  # above pid_max: gone
+    assert run_processes.process_gone(mine) is False  # this process runs
+    assert run_processes.process_gone(f"{boot}:{namespace}:{pid}:{int(ticks) + 1}") is True  # its number, reused
+    assert run_processes.process_gone(f"{boot}:{namespace}:{2**22 + 12345}:{ticks}") is True  # above pid_max: gone
     # Another boot (another machine, or this one before a restart), another pid namespace
     # (a container sharing the instance), no identity: not to be told from here.
     for other in (f"another-boot:{namespace}:{pid}:{ticks}", f"{boot}:1:{2**22 + 12345}:{ticks}", "", "garbage"):
-        assert cli._demo_process_gone(other) is None
+        assert run_processes.process_gone(other) is None
 
 
 def test_make_demo_uses_an_exported_dagster_home(tmp_path):
@@ -1568,12 +1569,12 @@ def test_fail_run_ends_a_demo_run_whose_process_cannot_be_checked_from_here(tmp_
     from scrape_assets import cli
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
-    boot, namespace, pid, ticks = cli.process_identity().split(":")
+    boot, namespace, pid, ticks = run_processes.process_identity().split(":")
     with cli._instance() as instance:
         instance.add_run(dg.DagsterRun(job_name="daily_scrape_job", run_id="other-boot-run",
                                        status=dg.DagsterRunStatus.STARTED,
-                                       tags={cli.PROCESS_TAG: f"another-boot:{namespace}:{pid}:{ticks}",
-                                             cli.PID_TAG: pid, cli.PROCESS_RUN_TAG: "other-boot-run"}))
+                                       tags={run_processes.PROCESS_TAG: f"another-boot:{namespace}:{pid}:{ticks}",
+                                             run_processes.PID_TAG: pid, run_processes.PROCESS_RUN_TAG: "other-boot-run"}))
     assert cli.main(["fail-run", "other-boot-run"]) == 0
     assert capsys.readouterr().out == "scrape-assets: run other-boot-run was started, now failed; it held no slot\n"
     with cli._instance() as instance:
@@ -1588,29 +1589,29 @@ def test_the_next_demo_fails_only_the_runs_whose_process_it_can_tell_is_gone(ins
 
     from scrape_assets import cli
 
-    boot, namespace, pid, ticks = cli.process_identity().split(":")
+    boot, namespace, pid, ticks = run_processes.process_identity().split(":")
     child = sp.Popen([sys.executable, "-c", "pass"])
     child.wait()  # a process that ran and is gone: its number, no longer its start time
     gone = f"{boot}:{namespace}:{child.pid}:{ticks}"
-    demo = {cli.LAUNCHED_BY_TAG: cli.DEMO_LAUNCHER, cli.HOST_TAG: "here"}
+    demo = {cli.LAUNCHED_BY_TAG: cli.DEMO_LAUNCHER, run_processes.HOST_TAG: "here"}
     runs = {
-        "dead": {**demo, cli.PROCESS_TAG: gone, cli.PID_TAG: str(child.pid)},
-        "other-boot": {**demo, cli.PROCESS_TAG: f"another-boot:{namespace}:{child.pid}:{ticks}"},
-        "other-namespace": {**demo, cli.PROCESS_TAG: f"{boot}:1:{child.pid}:{ticks}"},
-        "alive": {**demo, cli.PROCESS_TAG: cli.process_identity()},
+        "dead": {**demo, run_processes.PROCESS_TAG: gone, run_processes.PID_TAG: str(child.pid)},
+        "other-boot": {**demo, run_processes.PROCESS_TAG: f"another-boot:{namespace}:{child.pid}:{ticks}"},
+        "other-namespace": {**demo, run_processes.PROCESS_TAG: f"{boot}:1:{child.pid}:{ticks}"},
+        "alive": {**demo, run_processes.PROCESS_TAG: run_processes.process_identity()},
         "untagged": dict(demo),
-        "not-a-demo": {cli.PROCESS_TAG: gone},
+        "not-a-demo": {run_processes.PROCESS_TAG: gone},
         # a live re-execution (Dagster copies the parent's tags) of a run whose process is gone
-        "re-execution": {cli.PROCESS_TAG: gone, cli.PROCESS_RUN_TAG: "dead", "dagster/parent_run_id": "dead"},
+        "re-execution": {run_processes.PROCESS_TAG: gone, run_processes.PROCESS_RUN_TAG: "dead", "dagster/parent_run_id": "dead"},
     }
     for run_id, tags in runs.items():
-        tags = {cli.PROCESS_RUN_TAG: run_id, **tags}  # the tag names the run it was set for
+        tags = {run_processes.PROCESS_RUN_TAG: run_id, **tags}  # the tag names the run it was set for
         instance.add_run(dg.DagsterRun(job_name="daily_scrape_job", run_id=run_id, tags=tags,
                                        status=dg.DagsterRunStatus.STARTED))
     pool = "scrape-host-127.0.0.1:8000"
     instance.event_log_storage.set_concurrency_slots(pool, 1)
     assert instance.event_log_storage.claim_concurrency_slot(pool, "dead", "raw_pages").is_claimed
-    assert sorted(dead.line for dead in cli.fail_dead_runs(instance)) == [
+    assert sorted(dead.line for dead in run_processes.fail_dead_runs(instance)) == [
         f"scrape-assets: run dead, left started by a scrape-assets demo that is gone (pid {child.pid}), marked "
         f"failed; its slot in {pool} freed",
         f"scrape-assets: run not-a-demo, left started by a process that is gone (pid {child.pid}), marked failed"]
@@ -1618,7 +1619,7 @@ def test_the_next_demo_fails_only_the_runs_whose_process_it_can_tell_is_gone(ins
     assert statuses.pop("dead") == statuses.pop("not-a-demo") == dg.DagsterRunStatus.FAILURE
     assert set(statuses.values()) == {dg.DagsterRunStatus.STARTED}
     assert not instance.event_log_storage.get_concurrency_info(pool).active_run_ids
-    assert cli.fail_dead_runs(instance) == []  # once
+    assert run_processes.fail_dead_runs(instance) == []  # once
 
 
 def test_a_process_number_reused_by_a_process_started_at_another_time_is_gone():
@@ -1627,13 +1628,13 @@ def test_a_process_number_reused_by_a_process_started_at_another_time_is_gone():
 
     from scrape_assets import cli
 
-    boot, namespace, _pid, ticks = cli.process_identity().split(":")
+    boot, namespace, _pid, ticks = run_processes.process_identity().split(":")
     child = sp.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=sp.PIPE)
     try:
-        theirs = cli._start_ticks(child.pid)
+        theirs = run_processes._start_ticks(child.pid)
         assert int(theirs) > int(ticks)  # started after this test process, seconds after, in clock ticks
-        assert cli._demo_process_gone(f"{boot}:{namespace}:{child.pid}:{theirs}") is False
-        assert cli._demo_process_gone(f"{boot}:{namespace}:{child.pid}:{ticks}") is True  # the number, another start
+        assert run_processes.process_gone(f"{boot}:{namespace}:{child.pid}:{theirs}") is False
+        assert run_processes.process_gone(f"{boot}:{namespace}:{child.pid}:{ticks}") is True  # the number, another start
     finally:
         child.communicate(timeout=30)
 

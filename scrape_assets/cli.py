@@ -256,7 +256,7 @@ def run_figures(result) -> dict:
     assets = metadata_by_asset(event.materialization for event in result.get_asset_materialization_events())
     raw, parsed, table, letters = (assets.get(a, {}) for a in ("raw_pages", "parsed_products", "products_table", "dead_letters"))
     short: dict[str, dict] = {}  # category -> {cards_found, site_says}: the WARN check that does not stop the run
-    moved: dict[str, str] = {}  # category -> how its pages disagree on the listing's size (the same check)
+    moved: dict[str, str] = {}  # category -> why its snapshot may have missed products (the same check)
     for evaluation in result.get_asset_check_evaluations():
         if evaluation.check_name == COUNT_CHECK and not evaluation.passed:
             if "mismatched" in evaluation.metadata:
@@ -317,9 +317,9 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
             "  parsed          " + step("pages_parsed", lambda: (
                 f"{counted(run['pages_parsed'], 'page')} re-parsed, "
                 f"{counted(run['partitions_unchanged'], 'category')} unchanged"), "parsed_products"),
-            *([f"  listing moved   while its pages were fetched in {counted(len(moved), 'category')}: "
+            *([f"  maybe missed    products in {counted(len(moved), 'category')} although every page was fetched: "
                + _first_names([f"{c} ({how})" for c, how in moved.items()])
-               + " (earlier rows of products not seen are kept; the next snapshot settles it)"]
+               + " (earlier rows of products not seen are kept)"]
               if (moved := run.get("categories_listing_moved")) else []),
             *([f"  fewer cards     than the site counts in {counted(len(short), 'category')}: " + _first_names(
                 [f"{c} ({f['cards_found']:,} of {f['site_says']:,})" for c, f in short.items()])

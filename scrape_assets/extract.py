@@ -21,6 +21,7 @@ from decimal import Decimal
 
 import orjson
 
+from scrape_assets.counts import counted
 from scrape_assets.errors import ManifestError
 from scrape_assets.manifest import Manifest, load_manifest
 from scrape_assets.parsing import parse_listing
@@ -63,11 +64,17 @@ class ParsedSnapshot:
             site_claims_products, listing_recognised`` (the layout guards' input).
         rejects: product cards that could not be parsed: ``url, page_number, reason``, and
             ``product_id`` when the card's id was read before the field that failed.
-        listing_moved: None, or how the snapshot's pages disagree about the listing's size
-            (``"page 1 says 32 results, page 2 says 52"``): the listing changed while its
-            pages were fetched (a crawl resumed hours later, a long crawl), so a product may
-            have moved onto a page fetched before it or not fetched at all. ``products_table``
-            then keeps the earlier rows of products not seen, as after a failed page.
+        listing_moved: None, or why the snapshot may not have seen every product although
+            every page was fetched, parts joined by "; ": its pages disagree about the
+            listing's size (``"page 1 says 32 results, page 2 says 52"``: the listing changed
+            while its pages were fetched, a crawl resumed hours later, a long crawl), so a
+            product may have moved onto a page fetched before it or not fetched at all; a
+            page lists nothing but products of earlier pages (``"page 2 only lists products
+            of earlier pages"``: page 1 served again, the site ignoring the page number or
+            redirecting back); or the snapshot lists fewer products than page 1's results
+            count (``"page 1 says 32 results, the snapshot lists 20 (on 1 page)"``: a pager
+            the spec no longer reads, the spec's ``max_pages``). ``products_table`` then
+            keeps the earlier rows of products not seen, as after a failed page.
     """
 
     category: str
@@ -94,8 +101,10 @@ def extract_snapshot(
     each other listing is recorded in ``rejects`` (``already listed on page N``: a parse dead
     letter, to see), but counts as parsed on its page: not in the rejected share, not a page
     without products for the layout guard. Pages that disagree on the listing's results
-    count or page count set ``listing_moved`` (see :class:`ParsedSnapshot`); a listing that
-    shows neither cannot be checked this way. Results counts are left out of that comparison
+    count or page count, a page listing only products of earlier pages, and a snapshot
+    (every page fetched) listing fewer products than page 1's results count set
+    ``listing_moved`` (see :class:`ParsedSnapshot`); a listing that shows neither count
+    cannot be checked against it. Results counts are left out of that comparison
     when they are figures of each page (:func:`_page_figures`): the spec's ``results_count``
     then reads "Showing 13-24 of 32" as 13, not the listing's total.
 
@@ -110,6 +119,9 @@ def extract_snapshot(
     """
     out = ParsedSnapshot(category=manifest.category, snapshot_id=manifest.snapshot_id)
     seen: dict[str, int] = {}  # product_id -> the page it was first listed on
+    repeated: list[int] = []  # pages listing nothing but products of earlier pages
+    rejected: set[str] = set()  # product ids of rejected cards
+    unnamed = 0  # rejected cards whose product id could not be read
     sizes: dict[str, dict[int, int]] = {"results": {}, "pages": {}}  # what each page says the listing holds
     for n, entry in sorted(manifest.pages.items()):
         if entry.status != "done":
@@ -131,12 +143,14 @@ def extract_snapshot(
             fetch_base_url=fetch_base_url,
             content_type=entry.content_type,
         )
+        listed_before = 0  # this page's products already listed on an earlier page
         for product in page.products:
             if (first := seen.get(product["product_id"])) is not None:
                 # Listed twice (a product that moved between pages during the crawl, a card
                 # repeated on every page): the first listing is the row, the others rejects.
                 out.rejects.append({"url": product["url"], "page_number": n,
                                     "reason": f"product_id {product['product_id']}: already listed on page {first}"})
+                listed_before += first != n
                 continue
             seen[product["product_id"]] = n
             out.products.append(
@@ -151,6 +165,12 @@ def extract_snapshot(
         for reject in page.rejects:
             out.rejects.append({"url": reject.url or entry.url, "page_number": n, "reason": reject.reason,
                                 **({"product_id": reject.product_id} if reject.product_id else {})})
+            if reject.product_id is None:
+                unnamed += 1
+            else:
+                rejected.add(reject.product_id)
+        if page.products and listed_before == len(page.products) and not page.rejects:
+            repeated.append(n)  # page 1 again (the site ignored the page number, a redirect back), or a cache
         if page.pager.results_count is not None:
             sizes["results"][n] = page.pager.results_count
         if page.pager.total_pages is not None:
@@ -172,8 +192,23 @@ def extract_snapshot(
     cards = {row["page_number"]: row["cards_found"] for row in out.pages}
     if _page_figures(sizes["results"], cards):  # not the listing's total
         sizes["results"] = {}
-    out.listing_moved = _listing_moved(sizes)
+    moved = [_listing_moved(sizes)]
+    if repeated:
+        moved.append(f"{_pages(repeated)} only {'lists' if len(repeated) == 1 else 'list'} products of earlier pages")
+    # Fewer products than the site counts: said only when nothing above explains it already.
+    if not any(moved) and manifest.sees_every_page and (says := sizes["results"].get(min(sizes["results"], default=0))):
+        if (listed := len(out.products) + len(rejected - seen.keys()) + unnamed) < says:
+            moved.append(f"page {min(sizes['results'])} says {says:,} results, the snapshot lists {listed:,} "
+                         f"(on {counted(len(out.pages), 'page')})")
+    out.listing_moved = "; ".join(m for m in moved if m) or None
     return out
+
+
+def _pages(numbers: list[int]) -> str:
+    """``"page 2"``, ``"pages 2, 3 and 5"``."""
+    if len(numbers) == 1:
+        return f"page {numbers[0]}"
+    return f"pages {', '.join(map(str, numbers[:-1]))} and {numbers[-1]}"
 
 
 def _page_figures(counts: dict[int, int], cards: dict[int, int]) -> bool:

@@ -550,8 +550,8 @@ def test_this_runs_loaded_line_counts_only_rows_this_runs_loads_kept():
     out = io.StringIO()  # a listing that moved during the crawl: said in the run's lines
     print_summary(summary, {**run, "categories_listing_moved": {"travel": "page 1 says 40 results, page 2 says 60"}},
                   out=out)
-    assert ("  listing moved   while its pages were fetched in 1 category: travel (page 1 says 40 results, page 2 "
-            "says 60) (earlier rows of products not seen are kept; the next snapshot settles it)") \
+    assert ("  maybe missed    products in 1 category although every page was fetched: travel (page 1 says 40 "
+            "results, page 2 says 60) (earlier rows of products not seen are kept)") \
         in out.getvalue().splitlines()
 
 

@@ -720,7 +720,8 @@ def test_a_listing_that_grew_while_its_pages_were_fetched_keeps_the_rows_it_push
     count = _check(result, "parsed_products_match_site_count")
     assert not count.passed and count.metadata["mismatched"].value == {}
     assert count.metadata["listing_moved"].value == {
-        "travel": "page 1 says 40 results, page 2 says 60; page 1 says 2 pages, page 2 says 3"}
+        "travel": "page 1 says 40 results, page 2 says 60; page 1 says 2 pages, page 2 says 3; page 2 only lists "
+                  "products of earlier pages"}
     assert _check(result, "products_table_matches_parsed").passed
     from scrape_assets.cli import run_figures
 
@@ -732,7 +733,8 @@ def test_a_listing_that_grew_while_its_pages_were_fetched_keeps_the_rows_it_push
         assert run_metadata(again)["parsed_products"]["pages_parsed"] == 0
         count = _check(again, "parsed_products_match_site_count")
         assert not count.passed and count.metadata["listing_moved"].value == {
-            "travel": "page 1 says 40 results, page 2 says 60; page 1 says 2 pages, page 2 says 3"}
+            "travel": "page 1 says 40 results, page 2 says 60; page 1 says 2 pages, page 2 says 3; page 2 only "
+                      "lists products of earlier pages"}
 
 
 @pytest.mark.parametrize("shown", ["position", "cards on the page"])
@@ -779,6 +781,65 @@ def test_pages_that_agree_on_the_listings_size_drop_a_product_that_left(tmp_path
     assert md["products_table"]["rows_carried_forward"] == 0
     count = _check(result, "parsed_products_match_site_count")
     assert count.passed and count.metadata["listing_moved"].value == {}
+
+
+def _two_page_site(ids_1: list[int], ids_2: list[int]) -> Site:
+    site = Site()
+    site.routes["/cat/index.html"] = compliant(listing(1, 2, [card(i, f"Book {i}", f"£{i}.00") for i in ids_1]),
+                                               etag='"p1"')
+    site.routes["/cat/page-2.html"] = compliant(listing(2, 2, [card(i, f"Book {i}", f"£{i}.00") for i in ids_2]),
+                                                etag='"p2"')
+    return site
+
+
+@pytest.mark.parametrize("how", ["page 2 serves page 1", "page 2 redirects to page 1"])
+def test_a_page_served_again_for_another_keeps_the_rows_of_the_page_not_seen(tmp_path, instance, how):
+    """Day 2 the site answers page 2 with page 1 (it ignores the page number, or redirects
+    back): every card there is one of page 1's, so books 21..40 were not seen, though every
+    page is "done". Their rows are kept (before: deleted, every check passing) and the count
+    check warns, naming the page."""
+    site = _two_page_site([*range(1, 21)], [*range(21, 41)])
+    with serve(site) as base:
+        runs = Runs(instance, tmp_path, base)
+        runs.run()
+        if how == "page 2 serves page 1":  # "Page 1 of 2" and all: the same bytes under page 2's URL
+            site.routes["/cat/page-2.html"] = site.routes["/cat/index.html"]
+        else:
+            site.routes["/cat/page-2.html"] = lambda request: (302, {"Location": "/cat/index.html"}, b"")
+        result = materialize(instance, runs.resources, ["travel"])
+    assert result.success
+    assert runs.manifests()[-1].sees_every_page
+    assert sorted(int(pid) for pid, _t, _p in runs.products()) == [*range(1, 41)]
+    md = run_metadata(result)
+    assert (md["products_table"]["rows_loaded"], md["products_table"]["rows_carried_forward"]) == (20, 20)
+    count = _check(result, "parsed_products_match_site_count")
+    assert not count.passed
+    assert count.metadata["listing_moved"].value == {"travel": "page 2 only lists products of earlier pages"}
+
+
+def test_a_snapshot_listing_fewer_products_than_the_site_counts_keeps_the_rows_not_seen(tmp_path, instance):
+    """Day 2 the pager is redesigned ("1 / 2": the spec's pager_regex no longer reads it, the
+    next link is gone): only page 1 is fetched, every page of the snapshot is done, yet page
+    1 still says 40 results and the snapshot lists 20. Books 21..40 are kept (before:
+    deleted, only the warning check said anything); the count check names the shortfall."""
+    site = _two_page_site([*range(1, 21)], [*range(21, 41)])
+    with serve(site) as base:
+        runs = Runs(instance, tmp_path, base)
+        runs.run()
+        cards = "".join(card(i, f"Book {i}", f"£{i}.00") for i in range(1, 21))
+        site.routes["/cat/index.html"] = compliant((
+            f'<html><body><form class="form-horizontal"><strong>40</strong> results</form><ol>{cards}</ol>'
+            '<ul class="pager"><li class="current">1 / 2</li></ul></body></html>').encode(), etag='"p1b"')
+        result = materialize(instance, runs.resources, ["travel"])
+    assert result.success
+    latest = runs.manifests()[-1]
+    assert (sorted(latest.pages), latest.sees_every_page) == ([1], True)
+    assert sorted(int(pid) for pid, _t, _p in runs.products()) == [*range(1, 41)]
+    md = run_metadata(result)
+    assert (md["products_table"]["rows_loaded"], md["products_table"]["rows_carried_forward"]) == (20, 20)
+    count = _check(result, "parsed_products_match_site_count")
+    assert not count.passed
+    assert count.metadata["listing_moved"].value == {"travel": "page 1 says 40 results, the snapshot lists 20 (on 1 page)"}
 
 
 def test_a_product_whose_card_is_rejected_keeps_its_earlier_row_until_the_card_parses_again(tmp_path, instance):

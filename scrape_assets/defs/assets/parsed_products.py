@@ -147,9 +147,10 @@ def parsed_products(
                             f"says {figures['site_says']} results: pages the crawl did not reach (pagination, the "
                             "spec's max_pages)?")
     for category, how in moved.items():
-        context.log.warning(f"{category}: the listing changed while its pages were fetched ({how}): a product may "
-                            "have moved past the pages fetched; products_table keeps the earlier rows of products "
-                            "this snapshot did not see, as after a failed page")
+        context.log.warning(f"{category}: the snapshot may not have seen every product ({how}): the listing changed "
+                            "while its pages were fetched, a page was served again for another, or pages were not "
+                            "reached; products_table keeps the earlier rows of products this snapshot did not see, "
+                            "as after a failed page")
     count_check = dg.AssetCheckResult(
         check_name=COUNT_CHECK,
         passed=not (mismatched or moved),

@@ -21,7 +21,6 @@ from decimal import Decimal
 
 import orjson
 
-from scrape_assets.counts import counted
 from scrape_assets.errors import ManifestError
 from scrape_assets.manifest import Manifest, load_manifest
 from scrape_assets.parsing import parse_listing
@@ -71,10 +70,9 @@ class ParsedSnapshot:
             product may have moved onto a page fetched before it or not fetched at all; a
             page lists nothing but products of earlier pages (``"page 2 only lists products
             of earlier pages"``: page 1 served again, the site ignoring the page number or
-            redirecting back); or the snapshot lists fewer products than page 1's results
-            count (``"page 1 says 32 results, the snapshot lists 20 (on 1 page)"``: a pager
-            the spec no longer reads, the spec's ``max_pages``). ``products_table`` then
-            keeps the earlier rows of products not seen, as after a failed page.
+            redirecting back). ``products_table`` then keeps the earlier rows of products
+            not seen, as after a failed page (as it does when the snapshot has fewer cards
+            than page 1's results count).
     """
 
     category: str
@@ -101,8 +99,7 @@ def extract_snapshot(
     each other listing is recorded in ``rejects`` (``already listed on page N``: a parse dead
     letter, to see), but counts as parsed on its page: not in the rejected share, not a page
     without products for the layout guard. Pages that disagree on the listing's results
-    count or page count, a page listing only products of earlier pages, and a snapshot
-    (every page fetched) listing fewer products than page 1's results count set
+    count or page count, and a page listing only products of earlier pages, set
     ``listing_moved`` (see :class:`ParsedSnapshot`); a listing that shows neither count
     cannot be checked against it. Results counts are left out of that comparison
     when they are figures of each page (:func:`_page_figures`): the spec's ``results_count``
@@ -120,8 +117,6 @@ def extract_snapshot(
     out = ParsedSnapshot(category=manifest.category, snapshot_id=manifest.snapshot_id)
     seen: dict[str, int] = {}  # product_id -> the page it was first listed on
     repeated: list[int] = []  # pages listing nothing but products of earlier pages
-    rejected: set[str] = set()  # product ids of rejected cards
-    unnamed = 0  # rejected cards whose product id could not be read
     sizes: dict[str, dict[int, int]] = {"results": {}, "pages": {}}  # what each page says the listing holds
     for n, entry in sorted(manifest.pages.items()):
         if entry.status != "done":
@@ -165,10 +160,6 @@ def extract_snapshot(
         for reject in page.rejects:
             out.rejects.append({"url": reject.url or entry.url, "page_number": n, "reason": reject.reason,
                                 **({"product_id": reject.product_id} if reject.product_id else {})})
-            if reject.product_id is None:
-                unnamed += 1
-            else:
-                rejected.add(reject.product_id)
         if page.products and listed_before == len(page.products) and not page.rejects:
             repeated.append(n)  # page 1 again (the site ignored the page number, a redirect back), or a cache
         if page.pager.results_count is not None:
@@ -195,11 +186,6 @@ def extract_snapshot(
     moved = [_listing_moved(sizes)]
     if repeated:
         moved.append(f"{_pages(repeated)} only {'lists' if len(repeated) == 1 else 'list'} products of earlier pages")
-    # Fewer products than the site counts: said only when nothing above explains it already.
-    if not any(moved) and manifest.sees_every_page and (says := sizes["results"].get(min(sizes["results"], default=0))):
-        if (listed := len(out.products) + len(rejected - seen.keys()) + unnamed) < says:
-            moved.append(f"page {min(sizes['results'])} says {says:,} results, the snapshot lists {listed:,} "
-                         f"(on {counted(len(out.pages), 'page')})")
     out.listing_moved = "; ".join(m for m in moved if m) or None
     return out
 

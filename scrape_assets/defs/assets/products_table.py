@@ -81,7 +81,11 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
                                     "parse of this category ran at the same time): run products_table again")
             rows = parsed.products  # dicts with the table's columns and more (insert_many picks the columns)
             rejected = {r["product_id"] for r in parsed.rejects if r.get("product_id")}
-            moved = parsed.listing_moved is not None
+            # Fewer cards than page 1's results count (parsed_products' count check warns): pages
+            # not reached (a pager the spec no longer reads, max_pages), the unseen products with them.
+            short = (manifest.products_expected is not None
+                     and len(parsed.products) + len(parsed.rejects) < manifest.products_expected)
+            moved = parsed.listing_moved is not None or short
         loaded[category], carried[category] = wh.load_products(
             category,
             rows,
@@ -182,8 +186,9 @@ def products_table(
     """The ``products`` table: one row per (category, product_id), replaced per partition.
 
     Delete-then-insert in one transaction per category: a rerun gives the same table. When a
-    page failed, or the pages disagree on the listing's size (it changed while they were
-    fetched: ``ParsedSnapshot.listing_moved``), earlier rows not seen this time are carried
+    page failed, the pages disagree on the listing's size or a page lists only products of
+    earlier pages (``ParsedSnapshot.listing_moved``), or the snapshot has fewer cards than
+    page 1's results count (pages not reached), earlier rows not seen this time are carried
     forward, never deleted by a failed fetch or a moving listing, and so is the earlier row
     of a product whose card was rejected (see
     ``Warehouse.load_products``). An

@@ -17,6 +17,7 @@ from __future__ import annotations
 import codecs
 import re
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
@@ -251,6 +252,27 @@ _CURRENCY_WORDS = frozenset({"kr", "kn", "zł", "zl", "kč", "kc", "ft", "lei", 
                              "р", "лв", "грн", "tk", "euro", "euros", "eur"})
 #: Cents written after the symbol, as French shops do: "12€99" is 12.99.
 _SIGN_CENTS = re.compile(r"([£$€¥])(\d\d)(?!\d)")
+#: Currency signs other than £ $ € ¥, and the ISO 4217 codes each may stand for (the spec's
+#: currency when it is one of them, the only one otherwise; several: the price is refused).
+_OTHER_SIGNS = {"₹": ("INR",), "₪": ("ILS",), "₩": ("KRW", "KPW"), "₽": ("RUB",), "₺": ("TRY",), "₫": ("VND",),
+                "₱": ("PHP",), "₴": ("UAH",), "₦": ("NGN",), "₡": ("CRC",), "₲": ("PYG",), "₸": ("KZT",),
+                "₼": ("AZN",), "₾": ("GEL",), "฿": ("THB",), "₭": ("LAK",), "₮": ("MNT",), "৳": ("BDT",),
+                "₵": ("GHS",), "￥": ("JPY", "CNY"), "円": ("JPY",), "元": ("CNY",), "￡": ("GBP",), "＄": ("USD",),
+                "﷼": ("SAR", "IRR", "YER", "OMR", "QAR")}
+#: Currency words written right before or after an amount (compared in lower case), and their codes.
+_WORD_CODES = {"zł": ("PLN",), "zl": ("PLN",), "kr": ("SEK", "NOK", "DKK", "ISK"), "kn": ("HRK",), "kč": ("CZK",),
+               "kc": ("CZK",), "ft": ("HUF",), "lei": ("RON", "MDL"), "tl": ("TRY",), "din": ("RSD",),
+               "rs": ("INR", "PKR", "LKR", "NPR", "MUR", "SCR"), "fr": ("CHF",), "sfr": ("CHF",), "руб": ("RUB", "BYN"),
+               "р": ("RUB", "BYN"), "лв": ("BGN",), "грн": ("UAH",), "tk": ("BDT",), "euro": ("EUR",),
+               "euros": ("EUR",)}
+_WORD_BEFORE = re.compile(r"(?<![^\W\d_])([^\W\d_]{1,5})\.?\s?$")
+_WORD_AFTER = re.compile(r"\s?([^\W\d_]{1,5})(?![^\W\d_])")
+#: Currencies written in Arabic letters (a riyal "ر.س", a dirham "د.إ", ...).
+_ARABIC_ABBREVIATIONS = {"ر.س": ("SAR",), "د.إ": ("AED",), "د.ك": ("KWD",), "ر.ق": ("QAR",), "ج.م": ("EGP",),
+                         "د.ا": ("JOD",), "ر.ع": ("OMR",), "د.ب": ("BHD",), "د.ج": ("DZD",), "د.م": ("MAD",)}
+#: Eastern Arabic digits and separators, read as ASCII ones ("٥١٫٧٧" is 51.77).
+_ARABIC = str.maketrans({**{chr(0x660 + d): str(d) for d in range(10)}, **{chr(0x6F0 + d): str(d) for d in range(10)},
+                         "\u066b": ".", "\u066c": ","})
 
 
 def _is_currency_marker(token: str) -> bool:
@@ -354,7 +376,8 @@ _SYMBOL_CODES = {"£": ("GBP", "GIP", "FKP", "SHP", "EGP"), "€": ("EUR",), "¥
 def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = None) -> tuple[Decimal, str]:
     """Parse a displayed price into an exact amount and an ISO 4217 currency code.
 
-    The first number in ``text`` is the amount. Its decimal mark is ``decimal_mark`` when
+    The amount is the only number in ``text``, or, of several, the one a currency marks (see
+    :func:`_the_amount`: "20% off £45.17" is 45.17, "Was £20 Now £12" is refused). Its decimal mark is ``decimal_mark`` when
     given (the spec's), the other of ``,`` and ``.`` grouping thousands. Otherwise it is
     guessed: of ``,`` and ``.``, the one appearing last when both appear; a lone ``,``
     before exactly 3 digits groups thousands (``"$1,234"``), else it is the decimal mark
@@ -380,11 +403,13 @@ def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = 
     ``"NT$"``, ``"MX$"``, ``"R$"`` BRL, ``"RD$"`` DOP, ``"US$"``/``"US $"`` USD, or a code:
     ``"USD$"``, ``"AUD $"``); a symbol: ``default_currency`` when it is written with that
     symbol (``"$12.99"`` on a CAD or MXN site, ``"¥"`` on a CNY site), else £ GBP, $ USD,
-    € EUR, ¥ JPY (pence GBP, cents USD); else ``default_currency``.
+    € EUR, ¥ JPY (pence GBP, cents USD); another sign or currency word (``"₹"`` INR, ``"zł"``
+    PLN, ``"円"`` JPY, ``"kr"``: see :func:`_other_currency`); else ``default_currency``.
+    Eastern Arabic digits and separators read as ASCII ones (``"٥١٫٧٧"`` is 51.77).
     Limits: without a symbol, a word that is also a code (``"ALL 12.00"``: Albanian lek) is
-    read as that currency; only the first amount counts (``"Was £20 Now £12"`` is 20: point
-    the spec's price selector at the current price); a price split over elements
-    (``"$12<sup>99</sup>"``) reads as its digits run together (1299).
+    read as that currency; a currency written in words this parser does not list
+    (``"12 dollars"``) is ``default_currency``. A price split over elements is read by
+    :func:`_price_text` before it gets here (``"$12<sup>99</sup>"`` is 12.99).
     Mojibake before the symbol (``"Â£51.77"``) is ignored.
 
     Args:
@@ -397,17 +422,18 @@ def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = 
         digits shown (no float rounding).
 
     Raises:
-        ValueError: no number in ``text``, an ambiguous amount, or one ``decimal_mark``
-            cannot read; the message quotes ``text``.
+        ValueError: no number in ``text``, only a percentage, several amounts a currency
+            marks, an ambiguous amount, one ``decimal_mark`` cannot read, or a currency sign
+            that may not be the spec's currency; the message quotes ``text``.
     """
     if (simple := _SIMPLE_PRICE.fullmatch(text)) and not (decimal_mark == "," and "." in simple.group(2)):
         # "£51.77", "12.00": what the general path below gives, without its dozen regex steps
         sign = simple.group(1)
         currency = default_currency if not sign or _suits(default_currency, sign) else _CURRENCY_SYMBOLS[sign]
         return Decimal(simple.group(2)), currency
-    match = _AMOUNT.search(text)
-    if match is None:
-        raise ValueError(f"no number in {text!r} (expected an amount such as '£51.77')")
+    if not text.isascii():
+        text = text.translate(_ARABIC)
+    match = _the_amount(text)
     raw, end = match.group(), match.end()
     if raw.isdigit() and len(raw) <= 3 and (grouped := _space_grouped_end(text, end)) is not None:
         raw, end = text[match.start():grouped], grouped  # "1 234,50 €", "1 299 kr", "2 499,-"
@@ -441,7 +467,7 @@ def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = 
     if currency is None and minor is not None:
         sign = "£" if minor.group(1) == "p" else "$"
         currency = default_currency if _suits(default_currency, sign) else _CURRENCY_SYMBOLS[sign]
-    currency = currency or default_currency
+    currency = currency or _other_currency(text, match.start(), end, default_currency) or default_currency
     try:
         amount = Decimal(_amount(raw, three_decimals=currency in _THREE_DECIMALS, no_decimals=currency in _NO_DECIMALS,
                                  decimal_mark=decimal_mark))
@@ -454,6 +480,109 @@ def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = 
     if _MINUS_BEFORE.search(text, 0, match.start()) or _PARENTHESES.fullmatch(text):
         amount = -amount
     return amount, currency
+
+
+#: A percentage right after an amount ("20% off"): never a price.
+_PERCENT = re.compile(r" ?%")
+#: What may join the two ends of a price range ("£12.99 - £15.99", "£12 to £15").
+_RANGE = re.compile(r" ?(?:[^\w\s-]{1,2}|[A-Z]{1,3})? ?(?:[-\u2013\u2014~]|to|bis|à|a) ?(?:[A-Z]{0,3} ?[^\w\s]{1,2}|[A-Z]{3})? ?",
+                    re.IGNORECASE)
+
+
+def _amount_spans(text: str) -> list[tuple[re.Match, int]]:
+    """Each amount in ``text`` as :func:`parse_price` reads one: ``(its first match, where it
+    ends)``, space-grouped digits ("1 299 kr") and cents after a sign ("12€99") taken along."""
+    spans, pos = [], 0
+    while (match := _AMOUNT.search(text, pos)) is not None:
+        end = match.end()
+        if match.group().isdigit() and len(match.group()) <= 3 and (grouped := _space_grouped_end(text, end)):
+            end = grouped
+        if (cents := _SIGN_CENTS.match(text, end)) and text[match.start():end].translate(_GROUPING).isdigit():
+            end = cents.end()
+        spans.append((match, end))
+        pos = end
+    return spans
+
+
+def _marked(text: str, start: int, end: int) -> bool:
+    """Whether a currency sign, code or word is right before or after ``text[start:end]`` (or in it: "12€99").
+
+    A sign between two amounts marks the one it touches: in "Pack of 6 £12.99" the "£" is 12.99's.
+    """
+    before, after = text[:start].rstrip(" -\u2212("), text[end:].lstrip(" ")
+    if after and len(after) < len(text) - end and after[1:2].isdigit():
+        after = ""  # "6 £12.99": spaced from this amount, touching the next
+    if before and len(before) < start and before[-2:-1].isdigit():
+        before = ""  # "12€ 3": touching the amount before, spaced from this one
+    signs = [c for c in (before[-1:], after[:1]) if c] + [c for c in text[start:end] if not c.isdigit()]
+    if any(unicodedata.category(c) == "Sc" or c in _OTHER_SIGNS for c in signs):
+        return True
+    code_before, code_after = _CODE_BEFORE.search(before), _CODE_AFTER.match(text, end)
+    if any(code and is_price_currency(code.group(1)) for code in (code_before, code_after)):
+        return True
+    words = (_WORD_BEFORE.search(before), _WORD_AFTER.match(text, end))
+    if any(w and (w.group(1).lower() in _WORD_CODES or w.group(1).lower() in _CURRENCY_WORDS) for w in words):
+        return True
+    return _MINOR_AFTER.match(text, end) is not None
+
+
+def _the_amount(text: str) -> re.Match:
+    """The match of the price's amount in ``text``: the only amount; or, of several, the one a
+    currency marks ("20% off £45.17", "Only 3 left! £12.99", "2 for £10.00"), one outside
+    parentheses first ("£1.50 (£3.00/kg)"); a range's low end ("£12.99 - £15.99"); else the
+    first. A percentage is never the amount.
+
+    Raises:
+        ValueError: no amount, only a percentage, or several marked ones ("Was £20 Now £12").
+    """
+    spans = _amount_spans(text)
+    if not spans:
+        raise ValueError(f"no number in {text!r} (expected an amount such as '£51.77')")
+    if len(spans) == 1 and not _PERCENT.match(text, spans[0][1]):
+        return spans[0][0]
+    priced = [(m, end) for m, end in spans if not _PERCENT.match(text, end)]
+    if not priced:
+        raise ValueError(f"no price in {text!r}, only a percentage")
+    marked = [(m, end) for m, end in priced if _marked(text, m.start(), end)]
+    if len(marked) > 1:  # those in parentheses are a unit price or a conversion: "£1.50 (£3.00/kg)"
+        marked = [(m, end) for m, end in marked if text.count("(", 0, m.start()) <= text.count(")", 0, m.start())]
+    if len(marked) == 2 and _RANGE.fullmatch(text, marked[0][1], marked[1][0].start()):
+        return marked[0][0]  # "£12.99 - £15.99": from
+    if len(marked) > 1:
+        shown = ", ".join(repr(text[m.start():end]) for m, end in marked)
+        raise ValueError(f"{len(marked)} prices in {text!r} ({shown}): point the spec's price selector at the "
+                         "current price alone")
+    return (marked or priced)[0][0]
+
+
+def _other_currency(text: str, start: int, end: int, default_currency: str) -> str | None:
+    """The currency a sign or word other than £ $ € ¥ names in ``text`` (a sign anywhere, a word
+    right before or after the amount at ``text[start:end]``), or None when there is none.
+
+    Returns the spec's ``default_currency`` when the sign may stand for it ("kr" on a SEK
+    site), else the sign's one code ("₹": INR).
+
+    Raises:
+        ValueError: the sign may stand for several codes, none the spec's ("kr" on a GBP
+            site), or for none ISO 4217 lists as a price currency, or is a currency sign this
+            parser does not know (Unicode category Sc).
+    """
+    found = next((c for c in text if c in _OTHER_SIGNS or (unicodedata.category(c) == "Sc" and c not in "¢")), None)
+    found = found or next((a for a in _ARABIC_ABBREVIATIONS if a in text), None)
+    if found is None:
+        words = (_WORD_BEFORE.search(text, 0, start), _WORD_AFTER.match(text, end))
+        found = next((w.group(1) for w in words if w and w.group(1).lower() in _WORD_CODES), None)
+        if found is None:
+            return None
+    named = _OTHER_SIGNS.get(found) or _ARABIC_ABBREVIATIONS.get(found) or _WORD_CODES.get(found.lower(), ())
+    codes = [c for c in named if is_price_currency(c)]
+    if default_currency in codes:
+        return default_currency
+    if len(codes) == 1:
+        return codes[0]
+    may_be = f"may be {' or '.join(codes)}" if codes else "names no currency this parser knows"
+    raise ValueError(f"{text!r} is priced in {found!r}, which {may_be}; the spec's currency is {default_currency} "
+                     "(set the spec's currency to the site's)")
 
 
 def _suits(code: str, symbol: str) -> bool:
@@ -510,8 +639,10 @@ class PagerInfo:
         next_link_error: why the ``next`` link's ``href`` could not be resolved (``next_url``
             is then ``None``), e.g. ``"'http://[bad/' (Invalid IPv6 URL)"``; ``None`` otherwise.
         shows_listing: the page has one of the spec's pagination elements (pager, ``next``
-            link, results count), whatever its text: "0 results" or "No results" is an
-            empty listing; a page with none of them and no product card is no listing page.
+            link) whatever its text, or a results count that reads ("0 results" is an empty
+            listing); a page with none of them and no product card is no listing page (a
+            results element without a number, "No results" or a script's "{{ total }}",
+            cannot tell an empty listing from a page that does not show it).
     """
 
     current_page: int | None
@@ -627,10 +758,13 @@ def parse_pager(
             next_link_error = f"{href!r} ({exc})"
     results = None
     if pagination.results_count and (node := tree.css_first(pagination.results_count)) is not None:
-        shows_listing = True
         if (match := _INTEGER.search(_COUNT_GROUP_MARK.sub("", node.text()))) and len(
                 digits := re.sub(r"\D", "", match.group())) <= _MAX_DIGITS:
             results = int(digits)
+            # Only a count that reads shows the listing: "0 results" is an empty one, but an
+            # element with no number in it ("{{ total }}" of a page rendered by script, "No
+            # results") cannot tell an empty listing from one this page does not show.
+            shows_listing = True
     return PagerInfo(current_page=current, total_pages=total, next_url=next_url, results_count=results,
                      next_link_error=next_link_error, shows_listing=shows_listing)
 
@@ -640,6 +774,28 @@ def parse_pager(
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,=@%/]*")
 #: The leading dot segments of a relative path (``../../``), or the ``/`` of an absolute one.
 _PATH_PREFIX = re.compile(r"/|(?:\.\.?/)*")
+
+
+def _document_base(tree: LexborHTMLParser, page_url: str) -> str:
+    """The URL a page's relative links resolve against: its first ``<base href>`` resolved
+    against ``page_url``, else ``page_url`` (the HTML Standard's "document base URL"; a base
+    that does not parse, or is no http(s) URL, is ignored as browsers ignore data: and
+    javascript: ones)."""
+    node = tree.css_first("base[href]")
+    if node is None:
+        return page_url
+    try:
+        base = urljoin(page_url, (node.attributes.get("href") or "").strip())
+        return base if urlsplit(base).scheme.lower() in ("http", "https") else page_url
+    except ValueError:  # "http://[bad/"
+        return page_url
+
+
+def _same_origin(a: str, b: str) -> bool:
+    try:
+        return _origin(urlsplit(a)) == _origin(urlsplit(b))
+    except ValueError:
+        return False
 
 
 class UrlJoiner:
@@ -706,9 +862,12 @@ _BREAKING_TAGS = frozenset({
 _NOT_SHOWN_TAGS = frozenset({"script", "style", "template"})
 
 
-def _visible_text(node: LexborNode, *, breaks: bool = True) -> str:
-    """``node``'s text as shown: without the text of script, style and template elements and,
-    with ``breaks``, with a space where a line break or a block element starts or ends.
+def _visible_text(node: LexborNode, *, breaks: bool = True, hidden: frozenset[str] = _NOT_SHOWN_TAGS,
+                  add_text: Callable[[list[str], LexborNode], None] | None = None) -> str:
+    """``node``'s text as shown: without the text of script, style and template elements (of
+    ``hidden``'s) and, with ``breaks``, with a space where a line break or a block element
+    starts or ends. ``add_text(parts, text_node)``, when given, appends each text node's text
+    to the parts joined at the end (:func:`_price_text`'s checks); it may raise.
 
     A block element's end counts wherever it is nested: in ``<a><h3>Title</h3></a>Ships`` the
     ``h3`` ends before "Ships" although "Ships" follows the ``a``. The tree is walked once,
@@ -716,18 +875,21 @@ def _visible_text(node: LexborNode, *, breaks: bool = True) -> str:
     nodes are told apart by ``mem_id``, their address: selectolax's ``==`` serialises both
     subtrees when they differ).
     """
-    if node.tag in _NOT_SHOWN_TAGS:  # a selector matching a script or style element: nothing shown
+    if node.tag in hidden:  # a selector matching a script or style element: nothing shown
         return ""
-    parts = []
+    parts: list[str] = []
     stop = node.mem_id
     current = node.first_child
     while current is not None:
         tag = current.tag
         if tag == "-text":
-            parts.append(current.text_content or "")
+            if add_text is None:
+                parts.append(current.text_content or "")
+            else:
+                add_text(parts, current)
         elif breaks and tag in _BREAKING_TAGS:
             parts.append(" ")  # where it starts
-        child = None if tag in _NOT_SHOWN_TAGS else current.first_child
+        child = None if tag in hidden else current.first_child
         if child is not None:
             current = child
             continue
@@ -743,6 +905,47 @@ def _visible_text(node: LexborNode, *, breaks: bool = True) -> str:
                 current = None
                 break
     return "".join(parts)
+
+
+def _decodable(name: str, value: str, body: bytes, content_type: str | None) -> None:
+    """Raise :class:`_FieldError` when ``value`` holds U+FFFD: bytes the page's charset could not
+    decode (a wrong charset label), so the text read is not what the site shows."""
+    if "\ufffd" in value:
+        raise _FieldError(f"{name}: {value!r} has a character the page's charset ({sniff_charset(body, content_type)}) "
+                          "cannot decode (U+FFFD); is its charset label wrong?")
+
+
+#: Not read in a price: struck-through text is the old price ("<del>£20</del> £12"), never the current.
+_PRICE_HIDDEN_TAGS = _NOT_SHOWN_TAGS | {"del", "s", "strike"}
+
+
+def _price_text(node: LexborNode) -> str:
+    """A price element's text as shown, inline elements joined ("£<span>51</span>.77" is "£51.77"),
+    without struck-through text (``del``, ``s``, ``strike``: "<del>£20</del> £12" is " £12").
+
+    Two digits in a ``<sup>`` right after digits are the cents ("£45<sup>17</sup>": "£45.17";
+    a decimal mark is put between, "," when the digits before hold a "." grouping them).
+
+    Raises:
+        _FieldError: digits of two other elements would run together ("<span>45</span><span>17</span>":
+            is "17" the cents, or part of the units?), read as one number they could be wrong.
+    """
+    return _visible_text(node, breaks=False, hidden=_PRICE_HIDDEN_TAGS, add_text=_add_price_part)
+
+
+def _add_price_part(parts: list[str], text_node: LexborNode) -> None:
+    """Append a price's text node to ``parts`` (see :func:`_price_text`)."""
+    part = text_node.text_content or ""
+    if part[:1].isdigit() and (text := "".join(parts))[-1:].isdigit():
+        parent = text_node.parent
+        if parent is not None and parent.tag == "sup" and len(part) == 2 and part.isdigit():
+            integer = re.search(r"[\d.,]*$", text).group()
+            part = ("," if "." in integer and "," not in integer else ".") + part
+        else:
+            raise _FieldError(f"price: digits of separate elements run together in {(text + part).strip()!r} "
+                              f"({text.split()[-1]!r} then {part.split()[0]!r}): the units and the cents? "
+                              "point the spec's price selector at an element holding the whole price")
+    parts.append(part)
 
 
 def _read(
@@ -763,7 +966,7 @@ def _read(
         raise _FieldError(f"{name}: no element matches {field.css!r}")
     if field.attr is None:
         # A price's digits may be split over inline elements ("£<span>51</span>.77"): joined as shown.
-        value = " ".join(_visible_text(node, breaks=name != "price").split())
+        value = " ".join((_price_text(node) if name == "price" else _visible_text(node)).split())
     else:
         raw = node.attributes.get(field.attr)
         if raw is None:
@@ -823,7 +1026,9 @@ def parse_listing(
     with nulls. A page without cards returns no products (deciding whether that is an error
     is the caller's layout guard, see ``schemas.PagesSchema``).
 
-    URLs: a product URL is ``urljoin(page_url, href)``. When the page was fetched from a mirror,
+    URLs: a product URL is ``urljoin(base, href)``, ``base`` the page's first ``<base href>``
+    (resolved against ``page_url``) or else ``page_url``; the ``next`` link resolves against
+    that base only when it is on ``page_url``'s origin. When the page was fetched from a mirror,
     pass both ``fetch_base_url`` (where it was fetched, e.g. ``"http://127.0.0.1:8123/"``) and
     ``canonical_base_url`` (usually ``spec.base_url``): a product URL starting with
     ``fetch_base_url`` gets that prefix replaced, so rows name the real site. With only one of
@@ -847,7 +1052,8 @@ def parse_listing(
     products: list[dict] = []
     rejects: list[Reject] = []
     cards = tree.css(selectors.product)
-    join = UrlJoiner(page_url)
+    base = _document_base(tree, page_url)
+    join = UrlJoiner(base)
     for card in cards:
         nodes: dict[str, LexborNode | None] = {}
         url = product_id = None
@@ -869,10 +1075,9 @@ def parse_listing(
             title = _read(card, "title", selectors.title, nodes)
             price_text = _read(card, "price", selectors.price, nodes, allow_empty=True)
             rating_text = _read(card, "rating", selectors.rating, nodes)
-            if "\ufffd" in price_text:  # the lost character may have been the currency symbol
-                raise _FieldError(f"price: {price_text!r} has a character the page's charset "
-                                  f"({sniff_charset(body, content_type)}) cannot decode (U+FFFD); is its charset "
-                                  f"label wrong?")
+            # The lost character may have been the currency symbol, or a letter of the title.
+            _decodable("title", title, body, content_type)
+            _decodable("price", price_text, body, content_type)
             try:
                 price, currency = parse_price(price_text, spec.currency, decimal_mark=spec.decimal_mark)
             except ValueError as exc:
@@ -888,6 +1093,7 @@ def parse_listing(
             except ValueError as exc:
                 raise _FieldError(f"rating: {exc}") from None
             availability = _read(card, "availability", selectors.availability, nodes)
+            _decodable("availability", availability, body, content_type)
         except _FieldError as exc:
             rejects.append(Reject(url=url or page_url, reason=str(exc), product_id=product_id))
             continue
@@ -903,5 +1109,7 @@ def parse_listing(
             }
         )
     return ParsedPage(
-        products=products, rejects=rejects, pager=parse_pager(tree, spec, page_url), cards_found=len(cards)
+        products=products, rejects=rejects, cards_found=len(cards),
+        # the next link is for fetching: resolved against a <base> only on the page's own origin (a mirror stays one)
+        pager=parse_pager(tree, spec, base if _same_origin(base, page_url) else page_url),
     )

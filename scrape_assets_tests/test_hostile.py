@@ -173,20 +173,26 @@ def test_a_page_with_nothing_usable_in_it_keeps_the_categorys_rows(tmp_path, ins
             answer])
 
 
-@pytest.mark.parametrize("spec_counts_results", [True, False])
+@pytest.mark.parametrize(("spec_counts_results", "page"),
+                         [(True, "bot check"), (False, "bot check"), (True, "script shell")])
 def test_a_bot_check_served_as_200_holds_the_category_back_instead_of_emptying_it(tmp_path, instance,
-                                                                                   spec_counts_results):
+                                                                                   spec_counts_results, page):
     """A challenge page answered with status 200 has no product card, no pager and no results
     count: parsed as an empty listing it would replace the category's rows with none. With a
     results count in the spec (which even an empty listing shows), the page fails the blocking
     check and the earlier rows stay; without one the guard cannot tell it from an empty
-    category (the documented limit), and the category empties as the site asked."""
+    category (the documented limit), and the category empties as the site asked. A page whose
+    listing a script fills in has the results element, but no number in it ("{{ total }}"):
+    no sign of an empty listing either (it emptied the category before)."""
     from scrape_assets.demo_site import DemoRequestHandler, DemoResponse, DemoServer, catalogue
     from scrape_assets.warehouse import Warehouse, products
     from scrape_assets_tests.conftest import serving
 
     travel = "/" + catalogue().category("travel").path  # one page, 11 products
-    challenge = b"<html><head><title>Just a moment...</title></head><body><p>Checking your browser</p></body></html>"
+    challenge = (b"<html><head><title>Just a moment...</title></head><body><p>Checking your browser</p></body></html>"
+                 if page == "bot check" else
+                 b'<html><body><form class="form-horizontal"><strong>{{ total }}</strong> results</form>'
+                 b'<ol class="row"></ol><script src="/app.js"></script></body></html>')
 
     class Handler(DemoRequestHandler):
         def send_demo_response(self, response):

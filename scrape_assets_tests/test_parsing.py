@@ -76,22 +76,20 @@ def spec():
         ("£12 100% cotton", (Decimal("12"), "GBP")),
         ("£1.50 500g", (Decimal("1.50"), "GBP")),
         ("1 299,00 € TTC", (Decimal("1299.00"), "EUR")),  # whatever follows
-        ("1 299 kr", (Decimal("1299"), "EUR")),
-        ("1 299 руб.", (Decimal("1299"), "EUR")),
         ("£1 299 + VAT", (Decimal("1299"), "GBP")),
         ("1 234 €/kg", (Decimal("1234"), "EUR")),
-        ("1\u00a0299,00\u00a0zł", (Decimal("1299.00"), "EUR")),
+        ("1\u00a0299,00\u00a0zł", (Decimal("1299.00"), "PLN")),  # a currency word names its code
         # a dash for the decimals
-        ("2 499,- Kč", (Decimal("2499"), "EUR")),
+        ("2 499,- Kč", (Decimal("2499"), "CZK")),
         ("1 299:-", (Decimal("1299"), "EUR")),
         ("1.299,- €", (Decimal("1299"), "EUR")),  # the "," before the dash is the decimal mark
-        ("2 499,\u2013 Kč", (Decimal("2499"), "EUR")),  # en dash
+        ("2 499,\u2013 Kč", (Decimal("2499"), "CZK")),  # en dash
         ("CHF 1 299.\u2013", (Decimal("1299"), "CHF")),
         ("1 299.", (Decimal("1299"), "EUR")),  # a full stop after the groups
         # a currency glued to the groups, as a card's <abbr>SEK</abbr> reads once joined
         ("1 299SEK", (Decimal("1299"), "SEK")),
-        ("1 299,00zł", (Decimal("1299.00"), "EUR")),
-        ("2 499Kč", (Decimal("2499"), "EUR")),
+        ("1 299,00zł", (Decimal("1299.00"), "PLN")),
+        ("2 499Kč", (Decimal("2499"), "CZK")),
         # a quantity or unit after the price is not part of it
         ("£3 250 ml", (Decimal("3"), "GBP")),
         ("£10 100 GB", (Decimal("10"), "GBP")),
@@ -102,7 +100,6 @@ def spec():
         # cents after the symbol, French style
         ("12€99", (Decimal("12.99"), "EUR")),
         ("1 299€99", (Decimal("1299.99"), "EUR")),
-        ("Rs.99", (Decimal("99"), "EUR")),  # "Rs." then 99, not cents alone
         ("1\u2009234,50 €", (Decimal("1234.50"), "EUR")),  # thin space
         ("CHF 1\u2019234.50", (Decimal("1234.50"), "CHF")),  # Swiss apostrophe
         ("£.99", (Decimal("0.99"), "GBP")),
@@ -144,6 +141,10 @@ def test_parse_price(text, expected):
     ("text", "default", "expected"),
     [
         ("$12.99", "CAD", (Decimal("12.99"), "CAD")),  # a Canadian shop's $ is the Canadian dollar
+        ("1 299 kr", "SEK", (Decimal("1299"), "SEK")),  # "kr" may be SEK, NOK, DKK, ISK: the spec's says
+        ("1 299 kr", "NOK", (Decimal("1299"), "NOK")),
+        ("1 299 руб.", "RUB", (Decimal("1299"), "RUB")),
+        ("Rs.99", "INR", (Decimal("99"), "INR")),  # "Rs." then 99, not cents alone
         ("$12.99", "EUR", (Decimal("12.99"), "USD")),  # an EUR shop's $ is not the euro
         ("US$12.99", "CAD", (Decimal("12.99"), "USD")),  # the prefix says which dollar
         ("¥1,000", "CNY", (Decimal("1000"), "CNY")),
@@ -243,6 +244,49 @@ def test_parse_price_without_number_names_the_input(text):
         parse_price(text, "GBP")
     assert f"no number in {text!r}" in str(info.value)
     assert "expected an amount" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # several numbers: the one a currency marks, never a percentage (each read 20, 2, 3, 6 before)
+        ("20% off £45.17", (Decimal("45.17"), "GBP")),
+        ("2 for £10.00", (Decimal("10.00"), "GBP")),
+        ("Only 3 left! £12.99", (Decimal("12.99"), "GBP")),
+        ("Pack of 6 £12.99", (Decimal("12.99"), "GBP")),
+        ("£1.50 (£3.00/kg)", (Decimal("1.50"), "GBP")),  # a unit price in parentheses
+        ("£12.99 - £15.99", (Decimal("12.99"), "GBP")),  # a range: from
+        ("12 € - 15 €", (Decimal("12"), "EUR")),
+        # other currency signs name their code (each read GBP, the spec's, before)
+        ("₹1,299", (Decimal("1299"), "INR")),
+        ("₪51.77", (Decimal("51.77"), "ILS")),
+        ("₽ 1 299", (Decimal("1299"), "RUB")),
+        ("12,50 zł", (Decimal("12.50"), "PLN")),
+        ("1,200円", (Decimal("1200"), "JPY")),
+        ("٥١٫٧٧ ر.س", (Decimal("51.77"), "SAR")),  # Eastern Arabic digits and decimal mark (read 51 before)
+    ],
+)
+def test_parse_price_takes_the_marked_amount_and_the_currency_its_sign_names(text, expected):
+    assert parse_price(text, "GBP") == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("Was £20 Now £12", "2 prices in 'Was £20 Now £12' ('20', '12'): point the spec's price selector at the "
+                            "current price alone"),
+        ("$5 off $20", "2 prices in '$5 off $20' ('5', '20')"),
+        ("20%", "no price in '20%', only a percentage"),
+        ("1 299 kr", "'1 299 kr' is priced in 'kr', which may be SEK or NOK or DKK or ISK; the spec's currency is GBP"),
+        ("₩12,000", "'₩12,000' is priced in '₩', which may be KRW or KPW; the spec's currency is GBP"),
+        ("￥1,200", "which may be JPY or CNY; the spec's currency is GBP"),
+        ("₿0.5", "'₿0.5' is priced in '₿', which names no currency this parser knows"),
+    ],
+)
+def test_parse_price_refuses_an_amount_or_currency_it_cannot_tell(text, message):
+    with pytest.raises(ValueError) as info:
+        parse_price(text, "GBP")
+    assert message in str(info.value)
 
 
 # --- parse_rating ---------------------------------------------------------------------------
@@ -434,6 +478,58 @@ def test_a_price_with_an_undecodable_character_is_rejected_not_given_the_default
         "charset label wrong?"]
 
 
+@pytest.mark.parametrize(
+    ("price", "expected"),
+    [
+        ("£45<sup>17</sup>", Decimal("45.17")),  # cents in a sup (read 4517 before)
+        ("£1,234<sup>56</sup>", Decimal("1234.56")),
+        ("<del>£20.00</del> <ins>£12.00</ins>", Decimal("12.00")),  # the struck-through price is the old one
+        ("<s>£20.00</s> £12.00", Decimal("12.00")),
+    ],
+)
+def test_a_price_split_over_elements_reads_as_shown(spec, price, expected):
+    (product,) = parse_listing(_page(_card(price=price)), spec, "https://books.toscrape.com/catalogue/page-3.html").products
+    assert product["price"] == expected
+
+
+def test_digits_of_two_elements_running_together_reject_the_card(spec):
+    """"<span>45</span><span>17</span>": 4517 or 45.17? It read 4517 before."""
+    parsed = parse_listing(_page(_card(price='£<span class="w">45</span><span class="f">17</span>')), spec,
+                           "https://books.toscrape.com/catalogue/page-3.html")
+    assert parsed.products == []
+    assert [r.reason for r in parsed.rejects] == [
+        "price: digits of separate elements run together in '£4517' ('£45' then '17'): the units and the cents? "
+        "point the spec's price selector at an element holding the whole price"]
+
+
+def test_a_title_with_an_undecodable_character_is_rejected(spec):
+    """A UTF-8 page labelled Shift_JIS: its titles read as mojibake with U+FFFD (loaded before)."""
+    body = "<html><body>" + _card(title="Crème brûlée — Café") + "</body></html>"
+    parsed = parse_listing(body.encode("utf-8"), spec, "https://books.toscrape.com/catalogue/page-3.html",
+                           content_type="text/html; charset=Shift_JIS")
+    assert parsed.products == []
+    (reject,) = parsed.rejects
+    assert reject.reason.startswith("title: ") and reject.reason.endswith(
+        "has a character the page's charset (cp932) cannot decode (U+FFFD); is its charset label wrong?")
+
+
+def test_links_resolve_against_the_pages_base_element(spec):
+    """<base href="/catalogue/">: a browser resolves "its-only_981/index.html" under /catalogue/
+    (it was resolved against the page's own URL: a product URL that does not exist, loaded)."""
+    pager = '<ul class="pager"><li class="current">Page 1 of 2</li><li class="next"><a href="page-2.html">next</a></li></ul>'
+    body = _page(_card(href="its-only_981/index.html"), extra=pager).replace(b"<html>", b'<html><base href="/catalogue/">')
+    parsed = parse_listing(body, spec, "https://books.toscrape.com/catalogue/category/books/travel_2/index.html")
+    assert parsed.products[0]["url"] == "https://books.toscrape.com/catalogue/its-only_981/index.html"
+    assert parsed.pager.next_url == "https://books.toscrape.com/catalogue/page-2.html"
+    # A base on the canonical site while fetching from a mirror: rows name the site, the next
+    # page is still fetched from the mirror (against the page's own URL, as without a base).
+    body = body.replace(b'"/catalogue/"', b'"https://books.toscrape.com/catalogue/"')
+    parsed = parse_listing(body, spec, "http://127.0.0.1:8000/catalogue/category/books/travel_2/index.html",
+                           fetch_base_url="http://127.0.0.1:8000/", canonical_base_url="https://books.toscrape.com/")
+    assert parsed.products[0]["url"] == "https://books.toscrape.com/catalogue/its-only_981/index.html"
+    assert parsed.pager.next_url == "http://127.0.0.1:8000/catalogue/category/books/travel_2/page-2.html"
+
+
 def test_text_fields_keep_words_apart_and_titles_lose_stray_whitespace(spec):
     """A line break between two texts was "In stockShips"; a title attribute kept its newlines."""
     card = (_card(title="  The\n   Book\u00a0of\tDays ", price="£<span>51</span>.77")
@@ -604,7 +700,9 @@ def test_a_pager_and_count_with_grouped_digits_read_the_whole_number(spec, group
 
 @pytest.mark.parametrize(("html", "shows"), [
     ('<form class="form-horizontal"><strong>0</strong> results</form>', True),  # an empty listing
-    ('<form class="form-horizontal"><strong>No</strong> results</form>', True),  # no digits: still the element
+    # no number: no sign of an empty listing ("No results", or a script's placeholder it never filled in)
+    ('<form class="form-horizontal"><strong>No</strong> results</form>', False),
+    ('<form class="form-horizontal"><strong>{{ total }}</strong> results</form>', False),
     ('<ul class="pager"><li class="next"><a href="page-2.html">next</a></li></ul>', True),
     ("<html><title>Just a moment...</title><p>Checking your browser</p></html>", False),  # a bot check
 ])

@@ -7,9 +7,11 @@ block each other while two runs writing the same thing do: the second stops at o
 with a message naming the holder, or waits up to ``wait_s``.
 
 :func:`host_lock` is the same mechanism for a fetched host (``locks/host-<host>.lock``):
-``raw_pages`` holds it while it fetches, so one step at a time, across all runs on the
-machine, talks to a host and the per-host rate and concurrency limits hold across runs.
-A second run *waits* for it, logging who holds it.
+``raw_pages`` holds it while it fetches, so one step at a time, across all runs sharing
+the storage root, talks to a host and the per-host rate and concurrency limits hold across
+runs. A second run *waits* for it, logging who holds it; :func:`read_host_handoff` tells it
+when the previous one last asked the host (and a Retry-After pause), so its first request
+keeps the rate's gap.
 
 The kernel releases a flock when its holder dies, even on SIGKILL, so a crashed run
 never leaves a stale lock behind (a Dagster concurrency-pool slot, by contrast, stays
@@ -35,7 +37,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from scrape_assets.errors import PartitionLockedError
+from scrape_assets.errors import PartitionLockedError, StorageError
 from scrape_assets.hostnames import DEFAULT_PORTS, ascii_host
 from scrape_assets.manifest import utc_now_iso
 from scrape_assets.storage import ObjectStore, check_key
@@ -162,6 +164,33 @@ def _host_lock_name(host: str, port: int | None) -> str:
     if len(name) > 100:  # a storage key segment holds 128 characters
         name = name[:60] + "-" + hashlib.sha256(name.encode()).hexdigest()[:16]
     return name
+
+
+def host_handoff_key(url_or_netloc: str) -> str:
+    """Storage key of what a run fetching the host left for the next (see :func:`read_host_handoff`)."""
+    return f"locks/{host_lock_name(url_or_netloc)}.handoff.json"
+
+
+def read_host_handoff(store: ObjectStore, url_or_netloc: str) -> dict | None:
+    """What the last run fetching the host left for the next, written by :func:`write_host_handoff`:
+    ``{"last_request_at": epoch seconds, "paused_until": epoch seconds of a Retry-After pause's
+    end}`` (either may be None), so the next run keeps the per-host rate and the pause across
+    runs (:meth:`~scrape_assets.politeness.HostLimiter.take_over`); None when there is none or
+    it cannot be read (a damaged file is no reason to stop a run)."""
+    try:
+        data = json.loads(store.read_bytes(host_handoff_key(url_or_netloc)))
+    except (FileNotFoundError, ValueError, OSError, StorageError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_host_handoff(store: ObjectStore, url_or_netloc: str, handoff: dict) -> None:
+    """Record ``handoff`` (see :func:`read_host_handoff`) for the next run fetching the host, atomically.
+
+    Raises:
+        StorageError, OSError: the write failed (callers log it; the run's pages are stored).
+    """
+    store.write_bytes_atomic(host_handoff_key(url_or_netloc), json.dumps(handoff).encode(), sync_folder=False)
 
 
 @contextmanager

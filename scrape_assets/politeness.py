@@ -27,8 +27,10 @@ that origin wait meanwhile: with a dead origin, up to ``max_attempts`` times the
 deadline plus the backoff (a redirected robots.txt: the deadline of each hop, as for pages). The next run fetches robots.txt again.
 Refusing is a decision, not an error, so :meth:`RobotsCache.check` returns a
 :class:`RobotsDecision` whose ``reason`` tells the crawler which dead-letter reason to record.
-``Crawl-delay`` is not part of RFC 9309 and is not honoured: the site spec's politeness
-settings govern the request rate.
+``Crawl-delay`` is not part of RFC 9309, but sites still use it to ask for a slower pace:
+when the group that applies to us names one longer than the spec's rate asks, the origin's
+host gets at most one request per that many seconds for the rest of the run (capped at
+:data:`MAX_CRAWL_DELAY_S`); a shorter one changes nothing.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ logger = logging.getLogger(__name__)
 
 #: RFC 9309 §2.5: crawlers must parse at least the first 500 KiB; we read 512 KiB, drop the rest.
 ROBOTS_MAX_BYTES = 512 * 1024  # decoded; as many raw bytes of a compressed one at most
+
+#: The longest ``Crawl-delay`` honoured, in seconds (a site asking for more gets this pace).
+MAX_CRAWL_DELAY_S = 60.0
 
 RobotsReason = Literal["robots_disallowed", "robots_unreachable"]
 
@@ -268,7 +273,25 @@ class RobotsCache:
                 if robots is None:
                     robots = await self._fetch(client, robots_url, user_agent)
                     self._files[robots_url] = robots
+                    self._obey_crawl_delay(robots, user_agent)
         return robots
+
+    def _obey_crawl_delay(self, robots: _RobotsFile, user_agent: str) -> None:
+        """Space the origin host's requests by its robots.txt ``Crawl-delay`` (for our group),
+        when longer than the spec's rate asks, at most :data:`MAX_CRAWL_DELAY_S`."""
+        if self._limiter is None or robots.parser is None:
+            return
+        try:
+            delay = robots.parser.crawl_delay(robots_agent_names(user_agent))
+        except (TypeError, ValueError):  # a value protego could not read: none
+            return
+        if delay is None or not 0 < float(delay) < float("inf"):
+            return
+        interval = min(float(delay), MAX_CRAWL_DELAY_S)
+        host = httpx.URL(robots.robots_url).host
+        if self._limiter.space_at_least(host, interval):
+            logger.info("%s: Crawl-delay %g s: at most one request every %g s to %s", robots.robots_url,
+                        float(delay), interval, host)
 
     async def _fetch(self, client: httpx.AsyncClient, robots_url: str, user_agent: str) -> _RobotsFile:
         """The origin's robots.txt after at most ``max_attempts`` requests (see the module docstring)."""
@@ -403,6 +426,41 @@ class HostLimiter:
         self._hosts: dict[str, tuple[asyncio.Semaphore, AsyncLimiter]] = {}
         self._sleep, self._clock = sleep, clock
         self._paused_until: dict[str, float] = {}  # host -> clock() before which no slot is given
+        self._last_started: dict[str, float] = {}  # host -> clock() when its latest slot was given
+        self._intervals: dict[str, float] = {}  # host -> seconds between slots, when longer than 1/rps
+
+    def handoff(self, host: str) -> dict | None:
+        """What the next run fetching ``host`` must respect, for :meth:`take_over`: ``{"last_request_at":
+        epoch seconds of the latest slot given or None, "paused_until": epoch seconds of the end of
+        a pause (Retry-After) still to come or None, "interval_s": :meth:`interval_s`}``; None when
+        no slot was given and none is paused."""
+        key = host.lower()
+        last, paused = self._last_started.get(key), self._paused_until.get(key)
+        if paused is not None and paused <= self._clock():
+            paused = None
+        if last is None and paused is None:
+            return None
+        to_wall = time.time() - self._clock()  # this clock is monotonic, its origin this process's
+        return {"last_request_at": None if last is None else last + to_wall,
+                "paused_until": None if paused is None else paused + to_wall, "interval_s": self.interval_s(key)}
+
+    def take_over(self, host: str, handoff: dict, *, now: float, max_wait_s: float) -> float:
+        """Pause ``host`` until the gap :attr:`requests_per_second` (or the previous run's
+        ``interval_s``, a Crawl-delay, when longer) asks after the previous run's last request
+        (``handoff`` of :meth:`handoff`, read from storage), or the end of its pause, at most
+        ``max_wait_s`` (a clock stepped since). ``now``: epoch seconds.
+
+        Returns:
+            The seconds paused (0 when the gap has passed).
+        """
+        last, paused, interval = handoff.get("last_request_at"), handoff.get("paused_until"), handoff.get("interval_s")
+        gap = max(self.interval_s(host), interval if isinstance(interval, (int, float)) else 0.0)
+        ends = [*([last + gap] if isinstance(last, (int, float)) else []),
+                *([paused] if isinstance(paused, (int, float)) else [])]
+        wait = min(max(ends, default=now) - now, max_wait_s)
+        if wait > 0 and self.pause(host, wait):
+            return wait
+        return 0.0
 
     def pause(self, host: str, seconds: float) -> bool:
         """Give no new slot for ``host`` during the next ``seconds`` (finite, capped by the caller).
@@ -422,9 +480,25 @@ class HostLimiter:
         key = host.lower()
         limits = self._hosts.get(key)
         if limits is None:
-            limits = (asyncio.Semaphore(self.max_concurrency), AsyncLimiter(1, 1.0 / self.requests_per_second))
+            limits = (asyncio.Semaphore(self.max_concurrency), AsyncLimiter(1, self.interval_s(key)))
             self._hosts[key] = limits
         return limits
+
+    def interval_s(self, host: str) -> float:
+        """Least seconds between two requests to ``host``: 1 / :attr:`requests_per_second`, or
+        longer after :meth:`space_at_least` (a robots.txt ``Crawl-delay``)."""
+        return max(1.0 / self.requests_per_second, self._intervals.get(host.lower(), 0.0))
+
+    def space_at_least(self, host: str, seconds: float) -> bool:
+        """Give ``host`` at most one slot every ``seconds`` from now on, when that is slower than
+        its pace now; returns whether it was."""
+        key = host.lower()
+        if not seconds > self.interval_s(key):
+            return False
+        self._intervals[key] = seconds
+        if key in self._hosts:  # requests already waiting for the old pace keep it; later ones get this one
+            self._hosts[key] = (self._hosts[key][0], AsyncLimiter(1, seconds))
+        return True
 
     @asynccontextmanager
     async def slot(self, host: str) -> AsyncIterator[None]:
@@ -441,6 +515,7 @@ class HostLimiter:
                 until = self._paused_until.get(key) if self._paused_until else None
                 if until is None or until == waited or until <= self._clock():
                     break
+            self._last_started[key] = self._clock()
             yield
 
     async def _wait_out_pause(self, key: str, waited: float | None) -> float | None:

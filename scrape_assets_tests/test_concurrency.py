@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -471,3 +472,38 @@ def test_every_cli_run_is_tagged_with_its_process_before_its_first_step(tmp_path
         assert process_gone(run.tags[PROCESS_TAG]) is True  # the command's process, exited
         starts = [r.timestamp for r in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_START)]
         assert starts  # a step ran, after the tag was set (the executor sets it first)
+
+
+def test_the_next_run_on_a_host_keeps_its_rate_and_its_retry_after_pause(tmp_path):
+    """One run hands the host to the next (the host lock, or pool, passes at once): the next
+    run's first request (its robots.txt) waits the gap the rate asks after the previous run's
+    last request, and for the end of a Retry-After pause the previous run was told (before,
+    0.3 s after it at 0.5 requests/s, and every request inside a 10-s pause)."""
+    import asyncio
+
+    from scrape_assets.defs.assets.raw_pages import crawl_partitions
+    from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
+    from scrape_assets.faults import FaultSpec, make_fault_server
+    from scrape_assets.locks import host_handoff_key
+    from scrape_assets_tests.conftest import serving
+
+    rps = 2.0
+    spec = FaultSpec.model_validate({"rules": [{"match": "travel_2/", "fault": "http_429", "retry_after_s": 3,
+                                                "first_n": 1}]})
+    store = ObjectStoreResource(url=str(tmp_path / "objects"))
+    with serving(make_fault_server(spec, "127.0.0.1", 0)) as server:
+        site = SiteResource(base_url=server.base_url, requests_per_second=rps, max_attempts=1)
+
+        def run() -> tuple[float, float]:
+            before = len(server.requests)
+            asyncio.run(crawl_partitions(site, store, ["travel"], new_snapshot=True, log=logging.getLogger("test")))
+            times = [r.at_s for r in server.requests[before:]]
+            return times[0], times[-1]
+
+        _first, last_told_to_wait = run()  # travel: robots.txt, then a 429 asking for 3 s (a dead letter)
+        first, last = run()
+        assert first - last_told_to_wait >= 3.0 - 0.1  # the pause, not 1/rps, from the 429
+        first_again, _ = run()
+        assert 1.0 / rps - 0.05 <= first_again - last < 3.0  # the rate's gap (no pause this time)
+    handoff = json.loads(ObjectStore(str(tmp_path / "objects")).read_bytes(host_handoff_key(server.base_url)))
+    assert set(handoff) == {"last_request_at", "paused_until", "interval_s"} and handoff["paused_until"] is None

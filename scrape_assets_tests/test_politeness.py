@@ -9,7 +9,14 @@ import time
 import httpx
 import pytest
 
-from scrape_assets.politeness import HostLimiter, RobotsCache, RobotsDecision, robots_url_for, within_deadline
+from scrape_assets.politeness import (
+    MAX_CRAWL_DELAY_S,
+    HostLimiter,
+    RobotsCache,
+    RobotsDecision,
+    robots_url_for,
+    within_deadline,
+)
 
 UA = "scrape-assets/0.1 (+https://example.invalid/bot)"
 
@@ -398,6 +405,35 @@ def test_robots_fetch_takes_a_host_slot():
     blocked, decision = asyncio.run(main())
     assert blocked is True
     assert decision.allowed is True
+
+
+@pytest.mark.parametrize(("robots", "interval"), [
+    ("User-agent: *\nCrawl-delay: 0.3\n", 0.3),  # slower than the spec's rate: obeyed
+    ("User-agent: *\nCrawl-delay: 0.001\n", 0.05),  # faster: the spec's rate (20/s) stays
+    ("User-agent: *\nCrawl-delay: 86400\n", MAX_CRAWL_DELAY_S),  # capped
+    ("User-agent: otherbot\nCrawl-delay: 5\n", 0.05),  # another crawler's group
+    ("User-agent: *\nCrawl-delay: soon\n", 0.05),  # no number
+])
+def test_a_crawl_delay_slows_the_hosts_requests_when_longer_than_the_rate(robots, interval):
+    """robots.txt's Crawl-delay (not in RFC 9309, still how sites ask for a slower pace) was
+    ignored: 0.5 s apart under "Crawl-delay: 3"."""
+    limiter = HostLimiter(requests_per_second=20, max_concurrency=4)
+    started: list[float] = []
+
+    async def main():
+        async with _client(_robots_handler(200, robots)) as client:
+            assert (await RobotsCache(limiter=limiter).check(client, "http://shop.test/a", UA)).allowed
+            if interval < 1:
+                async def one():
+                    async with limiter.slot("shop.test"):
+                        started.append(time.monotonic())
+                await asyncio.gather(*(one() for _ in range(3)))
+
+    asyncio.run(main())
+    assert limiter.interval_s("Shop.Test") == pytest.approx(interval)
+    if started:  # the slots after robots.txt's own are that far apart
+        gaps = [b - a for a, b in zip(started, started[1:])]
+        assert min(gaps) >= interval * 0.8
 
 
 def test_host_limiter_caps_concurrency():

@@ -3,7 +3,9 @@
 
 import asyncio
 import hashlib
-from collections.abc import Callable, Collection
+import time
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import dagster as dg
@@ -196,10 +198,8 @@ async def crawl_partitions(
     """
     # Here, not at module level: processes that load the definitions but never fetch (sensors,
     # the UI's code server, re-parse backfills) do not import httpx and aiohttp (~0.1-0.2 s).
-    from scrape_assets.crawl import CrawlProgress, PartitionCrawler, all_or_cancel, load_run_sitemap, sitemap_checks_line
     from scrape_assets.fetcher import PageFetcher
     from scrape_assets.page_slots import PageSlots, slots_for
-    from scrape_assets.sitemap import SitemapCopies
 
     freeze_again()  # what these imports brought, out of the collector's way like the rest of the code
     spec = site.spec()
@@ -227,50 +227,90 @@ async def crawl_partitions(
     page_slots = PageSlots(slots_for(policy.max_concurrency))
     async with site.client() as client:
         fetcher = PageFetcher(client, policy, sleep=page_slots.sleep, robots_sleep=asyncio.sleep, warn=log.warning)
-        progress = CrawlProgress(len(categories), log.info, warn=log.warning)
-        # revalidate: sitemap: read once for every category, and only when some category has
-        # saved pages to keep (a first run fetches everything anyway).
-        sitemap = None
-        if spec.incremental.revalidate == "sitemap" and any(m is not None for m in latest.values()):
-            loaded = await load_run_sitemap(spec, fetcher, fetch_base_url, log.info, log.warning,
-                                            copies=SitemapCopies(object_store, f"{spec.name}/sitemap.copies"))
-            if on_sitemap is not None:
-                on_sitemap(loaded)
-            sitemap = None if loaded.error else loaded
-        elif spec.incremental.revalidate == "sitemap":
-            log.info("sitemap not fetched: no category has saved pages yet (a first run asks every page)")
-        crawlers = [
-            PartitionCrawler(
-                spec,
-                category,
-                object_store,
-                fetcher,
-                fetch_config=fetch_config,
-                fetch_base_url=fetch_base_url,
-                max_attempts=site.max_attempts,
-                run_id=run_id,
-                reexecuted_run_ids=reexecuted_run_ids,
-                adopt_complete=adopt_complete,
-                resume_max_age=store.resume_max_age(),
-                progress=progress,
-                warn=log.warning,
-                latest=latest.pop(category),  # the crawler drops it once its snapshot is open
-                sitemap=sitemap,
-                page_slots=page_slots,
-                slot_priority=priority,
-            )
-            for priority, category in enumerate(categories)
-        ]
-        try:  # a crawl failing stops the others before the client closes
-            reports = await all_or_cancel(
-                (c.run(new_snapshot=new_snapshot) for c in crawlers),
-                on_other_error=lambda e: log.error(f"another category's crawl failed too: {type(e).__name__}: {e}"),
-            )
-            if sitemap is not None and (line := sitemap_checks_line(reports)):
-                log.warning(line)
-            return reports
-        finally:
-            object_store.close()  # journals of snapshots left incomplete
+        with _host_handoff(object_store, fetcher.limiter, fetch_base_url, policy, log):
+            return await _crawl(spec, categories, object_store, fetcher, fetch_config, fetch_base_url, latest, site,
+                                store, page_slots, new_snapshot=new_snapshot, log=log, run_id=run_id,
+                                adopt_complete=adopt_complete, on_sitemap=on_sitemap,
+                                reexecuted_run_ids=reexecuted_run_ids)
+
+
+@contextmanager
+def _host_handoff(object_store, limiter, fetch_base_url: str, policy, log) -> Iterator[None]:
+    """Keep the site host's rate and a Retry-After pause across runs: the first request waits
+    for the gap after the previous run's last one (or for its pause to end), and this run's
+    last request (its pause) is recorded for the next, even when the crawl fails. The run
+    holds the host lock (or pool) meanwhile, so runs hand the host over one to the next."""
+    import httpx
+
+    from scrape_assets.locks import read_host_handoff, write_host_handoff
+
+    host = httpx.URL(fetch_base_url).host  # as the limiter keys it (lower case, IDNA)
+    if (handoff := read_host_handoff(object_store, fetch_base_url)) is not None:
+        waited = limiter.take_over(host, handoff, now=time.time(),
+                                   max_wait_s=1.0 / policy.requests_per_second + policy.retry_after_max_s)
+        if waited:
+            log.info(f"{host}: first request in {waited:.1f} s, as the previous run on this host asks (its last "
+                     f"request and any Retry-After pause; {policy.requests_per_second:g} requests/s)")
+    try:
+        yield
+    finally:
+        if (handoff := limiter.handoff(host)) is not None:
+            try:
+                write_host_handoff(object_store, fetch_base_url, handoff)
+            except (StorageError, OSError) as exc:  # the pages are stored; the next run just does not wait
+                log.warning(f"{host}: could not record this run's last request for the next run ({exc})")
+
+
+async def _crawl(spec, categories, object_store, fetcher, fetch_config, fetch_base_url, latest, site, store,
+                 page_slots, *, new_snapshot, log, run_id, adopt_complete, on_sitemap, reexecuted_run_ids):
+    """:func:`crawl_partitions` once its client and fetcher are made."""
+    from scrape_assets.crawl import CrawlProgress, PartitionCrawler, all_or_cancel, load_run_sitemap, sitemap_checks_line
+    from scrape_assets.sitemap import SitemapCopies
+
+    progress = CrawlProgress(len(categories), log.info, warn=log.warning)
+    # revalidate: sitemap: read once for every category, and only when some category has
+    # saved pages to keep (a first run fetches everything anyway).
+    sitemap = None
+    if spec.incremental.revalidate == "sitemap" and any(m is not None for m in latest.values()):
+        loaded = await load_run_sitemap(spec, fetcher, fetch_base_url, log.info, log.warning,
+                                        copies=SitemapCopies(object_store, f"{spec.name}/sitemap.copies"))
+        if on_sitemap is not None:
+            on_sitemap(loaded)
+        sitemap = None if loaded.error else loaded
+    elif spec.incremental.revalidate == "sitemap":
+        log.info("sitemap not fetched: no category has saved pages yet (a first run asks every page)")
+    crawlers = [
+        PartitionCrawler(
+            spec,
+            category,
+            object_store,
+            fetcher,
+            fetch_config=fetch_config,
+            fetch_base_url=fetch_base_url,
+            max_attempts=site.max_attempts,
+            run_id=run_id,
+            reexecuted_run_ids=reexecuted_run_ids,
+            adopt_complete=adopt_complete,
+            resume_max_age=store.resume_max_age(),
+            progress=progress,
+            warn=log.warning,
+            latest=latest.pop(category),  # the crawler drops it once its snapshot is open
+            sitemap=sitemap,
+            page_slots=page_slots,
+            slot_priority=priority,
+        )
+        for priority, category in enumerate(categories)
+    ]
+    try:  # a crawl failing stops the others before the client closes
+        reports = await all_or_cancel(
+            (c.run(new_snapshot=new_snapshot) for c in crawlers),
+            on_other_error=lambda e: log.error(f"another category's crawl failed too: {type(e).__name__}: {e}"),
+        )
+        if sitemap is not None and (line := sitemap_checks_line(reports)):
+            log.warning(line)
+        return reports
+    finally:
+        object_store.close()  # journals of snapshots left incomplete
 
 
 @dg.asset(

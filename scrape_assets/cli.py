@@ -452,6 +452,17 @@ def ui_command(env: Mapping[str, str]) -> str:
     credentials; :func:`ui_exports` names them): set them as for the run. ``UI_PORT`` is
     carried when it is not 3000.
     """
+    parts = [*ui_settings(env), "make ui"]
+    if (home := _ui_home(env)) != _CLONE / ".dagster_home":
+        parts.append(f"DAGSTER_HOME={shlex.quote(str(home))}")
+    if (port := _ui_port(env)) != "3000":  # exported now, perhaps not in the shell that runs it
+        parts.append(f"UI_PORT={port}")
+    return " ".join(parts)
+
+
+def ui_settings(env: Mapping[str, str]) -> list[str]:
+    """The ``NAME=value`` words (shell-quoted) :func:`ui_command` puts before ``make ui``: the
+    settings a UI (or any command serving the instance) needs to show this process's site."""
     from scrape_assets.settings import data_folder
 
     parts = []
@@ -468,12 +479,7 @@ def ui_command(env: Mapping[str, str]) -> str:
     # garble the printed line).
     parts.extend(f"{name}={shlex.quote(env[name] if name == 'SCRAPE_USER_AGENT' else value)}"
                  for name in UI_CARRIED if (value := env.get(name, "").strip()))
-    parts.append("make ui")
-    if (home := _ui_home(env)) != _CLONE / ".dagster_home":
-        parts.append(f"DAGSTER_HOME={shlex.quote(str(home))}")
-    if (port := _ui_port(env)) != "3000":  # exported now, perhaps not in the shell that runs it
-        parts.append(f"UI_PORT={port}")
-    return " ".join(parts)
+    return parts
 
 
 def _ui_home(env: Mapping[str, str]) -> Path:
@@ -536,13 +542,17 @@ def run_daemon_check() -> int:
     if age is None:
         return 0
     port, home = _ui_port(os.environ), shlex.quote(str(_ui_home(os.environ)))
-    # The commands name the instance and port: pasted into another shell they serve this one.
+    # The commands name the instance, port and site's settings: pasted into another shell
+    # they serve this one (without the settings, the webserver showed the demo's spec).
+    settings = "".join(f"{word} " for word in ui_settings(os.environ))
+    exports = ui_exports(os.environ)
     print(f"scrape-assets: a Dagster daemon beat on the instance at {home} {age:.0f} s ago: another "
           "`make ui` (dagster dev) or a dagster-daemon service runs on it, and `make ui` would start a second daemon "
           "(Dagster supports one per instance). Open the UI already serving it, or serve one without a daemon: "
-          f"`DAGSTER_HOME={home} .venv/bin/dagster-webserver -w workspace.yaml -p {port}`. Stopped it just now? Its "
-          f"last beat stops counting in {max(DAEMON_SEEN_S - age, 1):.0f} s; or "
-          f"`make ui UI_FORCE=1 UI_PORT={port} DAGSTER_HOME={home}`.", file=sys.stderr)
+          f"`{settings}DAGSTER_HOME={home} .venv/bin/dagster-webserver -w workspace.yaml -p {port}`. Stopped it just "
+          f"now? Its last beat stops counting in {max(DAEMON_SEEN_S - age, 1):.0f} s; or "
+          f"`{settings}make ui UI_FORCE=1 UI_PORT={port} DAGSTER_HOME={home}`"
+          + (f" (with {_names(exports)} exported as for the pipeline's runs)" if exports else "") + ".", file=sys.stderr)
     return 1
 
 
@@ -941,8 +951,11 @@ def run_categories_command(out=None) -> int:
     from scrape_assets.settings import load_settings
     from scrape_assets.spec import load_spec
 
-    for key in load_spec(load_settings().site).categories:
-        print(key, file=sys.stdout if out is None else out)
+    # One write, not one per key: a reader that takes the first line and goes (`| head -1`)
+    # then finds the whole list already in the pipe, even with PYTHONUNBUFFERED set (a
+    # write per key failed once it had gone: exit 1, which `set -o pipefail` turns into a
+    # failed script). A list longer than a pipe's buffer (~64 KB) can still meet a reader gone.
+    (sys.stdout if out is None else out).write("".join(f"{key}\n" for key in load_spec(load_settings().site).categories))
     return 0
 
 

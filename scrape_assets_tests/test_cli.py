@@ -961,8 +961,9 @@ def test_with_a_daemon_running_on_the_instance_the_ui_line_does_not_suggest_make
                               env={**os.environ, "UI_PORT": "18391"})
         assert done.returncode == 1 and f"scrape-assets: a Dagster daemon beat on the instance at {home} " in done.stderr
         # its commands name the instance and the port: pasted into another shell, they serve this one
-        assert f"`DAGSTER_HOME={home} .venv/bin/dagster-webserver -w workspace.yaml -p 18391`" in done.stderr
-        assert f"`make ui UI_FORCE=1 UI_PORT=18391 DAGSTER_HOME={home}`" in done.stderr
+        assert (f"`SCRAPE_DATA_DIR={tmp_path / 'data'} DAGSTER_HOME={home} .venv/bin/dagster-webserver -w "
+                "workspace.yaml -p 18391`") in done.stderr  # the runs' data folder, not the clone's
+        assert f"`SCRAPE_DATA_DIR={tmp_path / 'data'} make ui UI_FORCE=1 UI_PORT=18391 DAGSTER_HOME={home}`" in done.stderr
         assert line.endswith(" s ago (a dagster-daemon service, or `make ui` already open) and `make ui` would start a "
                              "second one; open the UI already serving the instance, or serve one without a daemon: "
                              "`.venv/bin/dagster-webserver -w workspace.yaml` in the clone, in the runs' environment "
@@ -1120,7 +1121,9 @@ def test_categories_piped_into_head_ends_quietly(tmp_path):
     spec["categories"] = {f"category-{i:05d}": f"catalogue/category/books/c_{i}/index.html" for i in range(8000)}
     path = tmp_path / "many.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    env = {**os.environ, "SCRAPE_SITE": str(path)}
+    # Buffered, as in a shell (unbuffered, a write cut short by the reader leaving is dropped
+    # by Python's text layer, unseen: the list is one write, so then it exits 0).
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}, "SCRAPE_SITE": str(path)}
     proc = subprocess.Popen([sys.executable, "-m", "scrape_assets.cli", "categories"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
     assert proc.stdout.readline() == b"category-00000\n"
@@ -1128,6 +1131,18 @@ def test_categories_piped_into_head_ends_quietly(tmp_path):
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 1
     assert stderr == ""
+
+
+def test_the_first_category_piped_into_head_exits_0_even_unbuffered(tmp_path):
+    """The Runbook's `FIRST=$(scrape-assets categories | head -1)` under `set -o pipefail`, with
+    PYTHONUNBUFFERED=1 (containers set it): a write per key failed once head had gone (exit 1,
+    8 runs in 10 for the 52 books_toscrape categories)."""
+    cli = Path(sys.executable).with_name("scrape-assets")
+    env = {**os.environ, "SCRAPE_SITE": "books_toscrape", "PYTHONUNBUFFERED": "1"}
+    for _ in range(10):
+        done = subprocess.run(["bash", "-o", "pipefail", "-c", f"{cli} categories | head -1"], env=env,
+                              capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert (done.returncode, done.stdout, done.stderr) == (0, "all\n", "")
 
 
 def test_a_run_that_reached_nothing_says_so_in_its_summary():
@@ -1769,6 +1784,9 @@ def test_daemon_check_lets_make_ui_start_unless_a_daemon_beat_just_now(tmp_path,
     home = tmp_path / "home"
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     monkeypatch.setenv("UI_PORT", "3005")
+    for name in [n for n in os.environ if n.startswith("SCRAPE_")]:  # the clone's own settings: the demo
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(REPO_ROOT)
     assert main(["daemon-check"]) == 0  # no instance there yet
     home.mkdir()
     shutil.copyfile(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
@@ -1781,6 +1799,19 @@ def test_daemon_check_lets_make_ui_start_unless_a_daemon_beat_just_now(tmp_path,
     assert err.startswith(f"scrape-assets: a Dagster daemon beat on the instance at {home} ")
     assert f"`DAGSTER_HOME={home} .venv/bin/dagster-webserver -w workspace.yaml -p 3005`" in err
     assert err.rstrip().endswith(f"`make ui UI_FORCE=1 UI_PORT=3005 DAGSTER_HOME={home}`.")
+    # Another site's: the commands carry its settings (they served the demo's spec), and name the secret ones.
+    spec = tmp_path / "shop.yaml"
+    spec.write_text("x")
+    monkeypatch.setenv("SCRAPE_SITE", str(spec))
+    monkeypatch.setenv("SCRAPE_DATA_DIR", str(tmp_path / "shop-data"))
+    monkeypatch.setenv("SCRAPE_WAREHOUSE_URL", "postgresql://u:pw@db/shop")
+    assert main(["daemon-check"]) == 1
+    err = capsys.readouterr().err
+    settings = f"SCRAPE_SITE={spec} SCRAPE_DATA_DIR={tmp_path / 'shop-data'}"
+    assert f"`{settings} DAGSTER_HOME={home} .venv/bin/dagster-webserver -w workspace.yaml -p 3005`" in err
+    assert err.rstrip().endswith(f"`{settings} make ui UI_FORCE=1 UI_PORT=3005 DAGSTER_HOME={home}` (with "
+                                 "SCRAPE_WAREHOUSE_URL exported as for the pipeline's runs).")
+    assert "pw@" not in err
 
 
 def test_fail_run_takes_the_beginning_of_an_id_not_any_part_of_it(tmp_path, monkeypatch, capsys):

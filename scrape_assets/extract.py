@@ -50,8 +50,8 @@ from scrape_assets.storage import ObjectStore
 #: 8: also where the block is nested in an inline element ("<a><h3>Title</h3></a>Ships"), and
 #: for the HTML Standard's other block-level elements (blockquote, nav, pre, figure, ...);
 #: a script's or style sheet's text inside a text field is left out ("In stock<script>...").
-#: 9: prices: of several numbers the one a currency marks (a percentage never), a range's low
-#: end, ``<sup>`` cents, struck-through text skipped, other currency signs name their code
+#: 9: prices: a percentage never, a range's low end, of several numbers the first a currency
+#: marks, ``<sup>`` cents, struck-through text skipped, other currency signs name their code
 #: (or reject), digits of two elements running together reject; U+FFFD in a title or
 #: availability rejects; ``<base href>``; a results element without a number shows no
 #: listing; ``listing_moved`` also says a page lists only products of earlier pages.

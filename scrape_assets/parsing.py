@@ -260,11 +260,12 @@ _OTHER_SIGNS = {"₹": ("INR",), "₪": ("ILS",), "₩": ("KRW", "KPW"), "₽": 
                 "₵": ("GHS",), "￥": ("JPY", "CNY"), "円": ("JPY",), "元": ("CNY",), "￡": ("GBP",), "＄": ("USD",),
                 "﷼": ("SAR", "IRR", "YER", "OMR", "QAR")}
 #: Currency words written right before or after an amount (compared in lower case), and their codes.
-_WORD_CODES = {"zł": ("PLN",), "zl": ("PLN",), "kr": ("SEK", "NOK", "DKK", "ISK"), "kn": ("HRK",), "kč": ("CZK",),
-               "kc": ("CZK",), "ft": ("HUF",), "lei": ("RON", "MDL"), "tl": ("TRY",), "din": ("RSD",),
-               "rs": ("INR", "PKR", "LKR", "NPR", "MUR", "SCR"), "fr": ("CHF",), "sfr": ("CHF",), "руб": ("RUB", "BYN"),
-               "р": ("RUB", "BYN"), "лв": ("BGN",), "грн": ("UAH",), "tk": ("BDT",), "euro": ("EUR",),
-               "euros": ("EUR",)}
+#: Only words that are no everyday abbreviation ("ft", "tl", "din", "fr" are feet, teaspoons, a
+#: paper size, French): after the amount, or (``_WORDS_BEFORE``) before it.
+_WORD_CODES = {"zł": ("PLN",), "zl": ("PLN",), "kr": ("SEK", "NOK", "DKK", "ISK"), "kč": ("CZK",), "kc": ("CZK",),
+               "lei": ("RON", "MDL"), "руб": ("RUB", "BYN"), "лв": ("BGN",), "грн": ("UAH",), "euro": ("EUR",),
+               "euros": ("EUR",), "rs": ("INR", "PKR", "LKR", "NPR", "MUR", "SCR")}
+_WORDS_BEFORE = frozenset({"kr", "rs"})
 _WORD_BEFORE = re.compile(r"(?<![^\W\d_])([^\W\d_]{1,5})\.?\s?$")
 _WORD_AFTER = re.compile(r"\s?([^\W\d_]{1,5})(?![^\W\d_])")
 #: Currencies written in Arabic letters (a riyal "ر.س", a dirham "د.إ", ...).
@@ -376,8 +377,8 @@ _SYMBOL_CODES = {"£": ("GBP", "GIP", "FKP", "SHP", "EGP"), "€": ("EUR",), "¥
 def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = None) -> tuple[Decimal, str]:
     """Parse a displayed price into an exact amount and an ISO 4217 currency code.
 
-    The amount is the only number in ``text``, or, of several, the one a currency marks (see
-    :func:`_the_amount`: "20% off £45.17" is 45.17, "Was £20 Now £12" is refused). Its decimal mark is ``decimal_mark`` when
+    The amount is the only number in ``text``, or, of several, as :func:`_the_amount` chooses
+    ("20% off £45.17" is 45.17, "12,99 - 15,99 €" 12.99, "Was £20 Now £12" 20). Its decimal mark is ``decimal_mark`` when
     given (the spec's), the other of ``,`` and ``.`` grouping thousands. Otherwise it is
     guessed: of ``,`` and ``.``, the one appearing last when both appear; a lone ``,``
     before exactly 3 digits groups thousands (``"$1,234"``), else it is the decimal mark
@@ -422,18 +423,22 @@ def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = 
         digits shown (no float rounding).
 
     Raises:
-        ValueError: no number in ``text``, only a percentage, several amounts a currency
-            marks, an ambiguous amount, one ``decimal_mark`` cannot read, or a currency sign
-            that may not be the spec's currency; the message quotes ``text``.
+        ValueError: no number in ``text``, only a percentage, more than
+            :data:`MAX_PRICE_TEXT` characters, an ambiguous amount, one ``decimal_mark``
+            cannot read, or a currency sign that may not be the spec's currency; the message
+            quotes ``text``.
     """
     if (simple := _SIMPLE_PRICE.fullmatch(text)) and not (decimal_mark == "," and "." in simple.group(2)):
         # "£51.77", "12.00": what the general path below gives, without its dozen regex steps
         sign = simple.group(1)
         currency = default_currency if not sign or _suits(default_currency, sign) else _CURRENCY_SYMBOLS[sign]
         return Decimal(simple.group(2)), currency
+    if len(text) > MAX_PRICE_TEXT:
+        raise ValueError(f"{len(text):,} characters of price text ({text[:40]!r}...): more than a price; point the "
+                         "spec's price selector at the price alone")
     if not text.isascii():
         text = text.translate(_ARABIC)
-    match = _the_amount(text)
+    match, range_end = _the_amount(text)
     raw, end = match.group(), match.end()
     if raw.isdigit() and len(raw) <= 3 and (grouped := _space_grouped_end(text, end)) is not None:
         raw, end = text[match.start():grouped], grouped  # "1 234,50 €", "1 299 kr", "2 499,-"
@@ -450,7 +455,8 @@ def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = 
     symbol = _SYMBOL.search(text)
     minor = _MINOR_AFTER.match(text, end) if raw.isdigit() else None  # "99p", not "12.99 p/kg"
     currency = None
-    for code in (_CODE_BEFORE.search(text, 0, match.start()), _CODE_AFTER.match(text, end)):
+    for code in (_CODE_BEFORE.search(text, 0, match.start()), _CODE_AFTER.match(text, end),
+                 None if range_end is None else _CODE_AFTER.match(text, range_end)):  # "12.99 - 15.99 USD"
         # Not "£12.00 VAT", "NOW 12.00" (no such code), nor "£12.00 TOP" (a code, but not a pound):
         # codes that are also words (ALL, TOP, TRY...) count, but beside a symbol must suit it
         if code and is_price_currency(code.group(1)) and (symbol is None or _suits(code.group(1), symbol.group()[-1])):
@@ -467,7 +473,8 @@ def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = 
     if currency is None and minor is not None:
         sign = "£" if minor.group(1) == "p" else "$"
         currency = default_currency if _suits(default_currency, sign) else _CURRENCY_SYMBOLS[sign]
-    currency = currency or _other_currency(text, match.start(), end, default_currency) or default_currency
+    currency = (currency or _other_currency(text, match.start(), end if range_end is None else range_end,
+                                            default_currency) or default_currency)
     try:
         amount = Decimal(_amount(raw, three_decimals=currency in _THREE_DECIMALS, no_decimals=currency in _NO_DECIMALS,
                                  decimal_mark=decimal_mark))
@@ -484,9 +491,12 @@ def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = 
 
 #: A percentage right after an amount ("20% off"): never a price.
 _PERCENT = re.compile(r" ?%")
-#: What may join the two ends of a price range ("£12.99 - £15.99", "£12 to £15").
-_RANGE = re.compile(r" ?(?:[^\w\s-]{1,2}|[A-Z]{1,3})? ?(?:[-\u2013\u2014~]|to|bis|à|a) ?(?:[A-Z]{0,3} ?[^\w\s]{1,2}|[A-Z]{3})? ?",
-                    re.IGNORECASE)
+#: What joins the two ends of a price range ("£12.99 - £15.99", "12,99 - 15,99 €", "ab 12,99 bis 15,99 €"):
+#: a dash or tilde, "to", "bis" or "à", maybe with a sign or ISO code on either side.
+_RANGE = re.compile(r"\s*(?:[^\w\s]{1,2}|[A-Z]{3})?\s*(?:[-\u2013\u2014~]|\bto\b|\bbis\b|à)\s*"
+                    r"(?:[A-Z]{1,3}\s?\$|[^\w\s]{1,2}|[A-Z]{3})?\s*")
+#: The longest price text read, in characters (a selector matching more than the price: refused).
+MAX_PRICE_TEXT = 300
 
 
 def _amount_spans(text: str) -> list[tuple[re.Match, int]]:
@@ -504,55 +514,63 @@ def _amount_spans(text: str) -> list[tuple[re.Match, int]]:
     return spans
 
 
+#: A currency sign or ISO 4217 code right before an amount (spaces, a minus or "(" between),
+#: or right after it.
+_SIGN_OR_CODE_BEFORE = re.compile(r"(?:(?<![A-Za-z])([A-Z]{3})|(\S))[ \u00a0\-\u2212(]*$")
+_SIGN_OR_CODE_AFTER = re.compile(r"[ \u00a0]*(?:([A-Z]{3})(?![A-Za-z])|(\S))")
+
+
 def _marked(text: str, start: int, end: int) -> bool:
-    """Whether a currency sign, code or word is right before or after ``text[start:end]`` (or in it: "12€99").
+    """Whether a currency sign (Unicode Sc, or one of :data:`_OTHER_SIGNS`) or an ISO 4217 code
+    is right before or after ``text[start:end]``, or in it ("12€99"). Words are no mark here
+    ("10 ft" is no forint). A sign between two amounts marks the one it touches: in "Pack of
+    6 £12.99" the "£" is 12.99's."""
+    def sign(c: str | None) -> bool:
+        return bool(c) and (unicodedata.category(c) == "Sc" or c in _OTHER_SIGNS)
 
-    A sign between two amounts marks the one it touches: in "Pack of 6 £12.99" the "£" is 12.99's.
-    """
-    before, after = text[:start].rstrip(" -\u2212("), text[end:].lstrip(" ")
-    if after and len(after) < len(text) - end and after[1:2].isdigit():
-        after = ""  # "6 £12.99": spaced from this amount, touching the next
-    if before and len(before) < start and before[-2:-1].isdigit():
-        before = ""  # "12€ 3": touching the amount before, spaced from this one
-    signs = [c for c in (before[-1:], after[:1]) if c] + [c for c in text[start:end] if not c.isdigit()]
-    if any(unicodedata.category(c) == "Sc" or c in _OTHER_SIGNS for c in signs):
+    if any(sign(c) for c in text[start:end] if not c.isdigit()):
         return True
-    code_before, code_after = _CODE_BEFORE.search(before), _CODE_AFTER.match(text, end)
-    if any(code and is_price_currency(code.group(1)) for code in (code_before, code_after)):
+    before = _SIGN_OR_CODE_BEFORE.search(text, max(0, start - 8), start)
+    after = _SIGN_OR_CODE_AFTER.match(text, end)
+    if before and before.group(1) and is_price_currency(before.group(1)):
         return True
-    words = (_WORD_BEFORE.search(before), _WORD_AFTER.match(text, end))
-    if any(w and (w.group(1).lower() in _WORD_CODES or w.group(1).lower() in _CURRENCY_WORDS) for w in words):
+    if after and after.group(1) and is_price_currency(after.group(1)):
         return True
-    return _MINOR_AFTER.match(text, end) is not None
+    # "6 £12.99": the "£" after 6 is spaced from it and touches 12.99
+    touching_next = after and after.group(2) and after.end() < len(text) and text[after.end()].isdigit() \
+        and after.start(2) > end
+    touching_previous = before and before.group(2) and before.start(2) > 0 and text[before.start(2) - 1].isdigit() \
+        and before.end(2) < start
+    return bool((before and sign(before.group(2)) and not touching_previous)
+                or (after and sign(after.group(2)) and not touching_next))
 
 
-def _the_amount(text: str) -> re.Match:
-    """The match of the price's amount in ``text``: the only amount; or, of several, the one a
-    currency marks ("20% off £45.17", "Only 3 left! £12.99", "2 for £10.00"), one outside
-    parentheses first ("£1.50 (£3.00/kg)"); a range's low end ("£12.99 - £15.99"); else the
-    first. A percentage is never the amount.
+def _the_amount(text: str) -> tuple[re.Match, int | None]:
+    """The match of the price's amount in ``text``, and where the range it starts ends (None
+    when it starts none: a currency written after a range's high end is the range's). A percentage is never the amount ("20% off
+    £45.17"). Of several: those outside parentheses ("12,99 (1 kg = 6,50 €)": a unit price);
+    of a range, its low end ("£12.99 - £15.99", "12,99 - 15,99 €"); else the first a currency
+    sign or code marks ("Only 3 left! £12.99", "2 for £10.00", "Pack of 6 £12.99"), or the
+    first when none is marked. Limit: of two marked amounts the first counts ("Was £20 Now
+    £12" is 20, "£12.99 RRP £15" is 12.99: point the selector at the current price).
 
     Raises:
-        ValueError: no amount, only a percentage, or several marked ones ("Was £20 Now £12").
+        ValueError: no amount, or only a percentage.
     """
     spans = _amount_spans(text)
     if not spans:
         raise ValueError(f"no number in {text!r} (expected an amount such as '£51.77')")
-    if len(spans) == 1 and not _PERCENT.match(text, spans[0][1]):
-        return spans[0][0]
     priced = [(m, end) for m, end in spans if not _PERCENT.match(text, end)]
     if not priced:
         raise ValueError(f"no price in {text!r}, only a percentage")
-    marked = [(m, end) for m, end in priced if _marked(text, m.start(), end)]
-    if len(marked) > 1:  # those in parentheses are a unit price or a conversion: "£1.50 (£3.00/kg)"
-        marked = [(m, end) for m, end in marked if text.count("(", 0, m.start()) <= text.count(")", 0, m.start())]
-    if len(marked) == 2 and _RANGE.fullmatch(text, marked[0][1], marked[1][0].start()):
-        return marked[0][0]  # "£12.99 - £15.99": from
-    if len(marked) > 1:
-        shown = ", ".join(repr(text[m.start():end]) for m, end in marked)
-        raise ValueError(f"{len(marked)} prices in {text!r} ({shown}): point the spec's price selector at the "
-                         "current price alone")
-    return (marked or priced)[0][0]
+    if len(priced) == 1:
+        return priced[0][0], None
+    outside = [(m, end) for m, end in priced
+               if text.count("(", 0, m.start()) <= text.count(")", 0, m.start())] or priced
+    if len(outside) > 1 and _RANGE.fullmatch(text, outside[0][1], outside[1][0].start()):
+        return outside[0][0], outside[1][1]
+    marked = [(m, end) for m, end in outside if _marked(text, m.start(), end)]
+    return (marked or outside)[0][0], None
 
 
 def _other_currency(text: str, start: int, end: int, default_currency: str) -> str | None:
@@ -570,8 +588,9 @@ def _other_currency(text: str, start: int, end: int, default_currency: str) -> s
     found = next((c for c in text if c in _OTHER_SIGNS or (unicodedata.category(c) == "Sc" and c not in "¢")), None)
     found = found or next((a for a in _ARABIC_ABBREVIATIONS if a in text), None)
     if found is None:
-        words = (_WORD_BEFORE.search(text, 0, start), _WORD_AFTER.match(text, end))
-        found = next((w.group(1) for w in words if w and w.group(1).lower() in _WORD_CODES), None)
+        before, after = _WORD_BEFORE.search(text, 0, start), _WORD_AFTER.match(text, end)
+        found = next((w.group(1) for w, where in ((before, _WORDS_BEFORE), (after, _WORD_CODES))
+                      if w and w.group(1).lower() in where), None)
         if found is None:
             return None
     named = _OTHER_SIGNS.get(found) or _ARABIC_ABBREVIATIONS.get(found) or _WORD_CODES.get(found.lower(), ())
@@ -729,7 +748,7 @@ def parse_pager(
         spec: the site spec; uses ``spec.pagination`` (``pager``, ``pager_regex``,
             ``next_link``, ``results_count``). A selector the spec leaves out yields ``None``.
         page_url: absolute URL the page was fetched from; the ``next`` link is resolved
-            against it.
+            against it, or against the page's ``<base href>`` when that is on the same origin.
         content_type: the ``Content-Type`` header, for the charset when given bytes.
 
     Returns:
@@ -752,8 +771,11 @@ def parse_pager(
     if pagination.next_link and (node := tree.css_first(pagination.next_link)) is not None:
         shows_listing = True
         href = (node.attributes.get("href") or "").strip()
+        # For fetching: against the page's <base href> only on the page's own origin (a mirror stays one).
+        base = _document_base(tree, page_url)
+        base = base if _same_origin(base, page_url) else page_url
         try:
-            next_url = urljoin(page_url, href) if href else None
+            next_url = urljoin(base, href) if href else None
         except ValueError as exc:  # "http://[bad/": urlsplit refuses it; a dead end, not a crash
             next_link_error = f"{href!r} ({exc})"
     results = None
@@ -924,7 +946,9 @@ def _price_text(node: LexborNode) -> str:
     without struck-through text (``del``, ``s``, ``strike``: "<del>£20</del> £12" is " £12").
 
     Two digits in a ``<sup>`` right after digits are the cents ("£45<sup>17</sup>": "£45.17";
-    a decimal mark is put between, "," when the digits before hold a "." grouping them).
+    a decimal mark is put between, "," when the digits before hold a "." grouping them); digits
+    in a ``<sup>`` after a price that has its decimals are a footnote's mark, left out
+    ("£12.99<sup>1</sup>").
 
     Raises:
         _FieldError: digits of two other elements would run together ("<span>45</span><span>17</span>":
@@ -936,15 +960,22 @@ def _price_text(node: LexborNode) -> str:
 def _add_price_part(parts: list[str], text_node: LexborNode) -> None:
     """Append a price's text node to ``parts`` (see :func:`_price_text`)."""
     part = text_node.text_content or ""
-    if part[:1].isdigit() and (text := "".join(parts))[-1:].isdigit():
-        parent = text_node.parent
-        if parent is not None and parent.tag == "sup" and len(part) == 2 and part.isdigit():
-            integer = re.search(r"[\d.,]*$", text).group()
-            part = ("," if "." in integer and "," not in integer else ".") + part
-        else:
-            raise _FieldError(f"price: digits of separate elements run together in {(text + part).strip()!r} "
-                              f"({text.split()[-1]!r} then {part.split()[0]!r}): the units and the cents? "
-                              "point the spec's price selector at an element holding the whole price")
+    if not part.lstrip()[:1].isdigit():  # the usual case: nothing to join with the digits before
+        parts.append(part)
+        return
+    text = "".join(parts)
+    parent = text_node.parent
+    if parent is not None and parent.tag == "sup" and part.strip().isdigit() and text.rstrip()[-1:].isdigit():
+        number = re.search(r"[\d.,' \u00a0]*$", text.rstrip()).group()
+        if re.search(r"[.,]\d{1,2}$", number):  # "£12.99<sup>1</sup>": a footnote's mark, no digit of the price
+            return
+        if len(part.strip()) == 2:  # "£45<sup>17</sup>", "12 <sup>99</sup> €": the cents
+            parts[:] = [text.rstrip(), "," if "." in number and "," not in number else ".", part.strip()]
+            return
+    if part[:1].isdigit() and text[-1:].isdigit():
+        raise _FieldError(f"price: digits of separate elements run together in {(text + part).strip()!r} "
+                          f"({text.split()[-1]!r} then {part.split()[0]!r}): the units and the cents? "
+                          "point the spec's price selector at an element holding the whole price")
     parts.append(part)
 
 
@@ -1109,7 +1140,5 @@ def parse_listing(
             }
         )
     return ParsedPage(
-        products=products, rejects=rejects, cards_found=len(cards),
-        # the next link is for fetching: resolved against a <base> only on the page's own origin (a mirror stays one)
-        pager=parse_pager(tree, spec, base if _same_origin(base, page_url) else page_url),
+        products=products, rejects=rejects, cards_found=len(cards), pager=parse_pager(tree, spec, page_url),
     )

@@ -383,7 +383,7 @@ class PageFetcher:
         self.robots = robots or RobotsCache(
             limiter=self.limiter, deadline_s=policy.request_deadline_s, max_attempts=policy.max_attempts,
             backoff_base_s=policy.backoff_base_s, backoff_max_s=policy.backoff_max_s,
-            retry_after_max_s=policy.retry_after_max_s, sleep=robots_sleep or sleep, rng=self._rng,
+            retry_after_max_s=policy.retry_after_max_s, sleep=robots_sleep or sleep, rng=self._rng, note=self._warn,
         )
 
     async def fetch(

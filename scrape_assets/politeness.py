@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import random
 import re
 import time
@@ -184,6 +185,8 @@ class RobotsCache:
             seconds, as for pages (:func:`~scrape_assets.retry.backoff_delay_s`).
         sleep: awaited with each backoff delay (tests pass a recorder).
         rng: the jitter's random source (seeded in tests).
+        note: called with a line when a robots.txt ``Crawl-delay`` slows its host (the run's
+            log); default this module's logger's warning.
 
     Raises:
         ValueError: ``max_attempts < 1``.
@@ -200,6 +203,7 @@ class RobotsCache:
         retry_after_max_s: float = 120.0,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         rng: random.Random | None = None,
+        note: Callable[[str], object] | None = None,
     ):
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
@@ -211,6 +215,7 @@ class RobotsCache:
         self._rng = rng if rng is not None else random.Random()
         self._files: dict[str, _RobotsFile] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._note = note or logger.warning
 
     async def allowed(self, client: httpx.AsyncClient, url: str, user_agent: str) -> bool:
         """``True`` when robots.txt lets ``user_agent`` fetch ``url``; see :meth:`check`."""
@@ -290,8 +295,9 @@ class RobotsCache:
         interval = min(float(delay), MAX_CRAWL_DELAY_S)
         host = httpx.URL(robots.robots_url).host
         if self._limiter.space_at_least(host, interval):
-            logger.info("%s: Crawl-delay %g s: at most one request every %g s to %s", robots.robots_url,
-                        float(delay), interval, host)
+            self._note(f"{robots.robots_url} asks for Crawl-delay {float(delay):g} s: at most one request every "
+                       f"{interval:g} s to {host}" + (f" (capped at {MAX_CRAWL_DELAY_S:g} s)" if interval < delay else "")
+                       + f", slower than the spec's politeness.requests_per_second")
 
     async def _fetch(self, client: httpx.AsyncClient, robots_url: str, user_agent: str) -> _RobotsFile:
         """The origin's robots.txt after at most ``max_attempts`` requests (see the module docstring)."""
@@ -387,6 +393,17 @@ class RobotsCache:
             return response.status_code, "", body, None
 
 
+def _seconds(value: object) -> float | None:
+    """A finite number of a handoff file as a float, else None (a damaged file waits for nothing)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:  # an int too large for a float
+        return None
+    return value if math.isfinite(value) else None
+
+
 class HostLimiter:
     """Per-host request rate and concurrency limits, shared by all pages of a run.
 
@@ -428,12 +445,15 @@ class HostLimiter:
         self._paused_until: dict[str, float] = {}  # host -> clock() before which no slot is given
         self._last_started: dict[str, float] = {}  # host -> clock() when its latest slot was given
         self._intervals: dict[str, float] = {}  # host -> seconds between slots, when longer than 1/rps
+        #: Called with the host (lower case) when a pause of it begins or is extended (the
+        #: crawl records it at once for the next run: a run killed during the pause cannot later).
+        self.on_pause: Callable[[str], object] | None = None
 
     def handoff(self, host: str) -> dict | None:
         """What the next run fetching ``host`` must respect, for :meth:`take_over`: ``{"last_request_at":
         epoch seconds of the latest slot given or None, "paused_until": epoch seconds of the end of
-        a pause (Retry-After) still to come or None, "interval_s": :meth:`interval_s`}``; None when
-        no slot was given and none is paused."""
+        a pause (Retry-After) still to come or None, "crawl_delay_s": the robots.txt Crawl-delay
+        obeyed or None}``; None when no slot was given and none is paused."""
         key = host.lower()
         last, paused = self._last_started.get(key), self._paused_until.get(key)
         if paused is not None and paused <= self._clock():
@@ -442,21 +462,22 @@ class HostLimiter:
             return None
         to_wall = time.time() - self._clock()  # this clock is monotonic, its origin this process's
         return {"last_request_at": None if last is None else last + to_wall,
-                "paused_until": None if paused is None else paused + to_wall, "interval_s": self.interval_s(key)}
+                "paused_until": None if paused is None else paused + to_wall,
+                "crawl_delay_s": self._intervals.get(key)}
 
     def take_over(self, host: str, handoff: dict, *, now: float, max_wait_s: float) -> float:
-        """Pause ``host`` until the gap :attr:`requests_per_second` (or the previous run's
-        ``interval_s``, a Crawl-delay, when longer) asks after the previous run's last request
-        (``handoff`` of :meth:`handoff`, read from storage), or the end of its pause, at most
-        ``max_wait_s`` (a clock stepped since). ``now``: epoch seconds.
+        """Pause ``host`` until the gap this limiter's :attr:`requests_per_second` (or the
+        previous run's ``crawl_delay_s``, when longer: robots.txt is not read yet) asks after
+        the previous run's last request (``handoff`` of :meth:`handoff`, read from storage), or
+        the end of its pause, at most ``max_wait_s`` (a clock stepped since). A number that is
+        not one (a damaged file) counts as absent. ``now``: epoch seconds.
 
         Returns:
             The seconds paused (0 when the gap has passed).
         """
-        last, paused, interval = handoff.get("last_request_at"), handoff.get("paused_until"), handoff.get("interval_s")
-        gap = max(self.interval_s(host), interval if isinstance(interval, (int, float)) else 0.0)
-        ends = [*([last + gap] if isinstance(last, (int, float)) else []),
-                *([paused] if isinstance(paused, (int, float)) else [])]
+        last, paused, delay = (_seconds(handoff.get(name)) for name in ("last_request_at", "paused_until", "crawl_delay_s"))
+        gap = max(self.interval_s(host), min(delay or 0.0, MAX_CRAWL_DELAY_S))  # this run's pace, or the site's ask
+        ends = [t for t in (None if last is None else last + gap, paused) if t is not None]
         wait = min(max(ends, default=now) - now, max_wait_s)
         if wait > 0 and self.pause(host, wait):
             return wait
@@ -474,6 +495,8 @@ class HostLimiter:
         if not seconds > 0 or (current is not None and until <= current):
             return False
         self._paused_until[key] = until
+        if self.on_pause is not None:
+            self.on_pause(key)
         return True
 
     def _limits_for(self, host: str) -> tuple[asyncio.Semaphore, AsyncLimiter]:
@@ -498,6 +521,9 @@ class HostLimiter:
         self._intervals[key] = seconds
         if key in self._hosts:  # requests already waiting for the old pace keep it; later ones get this one
             self._hosts[key] = (self._hosts[key][0], AsyncLimiter(1, seconds))
+        if (last := self._last_started.get(key)) is not None:
+            # A new limiter gives its first slot at once: not sooner than the new gap after the last one.
+            self.pause(key, last + seconds - self._clock())
         return True
 
     @asynccontextmanager

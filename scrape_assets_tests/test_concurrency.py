@@ -506,4 +506,24 @@ def test_the_next_run_on_a_host_keeps_its_rate_and_its_retry_after_pause(tmp_pat
         first_again, _ = run()
         assert 1.0 / rps - 0.05 <= first_again - last < 3.0  # the rate's gap (no pause this time)
     handoff = json.loads(ObjectStore(str(tmp_path / "objects")).read_bytes(host_handoff_key(server.base_url)))
-    assert set(handoff) == {"last_request_at", "paused_until", "interval_s"} and handoff["paused_until"] is None
+    assert set(handoff) == {"last_request_at", "paused_until", "crawl_delay_s"}
+    assert handoff["paused_until"] is None and handoff["crawl_delay_s"] is None
+
+
+def test_a_retry_after_pause_is_recorded_for_the_next_run_when_it_begins(tmp_path):
+    """A run killed with SIGKILL during a Retry-After pause runs no finally: the pause is
+    written when it begins, so the next run does not ask the host inside it."""
+    from scrape_assets.defs.assets.raw_pages import _host_handoff
+    from scrape_assets.fetcher import FetchPolicy
+    from scrape_assets.locks import read_host_handoff
+    from scrape_assets.politeness import HostLimiter
+
+    store = ObjectStore(str(tmp_path / "objects"))
+    limiter = HostLimiter(requests_per_second=2, max_concurrency=1)
+    policy = FetchPolicy(user_agent="t", requests_per_second=2, max_concurrency=1)
+    with _host_handoff(store, limiter, "http://Shop.Example/", policy, logging.getLogger("test")):
+        assert read_host_handoff(store, "http://shop.example/") is None
+        assert limiter.pause("shop.example", 30)  # a 429's Retry-After: 30
+        handoff = read_host_handoff(store, "http://shop.example/")  # before the run ends
+        assert handoff["paused_until"] == pytest.approx(time.time() + 30, abs=2)
+        assert limiter.pause("other.example", 30)  # another host's pause is not this file's

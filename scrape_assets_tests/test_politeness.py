@@ -419,10 +419,15 @@ def test_a_crawl_delay_slows_the_hosts_requests_when_longer_than_the_rate(robots
     ignored: 0.5 s apart under "Crawl-delay: 3"."""
     limiter = HostLimiter(requests_per_second=20, max_concurrency=4)
     started: list[float] = []
+    notes: list[str] = []
 
     async def main():
-        async with _client(_robots_handler(200, robots)) as client:
-            assert (await RobotsCache(limiter=limiter).check(client, "http://shop.test/a", UA)).allowed
+        async def robots_txt(request: httpx.Request) -> httpx.Response:
+            started.append(time.monotonic())  # when robots.txt was asked: the first slot
+            return httpx.Response(200, text=robots)
+
+        async with _client(robots_txt) as client:
+            assert (await RobotsCache(limiter=limiter, note=notes.append).check(client, "http://shop.test/a", UA)).allowed
             if interval < 1:
                 async def one():
                     async with limiter.slot("shop.test"):
@@ -431,9 +436,29 @@ def test_a_crawl_delay_slows_the_hosts_requests_when_longer_than_the_rate(robots
 
     asyncio.run(main())
     assert limiter.interval_s("Shop.Test") == pytest.approx(interval)
-    if started:  # the slots after robots.txt's own are that far apart
+    if len(started) > 1:  # every slot after robots.txt's that far apart, the first too (it came 1 ms after)
         gaps = [b - a for a, b in zip(started, started[1:])]
         assert min(gaps) >= interval * 0.8
+    slowed = interval > 0.05
+    assert bool(notes) is slowed  # said in the run's log (a module logger's INFO line reached no one)
+    if slowed:
+        assert notes[0].startswith("http://shop.test/robots.txt asks for Crawl-delay ")
+
+
+def test_a_damaged_or_slower_handoff_makes_the_next_run_wait_only_what_it_must():
+    """A handoff file's numbers that are none (an int too large for a float stopped the run)
+    wait for nothing; a slower earlier run's pace is not carried over, its Crawl-delay is
+    (robots.txt is not read yet when the first request waits)."""
+    limiter = HostLimiter(requests_per_second=5, max_concurrency=1)
+    now = 1_000_000.0
+    for damaged in ({"last_request_at": 10 ** 400}, {"paused_until": "soon"}, {"last_request_at": float("nan")},
+                    {"paused_until": True}, {}):
+        assert limiter.take_over("shop.test", damaged, now=now, max_wait_s=120) == 0.0
+    assert limiter.take_over("shop.test", {"last_request_at": now, "crawl_delay_s": None}, now=now,
+                             max_wait_s=120) == pytest.approx(0.2)  # this run's 5/s, not the last run's 0.1/s
+    later = HostLimiter(requests_per_second=5, max_concurrency=1)
+    assert later.take_over("shop.test", {"last_request_at": now, "crawl_delay_s": 3.0}, now=now,
+                           max_wait_s=120) == pytest.approx(3.0)
 
 
 def test_host_limiter_caps_concurrency():

@@ -249,16 +249,24 @@ def _host_handoff(object_store, limiter, fetch_base_url: str, policy, log) -> It
         waited = limiter.take_over(host, handoff, now=time.time(),
                                    max_wait_s=1.0 / policy.requests_per_second + policy.retry_after_max_s)
         if waited:
-            log.info(f"{host}: first request in {waited:.1f} s, as the previous run on this host asks (its last "
-                     f"request and any Retry-After pause; {policy.requests_per_second:g} requests/s)")
-    try:
-        yield
-    finally:
+            log.info(f"{host}: first request in {waited:.1f} s: the previous run on this host asked it last, or was "
+                     "told to pause (Retry-After), this long before the gap it asks is over")
+
+    def record() -> None:
         if (handoff := limiter.handoff(host)) is not None:
             try:
                 write_host_handoff(object_store, fetch_base_url, handoff)
             except (StorageError, OSError) as exc:  # the pages are stored; the next run just does not wait
                 log.warning(f"{host}: could not record this run's last request for the next run ({exc})")
+
+    # A pause is recorded when it begins too: a run killed during it (SIGKILL, out of memory)
+    # gets no finally, and the next run must not ask the host inside it.
+    limiter.on_pause = lambda paused: record() if paused == host else None
+    try:
+        yield
+    finally:
+        limiter.on_pause = None
+        record()
 
 
 async def _crawl(spec, categories, object_store, fetcher, fetch_config, fetch_base_url, latest, site, store,

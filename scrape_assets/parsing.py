@@ -378,7 +378,8 @@ def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = 
     """Parse a displayed price into an exact amount and an ISO 4217 currency code.
 
     The amount is the only number in ``text``, or, of several, as :func:`_the_amount` chooses
-    ("20% off £45.17" is 45.17, "12,99 - 15,99 €" 12.99, "Was £20 Now £12" 20). Its decimal mark is ``decimal_mark`` when
+    ("20% off £45.17" is 45.17, "Only 3 left! £12.99" 12.99, "12,99 - 15,99 €" 12.99, "Was £20
+    Now £12" 20). Its decimal mark is ``decimal_mark`` when
     given (the spec's), the other of ``,`` and ``.`` grouping thousands. Otherwise it is
     guessed: of ``,`` and ``.``, the one appearing last when both appear; a lone ``,``
     before exactly 3 digits groups thousands (``"$1,234"``), else it is the decimal mark
@@ -405,7 +406,9 @@ def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = 
     ``"USD$"``, ``"AUD $"``); a symbol: ``default_currency`` when it is written with that
     symbol (``"$12.99"`` on a CAD or MXN site, ``"¥"`` on a CNY site), else £ GBP, $ USD,
     € EUR, ¥ JPY (pence GBP, cents USD); another sign or currency word (``"₹"`` INR, ``"zł"``
-    PLN, ``"円"`` JPY, ``"kr"``: see :func:`_other_currency`); else ``default_currency``.
+    PLN, ``"円"`` JPY, ``"kr"``: see :func:`_other_currency`); a symbol only inside
+    parentheses (``"12,99 (1 kg = 6,50 €)"``); else ``default_currency``. Signs inside
+    parentheses count only then: ``"CHF 12.50 (€ 13.10)"`` is CHF.
     Eastern Arabic digits and separators read as ASCII ones (``"٥١٫٧٧"`` is 51.77).
     Limits: without a symbol, a word that is also a code (``"ALL 12.00"``: Albanian lek) is
     read as that currency; a currency written in words this parser does not list
@@ -452,7 +455,9 @@ def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = 
         decimal_mark = dash.group(1) if dash.group(1) != ":" else decimal_mark
     elif cents := _SIGN_CENTS.match(text, end) if raw.translate(_GROUPING).isdigit() else None:
         raw, end = f"{raw}{decimal_mark or '.'}{cents.group(2)}", cents.end()  # "12€99"
-    symbol = _SYMBOL.search(text)
+    # The sign of the amount's part of the text, not of a conversion in parentheses ("CHF 12.50
+    # (€ 13.10)", "₹1,299 ($15.60)"); one only there counts last ("12,99 (1 kg = 6,50 €)").
+    symbol = _SYMBOL.search(_outside_parentheses(text))
     minor = _MINOR_AFTER.match(text, end) if raw.isdigit() else None  # "99p", not "12.99 p/kg"
     currency = None
     for code in (_CODE_BEFORE.search(text, 0, match.start()), _CODE_AFTER.match(text, end),
@@ -473,8 +478,12 @@ def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = 
     if currency is None and minor is not None:
         sign = "£" if minor.group(1) == "p" else "$"
         currency = default_currency if _suits(default_currency, sign) else _CURRENCY_SYMBOLS[sign]
-    currency = (currency or _other_currency(text, match.start(), end if range_end is None else range_end,
-                                            default_currency) or default_currency)
+    currency = currency or _other_currency(text, match.start(), end if range_end is None else range_end,
+                                           default_currency)
+    if currency is None and (enclosed := _SYMBOL.search(text)) is not None and enclosed.group(1) is None:
+        sign = enclosed.group()[-1]
+        currency = default_currency if _suits(default_currency, sign) else _CURRENCY_SYMBOLS[sign]
+    currency = currency or default_currency
     try:
         amount = Decimal(_amount(raw, three_decimals=currency in _THREE_DECIMALS, no_decimals=currency in _NO_DECIMALS,
                                  decimal_mark=decimal_mark))
@@ -521,10 +530,10 @@ _SIGN_OR_CODE_AFTER = re.compile(r"[ \u00a0]*(?:([A-Z]{3})(?![A-Za-z])|(\S))")
 
 
 def _marked(text: str, start: int, end: int) -> bool:
-    """Whether a currency sign (Unicode Sc, or one of :data:`_OTHER_SIGNS`) or an ISO 4217 code
-    is right before or after ``text[start:end]``, or in it ("12€99"). Words are no mark here
-    ("10 ft" is no forint). A sign between two amounts marks the one it touches: in "Pack of
-    6 £12.99" the "£" is 12.99's."""
+    """Whether a currency sign (Unicode Sc, or one of :data:`_OTHER_SIGNS`), an ISO 4217 code or
+    a currency word of :data:`_WORD_CODES` is right before or after ``text[start:end]``, or in
+    it ("12€99"). A sign between two amounts marks the one it touches: in "Pack of 6 £12.99"
+    the "£" is 12.99's."""
     def sign(c: str | None) -> bool:
         return bool(c) and (unicodedata.category(c) == "Sc" or c in _OTHER_SIGNS)
 
@@ -535,6 +544,11 @@ def _marked(text: str, start: int, end: int) -> bool:
     if before and before.group(1) and is_price_currency(before.group(1)):
         return True
     if after and after.group(1) and is_price_currency(after.group(1)):
+        return True
+    # The listed currency words ("15,99 zł", "Rs. 1,299"): none is an everyday abbreviation.
+    word_before, word_after = _WORD_BEFORE.search(text, max(0, start - 8), start), _WORD_AFTER.match(text, end)
+    if (word_before and word_before.group(1).lower() in _WORDS_BEFORE) or (
+            word_after and word_after.group(1).lower() in _WORD_CODES):
         return True
     # "6 £12.99": the "£" after 6 is spaced from it and touches 12.99
     touching_next = after and after.group(2) and after.end() < len(text) and text[after.end()].isdigit() \
@@ -547,12 +561,17 @@ def _marked(text: str, start: int, end: int) -> bool:
 
 def _the_amount(text: str) -> tuple[re.Match, int | None]:
     """The match of the price's amount in ``text``, and where the range it starts ends (None
-    when it starts none: a currency written after a range's high end is the range's). A percentage is never the amount ("20% off
-    £45.17"). Of several: those outside parentheses ("12,99 (1 kg = 6,50 €)": a unit price);
-    of a range, its low end ("£12.99 - £15.99", "12,99 - 15,99 €"); else the first a currency
-    sign or code marks ("Only 3 left! £12.99", "2 for £10.00", "Pack of 6 £12.99"), or the
-    first when none is marked. Limit: of two marked amounts the first counts ("Was £20 Now
-    £12" is 20, "£12.99 RRP £15" is 12.99: point the selector at the current price).
+    when it starts none: a currency written after a range's high end is the range's).
+
+    A percentage is never the amount ("20% off £45.17"). Of several, those outside
+    parentheses first ("12,99 (1 kg = 6,50 €)": a unit price); a range with a currency at
+    either end is its low end ("£12.99 - £15.99", "12,99 - 15,99 €"; not "Ships in 3-5
+    days $12.99"); the first amount when a currency marks it or it is more than a small
+    whole number ("12,99 6,50 €/kg": 12.99, the main price before a unit price); else, the
+    first a currency marks after a count ("Only 3 left! £12.99", "Pack of 6 £12.99", "2 for
+    £10.00", "Najniższa cena z 30 dni: 15,99 zł"), or that count when none is marked.
+    Limit: of two marked amounts the first counts ("Was £20 Now £12" is 20, "£12.99 RRP
+    £15" is 12.99: point the selector at the current price).
 
     Raises:
         ValueError: no amount, or only a percentage.
@@ -567,10 +586,24 @@ def _the_amount(text: str) -> tuple[re.Match, int | None]:
         return priced[0][0], None
     outside = [(m, end) for m, end in priced
                if text.count("(", 0, m.start()) <= text.count(")", 0, m.start())] or priced
-    if len(outside) > 1 and _RANGE.fullmatch(text, outside[0][1], outside[1][0].start()):
-        return outside[0][0], outside[1][1]
-    marked = [(m, end) for m, end in outside if _marked(text, m.start(), end)]
-    return (marked or outside)[0][0], None
+    (first, first_end), rest = outside[0], outside[1:]
+    if rest and _RANGE.fullmatch(text, first_end, rest[0][0].start()) and (
+            _marked(text, first.start(), first_end) or _marked(text, rest[0][0].start(), rest[0][1])):
+        return first, rest[0][1]
+    if _marked(text, first.start(), first_end) or not _COUNT.fullmatch(first.group()):
+        return first, None
+    return next(((m, None) for m, end in rest if _marked(text, m.start(), end)), (first, None))
+
+
+#: A small whole number, as a count or quantity is written ("3 left", "Pack of 6", "2 for").
+_COUNT = re.compile(r"\d{1,3}")
+
+
+def _outside_parentheses(text: str) -> str:
+    """``text`` with what parentheses enclose blanked out (same length: positions stay)."""
+    if "(" not in text:
+        return text
+    return re.sub(r"\([^()]*\)", lambda m: " " * len(m.group()), text)
 
 
 def _other_currency(text: str, start: int, end: int, default_currency: str) -> str | None:
@@ -585,7 +618,10 @@ def _other_currency(text: str, start: int, end: int, default_currency: str) -> s
             site), or for none ISO 4217 lists as a price currency, or is a currency sign this
             parser does not know (Unicode category Sc).
     """
-    found = next((c for c in text if c in _OTHER_SIGNS or (unicodedata.category(c) == "Sc" and c not in "¢")), None)
+    scope = _outside_parentheses(text)  # "₹1,299 ($15.60)": the rupee's
+    found = next((c for c in scope if c in _OTHER_SIGNS or (unicodedata.category(c) == "Sc" and c not in "¢")), None)
+    if found is not None and found in _CURRENCY_SYMBOLS:  # "Sale price$12.99": a "$" _SYMBOL does not take
+        return default_currency if _suits(default_currency, found) else _CURRENCY_SYMBOLS[found]
     found = found or next((a for a in _ARABIC_ABBREVIATIONS if a in text), None)
     if found is None:
         before, after = _WORD_BEFORE.search(text, 0, start), _WORD_AFTER.match(text, end)
@@ -947,8 +983,8 @@ def _price_text(node: LexborNode) -> str:
 
     Two digits in a ``<sup>`` right after digits are the cents ("£45<sup>17</sup>": "£45.17";
     a decimal mark is put between, "," when the digits before hold a "." grouping them); digits
-    in a ``<sup>`` after a price that has its decimals are a footnote's mark, left out
-    ("£12.99<sup>1</sup>").
+    in a ``<sup>`` after a price that has its decimals (and maybe its sign) are a footnote's
+    mark, left out ("£12.99<sup>1</sup>", "12,99 €<sup>1</sup>").
 
     Raises:
         _FieldError: digits of two other elements would run together ("<span>45</span><span>17</span>":
@@ -965,10 +1001,11 @@ def _add_price_part(parts: list[str], text_node: LexborNode) -> None:
         return
     text = "".join(parts)
     parent = text_node.parent
-    if parent is not None and parent.tag == "sup" and part.strip().isdigit() and text.rstrip()[-1:].isdigit():
+    in_sup = parent is not None and parent.tag == "sup" and part.strip().isdigit()
+    if in_sup and re.search(r"\d[.,]\d{1,2}[^\w\s]{0,2}$", text.rstrip()):
+        return  # "£12.99<sup>1</sup>", "12,99 €<sup>1</sup>": a footnote's mark, no digit of the price
+    if in_sup and text.rstrip()[-1:].isdigit():
         number = re.search(r"[\d.,' \u00a0]*$", text.rstrip()).group()
-        if re.search(r"[.,]\d{1,2}$", number):  # "£12.99<sup>1</sup>": a footnote's mark, no digit of the price
-            return
         if len(part.strip()) == 2:  # "£45<sup>17</sup>", "12 <sup>99</sup> €": the cents
             parts[:] = [text.rstrip(), "," if "." in number and "," not in number else ".", part.strip()]
             return

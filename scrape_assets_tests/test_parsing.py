@@ -273,6 +273,19 @@ def test_parse_price_without_number_names_the_input(text):
         ("£12.99£12.99", (Decimal("12.99"), "GBP")),
         ("Was £20 Now £12", (Decimal("20"), "GBP")),  # the documented limit: point the selector at the price
         ("Was £20 Sale £12", (Decimal("20"), "GBP")),
+        # a marked amount after an unmarked one: only after a count (the main price stays the first)
+        ("12,99 6,50 €/kg", (Decimal("12.99"), "EUR")),
+        ("12.99 / $0.81 per oz", (Decimal("12.99"), "USD")),
+        ("ab 12,99 €1", (Decimal("12.99"), "EUR")),  # a footnote's 1 after the sign
+        ("Ships in 3-5 days $12.99", (Decimal("12.99"), "USD")),  # no currency at the ends: no price range
+        ("Ages 8 to 12 $24.99", (Decimal("24.99"), "USD")),
+        ("Najniższa cena z 30 dni: 15,99 zł", (Decimal("15.99"), "PLN")),  # a listed currency word marks
+        ("3 ks 2 499 Kč", (Decimal("2499"), "CZK")),
+        ("Sale price$12.99Regular price$15.99", (Decimal("12.99"), "USD")),  # a "$" glued to a label
+        # the currency of the amount's part, not of a conversion in parentheses
+        ("CHF 12.50 (€ 13.10)", (Decimal("12.50"), "CHF")),
+        ("₹1,299 ($15.60)", (Decimal("1299"), "INR")),
+        ("1 299 Kč (≈ 51,99 €)", (Decimal("1299"), "CZK")),
         # other currency signs name their code (each read GBP, the spec's, before)
         ("₹1,299", (Decimal("1299"), "INR")),
         ("₪51.77", (Decimal("51.77"), "ILS")),
@@ -501,6 +514,7 @@ def test_a_price_with_an_undecodable_character_is_rejected_not_given_the_default
         ("£12 <sup>99</sup>", Decimal("12.99")),
         ("£12.99<sup>12</sup>", Decimal("12.99")),  # a footnote's mark after a whole price: left out
         ("£12.99<sup>1</sup>", Decimal("12.99")),
+        ("ab 12,99 €<sup>1</sup>", Decimal("12.99")),  # read 1 € in 6b54149
         ("<del>£20.00</del> <ins>£12.00</ins>", Decimal("12.00")),  # the struck-through price is the old one
         ("<s>£20.00</s> £12.00", Decimal("12.00")),
     ],

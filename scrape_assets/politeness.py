@@ -307,12 +307,13 @@ class RobotsCache:
             robots, retry_after = await self._attempt(client, robots_url, user_agent)
             if retry_after is None:  # a decision, not a failure to retry
                 return robots
+            told = parse_retry_after(retry_after or None, datetime.now(timezone.utc))
+            if told is not None and self._limiter is not None:
+                # The whole host, as a page's Retry-After does (and so handed to the next run).
+                self._limiter.pause(httpx.URL(robots_url).host, min(told, self._backoff["retry_after_max_s"]))
             if attempt >= self._max_attempts:
                 return robots if attempt == 1 else replace(robots, detail=f"{robots.detail}; robots.txt requested {attempt} times")
-            delay = backoff_delay_s(
-                attempt, retry_after_s=parse_retry_after(retry_after or None, datetime.now(timezone.utc)),
-                rng=self._rng, **self._backoff,
-            )
+            delay = backoff_delay_s(attempt, retry_after_s=told, rng=self._rng, **self._backoff)
             logger.info("%s: attempt %d/%d failed (%s); retrying in %.2f s", robots_url, attempt, self._max_attempts,
                         robots.detail, delay)
             await self._sleep(delay)

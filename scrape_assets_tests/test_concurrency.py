@@ -510,20 +510,34 @@ def test_the_next_run_on_a_host_keeps_its_rate_and_its_retry_after_pause(tmp_pat
     assert handoff["paused_until"] is None and handoff["crawl_delay_s"] is None
 
 
-def test_a_retry_after_pause_is_recorded_for_the_next_run_when_it_begins(tmp_path):
+def test_a_retry_after_pause_is_recorded_for_the_next_run_when_it_begins(tmp_path, monkeypatch):
     """A run killed with SIGKILL during a Retry-After pause runs no finally: the pause is
-    written when it begins, so the next run does not ask the host inside it."""
+    written when it begins, so the next run does not ask the host inside it; in a thread,
+    so a slow store does not stall the crawl (a synchronous S3 write froze its event loop)."""
+    from scrape_assets import locks
     from scrape_assets.defs.assets.raw_pages import _host_handoff
     from scrape_assets.fetcher import FetchPolicy
     from scrape_assets.locks import read_host_handoff
     from scrape_assets.politeness import HostLimiter
 
+    slow_write = locks.write_host_handoff
+
+    def write_in_a_second(*args, **kwargs):
+        time.sleep(1.0)
+        slow_write(*args, **kwargs)
+
+    monkeypatch.setattr(locks, "write_host_handoff", write_in_a_second)
     store = ObjectStore(str(tmp_path / "objects"))
     limiter = HostLimiter(requests_per_second=2, max_concurrency=1)
     policy = FetchPolicy(user_agent="t", requests_per_second=2, max_concurrency=1)
     with _host_handoff(store, limiter, "http://Shop.Example/", policy, logging.getLogger("test")):
         assert read_host_handoff(store, "http://shop.example/") is None
+        began = time.monotonic()
         assert limiter.pause("shop.example", 30)  # a 429's Retry-After: 30
-        handoff = read_host_handoff(store, "http://shop.example/")  # before the run ends
-        assert handoff["paused_until"] == pytest.approx(time.time() + 30, abs=2)
         assert limiter.pause("other.example", 30)  # another host's pause is not this file's
+        assert time.monotonic() - began < 0.5  # the write does not hold the caller (the event loop)
+        deadline = time.monotonic() + 10
+        while (handoff := read_host_handoff(store, "http://shop.example/")) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert handoff["paused_until"] == pytest.approx(time.time() + 30, abs=3)  # written before the run ends
+    assert read_host_handoff(store, "http://shop.example/")["paused_until"] == pytest.approx(time.time() + 29, abs=3)

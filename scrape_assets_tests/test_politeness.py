@@ -461,6 +461,24 @@ def test_a_damaged_or_slower_handoff_makes_the_next_run_wait_only_what_it_must()
                            max_wait_s=120) == pytest.approx(3.0)
 
 
+def test_a_robots_txt_retry_after_pauses_the_host_so_the_next_run_waits_too():
+    """robots.txt answering "429 Retry-After: 5" slept between its own attempts only: nothing
+    paused the host, so nothing was handed to the next run (it asked again 0.5 s later)."""
+    limiter = HostLimiter(requests_per_second=100, max_concurrency=1)
+
+    async def main():
+        async def too_many(request: httpx.Request) -> httpx.Response:
+            return httpx.Response(429, headers={"Retry-After": "5"})
+
+        async with _client(too_many) as client:
+            return await RobotsCache(limiter=limiter, max_attempts=1).check(client, "http://shop.test/a", UA)
+
+    decision = asyncio.run(main())
+    assert decision.reason == "robots_unreachable"
+    handoff = limiter.handoff("shop.test")
+    assert handoff["paused_until"] == pytest.approx(time.time() + 5, abs=1)
+
+
 def test_host_limiter_caps_concurrency():
     limiter = HostLimiter(requests_per_second=1000, max_concurrency=3)
     in_flight = 0

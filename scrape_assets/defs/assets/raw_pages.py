@@ -5,6 +5,7 @@ import asyncio
 import hashlib
 import time
 from collections.abc import Callable, Collection, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -248,8 +249,8 @@ def _host_handoff(object_store, limiter, fetch_base_url: str, policy, log) -> It
     if (handoff := read_host_handoff(object_store, fetch_base_url)) is not None:
         waited = limiter.take_over(host, handoff, now=time.time(),
                                    max_wait_s=1.0 / policy.requests_per_second + policy.retry_after_max_s)
-        if waited:
-            log.info(f"{host}: first request in {waited:.1f} s: the previous run on this host asked it last, or was "
+        if waited >= 0.01:
+            log.info(f"{host}: first request in {waited:.2f} s: the previous run on this host asked it last, or was "
                      "told to pause (Retry-After), this long before the gap it asks is over")
 
     def record() -> None:
@@ -257,16 +258,19 @@ def _host_handoff(object_store, limiter, fetch_base_url: str, policy, log) -> It
             try:
                 write_host_handoff(object_store, fetch_base_url, handoff)
             except (StorageError, OSError) as exc:  # the pages are stored; the next run just does not wait
-                log.warning(f"{host}: could not record this run's last request for the next run ({exc})")
+                log.warning(f"{host}: could not record this run's last request and pause for the next run ({exc})")
 
     # A pause is recorded when it begins too: a run killed during it (SIGKILL, out of memory)
-    # gets no finally, and the next run must not ask the host inside it.
-    limiter.on_pause = lambda paused: record() if paused == host else None
-    try:
-        yield
-    finally:
-        limiter.on_pause = None
-        record()
+    # gets no finally, and the next run must not ask the host inside it. In a thread of its
+    # own, as page bodies are written: a slow or hanging store must not stall the crawl (its
+    # event loop, and with it the signal that stops it); one thread, so the writes keep their order.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="host-handoff") as writer:
+        limiter.on_pause = lambda paused: writer.submit(record) if paused == host else None
+        try:
+            yield
+        finally:
+            limiter.on_pause = None
+            writer.submit(record)  # the state at the end, after the pauses' (the with waits for it)
 
 
 async def _crawl(spec, categories, object_store, fetcher, fetch_config, fetch_base_url, latest, site, store,

@@ -65,7 +65,7 @@ from scrape_assets.counts import counted
 from scrape_assets.errors import FetchError, PermanentFetchError, TransientFetchError, exception_text
 from scrape_assets.hostnames import DEFAULT_PORTS, url_host_problem
 from scrape_assets.http_transport import AiohttpTransport
-from scrape_assets.politeness import HostLimiter, RobotsCache, within_deadline
+from scrape_assets.politeness import HOST_WIDE_STATUSES, HostLimiter, RobotsCache, within_deadline
 from scrape_assets.retry import backoff_delay_s, classify_exception, classify_status, parse_retry_after
 from scrape_assets.spec import USER_AGENT_EXPECTED, Politeness, user_agent_problem
 
@@ -232,8 +232,6 @@ def build_client(
 
 #: Statuses whose body is the page asked for (203: a proxy's transformed copy of a 200).
 _PAGE_STATUSES = frozenset({200, 203, 304})
-#: Statuses whose Retry-After pauses every request to the host (Too Many Requests, Service Unavailable).
-_HOST_WIDE_STATUSES = frozenset({429, 503})
 
 
 def sendable_validator(value: str | None) -> str | None:
@@ -622,7 +620,7 @@ class PageFetcher:
             hop_detail = f"answered by {current}, after {counted(redirects, 'redirect')}" if redirects else ""
             if decision == "retry":
                 retry_after_s = parse_retry_after(headers.get("retry-after"), datetime.now(timezone.utc))
-                if retry_after_s and status in _HOST_WIDE_STATUSES:
+                if retry_after_s and status in HOST_WIDE_STATUSES:
                     self._pause_host(current, status, retry_after_s)
                 raise TransientFetchError(
                     url, f"http_{status}", hop_detail, http_status=status, retry_after_s=retry_after_s, attempts=attempt

@@ -468,21 +468,14 @@ def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = 
             currency = code.group(1)
             break
     if currency is None and symbol is not None:
-        sign, letters = symbol.group()[-1], symbol.group(1)
-        if letters in _DOLLAR_PREFIXES:
-            currency = _DOLLAR_PREFIXES[letters]
-        elif letters and len(letters) == 3 and is_price_currency(letters) and _suits(letters, sign):
-            currency = letters  # "USD$12.99", "AUD $5"
-        else:  # "$12.99", "RRP $12.99"
-            currency = default_currency if _suits(default_currency, sign) else _CURRENCY_SYMBOLS[sign]
+        currency = _symbol_currency(symbol, default_currency)
     if currency is None and minor is not None:
         sign = "£" if minor.group(1) == "p" else "$"
         currency = default_currency if _suits(default_currency, sign) else _CURRENCY_SYMBOLS[sign]
     currency = currency or _other_currency(text, match.start(), end if range_end is None else range_end,
                                            default_currency)
-    if currency is None and (enclosed := _SYMBOL.search(text)) is not None and enclosed.group(1) is None:
-        sign = enclosed.group()[-1]
-        currency = default_currency if _suits(default_currency, sign) else _CURRENCY_SYMBOLS[sign]
+    if currency is None and (enclosed := _SYMBOL.search(text)) is not None:  # "(C$5.00)", "12,99 (1 kg = 6,50 €)"
+        currency = _symbol_currency(enclosed, default_currency)
     currency = currency or default_currency
     try:
         amount = Decimal(_amount(raw, three_decimals=currency in _THREE_DECIMALS, no_decimals=currency in _NO_DECIMALS,
@@ -566,10 +559,11 @@ def _the_amount(text: str) -> tuple[re.Match, int | None]:
     A percentage is never the amount ("20% off £45.17"). Of several, those outside
     parentheses first ("12,99 (1 kg = 6,50 €)": a unit price); a range with a currency at
     either end is its low end ("£12.99 - £15.99", "12,99 - 15,99 €"; not "Ships in 3-5
-    days $12.99"); the first amount when a currency marks it or it is more than a small
-    whole number ("12,99 6,50 €/kg": 12.99, the main price before a unit price); else, the
-    first a currency marks after a count ("Only 3 left! £12.99", "Pack of 6 £12.99", "2 for
-    £10.00", "Najniższa cena z 30 dni: 15,99 zł"), or that count when none is marked.
+    days $12.99"); the first amount when a currency marks it or it is no count
+    (:func:`_is_count`: "12,99 6,50 €/kg" and "12 6,50 €/kg" are 12.99 and 12, the main
+    price before a unit price); after a count, the first a currency marks ("Only 3 left!
+    £12.99", "Pack of 6 £12.99", "2 for £10.00", "Najniższa cena z 30 dni: 15,99 zł"), or
+    that count when none is marked.
     Limit: of two marked amounts the first counts ("Was £20 Now £12" is 20, "£12.99 RRP
     £15" is 12.99: point the selector at the current price).
 
@@ -590,13 +584,18 @@ def _the_amount(text: str) -> tuple[re.Match, int | None]:
     if rest and _RANGE.fullmatch(text, first_end, rest[0][0].start()) and (
             _marked(text, first.start(), first_end) or _marked(text, rest[0][0].start(), rest[0][1])):
         return first, rest[0][1]
-    if _marked(text, first.start(), first_end) or not _COUNT.fullmatch(first.group()):
+    if _marked(text, first.start(), first_end) or not _is_count(text, first, first_end):
         return first, None
     return next(((m, None) for m, end in rest if _marked(text, m.start(), end)), (first, None))
 
 
-#: A small whole number, as a count or quantity is written ("3 left", "Pack of 6", "2 for").
-_COUNT = re.compile(r"\d{1,3}")
+def _is_count(text: str, match: re.Match, end: int) -> bool:
+    """Whether the amount at ``match`` reads as a count or quantity: a small whole number
+    with a word right before or after it ("Only 3 left", "Pack of 6", "2 for", "30 dni"),
+    not a whole price before a unit price ("12 6,50 €/kg", "25 $1.25/oz")."""
+    return bool(re.fullmatch(r"\d{1,3}", text[match.start():end])) and bool(
+        re.search(r"[^\W\d_]\s*$", text[max(0, match.start() - 12):match.start()])
+        or re.match(r"\s*[^\W\d_]", text[end:end + 12]))
 
 
 def _outside_parentheses(text: str) -> str:
@@ -638,6 +637,16 @@ def _other_currency(text: str, start: int, end: int, default_currency: str) -> s
     may_be = f"may be {' or '.join(codes)}" if codes else "names no currency this parser knows"
     raise ValueError(f"{text!r} is priced in {found!r}, which {may_be}; the spec's currency is {default_currency} "
                      "(set the spec's currency to the site's)")
+
+
+def _symbol_currency(symbol: re.Match, default_currency: str) -> str:
+    """The currency a :data:`_SYMBOL` match names (see :func:`parse_price`)."""
+    sign, letters = symbol.group()[-1], symbol.group(1)
+    if letters in _DOLLAR_PREFIXES:
+        return _DOLLAR_PREFIXES[letters]
+    if letters and len(letters) == 3 and is_price_currency(letters) and _suits(letters, sign):
+        return letters  # "USD$12.99", "AUD $5"
+    return default_currency if _suits(default_currency, sign) else _CURRENCY_SYMBOLS[sign]  # "$12.99", "RRP $12.99"
 
 
 def _suits(code: str, symbol: str) -> bool:
@@ -1002,8 +1011,8 @@ def _add_price_part(parts: list[str], text_node: LexborNode) -> None:
     text = "".join(parts)
     parent = text_node.parent
     in_sup = parent is not None and parent.tag == "sup" and part.strip().isdigit()
-    if in_sup and re.search(r"\d[.,]\d{1,2}[^\w\s]{0,2}$", text.rstrip()):
-        return  # "£12.99<sup>1</sup>", "12,99 €<sup>1</sup>": a footnote's mark, no digit of the price
+    if in_sup and re.search(r"\d[.,]\d{1,2}[^\w\s]{0,2}$|\d\s*[^\w\s]{1,2}$", text.rstrip()):
+        return  # "£12.99<sup>1</sup>", "12,99 €<sup>1</sup>", "99 €<sup>1</sup>": a footnote's mark
     if in_sup and text.rstrip()[-1:].isdigit():
         number = re.search(r"[\d.,' \u00a0]*$", text.rstrip()).group()
         if len(part.strip()) == 2:  # "£45<sup>17</sup>", "12 <sup>99</sup> €": the cents

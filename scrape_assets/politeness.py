@@ -64,6 +64,9 @@ logger = logging.getLogger(__name__)
 #: RFC 9309 §2.5: crawlers must parse at least the first 500 KiB; we read 512 KiB, drop the rest.
 ROBOTS_MAX_BYTES = 512 * 1024  # decoded; as many raw bytes of a compressed one at most
 
+#: Statuses whose Retry-After pauses the whole host, not only the request (RFC 9110 §15.5.20, §15.6.4).
+HOST_WIDE_STATUSES = frozenset({429, 503})
+
 #: The longest ``Crawl-delay`` honoured, in seconds (a site asking for more gets this pace).
 MAX_CRAWL_DELAY_S = 60.0
 
@@ -185,8 +188,9 @@ class RobotsCache:
             seconds, as for pages (:func:`~scrape_assets.retry.backoff_delay_s`).
         sleep: awaited with each backoff delay (tests pass a recorder).
         rng: the jitter's random source (seeded in tests).
-        note: called with a line when a robots.txt ``Crawl-delay`` slows its host (the run's
-            log); default this module's logger's warning.
+        note: called with a line when a robots.txt ``Crawl-delay`` slows its host, or its 429
+            or 503 with ``Retry-After`` pauses it (the run's log); default this module's
+            logger's warning.
 
     Raises:
         ValueError: ``max_attempts < 1``.
@@ -308,9 +312,6 @@ class RobotsCache:
             if retry_after is None:  # a decision, not a failure to retry
                 return robots
             told = parse_retry_after(retry_after or None, datetime.now(timezone.utc))
-            if told is not None and self._limiter is not None:
-                # The whole host, as a page's Retry-After does (and so handed to the next run).
-                self._limiter.pause(httpx.URL(robots_url).host, min(told, self._backoff["retry_after_max_s"]))
             if attempt >= self._max_attempts:
                 return robots if attempt == 1 else replace(robots, detail=f"{robots.detail}; robots.txt requested {attempt} times")
             delay = backoff_delay_s(attempt, retry_after_s=told, rng=self._rng, **self._backoff)
@@ -326,6 +327,7 @@ class RobotsCache:
             for _hop in range(client.max_redirects + 1):
                 # Each hop in its own host's slot: a robots.txt redirected to another host
                 # waits for that host's rate, concurrency and pause as a page would.
+                answering = url
                 async with self._slot(httpx.URL(url).host):
                     status, retry_after, body, url = await within_deadline(
                         self._deadline_s, self._download(client, url, user_agent)
@@ -353,6 +355,8 @@ class RobotsCache:
             return _RobotsFile("unreachable", robots_url, f"robots.txt could not be fetched ({what})"), ("" if retry else None)
         # Retried as a page would be (429, 408, 5xx, a proxy's 407); the last answer decides (RFC 9309 §2.3.1).
         retry_after = retry_after if classify_status(status) == "retry" else None
+        if status in HOST_WIDE_STATUSES and retry_after:
+            self._pause_host(answering, status, retry_after)
         if 200 <= status <= 299:
             # UTF-8 (RFC 9309 §2.3); "-sig" drops a byte order mark, which would otherwise hide the
             # first line (often "User-agent: *") from protego.
@@ -363,6 +367,16 @@ class RobotsCache:
         if 400 <= status <= 499 and status != 429:
             return _RobotsFile("unavailable", robots_url, f"robots.txt answered HTTP {status}; allowing all"), retry_after
         return _RobotsFile("unreachable", robots_url, f"robots.txt answered HTTP {status}"), retry_after
+
+    def _pause_host(self, url: str, status: int, retry_after: str) -> None:
+        """A 429 or 503 with Retry-After pauses the host that answered, as a page's does (and so
+        the pause reaches the next run, see :meth:`HostLimiter.handoff`), capped as pages' are."""
+        told = parse_retry_after(retry_after, datetime.now(timezone.utc))
+        if self._limiter is None or told is None:
+            return
+        host, seconds = httpx.URL(url).host, min(told, self._backoff["retry_after_max_s"])
+        if self._limiter.pause(host, seconds):
+            self._note(f"{url} answered {status} (Retry-After {told:g} s): no request to {host} for {seconds:.1f} s")
 
     def _slot(self, host: str) -> contextlib.AbstractAsyncContextManager:
         """The limiter's slot for ``host``; nothing to wait for without a limiter."""

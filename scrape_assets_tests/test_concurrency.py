@@ -541,3 +541,33 @@ def test_a_retry_after_pause_is_recorded_for_the_next_run_when_it_begins(tmp_pat
             time.sleep(0.05)
         assert handoff["paused_until"] == pytest.approx(time.time() + 30, abs=3)  # written before the run ends
     assert read_host_handoff(store, "http://shop.example/")["paused_until"] == pytest.approx(time.time() + 29, abs=3)
+
+
+def test_the_handoff_writer_coalesces_pauses_and_never_holds_the_run_past_its_wait():
+    """Each pause queued a whole write, and the end of the crawl waited for all of them: a
+    store taking 3 s a write held a SIGTERM'd run for 18 s (a hanging one: for good). The
+    writer writes the latest state once per round, and the end waits at most its timeout."""
+    import threading
+
+    from scrape_assets.defs.assets.raw_pages import _LatestWriter
+
+    writes, release = [], threading.Event()
+
+    def slow_write():
+        writes.append(time.monotonic())
+        release.wait(0.5)
+
+    writer = _LatestWriter(slow_write)
+    for _ in range(5):  # five pauses while the first write runs
+        writer.request()
+        time.sleep(0.05)
+    assert writer.close(5.0)
+    assert 2 <= len(writes) <= 3  # the first, one for the four asked meanwhile (and the close's)
+
+    hang = threading.Event()
+    stuck = _LatestWriter(lambda: hang.wait(60))  # a store that never answers
+    stuck.request()
+    began = time.monotonic()
+    assert not stuck.close(0.3)  # gives up, the thread a daemon: the process can still exit
+    assert time.monotonic() - began < 2
+    hang.set()

@@ -3,9 +3,9 @@
 
 import asyncio
 import hashlib
+import threading
 import time
 from collections.abc import Callable, Collection, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -253,24 +253,65 @@ def _host_handoff(object_store, limiter, fetch_base_url: str, policy, log) -> It
             log.info(f"{host}: first request in {waited:.2f} s: the previous run on this host asked it last, or was "
                      "told to pause (Retry-After), this long before the gap it asks is over")
 
-    def record() -> None:
+    errors: list[BaseException] = []
+
+    def record() -> None:  # in the writer's thread
         if (handoff := limiter.handoff(host)) is not None:
             try:
                 write_host_handoff(object_store, fetch_base_url, handoff)
-            except (StorageError, OSError) as exc:  # the pages are stored; the next run just does not wait
-                log.warning(f"{host}: could not record this run's last request and pause for the next run ({exc})")
+            except Exception as exc:  # noqa: BLE001 - the pages are stored; the next run just does not wait
+                errors.append(exc)
 
     # A pause is recorded when it begins too: a run killed during it (SIGKILL, out of memory)
     # gets no finally, and the next run must not ask the host inside it. In a thread of its
-    # own, as page bodies are written: a slow or hanging store must not stall the crawl (its
-    # event loop, and with it the signal that stops it); one thread, so the writes keep their order.
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="host-handoff") as writer:
-        limiter.on_pause = lambda paused: writer.submit(record) if paused == host else None
-        try:
-            yield
-        finally:
-            limiter.on_pause = None
-            writer.submit(record)  # the state at the end, after the pauses' (the with waits for it)
+    # own: a slow or hanging store must not stall the crawl's event loop (and with it the
+    # signal that stops it); the state written is the latest, however many pauses asked.
+    writer = _LatestWriter(record)
+    limiter.on_pause = lambda paused: writer.request() if paused == host else None
+    try:
+        yield
+    finally:
+        limiter.on_pause = None
+        if not writer.close(HANDOFF_WRITE_WAIT_S):  # a hanging store: the run ends anyway
+            log.warning(f"{host}: this run's last request and pause were not recorded for the next run within "
+                        f"{HANDOFF_WRITE_WAIT_S:.0f} s (is the storage answering?)")
+        for exc in errors[:1]:
+            log.warning(f"{host}: could not record this run's last request and pause for the next run "
+                        f"({type(exc).__name__}: {exc})")
+
+
+#: Seconds the end of a crawl waits for the host handoff's last write (then gives up, saying so).
+HANDOFF_WRITE_WAIT_S = 10.0
+
+
+class _LatestWriter:
+    """Runs ``write`` in a daemon thread whenever :meth:`request` asks, the requests that arrive
+    during a write coalesced into one more (the state written is the latest), and once more
+    at :meth:`close`."""
+
+    def __init__(self, write: Callable[[], None]):
+        self._write, self._wanted, self._closing = write, threading.Event(), False
+        self._thread = threading.Thread(target=self._run, name="host-handoff", daemon=True)
+        self._thread.start()
+
+    def request(self) -> None:
+        self._wanted.set()
+
+    def close(self, timeout_s: float) -> bool:
+        """Write the latest state once more and wait for it, at most ``timeout_s``; whether it finished."""
+        self._closing = True
+        self._wanted.set()
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        while True:
+            self._wanted.wait()
+            closing = self._closing  # read before the write: a close asked during it writes once more
+            self._wanted.clear()
+            self._write()
+            if closing and not self._wanted.is_set():
+                return
 
 
 async def _crawl(spec, categories, object_store, fetcher, fetch_config, fetch_base_url, latest, site, store,

@@ -559,11 +559,11 @@ def _the_amount(text: str) -> tuple[re.Match, int | None]:
     A percentage is never the amount ("20% off £45.17"). Of several, those outside
     parentheses first ("12,99 (1 kg = 6,50 €)": a unit price); a range with a currency at
     either end is its low end ("£12.99 - £15.99", "12,99 - 15,99 €"; not "Ships in 3-5
-    days $12.99"); the first amount when a currency marks it or it is no count
-    (:func:`_is_count`: "12,99 6,50 €/kg" and "12 6,50 €/kg" are 12.99 and 12, the main
-    price before a unit price); after a count, the first a currency marks ("Only 3 left!
-    £12.99", "Pack of 6 £12.99", "2 for £10.00", "Najniższa cena z 30 dni: 15,99 zł"), or
-    that count when none is marked.
+    days $12.99"); the first amount when a currency marks it or it is more than a small
+    whole number ("12,99 6,50 €/kg": 12.99); after a small whole number (a count: "Only 3
+    left! £12.99", "Pack of 6 £12.99", "Qty: 3 $12.99", "Najniższa cena z 30 dni: 15,99
+    zł"), the first amount a currency marks, unless that is a unit price ("12 6,50 €/kg",
+    "25 $1.25/oz": 12 and 25), or that small number when none is marked.
     Limit: of two marked amounts the first counts ("Was £20 Now £12" is 20, "£12.99 RRP
     £15" is 12.99: point the selector at the current price).
 
@@ -584,18 +584,16 @@ def _the_amount(text: str) -> tuple[re.Match, int | None]:
     if rest and _RANGE.fullmatch(text, first_end, rest[0][0].start()) and (
             _marked(text, first.start(), first_end) or _marked(text, rest[0][0].start(), rest[0][1])):
         return first, rest[0][1]
-    if _marked(text, first.start(), first_end) or not _is_count(text, first, first_end):
+    if _marked(text, first.start(), first_end) or not re.fullmatch(r"\d{1,3}", text[first.start():first_end]):
         return first, None
-    return next(((m, None) for m, end in rest if _marked(text, m.start(), end)), (first, None))
+    later = next(((m, end) for m, end in rest if _marked(text, m.start(), end)), None)
+    if later is None or _UNIT_PRICE_AFTER.match(text, later[1]):  # "12 6,50 €/kg": the 12 is the price
+        return first, None
+    return later[0], None
 
 
-def _is_count(text: str, match: re.Match, end: int) -> bool:
-    """Whether the amount at ``match`` reads as a count or quantity: a small whole number
-    with a word right before or after it ("Only 3 left", "Pack of 6", "2 for", "30 dni"),
-    not a whole price before a unit price ("12 6,50 €/kg", "25 $1.25/oz")."""
-    return bool(re.fullmatch(r"\d{1,3}", text[match.start():end])) and bool(
-        re.search(r"[^\W\d_]\s*$", text[max(0, match.start() - 12):match.start()])
-        or re.match(r"\s*[^\W\d_]", text[end:end + 12]))
+#: What follows a unit price's amount ("6,50 €/kg", "$0.81 per oz", "£0.30 each").
+_UNIT_PRICE_AFTER = re.compile(r"\s*(?:[^\w\s/]{1,2}\s*)?(?:/|(?:per|pro|je|each|la|le)\b)", re.IGNORECASE)
 
 
 def _outside_parentheses(text: str) -> str:
@@ -1011,8 +1009,10 @@ def _add_price_part(parts: list[str], text_node: LexborNode) -> None:
     text = "".join(parts)
     parent = text_node.parent
     in_sup = parent is not None and parent.tag == "sup" and part.strip().isdigit()
-    if in_sup and re.search(r"\d[.,]\d{1,2}[^\w\s]{0,2}$|\d\s*[^\w\s]{1,2}$", text.rstrip()):
-        return  # "£12.99<sup>1</sup>", "12,99 €<sup>1</sup>", "99 €<sup>1</sup>": a footnote's mark
+    before = text.rstrip()
+    after_sign = before[-1:] and (unicodedata.category(before[-1]) == "Sc" or before[-1] in _OTHER_SIGNS)
+    if in_sup and (re.search(r"\d[.,]\d{1,2}$", before) or (after_sign and re.search(r"\d\s*\S$", before))):
+        return  # "£12.99<sup>1</sup>", "12,99 €<sup>1</sup>", "99 €<sup>1</sup>": a footnote's mark ("£12.<sup>99</sup>": cents)
     if in_sup and text.rstrip()[-1:].isdigit():
         number = re.search(r"[\d.,' \u00a0]*$", text.rstrip()).group()
         if len(part.strip()) == 2:  # "£45<sup>17</sup>", "12 <sup>99</sup> €": the cents

@@ -277,9 +277,12 @@ def test_parse_price_without_number_names_the_input(text):
         ("12,99 6,50 €/kg", (Decimal("12.99"), "EUR")),
         ("12.99 / $0.81 per oz", (Decimal("12.99"), "USD")),
         ("ab 12,99 €1", (Decimal("12.99"), "EUR")),  # a footnote's 1 after the sign
-        ("12 6,50 €/kg", (Decimal("12"), "EUR")),  # a whole main price is no count: no word beside it
+        ("12 6,50 €/kg", (Decimal("12"), "EUR")),  # a whole main price before a unit price
         ("25 $1.25/oz", (Decimal("25"), "USD")),
-        ("45 17 €", (Decimal("45"), "EUR")),
+        ("Qty: 3 $12.99", (Decimal("12.99"), "USD")),  # a count, with or without a word beside it
+        ("10 $49.99", (Decimal("49.99"), "USD")),
+        ("18 12,99 €", (Decimal("12.99"), "EUR")),
+        ("3 × $4.99", (Decimal("4.99"), "USD")),
         ("(C$5.00)", (Decimal("-5.00"), "CAD")),  # a dollar's letters count inside parentheses too
         ("Price (US$12.99)", (Decimal("12.99"), "USD")),
         ("Ships in 3-5 days $12.99", (Decimal("12.99"), "USD")),  # no currency at the ends: no price range
@@ -521,6 +524,8 @@ def test_a_price_with_an_undecodable_character_is_rejected_not_given_the_default
         ("£12.99<sup>1</sup>", Decimal("12.99")),
         ("ab 12,99 €<sup>1</sup>", Decimal("12.99")),  # read 1 € in 6b54149
         ("99 €<sup>1</sup>", Decimal("99")),  # a whole price too (read 1 € in 0e4f8aa)
+        ("£12.<sup>99</sup>", Decimal("12.99")),  # cents after the decimal mark (read 12 in 24e3615)
+        ("$1,299.<sup>99</sup>", Decimal("1299.99")),
         ("<del>£20.00</del> <ins>£12.00</ins>", Decimal("12.00")),  # the struck-through price is the old one
         ("<s>£20.00</s> £12.00", Decimal("12.00")),
     ],

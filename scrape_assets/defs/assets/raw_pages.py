@@ -256,11 +256,11 @@ def _host_handoff(object_store, limiter, fetch_base_url: str, policy, log) -> It
     errors: list[BaseException] = []
 
     def record() -> None:  # in the writer's thread
-        if (handoff := limiter.handoff(host)) is not None:
-            try:
+        try:
+            if (handoff := limiter.handoff(host)) is not None:
                 write_host_handoff(object_store, fetch_base_url, handoff)
-            except Exception as exc:  # noqa: BLE001 - the pages are stored; the next run just does not wait
-                errors.append(exc)
+        except Exception as exc:  # noqa: BLE001 - the pages are stored; the next run just does not wait
+            errors.append(exc)
 
     # A pause is recorded when it begins too: a run killed during it (SIGKILL, out of memory)
     # gets no finally, and the next run must not ask the host inside it. In a thread of its
@@ -298,19 +298,26 @@ class _LatestWriter:
         self._wanted.set()
 
     def close(self, timeout_s: float) -> bool:
-        """Write the latest state once more and wait for it, at most ``timeout_s``; whether it finished."""
+        """Write the latest state once more and wait for it, at most ``timeout_s``; whether it
+        finished (if not, the write under way may still land; none starts after it)."""
         self._closing = True
         self._wanted.set()
         self._thread.join(timeout_s)
-        return not self._thread.is_alive()
+        self._abandoned = self._thread.is_alive()
+        return not self._abandoned
+
+    _abandoned = False
 
     def _run(self) -> None:
         while True:
             self._wanted.wait()
-            closing = self._closing  # read before the write: a close asked during it writes once more
-            self._wanted.clear()
-            self._write()
-            if closing and not self._wanted.is_set():
+            self._wanted.clear()  # before reading _closing: a close from here on sets it again
+            closing = self._closing
+            try:
+                self._write()
+            except Exception:  # noqa: BLE001, S110 - the writer must outlive a write (record logs its errors)
+                pass
+            if self._abandoned or (closing and not self._wanted.is_set()):
                 return
 
 

@@ -43,7 +43,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from scrape_assets.counts import counted
+from scrape_assets.counts import counted, listed
 from scrape_assets.errors import ScrapeError, SettingsError, StorageError
 from scrape_assets.run_processes import (
     DEMO_LAUNCHER,
@@ -396,7 +396,7 @@ def _ui_hint(summary: dict) -> str:
     if summary.get("daemon_heartbeat_age_s") is not None:
         return "the Dagster UI serving this instance"
     exports = summary.get("ui_exports")
-    return f"`{summary.get('ui_command', 'make ui')}`" + (f" (with {_names(exports)} exported)" if exports else "")
+    return f"`{summary.get('ui_command', 'make ui')}`" + (f" (with {listed(exports)} exported)" if exports else "")
 
 
 def _ui_line(summary: dict) -> str:
@@ -410,7 +410,7 @@ def _ui_line(summary: dict) -> str:
                 "workspace.yaml` in the clone, in the runs' environment (README: A production setup)")
     exports = summary.get("ui_exports")
     return (f"  Dagster UI      {summary.get('ui_command', 'make ui')}  (then open {summary.get('ui_url', ui_url({}))})"
-            + (f"; with {_names(exports)} exported as for the pipeline's runs" if exports else ""))
+            + (f"; with {listed(exports)} exported as for the pipeline's runs" if exports else ""))
 
 
 def _ui_port(env: Mapping[str, str]) -> str:
@@ -552,7 +552,7 @@ def run_daemon_check() -> int:
           f"`{settings}DAGSTER_HOME={home} .venv/bin/dagster-webserver -w workspace.yaml -p {port}`. Stopped it just "
           f"now? Its last beat stops counting in {max(DAEMON_SEEN_S - age, 1):.0f} s; or "
           f"`{settings}make ui UI_FORCE=1 UI_PORT={port} DAGSTER_HOME={home}`"
-          + (f" (with {_names(exports)} exported as for the pipeline's runs)" if exports else "") + ".", file=sys.stderr)
+          + (f" (with {listed(exports)} exported as for the pipeline's runs)" if exports else "") + ".", file=sys.stderr)
     return 1
 
 
@@ -598,11 +598,6 @@ def ui_exports(env: Mapping[str, str]) -> list[str]:
     if (base := env.get("SCRAPE_BASE_URL")) and not _shown_whole(base):  # not in the command
         exports.insert(0, "SCRAPE_BASE_URL")
     return exports
-
-
-def _names(names: list[str]) -> str:
-    """``A``, ``A and B``, ``A, B and C``."""
-    return " and ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def _shown_whole(url: str) -> bool:

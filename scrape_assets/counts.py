@@ -1,4 +1,4 @@
-"""Counts in progress and summary lines: ``1 page``, ``2 pages``, ``1,000 categories``."""
+"""Counts and lists in progress and summary lines: ``1 page``, ``2 pages``, ``1,000 categories``, ``A, B and C``."""
 
 from __future__ import annotations
 
@@ -26,3 +26,8 @@ def counted(n: int, noun: str, plural: str | None = None) -> str:
         else:
             plural = noun + "s"
     return f"{n:,} {plural}"
+
+
+def listed(items: list[str]) -> str:
+    """``A``, ``A and B``, ``A, B and C`` (``""`` for none)."""
+    return " and ".join(items) if len(items) < 3 else f"{', '.join(items[:-1])} and {items[-1]}"

@@ -21,6 +21,7 @@ from decimal import Decimal
 
 import orjson
 
+from scrape_assets.counts import listed
 from scrape_assets.errors import ManifestError
 from scrape_assets.manifest import Manifest, load_manifest
 from scrape_assets.parsing import parse_listing
@@ -197,9 +198,7 @@ def extract_snapshot(
 
 def _pages(numbers: list[int]) -> str:
     """``"page 2"``, ``"pages 2, 3 and 5"``."""
-    if len(numbers) == 1:
-        return f"page {numbers[0]}"
-    return f"pages {', '.join(map(str, numbers[:-1]))} and {numbers[-1]}"
+    return f"page{'s' if len(numbers) > 1 else ''} {listed([str(n) for n in numbers])}"
 
 
 def _page_figures(counts: dict[int, int], cards: dict[int, int]) -> bool:

@@ -276,6 +276,26 @@ _ARABIC = str.maketrans({**{chr(0x660 + d): str(d) for d in range(10)}, **{chr(0
                          "\u066b": ".", "\u066c": ","})
 
 
+def _is_sign(char: str) -> bool:
+    """Whether ``char`` is a currency sign: Unicode category Sc ($ £ € ₹ ...) or one of
+    :data:`_OTHER_SIGNS` written with a letter (円, 元, the full-width ones)."""
+    return len(char) == 1 and (unicodedata.category(char) == "Sc" or char in _OTHER_SIGNS)
+
+
+def _sign_currency(sign: str, default_currency: str) -> str:
+    """The currency one of £ $ € ¥ stands for on a site priced in ``default_currency``: that
+    currency when it may be written with the sign ("$" on a CAD site), else £ GBP, $ USD, € EUR, ¥ JPY."""
+    return default_currency if _suits(default_currency, sign) else _CURRENCY_SYMBOLS[sign]
+
+
+def _currency_word(text: str, start: int, end: int) -> str | None:
+    """A currency word of :data:`_WORD_CODES` right after the amount at ``text[start:end]``
+    ("15,99 zł"), or one of :data:`_WORDS_BEFORE` right before it ("Rs. 1,299"), as written."""
+    before, after = _WORD_BEFORE.search(text, max(0, start - 8), start), _WORD_AFTER.match(text, end)
+    return next((w.group(1) for w, where in ((before, _WORDS_BEFORE), (after, _WORD_CODES))
+                 if w and w.group(1).lower() in where), None)
+
+
 def _is_currency_marker(token: str) -> bool:
     """A currency sign (Unicode category Sc: $ £ € ₹ ₽ ...), an ISO 4217 code, or a currency word."""
     if len(token) == 1 and unicodedata.category(token) == "Sc":
@@ -434,8 +454,7 @@ def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = 
     if (simple := _SIMPLE_PRICE.fullmatch(text)) and not (decimal_mark == "," and "." in simple.group(2)):
         # "£51.77", "12.00": what the general path below gives, without its dozen regex steps
         sign = simple.group(1)
-        currency = default_currency if not sign or _suits(default_currency, sign) else _CURRENCY_SYMBOLS[sign]
-        return Decimal(simple.group(2)), currency
+        return Decimal(simple.group(2)), _sign_currency(sign, default_currency) if sign else default_currency
     if len(text) > MAX_PRICE_TEXT:
         raise ValueError(f"{len(text):,} characters of price text ({text[:40]!r}...): more than a price; point the "
                          "spec's price selector at the price alone")
@@ -470,8 +489,7 @@ def parse_price(text: str, default_currency: str, *, decimal_mark: str | None = 
     if currency is None and symbol is not None:
         currency = _symbol_currency(symbol, default_currency)
     if currency is None and minor is not None:
-        sign = "£" if minor.group(1) == "p" else "$"
-        currency = default_currency if _suits(default_currency, sign) else _CURRENCY_SYMBOLS[sign]
+        currency = _sign_currency("£" if minor.group(1) == "p" else "$", default_currency)
     currency = currency or _other_currency(text, match.start(), end if range_end is None else range_end,
                                            default_currency)
     if currency is None and (enclosed := _SYMBOL.search(text)) is not None:  # "(C$5.00)", "12,99 (1 kg = 6,50 €)"
@@ -527,10 +545,7 @@ def _marked(text: str, start: int, end: int) -> bool:
     a currency word of :data:`_WORD_CODES` is right before or after ``text[start:end]``, or in
     it ("12€99"). A sign between two amounts marks the one it touches: in "Pack of 6 £12.99"
     the "£" is 12.99's."""
-    def sign(c: str | None) -> bool:
-        return bool(c) and (unicodedata.category(c) == "Sc" or c in _OTHER_SIGNS)
-
-    if any(sign(c) for c in text[start:end] if not c.isdigit()):
+    if any(_is_sign(c) for c in text[start:end] if not c.isdigit()):
         return True
     before = _SIGN_OR_CODE_BEFORE.search(text, max(0, start - 8), start)
     after = _SIGN_OR_CODE_AFTER.match(text, end)
@@ -538,18 +553,15 @@ def _marked(text: str, start: int, end: int) -> bool:
         return True
     if after and after.group(1) and is_price_currency(after.group(1)):
         return True
-    # The listed currency words ("15,99 zł", "Rs. 1,299"): none is an everyday abbreviation.
-    word_before, word_after = _WORD_BEFORE.search(text, max(0, start - 8), start), _WORD_AFTER.match(text, end)
-    if (word_before and word_before.group(1).lower() in _WORDS_BEFORE) or (
-            word_after and word_after.group(1).lower() in _WORD_CODES):
+    if _currency_word(text, start, end):  # "15,99 zł", "Rs. 1,299": none is an everyday abbreviation
         return True
     # "6 £12.99": the "£" after 6 is spaced from it and touches 12.99
     touching_next = after and after.group(2) and after.end() < len(text) and text[after.end()].isdigit() \
         and after.start(2) > end
     touching_previous = before and before.group(2) and before.start(2) > 0 and text[before.start(2) - 1].isdigit() \
         and before.end(2) < start
-    return bool((before and sign(before.group(2)) and not touching_previous)
-                or (after and sign(after.group(2)) and not touching_next))
+    return bool((before and before.group(2) and _is_sign(before.group(2)) and not touching_previous)
+                or (after and after.group(2) and _is_sign(after.group(2)) and not touching_next))
 
 
 def _the_amount(text: str) -> tuple[re.Match, int | None]:
@@ -616,16 +628,13 @@ def _other_currency(text: str, start: int, end: int, default_currency: str) -> s
             parser does not know (Unicode category Sc).
     """
     scope = _outside_parentheses(text)  # "₹1,299 ($15.60)": the rupee's
-    found = next((c for c in scope if c in _OTHER_SIGNS or (unicodedata.category(c) == "Sc" and c not in "¢")), None)
+    found = next((c for c in scope if _is_sign(c) and c != "¢"), None)
     if found is not None and found in _CURRENCY_SYMBOLS:  # "Sale price$12.99": a "$" _SYMBOL does not take
-        return default_currency if _suits(default_currency, found) else _CURRENCY_SYMBOLS[found]
+        return _sign_currency(found, default_currency)
     found = found or next((a for a in _ARABIC_ABBREVIATIONS if a in text), None)
+    found = found or _currency_word(text, start, end)
     if found is None:
-        before, after = _WORD_BEFORE.search(text, 0, start), _WORD_AFTER.match(text, end)
-        found = next((w.group(1) for w, where in ((before, _WORDS_BEFORE), (after, _WORD_CODES))
-                      if w and w.group(1).lower() in where), None)
-        if found is None:
-            return None
+        return None
     named = _OTHER_SIGNS.get(found) or _ARABIC_ABBREVIATIONS.get(found) or _WORD_CODES.get(found.lower(), ())
     codes = [c for c in named if is_price_currency(c)]
     if default_currency in codes:
@@ -644,7 +653,7 @@ def _symbol_currency(symbol: re.Match, default_currency: str) -> str:
         return _DOLLAR_PREFIXES[letters]
     if letters and len(letters) == 3 and is_price_currency(letters) and _suits(letters, sign):
         return letters  # "USD$12.99", "AUD $5"
-    return default_currency if _suits(default_currency, sign) else _CURRENCY_SYMBOLS[sign]  # "$12.99", "RRP $12.99"
+    return _sign_currency(sign, default_currency)  # "$12.99", "RRP $12.99"
 
 
 def _suits(code: str, symbol: str) -> bool:
@@ -780,7 +789,8 @@ def _tree(html_or_tree: LexborHTMLParser | str | bytes, content_type: str | None
 
 
 def parse_pager(
-    html_or_tree: LexborHTMLParser | str | bytes, spec: SiteSpec, page_url: str, *, content_type: str | None = None
+    html_or_tree: LexborHTMLParser | str | bytes, spec: SiteSpec, page_url: str, *, content_type: str | None = None,
+    base: str | None = None,
 ) -> PagerInfo:
     """Read the pager, the ``next`` link and the results count of a listing page.
 
@@ -793,6 +803,8 @@ def parse_pager(
         page_url: absolute URL the page was fetched from; the ``next`` link is resolved
             against it, or against the page's ``<base href>`` when that is on the same origin.
         content_type: the ``Content-Type`` header, for the charset when given bytes.
+        base: the page's document base (:func:`_document_base`) when the caller has it
+            already; else found here, for a next link.
 
     Returns:
         The :class:`PagerInfo`. Digit-group separators are dropped first (``"Page 1 of
@@ -815,7 +827,7 @@ def parse_pager(
         shows_listing = True
         href = (node.attributes.get("href") or "").strip()
         # For fetching: against the page's <base href> only on the page's own origin (a mirror stays one).
-        base = _document_base(tree, page_url)
+        base = base or _document_base(tree, page_url)
         base = base if _same_origin(base, page_url) else page_url
         try:
             next_url = urljoin(base, href) if href else None
@@ -1010,13 +1022,13 @@ def _add_price_part(parts: list[str], text_node: LexborNode) -> None:
     parent = text_node.parent
     in_sup = parent is not None and parent.tag == "sup" and part.strip().isdigit()
     before = text.rstrip()
-    after_sign = before[-1:] and (unicodedata.category(before[-1]) == "Sc" or before[-1] in _OTHER_SIGNS)
-    if in_sup and (re.search(r"\d[.,]\d{1,2}$", before) or (after_sign and re.search(r"\d\s*\S$", before))):
+    if in_sup and (re.search(r"\d[.,]\d{1,2}$", before)
+                   or (_is_sign(before[-1:]) and re.search(r"\d\s*\S$", before))):
         return  # "£12.99<sup>1</sup>", "12,99 €<sup>1</sup>", "99 €<sup>1</sup>": a footnote's mark ("£12.<sup>99</sup>": cents)
-    if in_sup and text.rstrip()[-1:].isdigit():
-        number = re.search(r"[\d.,' \u00a0]*$", text.rstrip()).group()
+    if in_sup and before[-1:].isdigit():
+        number = re.search(r"[\d.,' \u00a0]*$", before).group()
         if len(part.strip()) == 2:  # "£45<sup>17</sup>", "12 <sup>99</sup> €": the cents
-            parts[:] = [text.rstrip(), "," if "." in number and "," not in number else ".", part.strip()]
+            parts[:] = [before, "," if "." in number and "," not in number else ".", part.strip()]
             return
     if part[:1].isdigit() and text[-1:].isdigit():
         raise _FieldError(f"price: digits of separate elements run together in {(text + part).strip()!r} "
@@ -1186,5 +1198,5 @@ def parse_listing(
             }
         )
     return ParsedPage(
-        products=products, rejects=rejects, cards_found=len(cards), pager=parse_pager(tree, spec, page_url),
+        products=products, rejects=rejects, cards_found=len(cards), pager=parse_pager(tree, spec, page_url, base=base),
     )

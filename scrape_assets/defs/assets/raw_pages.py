@@ -199,8 +199,10 @@ async def crawl_partitions(
     """
     # Here, not at module level: processes that load the definitions but never fetch (sensors,
     # the UI's code server, re-parse backfills) do not import httpx and aiohttp (~0.1-0.2 s).
+    from scrape_assets.crawl import CrawlProgress, PartitionCrawler, all_or_cancel, load_run_sitemap, sitemap_checks_line
     from scrape_assets.fetcher import PageFetcher
     from scrape_assets.page_slots import PageSlots, slots_for
+    from scrape_assets.sitemap import SitemapCopies
 
     freeze_again()  # what these imports brought, out of the collector's way like the rest of the code
     spec = site.spec()
@@ -229,10 +231,50 @@ async def crawl_partitions(
     async with site.client() as client:
         fetcher = PageFetcher(client, policy, sleep=page_slots.sleep, robots_sleep=asyncio.sleep, warn=log.warning)
         with _host_handoff(object_store, fetcher.limiter, fetch_base_url, policy, log):
-            return await _crawl(spec, categories, object_store, fetcher, fetch_config, fetch_base_url, latest, site,
-                                store, page_slots, new_snapshot=new_snapshot, log=log, run_id=run_id,
-                                adopt_complete=adopt_complete, on_sitemap=on_sitemap,
-                                reexecuted_run_ids=reexecuted_run_ids)
+            progress = CrawlProgress(len(categories), log.info, warn=log.warning)
+            # revalidate: sitemap: read once for every category, and only when some category has
+            # saved pages to keep (a first run fetches everything anyway).
+            sitemap = None
+            if spec.incremental.revalidate == "sitemap" and any(m is not None for m in latest.values()):
+                loaded = await load_run_sitemap(spec, fetcher, fetch_base_url, log.info, log.warning,
+                                                copies=SitemapCopies(object_store, f"{spec.name}/sitemap.copies"))
+                if on_sitemap is not None:
+                    on_sitemap(loaded)
+                sitemap = None if loaded.error else loaded
+            elif spec.incremental.revalidate == "sitemap":
+                log.info("sitemap not fetched: no category has saved pages yet (a first run asks every page)")
+            crawlers = [
+                PartitionCrawler(
+                    spec,
+                    category,
+                    object_store,
+                    fetcher,
+                    fetch_config=fetch_config,
+                    fetch_base_url=fetch_base_url,
+                    max_attempts=site.max_attempts,
+                    run_id=run_id,
+                    reexecuted_run_ids=reexecuted_run_ids,
+                    adopt_complete=adopt_complete,
+                    resume_max_age=store.resume_max_age(),
+                    progress=progress,
+                    warn=log.warning,
+                    latest=latest.pop(category),  # the crawler drops it once its snapshot is open
+                    sitemap=sitemap,
+                    page_slots=page_slots,
+                    slot_priority=priority,
+                )
+                for priority, category in enumerate(categories)
+            ]
+            try:  # a crawl failing stops the others before the client closes
+                reports = await all_or_cancel(
+                    (c.run(new_snapshot=new_snapshot) for c in crawlers),
+                    on_other_error=lambda e: log.error(f"another category's crawl failed too: {type(e).__name__}: {e}"),
+                )
+                if sitemap is not None and (line := sitemap_checks_line(reports)):
+                    log.warning(line)
+                return reports
+            finally:
+                object_store.close()  # journals of snapshots left incomplete
 
 
 @contextmanager
@@ -321,56 +363,6 @@ class _LatestWriter:
                 return
 
 
-async def _crawl(spec, categories, object_store, fetcher, fetch_config, fetch_base_url, latest, site, store,
-                 page_slots, *, new_snapshot, log, run_id, adopt_complete, on_sitemap, reexecuted_run_ids):
-    """:func:`crawl_partitions` once its client and fetcher are made."""
-    from scrape_assets.crawl import CrawlProgress, PartitionCrawler, all_or_cancel, load_run_sitemap, sitemap_checks_line
-    from scrape_assets.sitemap import SitemapCopies
-
-    progress = CrawlProgress(len(categories), log.info, warn=log.warning)
-    # revalidate: sitemap: read once for every category, and only when some category has
-    # saved pages to keep (a first run fetches everything anyway).
-    sitemap = None
-    if spec.incremental.revalidate == "sitemap" and any(m is not None for m in latest.values()):
-        loaded = await load_run_sitemap(spec, fetcher, fetch_base_url, log.info, log.warning,
-                                        copies=SitemapCopies(object_store, f"{spec.name}/sitemap.copies"))
-        if on_sitemap is not None:
-            on_sitemap(loaded)
-        sitemap = None if loaded.error else loaded
-    elif spec.incremental.revalidate == "sitemap":
-        log.info("sitemap not fetched: no category has saved pages yet (a first run asks every page)")
-    crawlers = [
-        PartitionCrawler(
-            spec,
-            category,
-            object_store,
-            fetcher,
-            fetch_config=fetch_config,
-            fetch_base_url=fetch_base_url,
-            max_attempts=site.max_attempts,
-            run_id=run_id,
-            reexecuted_run_ids=reexecuted_run_ids,
-            adopt_complete=adopt_complete,
-            resume_max_age=store.resume_max_age(),
-            progress=progress,
-            warn=log.warning,
-            latest=latest.pop(category),  # the crawler drops it once its snapshot is open
-            sitemap=sitemap,
-            page_slots=page_slots,
-            slot_priority=priority,
-        )
-        for priority, category in enumerate(categories)
-    ]
-    try:  # a crawl failing stops the others before the client closes
-        reports = await all_or_cancel(
-            (c.run(new_snapshot=new_snapshot) for c in crawlers),
-            on_other_error=lambda e: log.error(f"another category's crawl failed too: {type(e).__name__}: {e}"),
-        )
-        if sitemap is not None and (line := sitemap_checks_line(reports)):
-            log.warning(line)
-        return reports
-    finally:
-        object_store.close()  # journals of snapshots left incomplete
 
 
 @dg.asset(

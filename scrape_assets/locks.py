@@ -174,8 +174,8 @@ def host_handoff_key(url_or_netloc: str) -> str:
 def read_host_handoff(store: ObjectStore, url_or_netloc: str) -> dict | None:
     """What the last run fetching the host left for the next, written by :func:`write_host_handoff`:
     ``{"last_request_at": epoch seconds, "paused_until": epoch seconds of a Retry-After pause's
-    end}`` (either may be None), so the next run keeps the per-host rate and the pause across
-    runs (:meth:`~scrape_assets.politeness.HostLimiter.take_over`); None when there is none or
+    end, "crawl_delay_s": the robots.txt Crawl-delay obeyed}`` (each may be None), so the next
+    run keeps the per-host rate, the pause and the delay across runs (:meth:`~scrape_assets.politeness.HostLimiter.take_over`); None when there is none or
     it cannot be read (a damaged file is no reason to stop a run)."""
     try:
         data = json.loads(store.read_bytes(host_handoff_key(url_or_netloc)))

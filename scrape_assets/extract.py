@@ -68,7 +68,10 @@ class ParsedSnapshot:
         pages: one dict per done page: ``category, page_number, products_parsed, cards_found,
             site_claims_products, listing_recognised`` (the layout guards' input).
         rejects: product cards that could not be parsed: ``url, page_number, reason``, and
-            ``product_id`` when the card's id was read before the field that failed.
+            ``product_id`` when the card's id was read before the field that failed (or the
+            card repeats a product listed before). A reject without one is a card whose id
+            could not be read: ``products_table`` then keeps every earlier row the snapshot
+            did not see, as it cannot tell which product the card was.
         listing_moved: None, or why the snapshot may not have seen every product although
             every page was fetched, parts joined by "; ": its pages disagree about the
             listing's size (``"page 1 says 32 results, page 2 says 52"``: the listing changed
@@ -149,7 +152,7 @@ def extract_snapshot(
             if (first := seen.get(product["product_id"])) is not None:
                 # Listed twice (a product that moved between pages during the crawl, a card
                 # repeated on every page): the first listing is the row, the others rejects.
-                out.rejects.append({"url": product["url"], "page_number": n,
+                out.rejects.append({"url": product["url"], "page_number": n, "product_id": product["product_id"],
                                     "reason": f"product_id {product['product_id']}: already listed on page {first}"})
                 listed_before += first != n
                 continue

@@ -392,6 +392,36 @@ def test_a_selector_that_stops_matching_some_cards_blocks_the_load(tmp_path, ins
     assert _table(tmp_path) == loaded
 
 
+def test_a_card_whose_product_id_cannot_be_read_keeps_every_earlier_row_not_seen(tmp_path, instance):
+    """The site changes the URLs of some products overnight (here: ids with an odd last digit
+    no longer match product_id.regex): their cards are rejected without an id, so which row
+    each one stands for is unknown. The next snapshot keeps every earlier row it did not see
+    rather than deleting those products, and says how many it kept."""
+    assert materialize(instance, make_resources(tmp_path), ["mystery"]).success
+    before = {r[0]: r for r in _table(tmp_path, ["product_id", "title", "price", "snapshot_id"])}
+    odd = {pid for pid in before if int(pid[-1]) % 2}
+    assert len(before) == 32 and 0 < len(odd) < 32
+    data = yaml.safe_load(importlib_resources.files("scrape_assets.sites").joinpath("demo.yaml").read_text())
+    data["product_id"]["regex"] = r"_(\d*[02468])/index\.html$"
+    data["validation"] = {"max_rejected_share": 0.9}
+    (tmp_path / "odd_ids_unreadable.yaml").write_text(yaml.safe_dump(data))
+    changed = make_resources(tmp_path, site=str(tmp_path / "odd_ids_unreadable.yaml"))
+    result = materialize(instance, changed, ["mystery"],
+                         run_config={"ops": {"raw_pages": {"config": {"new_snapshot": True}}}})
+    assert result.success
+    parsed = run_metadata(result)["parsed_products"]["by_category"]["mystery"]
+    assert (parsed["products"], parsed["rejects"]) == (32 - len(odd), len(odd))
+    table = run_metadata(result)["products_table"]
+    assert (table["rows_loaded"], table["rows_carried_forward"]) == (32 - len(odd), len(odd))
+    after = {r[0]: r for r in _table(tmp_path, ["product_id", "title", "price", "snapshot_id"])}
+    assert set(after) == set(before)
+    assert {pid: after[pid] for pid in odd} == {pid: before[pid] for pid in odd}  # as last seen, older snapshot
+    assert all(after[pid][3] != before[pid][3] for pid in set(before) - odd)
+    assert any(f"mystery: loaded {32 - len(odd)} rows into products (parsed from snapshot " in e.user_message
+               and f"kept {len(odd)} earlier rows not seen this time" in e.user_message
+               for e in instance.all_logs(result.run_id))
+
+
 def _other_shop_fails(tmp_path, instance) -> dict[str, str]:
     """Run every asset for travel of site other_shop (the demo spec renamed) into tmp_path's
     storage and warehouse; the run fails: ``{step: error message}``."""

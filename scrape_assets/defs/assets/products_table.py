@@ -81,11 +81,14 @@ def load_categories(context, categories: list[str], site: SiteResource, store: O
                                     "parse of this category ran at the same time): run products_table again")
             rows = parsed.products  # dicts with the table's columns and more (insert_many picks the columns)
             rejected = {r["product_id"] for r in parsed.rejects if r.get("product_id")}
+            # A card whose product id could not be read (its link is what failed) may be any of
+            # the earlier rows: none of those the snapshot did not see is dropped.
+            unidentified = sum(not r.get("product_id") for r in parsed.rejects)
             # Fewer cards than page 1's results count (parsed_products' count check warns): pages
             # not reached (a pager the spec no longer reads, max_pages), the unseen products with them.
             short = (manifest.products_expected is not None
                      and len(parsed.products) + len(parsed.rejects) < manifest.products_expected)
-            moved = parsed.listing_moved is not None or short
+            moved = parsed.listing_moved is not None or short or unidentified > 0
         loaded[category], carried[category] = wh.load_products(
             category,
             rows,
@@ -190,8 +193,8 @@ def products_table(
     earlier pages (``ParsedSnapshot.listing_moved``), or the snapshot has fewer cards than
     page 1's results count (pages not reached), earlier rows not seen this time are carried
     forward, never deleted by a failed fetch or a moving listing, and so is the earlier row
-    of a product whose card was rejected (see
-    ``Warehouse.load_products``). An
+    of a product whose card was rejected (every earlier row not seen, when a rejected card's
+    product id could not be read: it may be any of them; see ``Warehouse.load_products``). An
     unchanged input is not reloaded; ``price_history`` gets the prices seen that day either way (not
     those of carried-forward rows).
     """

@@ -118,6 +118,13 @@ def sniff_charset(body: bytes, content_type: str | None = None) -> str:
     (lossless); GB2312 as GB18030, Shift_JIS as cp932, EUC-KR as cp949, ISO-8859-9 as
     windows-1254, TIS-620 as windows-874, Big5 as Big5-HKSCS.
 
+    One departure from browsers: a header naming another charset than the ``<meta>``'s
+    UTF-8 loses to it when the body is valid UTF-8 (a server's default label on a page
+    written in UTF-8: read by the header, "Noah’s" would load as "Noah窶冱" under
+    Shift_JIS, mojibake that no check sees). Legacy text with bytes above 0x7F is
+    almost never valid UTF-8, so a body that is stays as its header says only when it
+    is ASCII, which reads the same either way in every ASCII-compatible charset.
+
     Args:
         body: the raw response body.
         content_type: the ``Content-Type`` header value, if any.
@@ -129,8 +136,18 @@ def sniff_charset(body: bytes, content_type: str | None = None) -> str:
         if body.startswith(bom):
             return codec
     if (label := header_charset(content_type)) and (codec := _codec_for(label)):
+        if codec != "utf-8" and _meta_codec(body) == "utf-8" and _valid_utf8(body):
+            return "utf-8"  # the page's own label, and its bytes agree with it
         return codec
     return _meta_codec(body) or "utf-8"
+
+
+def _valid_utf8(body: bytes) -> bool:
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _meta_codec(body: bytes) -> str | None:

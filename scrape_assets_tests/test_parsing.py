@@ -1089,6 +1089,25 @@ def test_a_header_charset_no_browser_knows_leaves_the_meta_charset_to_decide():
         assert decode_html(body, content_type).endswith("<p>Книга</p>")
 
 
+@pytest.mark.parametrize("label", ["shift_jis", "koi8-r", "windows-1251", "iso-8859-1", "utf-16"])
+def test_a_header_charset_loses_to_a_meta_utf8_the_bytes_agree_with(label):
+    """A server's default label on a page written in UTF-8 (its <meta> says so, its bytes are
+    valid UTF-8): read by the header, "Noah’s" loads as "Noah窶冱" under Shift_JIS with no
+    U+FFFD for any check to see."""
+    body = '<html><head><meta charset="utf-8"></head><p>Noah’s Ark £12.99</p>'.encode()
+    assert sniff_charset(body, f"text/html; charset={label}") == "utf-8"
+    assert decode_html(body, f"text/html; charset={label}").endswith("<p>Noah’s Ark £12.99</p>")
+
+
+def test_a_header_charset_still_wins_over_a_meta_utf8_the_bytes_do_not_fit():
+    """Legacy bytes (invalid UTF-8) under a <meta> left at utf-8 by a template: the header is right."""
+    for label, text in (("shift_jis", "ノアの方舟 1,078円"), ("koi8-r", "Книга"), ("windows-1252", "Noah’s £12")):
+        body = b'<meta charset="utf-8"><p>' + text.encode(label.replace("_", "-")) + b"</p>"
+        assert decode_html(body, f"text/html; charset={label}").endswith(f"<p>{text}</p>"), label
+    # no <meta> naming UTF-8: the header decides, whatever the bytes
+    assert sniff_charset("<p>Noah’s</p>".encode(), "text/html; charset=koi8-r") == "koi8-r"
+
+
 def test_us_ascii_is_read_as_windows_1252_as_browsers_do():
     assert sniff_charset(b"", "text/html; charset=us-ascii") == "sloppy-windows-1252"
     assert decode_html(b"<p>\xa351.77 \x93q\x94</p>", "text/html; charset=us-ascii") == "<p>£51.77 “q”</p>"

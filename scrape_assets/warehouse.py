@@ -96,6 +96,26 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 #: PostgreSQL advisory lock key (any bigint) held while creating the tables.
 _DDL_LOCK_KEY = 0x5C7A9E_7AB1E5
+#: First key of the PostgreSQL advisory locks held per (table, category) while a partition is
+#: replaced (two int4 keys: a key space apart from the single-bigint one above).
+_PARTITION_LOCK_SPACE = 0x5C7A9E
+
+
+def _lock_partition(conn: sa.Connection, table: sa.Table, category: str) -> None:
+    """Make concurrent replacements of one partition of ``table`` wait for each other.
+
+    PostgreSQL: a transaction-scoped advisory lock (``pg_advisory_xact_lock``) on ``(table,
+    category)``, taken as the transaction's first statement and released at its end. Under
+    READ COMMITTED two delete-then-insert transactions of one category would otherwise both
+    delete the rows committed before either began, then both insert: ``dead_letters`` held
+    every row twice, and one of two ``products`` loads failed on the primary key. Nothing
+    else keeps two loads of a category apart when raw pages are on S3 (the per-partition
+    file locks hold for a local storage root only). SQLite: nothing to do, a transaction that
+    writes holds the database's single write lock.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:space, hashtext(:key))"),
+                     {"space": _PARTITION_LOCK_SPACE, "key": f"{table.name}/{category}"})
 
 
 def _sqlite_path_problem(file: Path | None) -> str | None:
@@ -203,7 +223,7 @@ class Warehouse:
     def unreadable(self, exc: Exception) -> str:
         """One line for a database error met using this warehouse (down, locked, not a database, other tables).
 
-        ``cannot read the warehouse at <url> (SCRAPE_WAREHOUSE_URL): <error class>: <the
+        ``cannot use the warehouse at <url> (SCRAPE_WAREHOUSE_URL): <error class>: <the
         driver's first line>``; the SQL statement SQLAlchemy appends is left out. A refused
         ``CREATE`` (PostgreSQL's "permission denied for schema") reads ``cannot create the
         warehouse's tables at ...`` with what to grant.
@@ -212,7 +232,7 @@ class Warehouse:
         if create_refused_in(error):
             return (f"cannot create the warehouse's tables at {self.describe()} (SCRAPE_WAREHOUSE_URL): {error} "
                     f"({CREATE_PRIVILEGE_HINT})")
-        return f"cannot read the warehouse at {self.describe()} (SCRAPE_WAREHOUSE_URL): {error}"
+        return f"cannot use the warehouse at {self.describe()} (SCRAPE_WAREHOUSE_URL): {error}"
 
     def create_refused(self) -> str | None:
         """Why the first load could not create the tables, checked without creating anything;
@@ -280,7 +300,8 @@ class Warehouse:
             self._created = True
 
     def replace_partition(self, table: sa.Table, category: str, rows: Iterable[Mapping]) -> int:
-        """Delete the partition's rows and insert ``rows``, in one transaction.
+        """Delete the partition's rows and insert ``rows``, in one transaction (concurrent
+        replacements of one partition wait for each other, see :func:`_lock_partition`).
 
         Returns:
             Rows inserted.
@@ -291,6 +312,7 @@ class Warehouse:
         self.create_tables()
         rows = list(rows)
         with self.engine.begin() as conn:
+            _lock_partition(conn, table, category)
             conn.execute(table.delete().where(table.c.category == category))
             crashpoint("warehouse.after_delete")
             insert_many(conn, table, rows)
@@ -416,7 +438,8 @@ class Warehouse:
         carry_unseen: bool = False,
         carry_ids: Collection[str] = (),
     ) -> tuple[int, int]:
-        """Load one partition of ``products`` and its day's prices in ``price_history``, in one transaction.
+        """Load one partition of ``products`` and its day's prices in ``price_history``, in one
+        transaction; concurrent loads of one category wait for each other (:func:`_lock_partition`).
 
         Args:
             rows: the partition's product rows (a mapping per row with at least the table's
@@ -452,6 +475,7 @@ class Warehouse:
         """
         self.create_tables()
         with self.engine.begin() as conn:
+            _lock_partition(conn, products, category)  # before the rows to carry are read
             inserted = carried = 0
             if rows is not None:
                 rows = list(rows)

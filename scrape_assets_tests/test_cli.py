@@ -413,7 +413,7 @@ def test_summary_of_an_unusable_warehouse_or_storage_is_one_line_naming_the_sett
         monkeypatch.setenv("SCRAPE_WAREHOUSE_URL", f"sqlite:///{path}")
         assert main(["summary"]) == 2
         captured = capsys.readouterr()
-        assert captured.err == (f"scrape-assets: error: cannot read the warehouse at sqlite:///{path} "
+        assert captured.err == (f"scrape-assets: error: cannot use the warehouse at sqlite:///{path} "
                                 f"(SCRAPE_WAREHOUSE_URL): {reason}\n"), path
         assert captured.out == ""
     assert not_a_db.read_text() == "not a database"  # nothing written over it

@@ -1017,7 +1017,7 @@ def test_an_unreadable_warehouse_stops_raw_pages_before_any_request_and_the_retr
     assert len([e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]) == 3
     (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     assert failure.step_failure_data.user_failure_data.description == (
-        f"cannot read the warehouse at sqlite:///{folder} (SCRAPE_WAREHOUSE_URL): OperationalError: unable to open "
+        f"cannot use the warehouse at sqlite:///{folder} (SCRAPE_WAREHOUSE_URL): OperationalError: unable to open "
         "database file; nothing fetched")
     assert not (tmp_path / "objects" / "demo").exists()  # no snapshot opened, no page stored
     # A file that is not a database: no retry can help, the step fails at once.
@@ -1029,7 +1029,7 @@ def test_an_unreadable_warehouse_stops_raw_pages_before_any_request_and_the_retr
     assert not any(e.event_type_value == "STEP_UP_FOR_RETRY" for e in result.all_events)
     (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     assert failure.step_failure_data.user_failure_data.description == (
-        f"cannot read the warehouse at sqlite:///{not_a_db} (SCRAPE_WAREHOUSE_URL): DatabaseError: file is not a "
+        f"cannot use the warehouse at sqlite:///{not_a_db} (SCRAPE_WAREHOUSE_URL): DatabaseError: file is not a "
         "database; nothing fetched")
     assert not_a_db.read_text() == "not a database" and not (tmp_path / "objects" / "demo").exists()
     # Tables of another shape: SQLite says "no such column" every time, so no retry either;
@@ -1047,7 +1047,7 @@ def test_an_unreadable_warehouse_stops_raw_pages_before_any_request_and_the_retr
         assert not any(e.event_type_value == "STEP_UP_FOR_RETRY" for e in result.all_events)
         (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
         assert failure.step_failure_data.user_failure_data.description == (
-            f"cannot read the warehouse at sqlite:///{other_shape} (SCRAPE_WAREHOUSE_URL): OperationalError: no such "
+            f"cannot use the warehouse at sqlite:///{other_shape} (SCRAPE_WAREHOUSE_URL): OperationalError: no such "
             f"column: {missing}; nothing fetched")
         assert not (tmp_path / "objects" / "demo").exists()
 
@@ -1226,7 +1226,7 @@ def test_a_locked_warehouse_retries_the_load_steps_and_a_broken_one_does_not(tmp
         holder.close()
     (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     assert failure.step_failure_data.user_failure_data.description == (
-        f"cannot read the warehouse at sqlite:///{tmp_path / 'warehouse.db'} (SCRAPE_WAREHOUSE_URL): "
+        f"cannot use the warehouse at sqlite:///{tmp_path / 'warehouse.db'} (SCRAPE_WAREHOUSE_URL): "
         "OperationalError: database is locked (after 1 retry)")
 
     other_shape = tmp_path / "other.db"  # what the same database answers every time: no retry
@@ -1238,7 +1238,7 @@ def test_a_locked_warehouse_retries_the_load_steps_and_a_broken_one_does_not(tmp
     assert not any(e.event_type_value == "STEP_UP_FOR_RETRY" for e in result.all_events)
     (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     assert failure.step_failure_data.user_failure_data.description.startswith(
-        f"cannot read the warehouse at sqlite:///{other_shape} (SCRAPE_WAREHOUSE_URL): OperationalError: ")
+        f"cannot use the warehouse at sqlite:///{other_shape} (SCRAPE_WAREHOUSE_URL): OperationalError: ")
 
 
 @contextmanager

@@ -126,6 +126,70 @@ def test_processes_creating_the_tables_at_once_all_succeed(postgres_url):
         "products", "dead_letters", "price_history", "partition_loads", "warehouse_site"}
 
 
+def test_two_loads_of_one_category_at_once_wait_for_each_other(postgres_url):
+    """Two delete-then-insert transactions of one category (a re-parse beside the daily run's
+    load; on S3 no file lock keeps them apart) both started under READ COMMITTED: without a
+    lock each deleted only the rows committed before it began, so ``dead_letters`` held every
+    row twice and one of two ``products`` loads failed on the primary key. Here the table is
+    locked until both are waiting, so they overlap every time."""
+    import time as _time
+    from decimal import Decimal
+
+    import sqlalchemy as sa
+
+    def product(pid: str, snapshot: str) -> dict:
+        return {"category": "c", "product_id": pid, "title": f"T{pid}", "price": Decimal("9.99"), "currency": "GBP",
+                "rating": 3, "availability": "In stock", "url": f"http://x/{pid}", "page_number": 1,
+                "snapshot_id": snapshot, "fetched_at": "2026-12-07T08:00:00Z"}
+
+    def letter(i: int, snapshot: str) -> dict:
+        return {"category": "c", "url": f"http://x/p{i}", "stage": "fetch", "reason": "http_503", "http_status": 503,
+                "attempts": 3, "snapshot_id": snapshot, "recorded_at": "2026-12-07T08:00:00Z"}
+
+    def load(wh: Warehouse, table: sa.Table, snapshot: str) -> None:
+        if table is products:
+            wh.load_products("c", [product(str(i), snapshot) for i in range(50)], input_version=f"v{snapshot}",
+                             snapshot_id=snapshot, loaded_at="2026-12-07T08:00:00Z", history_date="2026-12-07",
+                             history_snapshot_id=snapshot)
+        else:
+            wh.replace_partition(dead_letters, "c", [letter(i, snapshot) for i in range(50)])
+
+    first = Warehouse(postgres_url)
+    errors: list[BaseException] = []
+
+    def run(wh: Warehouse, table: sa.Table, snapshot: str) -> None:
+        try:
+            load(wh, table, snapshot)
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    waiting = sa.text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                      "AND datname = current_database()")
+    for table in (products, dead_letters):
+        load(first, table, "s0")
+        loaders = [Warehouse(postgres_url) for _ in range(2)]  # two processes' (their tables made before the lock)
+        for wh in loaders:
+            wh.create_tables()
+        with first.engine.connect() as blocker:
+            blocker.execute(sa.text(f"LOCK TABLE {table.name} IN SHARE MODE"))
+            threads = [threading.Thread(target=run, args=(wh, table, snapshot))
+                       for wh, snapshot in zip(loaders, ("s1", "s2"))]
+            for thread in threads:
+                thread.start()
+            deadline = _time.monotonic() + 30
+            with first.engine.connect() as probe:
+                while probe.execute(waiting).scalar_one() < 2 and _time.monotonic() < deadline:
+                    _time.sleep(0.05)
+                assert probe.execute(waiting).scalar_one() == 2  # both loads wait: they overlap
+            blocker.rollback()
+        for thread in threads:
+            thread.join()
+        assert errors == [], table.name
+        assert first.count(table, "c") == 50, table.name
+        assert len({r["snapshot_id"] for r in first.rows(table, "c")}) == 1, table.name
+    assert first.duplicate_product_keys() == []
+
+
 def test_a_password_in_the_urls_query_is_in_no_event_nor_message(tmp_path, instance, postgres_url):
     """libpq takes ``?password=`` as the password; the run's metadata, events and errors show ``***``.
 

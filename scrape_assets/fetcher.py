@@ -272,9 +272,13 @@ def validators_differ(headers: Mapping[str, str], saved) -> str | None:
 
     RFC 9111 §4.3.4: a 304 that carries an entity tag identifies the stored response with
     that tag (compared weakly here, RFC 9110 §8.8.3.2: a server may weaken a tag on the
-    way); without one (or when the saved copy kept none: a tag that cannot be sent back is
-    not kept), a ``Last-Modified`` must equal the saved copy's (as instants). A 304
-    carrying neither is taken for the copy it was asked about. A mismatch (a server
+    way), so one carrying a tag when the saved copy kept none (the site sent none then)
+    identifies no copy of ours: a site that began sending tags while its
+    ``Last-Modified`` lags the content would otherwise have its new tag stored on the old
+    body, and every later 304 reuse it. A tag that could not have been kept (one that
+    cannot be sent back, :func:`sendable_validator`) is ignored. Without a tag, a
+    ``Last-Modified`` must equal the saved copy's (as instants). A 304 carrying neither
+    is taken for the copy it was asked about. A mismatch (a server
     that honours ``If-Modified-Since`` only, a page changed within the same second) means
     the page changed: it must be fetched whole, not reused.
 
@@ -287,6 +291,8 @@ def validators_differ(headers: Mapping[str, str], saved) -> str | None:
         if _opaque_tag(etag) != _opaque_tag(saved.etag):
             return f"its ETag {etag} is not the saved copy's ({saved.etag})"
         return None
+    if sendable_validator(etag):  # a tag that cannot be kept (non-ASCII) was dropped from the copy too
+        return f"its ETag {etag} names no saved copy (the saved copy has no ETag)"
     last_modified = headers.get("last-modified")
     if last_modified and saved.last_modified and last_modified != saved.last_modified:
         try:

@@ -158,7 +158,11 @@ class Runs:
         ({"etag": '"a"'}, ('"a"', None), False),
         ({"etag": 'W/"a"'}, ('"a"', None), False),  # weak comparison: a server may weaken a tag
         ({"etag": '"b"'}, ('"a"', None), True),
-        ({"etag": '"b"'}, (None, "Tue, 01 Dec 2026 10:00:00 GMT"), False),  # no tag kept: the date decides
+        # no tag kept (the site sent none): a tag names another copy, whatever the date says
+        ({"etag": '"b"', "last-modified": "Tue, 01 Dec 2026 10:00:00 GMT"}, (None, "Tue, 01 Dec 2026 10:00:00 GMT"), True),
+        ({"etag": 'W/"b"'}, (None, "Tue, 01 Dec 2026 10:00:00 GMT"), True),
+        # a tag that cannot be kept (non-ASCII, RFC 9110 obs-text) was dropped from the copy: the date decides
+        ({"etag": '"café"'}, (None, "Tue, 01 Dec 2026 10:00:00 GMT"), False),
         ({"last-modified": "Tue, 01 Dec 2026 10:00:00 GMT"}, (None, "Tue, 01 Dec 2026 10:00:00 GMT"), False),
         ({"last-modified": "Tuesday, 01-Dec-26 10:00:00 GMT"}, (None, "Tue, 01 Dec 2026 10:00:00 GMT"), False),
         ({"last-modified": "Tue, 01 Dec 2026 10:00:01 GMT"}, (None, "Tue, 01 Dec 2026 10:00:00 GMT"), True),
@@ -194,6 +198,43 @@ def test_a_304_naming_another_etag_is_not_reused_and_the_page_is_fetched_whole(t
     page1 = runs.manifests()[-1].pages[1]
     assert (page1.http_status, page1.etag, page1.body_key, page1.attempts) == (200, '"b"', None, 1)
     assert runs.products() == [("1", "Book one", 10), ("2", "Book two", 25)]
+
+
+def test_a_304_with_an_etag_the_saved_copy_never_had_is_not_reused(tmp_path, instance):
+    """The site served the page with Last-Modified only, then began sending ETags (a CDN
+    setting) while its Last-Modified lags the content. Its 304 to If-Modified-Since carries
+    the new page's tag: it names no copy of ours (RFC 9111 §4.3.4), so the page is fetched
+    whole; reused, the old body would have been stored under the new tag and every later
+    day's 304 would have kept the old prices."""
+    modified = "Mon, 30 Nov 2026 10:00:00 GMT"
+    state = {"body": listing(1, 1, [card(1, "Book one", "£10.00")]), "etag": None}
+
+    def page(request):
+        headers = {"Content-Type": "text/html; charset=utf-8", "Last-Modified": modified,
+                   **({"ETag": state["etag"]} if state["etag"] else {})}
+        tags = request.get("if-none-match")
+        if (tags == state["etag"] if tags else request.get("if-modified-since") == modified):
+            return 304, headers, b""
+        return 200, headers, state["body"]
+
+    site = Site()
+    site.routes["/cat/index.html"] = page
+    with serve(site) as base:
+        runs = Runs(instance, tmp_path, base)
+        runs.run()
+        state["body"], state["etag"] = listing(1, 1, [card(1, "Book one", "£14.00")]), '"v2"'
+        site.log.clear()
+        md = runs.run()
+        assert site.asked() == [("/cat/index.html", 304), ("/cat/index.html", 200)]
+        assert (md["raw_pages"]["requests_made"], md["raw_pages"]["pages_not_modified"]) == (2, 0)
+        assert runs.products() == [("1", "Book one", 14)]
+        page1 = runs.manifests()[-1].pages[1]
+        assert (page1.http_status, page1.etag) == (200, '"v2"')
+        site.log.clear()
+        md = runs.run()  # the next day: the tag it now has identifies the copy
+    assert site.sent("if-none-match") == [("/cat/index.html", '"v2"')]
+    assert site.asked() == [("/cat/index.html", 304)] and md["raw_pages"]["pages_not_modified"] == 1
+    assert runs.products() == [("1", "Book one", 14)]
 
 
 def test_a_304_to_an_unconditional_request_is_a_dead_letter_not_the_old_page(tmp_path, instance):

@@ -793,8 +793,8 @@ def _load_held_back(defs, instance, run_id: str, resources: dict, keys: list[str
     the daemon's runs; return the lines saying so (None when nothing was held back).
     """
     from scrape_assets.defs.jobs import partition_range_tags
-    from scrape_assets.defs.sensors import (DEAD_LETTERS, HELD_BACK_TAG, consecutive_ranges, held_back_by_schema_check,
-                                            range_label, split_by_schema)
+    from scrape_assets.defs.partitions import consecutive_ranges, range_label
+    from scrape_assets.defs.sensors import DEAD_LETTERS, HELD_BACK_TAG, held_back_by_schema_check, split_by_schema
 
     parsed = held_back_by_schema_check(instance, instance.get_run_by_id(run_id))
     if not parsed:

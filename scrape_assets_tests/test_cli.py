@@ -1936,3 +1936,51 @@ def test_a_refused_process_tag_is_logged_and_the_run_goes_on(caplog):
     with caplog.at_level("WARNING", logger="scrape_assets.run_processes"):
         assert run_processes.tag_run_process(Refusing(), run) is False
     assert "run r1: could not tag it with its process (RuntimeError: database is locked)" in caplog.text
+
+
+def test_a_failed_schema_check_of_a_command_line_run_says_how_to_load_what_it_held_back(tmp_path):
+    """No sensor sees a `dagster asset materialize` run (CI, cron): when one category fails
+    the blocking check, the others' load is held back with it, and the step's error line
+    gives the commands that load them and the failing one's dead letters. Run as printed,
+    they load exactly those."""
+    import shlex
+    import threading
+
+    from scrape_assets.demo_site import catalogue
+    from scrape_assets.faults import make_fault_server, parse_fault_spec
+
+    server = make_fault_server(parse_fault_spec(
+        "rules:\n  - {match: 'mystery_3/page-2\\.html$', fault: layout_changed}\n", "test"), "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    dagster = str(Path(sys.executable).with_name("dagster"))
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCRAPE_")}
+    env.update(DAGSTER_HOME=str(home), SCRAPE_DATA_DIR=str(tmp_path / "data"), SCRAPE_BASE_URL=server.base_url)
+    try:
+        failed = subprocess.run([dagster, "asset", "materialize", "-m", "scrape_assets.definitions", "--select", "*",
+                                 "--partition-range", "travel...classics"], env=env, capture_output=True, text=True,
+                                timeout=300, cwd=tmp_path)
+        assert failed.returncode != 0
+        assert ("2 other categories of this run passed and are held back with the failing ones (whose dead letters "
+                "are held back too): after a run launched by the schedule, the UI or a backfill, "
+                "held_back_load_sensor loads them; after a command-line run, load them with:") in failed.stderr
+        commands = [line.strip() for line in failed.stderr.splitlines() if line.startswith("  dagster asset materialize")]
+        assert commands == [
+            "dagster asset materialize -m scrape_assets.definitions --select products_table,dead_letters --partition travel",
+            "dagster asset materialize -m scrape_assets.definitions --select products_table,dead_letters --partition classics",
+            "dagster asset materialize -m scrape_assets.definitions --select dead_letters --partition mystery",
+        ]
+        wh = Warehouse(f"sqlite:///{tmp_path / 'data' / 'warehouse.db'}")
+        assert wh.rows_by_category(products) == {}  # nothing loaded: the check held every category back
+        for command in commands:
+            done = subprocess.run([dagster, *shlex.split(command)[1:]], env=env, capture_output=True, text=True,
+                                  timeout=300, cwd=tmp_path)
+            assert done.returncode == 0, (command, done.stderr[-2000:])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert wh.rows_by_category(products) == {
+        "travel": len(catalogue().category("travel").products), "classics": len(catalogue().category("classics").products)}
+    assert {(r["category"], r["stage"]) for r in wh.rows(dead_letters)} == {("mystery", "parse")}

@@ -435,6 +435,41 @@ def test_run_failure_sensor_posts_without_leaking_the_webhook(tmp_path, instance
     assert "SECRET-TOKEN" not in caplog.text
 
 
+def test_a_run_failure_alert_the_webhook_refused_is_sent_again_until_it_is_taken(tmp_path, instance, webhook_server):
+    """A run-status sensor sees each failed run once: a webhook down that minute (a 503 at
+    02:00) must not leave the daily run's failure unheard. The alert is kept in the instance
+    and unsent_alerts_sensor sends it again each minute, marked as held, until it is taken."""
+    from scrape_assets.defs.sensors import UNSENT_KEY, unsent_alerts_sensor
+
+    result = materialize(
+        instance, make_resources(tmp_path, site=str(tmp_path / "missing.yaml")), ["travel"], raise_on_error=False
+    )
+    run = instance.get_run_by_id(result.run_id)
+    failure = [e for e in result.all_events if e.event_type_value in ("STEP_FAILURE", "RUN_FAILURE")][-1]
+    alerts = AlertsResource(webhook_url=webhook_server.url)
+    webhook_server.status = 503
+    run_failure_alert_sensor(dg.build_run_status_sensor_context(
+        sensor_name="run_failure_alert_sensor", dagster_instance=instance, dagster_run=run, dagster_event=failure,
+        resources={"alerts": alerts}).for_run_failure())
+
+    def tick():
+        return unsent_alerts_sensor(dg.build_sensor_context(instance=instance, resources={"alerts": alerts}))
+
+    assert tick().skip_message == "0 held alerts sent, 1 still refused: kept"  # still down a minute later
+    webhook_server.status = 200
+    assert tick().skip_message == "1 held alert sent"
+    refused, again, delivered = webhook_server.received
+    assert again == delivered and refused["kind"] == "run_failure" and refused["run_id"] == result.run_id
+    text = f"scrape_assets run {result.run_id[:8]} of __ephemeral_asset_job__ failed: raw_pages: "
+    assert refused["text"].startswith(text) and "held since" not in refused["text"]
+    assert delivered["text"].startswith(refused["text"] + "\n(held since 20")
+    assert delivered["text"].endswith(": the webhook refused it then)")
+    assert delivered["held_since"].startswith("20") and delivered["run_id"] == result.run_id
+    assert tick().skip_message == "no unsent alert"  # delivered once
+    assert len(webhook_server.received) == 3
+    assert instance.run_storage.get_cursor_values({UNSENT_KEY}) == {UNSENT_KEY: "[]"}
+
+
 def test_a_run_that_failed_outside_any_step_is_alerted_with_its_error(instance, webhook_server):
     """Bringing up the run can fail before any step runs (a RUN_FAILURE with an error, no
     STEP_FAILURE): the alert says why, not only "An exception was thrown during execution"."""

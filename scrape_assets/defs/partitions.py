@@ -85,3 +85,21 @@ def run_categories(context: dg.AssetExecutionContext) -> list[str]:
             "command ends, and the UI, the sensors and the schedule never see it; set DAGSTER_HOME to the instance's "
             "folder (the clone's .dagster_home, or the server's)")
     return keys
+
+
+def consecutive_ranges(chosen: list[str], keys: list[str]) -> list[tuple[str, str]]:
+    """``chosen`` (all in ``keys``) as ``(first, last)`` ranges of consecutive keys in ``keys`` order."""
+    ranges: list[list[str]] = []
+    last = None
+    for index in sorted(keys.index(k) for k in chosen):
+        if last is not None and index == last + 1:
+            ranges[-1][1] = keys[index]
+        else:
+            ranges.append([keys[index], keys[index]])
+        last = index
+    return [(first, end) for first, end in ranges]
+
+
+def range_label(first: str, last: str) -> str:
+    """A partition range as Dagster's CLI takes it: ``first...last``, or ``first`` alone."""
+    return first if first == last else f"{first}...{last}"

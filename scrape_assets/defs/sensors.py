@@ -1,5 +1,5 @@
 """Sensors: ``success_rate_collapse_sensor``, ``run_failure_alert_sensor``, ``held_back_load_sensor``,
-``dead_run_sensor``.
+``dead_run_sensor``, ``unsent_alerts_sensor``.
 
 The collapse sensor reads new materializations of ``raw_pages`` (page success rates,
 per category and per run) and ``parsed_products`` / ``products_table`` (products per
@@ -18,6 +18,12 @@ consecutive range of them.
 
 ``dead_run_sensor`` fails the runs a killed process left "started" and frees their pool
 slots (:mod:`scrape_assets.run_processes`).
+
+The alerts of the other sensors (a failed run, a held-back load that could not be
+followed up, runs found dead) are one message each when they happen: those the webhook
+refuses or cannot be reached for are kept in the instance's database
+(:data:`UNSENT_KEY`) and ``unsent_alerts_sensor`` sends them again every minute, oldest
+first, until the webhook takes them.
 """
 
 
@@ -32,7 +38,7 @@ from scrape_assets.collapse import CollapseRules, CollapseState, observe_product
 from scrape_assets.counts import counted
 from scrape_assets.defs.assets.parsed_products import SCHEMA_CHECK
 from scrape_assets.defs.jobs import QUEUE_TAG, category_partitions, load_job, partition_range_tags, queue_tags
-from scrape_assets.defs.partitions import configured_spec, site_spec
+from scrape_assets.defs.partitions import configured_spec, consecutive_ranges, range_label, site_spec
 from scrape_assets.defs.resources import AlertsResource, ObjectStoreResource, SiteResource
 from scrape_assets.extract import load_parse_state
 from scrape_assets.manifest import utc_now_iso
@@ -46,6 +52,10 @@ RUNS_REMEMBERED = 200
 MAX_UNSENT = 100
 #: Alerts listed in one message; the rest are counted.
 MAX_LINES = 30
+#: The instance key-value entry (a run storage cursor, in the instance's database, so on a
+#: shared PostgreSQL instance too) holding the alerts :func:`alert_or_keep` could not deliver:
+#: a JSON list of ``{"text", "fields", "since"}``, oldest first, at most :data:`MAX_UNSENT`.
+UNSENT_KEY = "scrape_assets.unsent_alerts"
 # The subject of a run's own success rate: a space, so no category (a partition key,
 # spec.PARTITION_KEY_PATTERN) shares its history or its collapse; books.toscrape.com has
 # a category "all".
@@ -252,6 +262,56 @@ def success_rate_collapse_sensor(context: dg.SensorEvaluationContext, alerts: Al
     return dg.SkipReason(f"webhook refused {len(pending)} alert(s): kept for the next evaluation")
 
 
+def _unsent(instance: dg.DagsterInstance) -> list[dict]:
+    value = instance.run_storage.get_cursor_values({UNSENT_KEY}).get(UNSENT_KEY)
+    try:
+        kept = json.loads(value) if value else []
+    except ValueError:  # written by hand, say: nothing to resend rather than a sensor that always fails
+        return []
+    return kept if isinstance(kept, list) else []
+
+
+def alert_or_keep(instance: dg.DagsterInstance, text: str, alerts: AlertsResource, fields: dict, log=None) -> bool:
+    """:func:`~scrape_assets.alerts.send_alert`, keeping the alert for :func:`unsent_alerts_sensor`
+    when a webhook is set and refuses it (or cannot be reached): a failed daily run must not
+    go unheard because the webhook was down that minute (a run-status sensor sees each
+    failed run once). Returns whether the webhook took it."""
+    sent = send_alert(text, webhook_url=alerts.webhook_url, fields=fields)
+    if not sent and alerts.webhook_url:
+        kept = _unsent(instance) + [{"text": text, "fields": fields, "since": utc_now_iso()}]
+        if len(kept) > MAX_UNSENT and log is not None:
+            log.warning(f"webhook still refusing: {len(kept) - MAX_UNSENT} oldest unsent alert(s) dropped")
+        instance.run_storage.set_cursor_values({UNSENT_KEY: json.dumps(kept[-MAX_UNSENT:])})
+    return sent
+
+
+@dg.sensor(minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING)
+def unsent_alerts_sensor(context: dg.SensorEvaluationContext, alerts: AlertsResource):
+    """Send again, oldest first, the alerts of ``run_failure_alert_sensor``,
+    ``held_back_load_sensor`` and ``dead_run_sensor`` that the webhook refused or could not
+    be reached for (:func:`alert_or_keep`), each as it was with ``(held since <time>: the
+    webhook refused it then)`` after its text and ``"held_since"`` among its fields. The
+    first one refused again stops the round: it and those after it wait for the next."""
+    kept = _unsent(context.instance)
+    if not kept:
+        return dg.SkipReason("no unsent alert")
+    if not alerts.webhook_url:  # the webhook was unset since: logged when they happened, nowhere to send
+        context.instance.run_storage.set_cursor_values({UNSENT_KEY: "[]"})
+        return dg.SkipReason(f"{counted(len(kept), 'unsent alert')} dropped: no webhook is set any more")
+    delivered = []
+    for alert in kept:
+        text = f"{alert['text']}\n(held since {alert['since']}: the webhook refused it then)"
+        if not send_alert(text, webhook_url=alerts.webhook_url, fields={**alert["fields"], "held_since": alert["since"]}):
+            break
+        delivered.append(alert)
+    # Read again: another sensor may have kept one meanwhile (the daemon may evaluate sensors in threads).
+    left = [alert for alert in _unsent(context.instance) if alert not in delivered]
+    context.instance.run_storage.set_cursor_values({UNSENT_KEY: json.dumps(left)})
+    if left:
+        return dg.SkipReason(f"{counted(len(delivered), 'held alert')} sent, {len(left)} still refused: kept")
+    return dg.SkipReason(f"{counted(len(delivered), 'held alert')} sent")
+
+
 @dg.sensor(minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING)
 def dead_run_sensor(context: dg.SensorEvaluationContext, alerts: AlertsResource):
     """Mark failed the runs left "started" by a process killed on this machine, and free the
@@ -269,8 +329,8 @@ def dead_run_sensor(context: dg.SensorEvaluationContext, alerts: AlertsResource)
     # the process): one alert a run. Command-line runs belong to no code location: alerted here.
     unseen = [run.line.removeprefix("scrape-assets: ") for run in dead if not run.of_code_location]
     if unseen:
-        send_alert("scrape_assets: " + "\n".join(unseen) + "\n(launch it again, or re-execute it from failure: "
-                   "raw_pages resumes its snapshots)", webhook_url=alerts.webhook_url, fields={"kind": "dead_run"})
+        alert_or_keep(context.instance, "scrape_assets: " + "\n".join(unseen) + "\n(launch it again, or re-execute it "
+                      "from failure: raw_pages resumes its snapshots)", alerts, {"kind": "dead_run"}, context.log)
     return dg.SkipReason(f"{counted(len(dead), 'run')} left started by a process that is gone: marked failed")
 
 
@@ -326,11 +386,8 @@ def run_failure_alert_sensor(context: dg.RunFailureSensorContext, alerts: Alerts
         said = f"{died}; re-execute it from failure (raw_pages resumes its snapshots in flight)"
     message = run_failure_message(context.instance, run.run_id, context.failure_event,
                                   context.get_step_failure_events(), said=said)
-    send_alert(
-        f"scrape_assets run {run.run_id[:8]} of {run.job_name} failed: {message}",
-        webhook_url=alerts.webhook_url,
-        fields={"kind": "run_failure", "run_id": run.run_id, "job": run.job_name},
-    )
+    alert_or_keep(context.instance, f"scrape_assets run {run.run_id[:8]} of {run.job_name} failed: {message}", alerts,
+                  {"kind": "run_failure", "run_id": run.run_id, "job": run.job_name}, context.log)
 
 
 def needs_no_alert(instance: dg.DagsterInstance, run_id: str, failure: dg.DagsterEvent) -> str | None:
@@ -495,19 +552,6 @@ HELD_BACK_TAG = "scrape/held_back_by"
 DEAD_LETTERS = dg.AssetKey("dead_letters")
 
 
-def consecutive_ranges(chosen: list[str], keys: list[str]) -> list[tuple[str, str]]:
-    """``chosen`` (all in ``keys``) as ``(first, last)`` ranges of consecutive keys in ``keys`` order."""
-    ranges: list[list[str]] = []
-    last = None
-    for index in sorted(keys.index(k) for k in chosen):
-        if last is not None and index == last + 1:
-            ranges[-1][1] = keys[index]
-        else:
-            ranges.append([keys[index], keys[index]])
-        last = index
-    return [(first, end) for first, end in ranges]
-
-
 def held_back_by_schema_check(instance, run: dg.DagsterRun) -> list[str]:
     """The categories a failed ``run`` parsed, if its failed schema check held back their load.
 
@@ -549,9 +593,9 @@ def split_by_schema(categories: list[str], site: str, store) -> tuple[list[str],
     return passed, failed, unreadable
 
 
-def _held_back_alert(run: dg.DagsterRun, what: str, alerts: AlertsResource) -> dg.SkipReason:
+def _held_back_alert(context, run: dg.DagsterRun, what: str, alerts: AlertsResource) -> dg.SkipReason:
     text = f"scrape_assets: run {run.run_id[:8]} of {run.job_name}: {what}"
-    send_alert(text, webhook_url=alerts.webhook_url, fields={"kind": "held_back_load", "run_id": run.run_id})
+    alert_or_keep(context.instance, text, alerts, {"kind": "held_back_load", "run_id": run.run_id}, context.log)
     return dg.SkipReason(text)
 
 
@@ -573,7 +617,7 @@ def held_back_load_sensor(
     try:
         parsed = held_back_by_schema_check(context.instance, run)
     except Exception as exc:  # noqa: BLE001 - said, not lost
-        return _held_back_alert(run, f"could not read its events to see whether a failed schema check held back "
+        return _held_back_alert(context, run, f"could not read its events to see whether a failed schema check held back "
                                      f"its load ({type(exc).__name__}: {exc})", alerts)
     if not parsed:
         return dg.SkipReason(f"run {run.run_id[:8]}: nothing held back by a failed schema check")
@@ -581,7 +625,7 @@ def held_back_load_sensor(
         passed, failed, unreadable = split_by_schema(parsed, site.spec().name, store.store())
         keys = category_partitions.get_partition_keys()
     except Exception as exc:  # noqa: BLE001 - said, not lost
-        return _held_back_alert(run, f"failed its schema check, and its categories ({', '.join(parsed)}) could not be "
+        return _held_back_alert(context, run, f"failed its schema check, and its categories ({', '.join(parsed)}) could not be "
                                      f"read to load those that passed ({type(exc).__name__}: {exc}); load them with "
                                      "load_job", alerts)
     gone = sorted(c for c in passed + failed if c not in keys)  # removed from the spec since: no partition to run
@@ -590,7 +634,7 @@ def held_back_load_sensor(
     if gone:
         context.log.warning(f"run {run.run_id[:8]}: no follow-up for {', '.join(gone)}: no longer categories of the spec")
     if unreadable:
-        _held_back_alert(run, "failed its schema check; these categories' parse state could not be read, load them "
+        _held_back_alert(context, run, "failed its schema check; these categories' parse state could not be read, load them "
                               "with load_job if they passed: " + "; ".join(f"{c} ({e})" for c, e in unreadable.items()),
                          alerts)
     if not ranges and not letter_ranges:
@@ -615,14 +659,9 @@ def held_back_load_sensor(
     ]
 
 
-def range_label(first: str, last: str) -> str:
-    """A partition range as Dagster's CLI takes it: ``first...last``, or ``first`` alone."""
-    return first if first == last else f"{first}...{last}"
-
-
 def _spans(ranges: list[tuple[str, str]]) -> str:
     return ", ".join(range_label(first, last) for first, last in ranges)
 
 
 defs = dg.Definitions(sensors=[success_rate_collapse_sensor, run_failure_alert_sensor, held_back_load_sensor,
-                               dead_run_sensor])
+                               dead_run_sensor, unsent_alerts_sensor])

@@ -6,7 +6,8 @@ import pydantic
 from scrape_assets.batched_log import BatchedLog
 from scrape_assets.counts import counted
 from scrape_assets.defs.assets.partition_metadata import add_per_category
-from scrape_assets.defs.partitions import category_partitions, run_categories, site_spec
+from scrape_assets.defs.partitions import (category_partitions, consecutive_ranges, range_label, run_categories,
+                                           site_spec)
 from scrape_assets.defs.resources import ObjectStoreResource, SiteResource
 from scrape_assets.errors import ScrapeError
 from scrape_assets.extract import PARSER_VERSION, load_parse_state, parser_code_version
@@ -115,7 +116,8 @@ def parsed_products(
         context.log.error(f"{SCHEMA_CHECK} failed: {report.failure_count} failure case(s) in "
                           f"{counted(len(why), 'category')}, whose rows are not loaded (the table keeps the earlier "
                           "ones; every case is in the check's failure_cases, in the UI):\n"
-                          + "\n".join(f"  {category}: {text}" for category, text in why))
+                          + "\n".join(f"  {category}: {text}" for category, text in why)
+                          + held_back_commands(categories, [category for category, _ in why]))
     # Dagster 1.13 keeps one result per run for the check, not one per category: the UI shows
     # the latest run's. A run that leaves a failing category out must not read as "all pass".
     elsewhere = _failing_elsewhere(object_store, spec, categories)
@@ -169,6 +171,32 @@ def parsed_products(
         },
         check_results=[check, count_check],
     )
+
+
+def held_back_commands(categories: list[str], failing: list[str]) -> str:
+    """The lines that say how to load what a failed schema check held back in a run of
+    ``categories``: the categories that passed (``products_table,dead_letters``) and the
+    failing ones' dead letters, one command per consecutive range of partition keys (a
+    range cannot skip a key). ``held_back_load_sensor`` runs the same after a run the daemon
+    sees; a command-line run (``dagster asset materialize``, CI) has only these lines."""
+    keys = category_partitions.get_partition_keys()
+
+    def commands(chosen: list[str], selection: str) -> list[str]:
+        return [f"  dagster asset materialize -m scrape_assets.definitions --select {selection} --partition"
+                + ("" if first == last else "-range") + f" {range_label(first, last)}"
+                for first, last in consecutive_ranges([c for c in chosen if c in keys], keys)]
+
+    passed = [c for c in categories if c not in failing]
+    lines = commands(passed, "products_table,dead_letters") + commands(failing, "dead_letters")
+    if not lines:
+        return ""
+    what = "the failing categories' dead letters are held back too"
+    if passed:
+        what = (f"{counted(len(passed), 'other category', 'other categories')} of this run passed and "
+                + ("is" if len(passed) == 1 else "are") + " held back with the failing ones (whose dead letters are "
+                "held back too)")
+    return (f"\n{what}: after a run launched by the schedule, the UI or a backfill, held_back_load_sensor "
+            "loads them; after a command-line run, load them with:\n" + "\n".join(lines))
 
 
 def _failing_elsewhere(store: ObjectStore, spec: SiteSpec, categories: list[str]) -> list[str]:

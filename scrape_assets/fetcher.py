@@ -636,7 +636,7 @@ class PageFetcher:
     def _pause_host(self, target: httpx.URL, status: int, retry_after_s: float) -> None:
         seconds = min(retry_after_s, self.policy.retry_after_max_s)
         if self.limiter.pause(target.host, seconds):
-            self._warn(f"{target} answered {status} (Retry-After {retry_after_s:g} s): no request to {target.host} for "
+            self._warn(f"{target} answered {status} (Retry-After {round(retry_after_s, 1):g} s): no request to {target.host} for "
                        f"{seconds:.1f} s (if this keeps happening, lower the spec's politeness.requests_per_second)")
 
     def _unsupported_codings(self, content_encoding: str) -> list[str]:

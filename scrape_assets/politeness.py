@@ -376,7 +376,7 @@ class RobotsCache:
             return
         host, seconds = httpx.URL(url).host, min(told, self._backoff["retry_after_max_s"])
         if self._limiter.pause(host, seconds):
-            self._note(f"{url} answered {status} (Retry-After {told:g} s): no request to {host} for {seconds:.1f} s")
+            self._note(f"{url} answered {status} (Retry-After {round(told, 1):g} s): no request to {host} for {seconds:.1f} s")
 
     def _slot(self, host: str) -> contextlib.AbstractAsyncContextManager:
         """The limiter's slot for ``host``; nothing to wait for without a limiter."""

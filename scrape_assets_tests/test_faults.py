@@ -463,7 +463,7 @@ def test_a_retry_after_pauses_every_request_to_the_host_not_only_the_page(tmp_pa
     warned = [e.user_message for e in instance.all_logs(result.run_id) if "): no request to" in e.user_message]
     assert len(warned) == 1 and re.fullmatch(
         re.escape(f"{server.base_url}{page_path('travel', 1).lstrip('/')} answered {status} (Retry-After ")
-        + r"[12](\.\d+)? s\): no request to 127\.0\.0\.1 for [12]\.\d s "
+        + r"[12](\.\d)? s\): no request to 127\.0\.0\.1 for [12]\.\d s "  # a date's seconds to 0.1 s
         + re.escape("(if this keeps happening, lower the spec's politeness.requests_per_second)"), warned[0]), warned
     log = server.fault_log
     (refused,) = [e for e in log if e.status == status]

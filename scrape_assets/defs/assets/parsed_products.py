@@ -203,7 +203,7 @@ def _failing_elsewhere(store: ObjectStore, spec: SiteSpec, categories: list[str]
     """The spec's categories outside ``categories`` whose latest parse failed the schema check
     (their parse state says so), sorted; a state that cannot be read (damaged, storage down)
     is left out. Reads one small file per such category, one after another (on S3 some 10-30
-    ms each: a per-partition backfill of N categories reads N * (N - 1)); none in a run over
+    ms each: N runs of one category each read N * (N - 1) in all); none in a run over
     every category."""
     in_run, failing = set(categories), []
     for category in spec.categories:

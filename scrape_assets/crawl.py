@@ -762,6 +762,7 @@ class PartitionCrawler:
                 validators_url=(old.final_url or old.url) if headers else None,
             )
 
+        tag_of_304 = None  # the ETag of a 304 refused below, for a page whose 200s carry none
         try:
             page = await get(conditional)
             if page.http_status == 304 and conditional:
@@ -772,8 +773,10 @@ class PartitionCrawler:
                     # longer have, cannot be reused: ask for the page whole (this attempt is given back).
                     logger.info("%s: page %d: 304 not usable (%s); fetching it whole", self.category, n, unusable)
                     self._give_back_attempt(n)
-                    conditional = {}
+                    conditional, refused = {}, page
                     page = await get(conditional)
+                    if refused.final_url == page.final_url:
+                        tag_of_304 = refused.headers.get("etag")
         except FetchError as exc:
             entry.http_status = exc.http_status
             self._fail_for_good(n, exc.recorded_reason)
@@ -834,8 +837,10 @@ class PartitionCrawler:
         entry.fetched_at = utc_now_iso()
         entry.last_error = entry.retry_at = None
         # The response's validators; the saved copy's only for the same content (a 304 may omit
-        # them). One that cannot be sent back as a header (non-ASCII) is not kept.
-        entry.etag = sendable_validator(page.headers.get("etag") or (old.etag if same else None))
+        # them). One that cannot be sent back as a header (non-ASCII) is not kept. A server whose
+        # 304s carry an ETag its 200s lack (nginx before 1.7.3 with gzip on): the refused 304's
+        # tag, which named what the 200 just after it sent, so the next day's 304 can be reused.
+        entry.etag = sendable_validator(page.headers.get("etag") or (old.etag if same else None) or tag_of_304)
         entry.last_modified = sendable_validator(page.headers.get("last-modified") or (old.last_modified if same else None))
         self._fetched += 1
         manifest.record(self.store, n)

@@ -56,9 +56,9 @@ from scrape_assets.storage import ObjectStore
 #: (or reject), digits of two elements running together reject; U+FFFD in a title or
 #: availability rejects; ``<base href>``; a results element without a number shows no
 #: listing; ``listing_moved`` also says a page lists only products of earlier pages.
-#: 10: a page whose header names another charset than its ``<meta charset="utf-8">`` is
-#: read as UTF-8 when its bytes are valid UTF-8 (was: by the header, mojibake under
-#: Shift_JIS or KOI8-R that no check saw).
+#: 10: a page whose header names another charset than its ``<meta>``'s UTF-8 is read as
+#: UTF-8 when its bytes are valid UTF-8 and not ASCII alone (was: by the header, mojibake
+#: under Shift_JIS or KOI8-R that no check saw).
 PARSER_VERSION = "10"
 
 

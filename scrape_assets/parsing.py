@@ -119,11 +119,11 @@ def sniff_charset(body: bytes, content_type: str | None = None) -> str:
     windows-1254, TIS-620 as windows-874, Big5 as Big5-HKSCS.
 
     One departure from browsers: a header naming another charset than the ``<meta>``'s
-    UTF-8 loses to it when the body is valid UTF-8 (a server's default label on a page
-    written in UTF-8: read by the header, "Noah’s" would load as "Noah窶冱" under
-    Shift_JIS, mojibake that no check sees). Legacy text with bytes above 0x7F is
-    almost never valid UTF-8, so a body that is stays as its header says only when it
-    is ASCII, which reads the same either way in every ASCII-compatible charset.
+    UTF-8 loses to it when the body is valid UTF-8 with at least one byte above 0x7F (a
+    server's default label on a page written in UTF-8: read by the header, "Noah’s" would
+    load as "Noah窶冱" under Shift_JIS, mojibake that no check sees). Legacy text with
+    bytes above 0x7F is almost never valid UTF-8; a body of ASCII bytes alone is read as
+    the header says (ISO-2022-JP, a 7-bit encoding, is such a body).
 
     Args:
         body: the raw response body.
@@ -143,6 +143,9 @@ def sniff_charset(body: bytes, content_type: str | None = None) -> str:
 
 
 def _valid_utf8(body: bytes) -> bool:
+    """Whether ``body`` is UTF-8 with a multi-byte sequence (ASCII alone proves nothing)."""
+    if body.isascii():
+        return False
     try:
         body.decode("utf-8")
     except UnicodeDecodeError:

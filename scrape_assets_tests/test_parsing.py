@@ -1104,6 +1104,9 @@ def test_a_header_charset_still_wins_over_a_meta_utf8_the_bytes_do_not_fit():
     for label, text in (("shift_jis", "ノアの方舟 1,078円"), ("koi8-r", "Книга"), ("windows-1252", "Noah’s £12")):
         body = b'<meta charset="utf-8"><p>' + text.encode(label.replace("_", "-")) + b"</p>"
         assert decode_html(body, f"text/html; charset={label}").endswith(f"<p>{text}</p>"), label
+    # ISO-2022-JP is 7-bit: every body of it is ASCII bytes, which prove no UTF-8
+    body = b'<meta charset="utf-8"><p>' + "ノアの方舟".encode("iso-2022-jp") + b"</p>"
+    assert decode_html(body, "text/html; charset=iso-2022-jp").endswith("<p>ノアの方舟</p>")
     # no <meta> naming UTF-8: the header decides, whatever the bytes
     assert sniff_charset("<p>Noah’s</p>".encode(), "text/html; charset=koi8-r") == "koi8-r"
 

@@ -237,6 +237,37 @@ def test_a_304_with_an_etag_the_saved_copy_never_had_is_not_reused(tmp_path, ins
     assert runs.products() == [("1", "Book one", 14)]
 
 
+def test_a_server_whose_304s_alone_carry_an_etag_costs_one_full_fetch_then_its_304s_are_reused(tmp_path, instance):
+    """nginx before 1.7.3 with gzip on clears the ETag of its 200s, not of its 304s (no body
+    to compress). The first 304 names no copy of ours (saved without a tag) and the page is
+    fetched whole once; its tag, which named what that 200 sent, is kept with the copy, so
+    the next days' 304s identify it instead of costing two requests a page every day."""
+    modified = "Mon, 30 Nov 2026 10:00:00 GMT"
+    body = listing(1, 1, [card(1, "Book one", "£10.00")])
+
+    def page(request):
+        if request.get("if-none-match") == '"v1"' or (
+                "if-none-match" not in request and request.get("if-modified-since") == modified):
+            return 304, {"Last-Modified": modified, "ETag": '"v1"'}, b""
+        return 200, {"Content-Type": "text/html; charset=utf-8", "Last-Modified": modified}, body
+
+    site = Site()
+    site.routes["/cat/index.html"] = page
+    with serve(site) as base:
+        runs = Runs(instance, tmp_path, base)
+        runs.run()
+        days = []
+        for _ in range(3):
+            site.log.clear()
+            md = runs.run()
+            days.append((site.asked(), md["raw_pages"]["pages_not_modified"], md["parsed_products"]["pages_parsed"]))
+        assert site.sent("if-none-match") == [("/cat/index.html", '"v1"')]
+    assert days == [([("/cat/index.html", 304), ("/cat/index.html", 200)], 0, 0),  # same bytes: not parsed again
+                    ([("/cat/index.html", 304)], 1, 0), ([("/cat/index.html", 304)], 1, 0)]
+    assert runs.manifests()[-1].pages[1].etag == '"v1"'
+    assert runs.products() == [("1", "Book one", 10)]
+
+
 def test_a_304_to_an_unconditional_request_is_a_dead_letter_not_the_old_page(tmp_path, instance):
     """No validators were kept (the site sent none), so a 304 (a misconfigured cache) cannot
     stand for the saved copy: the page fails for good and its earlier rows are carried."""

@@ -15,6 +15,12 @@ from scrape_assets.storage import redact_url
 logger = logging.getLogger(__name__)
 
 
+#: Outcomes of :func:`deliver_alert`.
+SENT, REFUSED_FOR_GOOD, NOT_DELIVERED = "sent", "refused for good", "not delivered"
+#: 4xx answers that may pass (a timeout, too early, rate-limited): tried again, as a 5xx is.
+_PASSING_4XX = frozenset({408, 425, 429})
+
+
 def send_alert(text: str, *, webhook_url: str | None, fields: dict | None = None, timeout_s: float = 10.0) -> bool:
     """Log ``text`` at WARNING and POST it to ``webhook_url`` if set.
 
@@ -28,9 +34,18 @@ def send_alert(text: str, *, webhook_url: str | None, fields: dict | None = None
         True when the webhook accepted it (2xx), False when it was not sent or failed. The body
         is UTF-8 JSON; a character UTF-8 cannot carry (a lone surrogate) is sent as ``?``.
     """
+    return deliver_alert(text, webhook_url=webhook_url, fields=fields, timeout_s=timeout_s) == SENT
+
+
+def deliver_alert(text: str, *, webhook_url: str | None, fields: dict | None = None, timeout_s: float = 10.0) -> str:
+    """:func:`send_alert`, telling why an alert was not taken: :data:`SENT` (2xx),
+    :data:`REFUSED_FOR_GOOD` (a 4xx other than 408, 425 and 429: a webhook that rejects
+    this message, too long for it say, or a revoked URL; sending it again changes nothing),
+    :data:`NOT_DELIVERED` (no webhook, unreachable, a 5xx or one of those three 4xx: it may
+    pass)."""
     logger.warning("ALERT: %s", text)
     if not webhook_url:
-        return False
+        return NOT_DELIVERED
     import httpx  # here: sensors that send no alert never import the HTTP stack
 
     # Encoded here, not by httpx (strict UTF-8): a lone surrogate (a file name's undecodable
@@ -44,8 +59,9 @@ def send_alert(text: str, *, webhook_url: str | None, fields: dict | None = None
                               timeout=timeout_s)
     except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL is no HTTPError ("https://h:44a/", a "\r")
         logger.error("alert webhook %s unreachable: %s", shown, type(exc).__name__)
-        return False
+        return NOT_DELIVERED
     if response.is_success:
-        return True
+        return SENT
     logger.error("alert webhook %s answered HTTP %s", shown, response.status_code)
-    return False
+    status = response.status_code
+    return REFUSED_FOR_GOOD if 400 <= status < 500 and status not in _PASSING_4XX else NOT_DELIVERED

@@ -185,7 +185,8 @@ class _WebhookHandler(__import__("http.server").server.BaseHTTPRequestHandler):
         with self.server.lock:
             self.server.received.append(json.loads(body))
             self.server.content_types.append(self.headers.get("Content-Type"))
-        self.send_response(self.server.status)
+        status = self.server.status
+        self.send_response(status(json.loads(body)) if callable(status) else status)
         self.send_header("Content-Length", "2")
         self.end_headers()
         self.wfile.write(b"ok")
@@ -198,7 +199,7 @@ def webhook_server():
     server.daemon_threads = True
     server.received = []  # every POST, accepted or not
     server.content_types = []  # their Content-Type headers
-    server.status = 200  # what it answers (set 500 to refuse)
+    server.status = 200  # what it answers (set 500 to refuse; or a function of the posted JSON)
     server.lock = threading.Lock()
     server.url = f"http://127.0.0.1:{server.server_address[1]}/hooks/SECRET-TOKEN"
     with serving(server):

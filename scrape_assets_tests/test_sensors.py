@@ -455,7 +455,7 @@ def test_a_run_failure_alert_the_webhook_refused_is_sent_again_until_it_is_taken
     def tick():
         return unsent_alerts_sensor(dg.build_sensor_context(instance=instance, resources={"alerts": alerts}))
 
-    assert tick().skip_message == "0 held alerts sent, 1 still refused: kept"  # still down a minute later
+    assert tick().skip_message == "0 held alerts sent, 1 still waiting: kept"  # still down a minute later
     webhook_server.status = 200
     assert tick().skip_message == "1 held alert sent"
     refused, again, delivered = webhook_server.received
@@ -468,6 +468,36 @@ def test_a_run_failure_alert_the_webhook_refused_is_sent_again_until_it_is_taken
     assert tick().skip_message == "no unsent alert"  # delivered once
     assert len(webhook_server.received) == 3
     assert instance.run_storage.get_cursor_values({UNSENT_KEY}) == {UNSENT_KEY: "[]"}
+
+
+def test_a_held_alert_the_webhook_refuses_for_good_is_dropped_and_holds_back_no_other(instance, webhook_server):
+    """A webhook that takes messages of at most 2,000 characters (a chat hook) answers 400 to a
+    longer one however often it is sent: that one is dropped with an error line, the others
+    held behind it still go out; one refused that way when it happens is not kept at all."""
+    from scrape_assets.defs.sensors import MAX_RESENT, UNSENT_KEY, alert_or_keep, unsent_alerts_sensor
+
+    alerts = AlertsResource(webhook_url=webhook_server.url)
+    webhook_server.status = 503  # down: all three are kept
+    for text in ("first " + "x" * 3000, "second", "third"):
+        assert alert_or_keep(instance, text, alerts, {"kind": "run_failure"}) is False
+    webhook_server.status = lambda posted: 400 if len(posted["text"]) > 2000 else 200
+    result = unsent_alerts_sensor(dg.build_sensor_context(instance=instance, resources={"alerts": alerts}))
+    assert result.skip_message == "2 held alerts sent, 1 refused for good: dropped"
+    assert [a["text"].split("\n")[0][:6] for a in webhook_server.received[3:]] == ["first ", "second", "third"]
+    assert instance.run_storage.get_cursor_values({UNSENT_KEY}) == {UNSENT_KEY: "[]"}
+    assert alert_or_keep(instance, "y" * 3000, alerts, {"kind": "run_failure"}) is False  # refused for good: not kept
+    assert instance.run_storage.get_cursor_values({UNSENT_KEY}) == {UNSENT_KEY: "[]"}
+    # A long outage: at most MAX_RESENT a minute (each POST may take its 10 s timeout), oldest first.
+    webhook_server.status = 503
+    for i in range(MAX_RESENT + 2):
+        alert_or_keep(instance, f"alert {i}", alerts, {"kind": "dead_run"})
+    webhook_server.status = 200
+    first = unsent_alerts_sensor(dg.build_sensor_context(instance=instance, resources={"alerts": alerts}))
+    assert first.skip_message == f"{MAX_RESENT} held alerts sent, 2 still waiting: kept"
+    second = unsent_alerts_sensor(dg.build_sensor_context(instance=instance, resources={"alerts": alerts}))
+    assert second.skip_message == "2 held alerts sent"
+    held = [a["text"].split("\n")[0] for a in webhook_server.received if "held_since" in a]
+    assert held[-(MAX_RESENT + 2):] == [f"alert {i}" for i in range(MAX_RESENT + 2)]
 
 
 def test_a_run_that_failed_outside_any_step_is_alerted_with_its_error(instance, webhook_server):

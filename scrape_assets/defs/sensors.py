@@ -29,11 +29,12 @@ first, until the webhook takes them.
 
 import json
 import re
+import threading
 from collections.abc import Collection
 
 import dagster as dg
 
-from scrape_assets.alerts import send_alert
+from scrape_assets.alerts import REFUSED_FOR_GOOD, SENT, deliver_alert, send_alert
 from scrape_assets.collapse import CollapseRules, CollapseState, observe_products, observe_rate
 from scrape_assets.counts import counted
 from scrape_assets.defs.assets.parsed_products import SCHEMA_CHECK
@@ -56,6 +57,12 @@ MAX_LINES = 30
 #: shared PostgreSQL instance too) holding the alerts :func:`alert_or_keep` could not deliver:
 #: a JSON list of ``{"text", "fields", "since"}``, oldest first, at most :data:`MAX_UNSENT`.
 UNSENT_KEY = "scrape_assets.unsent_alerts"
+#: Held alerts sent again in one evaluation at most (each POST may take its 10 s timeout; the
+#: daemon gives a sensor 60 s), the rest in the next.
+MAX_RESENT = 5
+#: Held off between read and write of :data:`UNSENT_KEY` by sensors in this process (the
+#: daemon evaluates sensors in threads when ``sensors: use_threads: true``).
+_UNSENT_LOCK = threading.Lock()
 # The subject of a run's own success rate: a space, so no category (a partition key,
 # spec.PARTITION_KEY_PATTERN) shares its history or its collapse; books.toscrape.com has
 # a category "all".
@@ -273,43 +280,55 @@ def _unsent(instance: dg.DagsterInstance) -> list[dict]:
 
 def alert_or_keep(instance: dg.DagsterInstance, text: str, alerts: AlertsResource, fields: dict, log=None) -> bool:
     """:func:`~scrape_assets.alerts.send_alert`, keeping the alert for :func:`unsent_alerts_sensor`
-    when a webhook is set and refuses it (or cannot be reached): a failed daily run must not
-    go unheard because the webhook was down that minute (a run-status sensor sees each
-    failed run once). Returns whether the webhook took it."""
-    sent = send_alert(text, webhook_url=alerts.webhook_url, fields=fields)
-    if not sent and alerts.webhook_url:
-        kept = _unsent(instance) + [{"text": text, "fields": fields, "since": utc_now_iso()}]
+    when a webhook is set and it was not delivered (unreachable, a 5xx, 408, 425 or 429): a
+    failed daily run must not go unheard because the webhook was down that minute (a
+    run-status sensor sees each failed run once). One the webhook refuses for good (another
+    4xx) is not kept. Returns whether the webhook took it."""
+    outcome = deliver_alert(text, webhook_url=alerts.webhook_url, fields=fields)
+    if outcome == REFUSED_FOR_GOOD and log is not None:
+        log.error("the webhook refused this alert for good (a 4xx: see the line above): not kept to send again")
+    if outcome != SENT and outcome != REFUSED_FOR_GOOD and alerts.webhook_url:
+        with _UNSENT_LOCK:
+            kept = _unsent(instance) + [{"text": text, "fields": fields, "since": utc_now_iso()}]
+            instance.run_storage.set_cursor_values({UNSENT_KEY: json.dumps(kept[-MAX_UNSENT:])})
         if len(kept) > MAX_UNSENT and log is not None:
             log.warning(f"webhook still refusing: {len(kept) - MAX_UNSENT} oldest unsent alert(s) dropped")
-        instance.run_storage.set_cursor_values({UNSENT_KEY: json.dumps(kept[-MAX_UNSENT:])})
-    return sent
+    return outcome == SENT
 
 
 @dg.sensor(minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING)
 def unsent_alerts_sensor(context: dg.SensorEvaluationContext, alerts: AlertsResource):
     """Send again, oldest first, the alerts of ``run_failure_alert_sensor``,
-    ``held_back_load_sensor`` and ``dead_run_sensor`` that the webhook refused or could not
-    be reached for (:func:`alert_or_keep`), each as it was with ``(held since <time>: the
-    webhook refused it then)`` after its text and ``"held_since"`` among its fields. The
-    first one refused again stops the round: it and those after it wait for the next."""
+    ``held_back_load_sensor`` and ``dead_run_sensor`` that were not delivered
+    (:func:`alert_or_keep`), at most :data:`MAX_RESENT` an evaluation, each as it was with
+    ``(held since <time>: the webhook refused it then)`` after its text and ``"held_since"``
+    among its fields. One not delivered again stops the round (it and those after it wait
+    for the next); one the webhook refuses for good (a 4xx other than 408, 425, 429) is
+    dropped, so it cannot hold back the others."""
     kept = _unsent(context.instance)
     if not kept:
         return dg.SkipReason("no unsent alert")
     if not alerts.webhook_url:  # the webhook was unset since: logged when they happened, nowhere to send
-        context.instance.run_storage.set_cursor_values({UNSENT_KEY: "[]"})
+        with _UNSENT_LOCK:
+            context.instance.run_storage.set_cursor_values({UNSENT_KEY: "[]"})
         return dg.SkipReason(f"{counted(len(kept), 'unsent alert')} dropped: no webhook is set any more")
-    delivered = []
-    for alert in kept:
+    done, sent, dropped = [], 0, 0
+    for alert in kept[:MAX_RESENT]:
         text = f"{alert['text']}\n(held since {alert['since']}: the webhook refused it then)"
-        if not send_alert(text, webhook_url=alerts.webhook_url, fields={**alert["fields"], "held_since": alert["since"]}):
+        outcome = deliver_alert(text, webhook_url=alerts.webhook_url,
+                                fields={**alert["fields"], "held_since": alert["since"]})
+        if outcome == REFUSED_FOR_GOOD:
+            context.log.error(f"the webhook refused a held alert for good (a 4xx): dropped: {alert['text'][:200]}")
+        elif outcome != SENT:
             break
-        delivered.append(alert)
-    # Read again: another sensor may have kept one meanwhile (the daemon may evaluate sensors in threads).
-    left = [alert for alert in _unsent(context.instance) if alert not in delivered]
-    context.instance.run_storage.set_cursor_values({UNSENT_KEY: json.dumps(left)})
-    if left:
-        return dg.SkipReason(f"{counted(len(delivered), 'held alert')} sent, {len(left)} still refused: kept")
-    return dg.SkipReason(f"{counted(len(delivered), 'held alert')} sent")
+        done.append(alert)
+        sent += outcome == SENT
+        dropped += outcome == REFUSED_FOR_GOOD
+    with _UNSENT_LOCK:  # read again: another sensor may have kept one meanwhile
+        left = [alert for alert in _unsent(context.instance) if alert not in done]
+        context.instance.run_storage.set_cursor_values({UNSENT_KEY: json.dumps(left)})
+    said = f"{counted(sent, 'held alert')} sent" + (f", {dropped} refused for good: dropped" if dropped else "")
+    return dg.SkipReason(f"{said}, {len(left)} still waiting: kept" if left else said)
 
 
 @dg.sensor(minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING)

@@ -162,6 +162,8 @@ def summarize(resources: dict) -> dict:
     crawled, added to the spec since, or their first crawl still going);
     ``categories_failing_schema`` maps those whose latest parse failed the schema check (so
     ``products`` still holds rows of an earlier snapshot) to that parse's snapshot id;
+    ``categories_not_loaded`` names the others whose latest complete snapshot is not parsed
+    or not loaded yet (a run stopped after ``raw_pages``, or one still going);
     ``categories_unreadable`` maps those whose latest manifest cannot be read (damaged, of
     another version) to the error, which says what to do; they are left out of the other
     figures, which the rest still get.
@@ -184,6 +186,7 @@ def summarize(resources: dict) -> dict:
             tables = wh.existing_tables()
             by_category = wh.rows_by_category(products) if products.name in tables else {}
             carried = wh.carried_forward() if {products.name, partition_loads.name} <= tables else {}
+            loaded = wh.loaded_versions(products, spec.categories) if partition_loads.name in tables else {}
             letters_by_category = wh.rows_by_category(dead_letters) if dead_letters.name in tables else {}
             owner = wh.site() if warehouse_site.name in tables else None
             create_refused = wh.create_refused()  # the first run's CREATE TABLE, checked now (PostgreSQL)
@@ -195,7 +198,7 @@ def summarize(resources: dict) -> dict:
     not_in_spec = {} if theirs else {c: n for c, n in by_category.items() if c not in spec.categories}
     letters_not_in_spec = {} if theirs else {c: n for c, n in letters_by_category.items() if c not in spec.categories}
     done = failed = 0
-    categories, without_pages, without_snapshot, failing_schema, unreadable = 0, [], [], {}, {}
+    categories, without_pages, without_snapshot, failing_schema, unreadable, not_loaded = 0, [], [], {}, {}, []
     for category in spec.categories:
         try:
             manifest = latest_manifest(store, spec.name, category, complete=True)
@@ -211,6 +214,9 @@ def summarize(resources: dict) -> dict:
             state = None
         if state is not None and not state.validated:
             failing_schema[category] = state.snapshot_id
+        elif state is None or state.latest_snapshot_id != manifest.snapshot_id or (
+                loaded.get(category) != state.input_version):
+            not_loaded.append(category)  # fetched, not parsed or not loaded since (a run killed after raw_pages)
         counts = manifest.counts()
         done += counts["done"]
         failed += counts["failed"]
@@ -224,6 +230,7 @@ def summarize(resources: dict) -> dict:
         "categories_without_pages": without_pages,
         "categories_without_snapshot": without_snapshot,
         "categories_failing_schema": failing_schema,
+        "categories_not_loaded": not_loaded,
         "categories_unreadable": unreadable,
         "categories_configured": len(spec.categories),
         "pages_done": done,
@@ -352,6 +359,10 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
            f"their earlier rows, if any: " + _first_names([f"{c} (parsed from snapshot {s})" for c, s in failing.items()])
            + " (why: the parsed_products_match_schema check in the UI)"]
           if (failing := summary.get("categories_failing_schema")) else []),
+        *([f"  not loaded yet  {len(waiting)} whose latest snapshot is not parsed or not loaded yet (a run stopped "
+           "after fetching it, or one still going), `products` holding their earlier rows, if any: "
+           + _first_names(waiting) + "; the next daily run loads them (or re-parse them: README, Runbook)"]
+          if (waiting := summary.get("categories_not_loaded")) and summary.get("warehouse_exists", True) else []),
         f"  pages           {summary['pages_done']:,} done, {summary['pages_failed']:,} failed",
         "  success rate    " + (f"{summary['success_rate']:.1%}" if summary["pages_done"] + summary["pages_failed"]
                                   else f"n/a (no complete snapshot of {summary['site']} in {summary['object_storage']}"
@@ -364,7 +375,7 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
     if carried := summary.get("products_carried_forward"):
         shown = ", ".join(f"{c} ({n:,})" for c, n in list(carried.items())[:10]) + (", ..." if len(carried) > 10 else "")
         lines.append(
-            f"  carried forward {sum(carried.values()):,} of those rows were not seen in the latest snapshot (a page "
+            f"  carried forward {sum(carried.values()):,} of those rows were not seen in the snapshot last loaded (a page "
             f"of their category failed, their card was rejected, or its listing changed while it was crawled; the "
             f"oldest parsed from a body fetched {summary['carried_forward_oldest_fetch']}, later 304s not counted): "
             f"{shown}; failed pages and rejected cards are in `dead_letters`"

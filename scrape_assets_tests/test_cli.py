@@ -519,7 +519,7 @@ def test_the_summary_counts_rows_carried_forward_from_pages_that_failed(tmp_path
                          loaded_at=day2, history_date="2026-12-02", history_snapshot_id="s2", carry_unseen=True)
     assert wh.carried_forward() == {"mystery": (1, day0), "travel": (2, day1)}
     wh.close()
-    assert ("  carried forward 3 of those rows were not seen in the latest snapshot (a page of their category failed, "
+    assert ("  carried forward 3 of those rows were not seen in the snapshot last loaded (a page of their category failed, "
             "their card was rejected, or its listing changed while it was crawled; the oldest parsed from a body "
             f"fetched {day0}, later 304s not counted): mystery (1), travel (2); failed pages and rejected cards are in "
             "`dead_letters`") in _demo_summary(tmp_path, url)
@@ -1984,3 +1984,36 @@ def test_a_failed_schema_check_of_a_command_line_run_says_how_to_load_what_it_he
     assert wh.rows_by_category(products) == {
         "travel": len(catalogue().category("travel").products), "classics": len(catalogue().category("classics").products)}
     assert {(r["category"], r["stage"]) for r in wh.rows(dead_letters)} == {("mystery", "parse")}
+
+
+def test_the_summary_names_categories_whose_latest_snapshot_is_not_loaded_yet(tmp_path, instance):
+    """A run killed after raw_pages completed a snapshot leaves it neither parsed nor loaded:
+    its pages count as done, and the summary says which categories' rows are still the
+    earlier ones, instead of passing them off as today's."""
+    import io
+
+    from scrape_assets.cli import print_summary, summarize
+    from scrape_assets_tests.conftest import make_resources, materialize
+
+    res = make_resources(tmp_path)
+
+    def waiting() -> list[str]:
+        out = io.StringIO()
+        print_summary(summarize(res), out=out)
+        return [line for line in out.getvalue().splitlines() if line.startswith("  not loaded yet")]
+
+    assert materialize(instance, res, ["travel", "mystery"]).success
+    assert waiting() == []
+    fresh = {"ops": {"raw_pages": {"config": {"new_snapshot": True}}}}
+    assert materialize(instance, res, ["travel"], selection=["raw_pages"], run_config=fresh).success  # then killed
+    expected = ["  not loaded yet  1 whose latest snapshot is not parsed or not loaded yet (a run stopped after "
+                "fetching it, or one still going), `products` holding their earlier rows, if any: travel; the next "
+                "daily run loads them (or re-parse them: README, Runbook)"]
+    assert waiting() == expected
+    # Parsed: its pages were all 304s, so its rows are the ones `products` holds (the same input).
+    assert materialize(instance, res, ["travel"], selection=["parsed_products"]).success
+    assert waiting() == []
+    # Parsed rows the table never got (as after a parse with new rules whose load was killed).
+    with sqlite3.connect(tmp_path / "warehouse.db") as db:
+        db.execute("DELETE FROM partition_loads WHERE category = 'travel'")
+    assert waiting() == expected

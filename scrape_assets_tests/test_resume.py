@@ -791,3 +791,26 @@ def test_an_error_of_ours_during_an_attempt_fails_the_step_and_the_dead_letter_k
     entry = latest_manifest(store, "demo", "travel").pages[1]
     assert (report.pages_failed, entry.status, entry.last_error) == (1, "failed", (
         "attempts_exhausted: unexpected_error on attempt 3: OverflowError: date value out of range"))
+
+
+def test_a_resumed_snapshots_log_says_which_of_its_pages_this_run_did(tmp_path, instance):
+    """After a kill, the snapshot's pages done count those the killed run fetched; the 304s,
+    requests and failures said with them are this run's: the line says how many pages
+    were this run's, so "done minus 304s" is not read as pages downloaded whole."""
+    from scrape_assets_tests.conftest import make_resources, materialize
+
+    res = make_resources(tmp_path)
+    assert materialize(instance, res, ["mystery"], selection=["raw_pages"]).success
+    store = ObjectStore(str(tmp_path / "objects"))
+    manifest = latest_manifest(store, "demo", "mystery")
+    manifest.completed_at = None  # killed before its last page was recorded
+    manifest.pages[2].status = "pending"
+    manifest.save(store)
+    result = materialize(instance, res, ["mystery"], selection=["raw_pages"])
+    lines = "\n".join(e.user_message for e in instance.all_logs(result.run_id))
+    assert (f"mystery: snapshot {manifest.snapshot_id} (resumed): 2 done, 1 of them this run (0 not modified: 304), "
+            "0 failed, 1 request, ") in lines
+    assert "1 category: 2 pages done, 1 of them this run (0 not modified: 304), 0 failed, 1 request" in lines
+    again = materialize(instance, res, ["mystery"], selection=["raw_pages"])  # a new snapshot: every page 304
+    lines = "\n".join(e.user_message for e in instance.all_logs(again.run_id))
+    assert "1 category: 2 pages done (2 not modified: 304), 0 failed, 2 requests" in lines

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -410,6 +411,12 @@ def test_the_retry_of_a_new_snapshot_run_resumes_the_snapshots_it_opened(tmp_pat
     assert {c: len(s) for c, s in snapshots.items()} == {"travel": 2, "mystery": 2}, snapshots
     assert asked == {pages[0]: 1, pages[1]: 1, pages[2]: 1}, asked  # the failed record came before its request
     assert all(latest_manifest(root, "demo", c).is_complete for c in snapshots)
+    # Said in the run's log at WARNING, with why (Dagster logs its own retry at DEBUG only).
+    warned = [e.user_message for e in instance.all_logs(result.run_id)
+              if e.level >= logging.WARNING and "the step tries again" in e.user_message]
+    assert len(warned) == 1 and warned[0].endswith(
+        "write failed: [Errno 28] No space left on device: the step tries again (retry 1 of 3; the snapshots resume "
+        "where they stopped)"), warned
 
 
 def test_a_killed_sitemap_run_keeps_its_adopted_pages_and_resumes_the_rest(tmp_path, demo_server, launched):

@@ -449,7 +449,13 @@ def _raw_pages(
         raise dg.Failure(description=str(exc), allow_retries=False) from exc
     except StorageError as exc:
         if not storage_refused(exc):
-            raise  # a store not answering, a full disk: the RetryPolicy tries again
+            # A store not answering, a full disk: the RetryPolicy tries again. Said at WARNING:
+            # Dagster logs the retry itself at DEBUG only, so an INFO log would show the step
+            # starting again and again with no reason until its last attempt fails.
+            if context.retry_number < RAW_PAGES_RETRY_POLICY.max_retries:
+                context.log.warning(f"{exc}: the step tries again (retry {context.retry_number + 1} of "
+                                    f"{RAW_PAGES_RETRY_POLICY.max_retries}; the snapshots resume where they stopped)")
+            raise
         # A folder of one category this process may not write (another user's, read-only):
         # the same next time. The snapshots resume once it is fixed.
         raise dg.Failure(description=f"{exc}: no retry changes a refusal; the next run resumes the snapshots",

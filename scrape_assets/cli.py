@@ -164,6 +164,8 @@ def summarize(resources: dict) -> dict:
     ``products`` still holds rows of an earlier snapshot) to that parse's snapshot id;
     ``categories_not_loaded`` names the others whose latest complete snapshot is not parsed
     or not loaded yet (a run stopped after ``raw_pages``, or one still going);
+    ``snapshots_completed`` is ``(oldest, newest)`` of when those snapshots were completed
+    (UTC ``...Z``), None without any;
     ``categories_unreadable`` maps those whose latest manifest cannot be read (damaged, of
     another version) to the error, which says what to do; they are left out of the other
     figures, which the rest still get.
@@ -199,6 +201,7 @@ def summarize(resources: dict) -> dict:
     letters_not_in_spec = {} if theirs else {c: n for c, n in letters_by_category.items() if c not in spec.categories}
     done = failed = 0
     categories, without_pages, without_snapshot, failing_schema, unreadable, not_loaded = 0, [], [], {}, {}, []
+    completed: list[str] = []  # when each category's latest complete snapshot was completed (UTC)
     for category in spec.categories:
         try:
             manifest = latest_manifest(store, spec.name, category, complete=True)
@@ -217,6 +220,7 @@ def summarize(resources: dict) -> dict:
         elif state is None or state.latest_snapshot_id != manifest.snapshot_id or (
                 loaded.get(category) != state.input_version):
             not_loaded.append(category)  # fetched, not parsed or not loaded since (a run killed after raw_pages)
+        completed.append(manifest.completed_at or manifest.snapshot_id)
         counts = manifest.counts()
         done += counts["done"]
         failed += counts["failed"]
@@ -231,6 +235,7 @@ def summarize(resources: dict) -> dict:
         "categories_without_snapshot": without_snapshot,
         "categories_failing_schema": failing_schema,
         "categories_not_loaded": not_loaded,
+        "snapshots_completed": (min(completed), max(completed)) if completed else None,
         "categories_unreadable": unreadable,
         "categories_configured": len(spec.categories),
         "pages_done": done,
@@ -363,6 +368,8 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
            "after fetching it, or one still going), `products` holding their earlier rows, if any: "
            + _first_names(waiting) + "; the next daily run loads them (or re-parse them: README, Runbook)"]
           if (waiting := summary.get("categories_not_loaded")) and summary.get("warehouse_exists", True) else []),
+        *([f"  completed       {' to '.join(dict.fromkeys(span))} (UTC: when the oldest and the newest of those "
+           "snapshots were completed)"] if (span := summary.get("snapshots_completed")) else []),
         f"  pages           {summary['pages_done']:,} done, {summary['pages_failed']:,} failed",
         "  success rate    " + (f"{summary['success_rate']:.1%}" if summary["pages_done"] + summary["pages_failed"]
                                   else f"n/a (no complete snapshot of {summary['site']} in {summary['object_storage']}"

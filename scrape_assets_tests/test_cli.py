@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -2004,6 +2005,11 @@ def test_the_summary_names_categories_whose_latest_snapshot_is_not_loaded_yet(tm
 
     assert materialize(instance, res, ["travel", "mystery"]).success
     assert waiting() == []
+    out = io.StringIO()
+    print_summary(summarize(res), out=out)
+    (completed,) = [line for line in out.getvalue().splitlines() if line.startswith("  completed ")]
+    assert re.fullmatch(r"  completed       20\d\d-\d\d-\d\dT\d\d:\d\d:\d\dZ( to 20\S+Z)? \(UTC: when the "
+                        r"oldest and the newest of those snapshots were completed\)", completed), completed
     fresh = {"ops": {"raw_pages": {"config": {"new_snapshot": True}}}}
     assert materialize(instance, res, ["travel"], selection=["raw_pages"], run_config=fresh).success  # then killed
     expected = ["  not loaded yet  1 whose latest snapshot is not parsed or not loaded yet (a run stopped after "

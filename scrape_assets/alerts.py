@@ -17,8 +17,10 @@ logger = logging.getLogger(__name__)
 
 #: Outcomes of :func:`deliver_alert`.
 SENT, REFUSED_FOR_GOOD, NOT_DELIVERED = "sent", "refused for good", "not delivered"
-#: 4xx answers that may pass (a timeout, too early, rate-limited): tried again, as a 5xx is.
-_PASSING_4XX = frozenset({408, 425, 429})
+#: Answers that refuse the message itself (malformed, too large, unprocessable: a chat hook's
+#: length limit): sending it again changes nothing. Any other failure may pass (a revoked or
+#: mistyped URL's 401/403/404/410 once the URL is fixed, a 5xx, a timeout): kept, tried again.
+_MESSAGE_REFUSED = frozenset({400, 413, 422})
 
 
 def send_alert(text: str, *, webhook_url: str | None, fields: dict | None = None, timeout_s: float = 10.0) -> bool:
@@ -39,10 +41,10 @@ def send_alert(text: str, *, webhook_url: str | None, fields: dict | None = None
 
 def deliver_alert(text: str, *, webhook_url: str | None, fields: dict | None = None, timeout_s: float = 10.0) -> str:
     """:func:`send_alert`, telling why an alert was not taken: :data:`SENT` (2xx),
-    :data:`REFUSED_FOR_GOOD` (a 4xx other than 408, 425 and 429: a webhook that rejects
-    this message, too long for it say, or a revoked URL; sending it again changes nothing),
-    :data:`NOT_DELIVERED` (no webhook, unreachable, a 5xx or one of those three 4xx: it may
-    pass)."""
+    :data:`REFUSED_FOR_GOOD` (400, 413 or 422: the webhook rejects this message itself, too
+    long for it say; sending it again changes nothing), :data:`NOT_DELIVERED` (no webhook,
+    unreachable, or any other answer: a URL revoked or mistyped until it is fixed, a 5xx;
+    it may pass)."""
     logger.warning("ALERT: %s", text)
     if not webhook_url:
         return NOT_DELIVERED
@@ -64,4 +66,4 @@ def deliver_alert(text: str, *, webhook_url: str | None, fields: dict | None = N
         return SENT
     logger.error("alert webhook %s answered HTTP %s", shown, response.status_code)
     status = response.status_code
-    return REFUSED_FOR_GOOD if 400 <= status < 500 and status not in _PASSING_4XX else NOT_DELIVERED
+    return REFUSED_FOR_GOOD if status in _MESSAGE_REFUSED else NOT_DELIVERED

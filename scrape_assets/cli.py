@@ -217,8 +217,8 @@ def summarize(resources: dict) -> dict:
             state = None
         if state is not None and not state.validated:
             failing_schema[category] = state.snapshot_id
-        elif state is None or state.latest_snapshot_id != manifest.snapshot_id or (
-                loaded.get(category) != state.input_version):
+        elif not theirs and (state is None or state.latest_snapshot_id != manifest.snapshot_id
+                             or loaded.get(category) != state.input_version):
             not_loaded.append(category)  # fetched, not parsed or not loaded since (a run killed after raw_pages)
         completed.append(manifest.completed_at or manifest.snapshot_id)
         counts = manifest.counts()
@@ -366,7 +366,9 @@ def print_summary(summary: dict, run: dict | None = None, out=None) -> None:
           if (failing := summary.get("categories_failing_schema")) else []),
         *([f"  not loaded yet  {len(waiting)} whose latest snapshot is not parsed or not loaded yet (a run stopped "
            "after fetching it, or one still going), `products` holding their earlier rows, if any: "
-           + _first_names(waiting) + "; the next daily run loads them (or re-parse them: README, Runbook)"]
+           + _first_names(waiting) + "; the next daily run loads them (or re-parse them: README, Runbook)"
+           + ("; while a category of a run fails the schema check, that run loads none of its categories: "
+              "see `schema failed`" if summary.get("categories_failing_schema") else "")]
           if (waiting := summary.get("categories_not_loaded")) and summary.get("warehouse_exists", True) else []),
         *([f"  completed       {' to '.join(dict.fromkeys(span))} (UTC: when the oldest and the newest of those "
            "snapshots were completed)"] if (span := summary.get("snapshots_completed")) else []),

@@ -775,7 +775,10 @@ class PartitionCrawler:
                     self._give_back_attempt(n)
                     conditional, refused = {}, page
                     page = await get(conditional)
-                    if refused.final_url == page.final_url:
+                    # Its tag names what this 200 sent only if nothing changed in between: same
+                    # URL and same Last-Modified (a deploy between the two moves it).
+                    modified = refused.headers.get("last-modified")
+                    if refused.final_url == page.final_url and modified and modified == page.headers.get("last-modified"):
                         tag_of_304 = refused.headers.get("etag")
         except FetchError as exc:
             entry.http_status = exc.http_status

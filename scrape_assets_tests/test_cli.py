@@ -1303,6 +1303,7 @@ def test_demo_loads_the_categories_that_passed_when_one_fails_the_schema_check(t
         "if any: "
         f"fiction (parsed from snapshot {_latest_snapshot(tmp_path / 'data' / 'objects', 'fiction')}) (why: the "
         "parsed_products_match_schema check in the UI)"]
+    assert not [line for line in lines if line.startswith("  not loaded yet")]  # the follow-ups loaded the others
 
 
 def _latest_snapshot(objects: Path, category: str) -> str:
@@ -2023,3 +2024,28 @@ def test_the_summary_names_categories_whose_latest_snapshot_is_not_loaded_yet(tm
     with sqlite3.connect(tmp_path / "warehouse.db") as db:
         db.execute("DELETE FROM partition_loads WHERE category = 'travel'")
     assert waiting() == expected
+
+
+def test_the_summary_says_nothing_is_waiting_for_a_load_in_another_sites_warehouse(tmp_path, instance):
+    """SCRAPE_WAREHOUSE_URL naming another site's tables: this site's categories are not "not
+    loaded yet" there (no run stopped; the next run refuses that warehouse); the warehouse
+    line says whose tables they are."""
+    import io
+
+    from scrape_assets.cli import print_summary, summarize
+    from scrape_assets_tests.conftest import make_resources, materialize
+    from scrape_assets_tests.test_revalidation import Runs, Site, card, compliant, listing, serve
+
+    demo = make_resources(tmp_path / "demo")
+    assert materialize(instance, demo, ["travel"]).success
+    site = Site()
+    site.routes["/cat/index.html"] = compliant(listing(1, 1, [card(1, "Book one", "£10.00")]), etag='"a"')
+    with serve(site) as base:
+        (tmp_path / "rev").mkdir()
+        runs = Runs(instance, tmp_path / "rev", base)
+        runs.run()
+    out = io.StringIO()
+    print_summary(summarize(dict(runs.resources, warehouse=demo["warehouse"])), out=out)
+    lines = out.getvalue().splitlines()
+    assert not [line for line in lines if line.startswith("  not loaded yet")], lines
+    assert any(line.startswith("  warehouse ") and "tables of site 'demo', not 'rev'" in line for line in lines), lines

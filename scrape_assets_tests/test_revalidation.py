@@ -268,6 +268,45 @@ def test_a_server_whose_304s_alone_carry_an_etag_costs_one_full_fetch_then_its_3
     assert runs.products() == [("1", "Book one", 10)]
 
 
+def test_a_refused_304s_etag_is_not_kept_for_a_page_that_changed_before_the_200_after_it(tmp_path, instance):
+    """Such a server (304s alone tagged), and a deploy lands between the refused 304 ("v1")
+    and the 200 after it (v2, its Last-Modified moved): "v1" names the old page, so it is not
+    kept with the new copy. Kept, a rollback the next day (rsync -a keeps the file's time,
+    so the tag is "v1" again) would have been answered 304 and the new copy reused: £12
+    loaded while the site shows £10."""
+    bodies = {"v1": listing(1, 1, [card(1, "Book one", "£10.00")]),
+              "v2": listing(1, 1, [card(1, "Book one", "£12.00")])}
+    modified = {"v1": "Mon, 30 Nov 2026 10:00:00 GMT", "v2": "Mon, 30 Nov 2026 10:00:05 GMT"}
+    state = {"current": "v1", "deploy_after_304": None}
+
+    def page(request):
+        version = state["current"]
+        if "if-none-match" in request:
+            hit = request["if-none-match"] == f'"{version}"'
+        else:
+            hit = request.get("if-modified-since") == modified[version]
+        if hit:
+            if state["deploy_after_304"]:
+                state["current"], state["deploy_after_304"] = state["deploy_after_304"], None
+            return 304, {"Last-Modified": modified[version], "ETag": f'"{version}"'}, b""
+        return 200, {"Content-Type": "text/html; charset=utf-8", "Last-Modified": modified[version]}, bodies[version]
+
+    site = Site()
+    site.routes["/cat/index.html"] = page
+    with serve(site) as base:
+        runs = Runs(instance, tmp_path, base)
+        runs.run()
+        state["deploy_after_304"] = "v2"
+        runs.run()
+        assert runs.products() == [("1", "Book one", 12)]
+        assert runs.manifests()[-1].pages[1].etag is None
+        state["current"] = "v1"  # rolled back, the file's time kept
+        site.log.clear()
+        runs.run()
+    assert site.asked() == [("/cat/index.html", 200)]  # asked by its date: not the saved copy's
+    assert runs.products() == [("1", "Book one", 10)]
+
+
 def test_a_304_to_an_unconditional_request_is_a_dead_letter_not_the_old_page(tmp_path, instance):
     """No validators were kept (the site sent none), so a 304 (a misconfigured cache) cannot
     stand for the saved copy: the page fails for good and its earlier rows are carried."""

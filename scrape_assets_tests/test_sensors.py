@@ -487,6 +487,12 @@ def test_a_held_alert_the_webhook_refuses_for_good_is_dropped_and_holds_back_no_
     assert instance.run_storage.get_cursor_values({UNSENT_KEY}) == {UNSENT_KEY: "[]"}
     assert alert_or_keep(instance, "y" * 3000, alerts, {"kind": "run_failure"}) is False  # refused for good: not kept
     assert instance.run_storage.get_cursor_values({UNSENT_KEY}) == {UNSENT_KEY: "[]"}
+    # A revoked or mistyped URL (404, 403, 410) refuses every message until it is fixed: kept.
+    webhook_server.status = 404
+    assert alert_or_keep(instance, "while the URL is broken", alerts, {"kind": "run_failure"}) is False
+    webhook_server.status = 200
+    assert unsent_alerts_sensor(dg.build_sensor_context(
+        instance=instance, resources={"alerts": alerts})).skip_message == "1 held alert sent"
     # A long outage: at most MAX_RESENT a minute (each POST may take its 10 s timeout), oldest first.
     webhook_server.status = 503
     for i in range(MAX_RESENT + 2):

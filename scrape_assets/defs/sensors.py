@@ -280,13 +280,14 @@ def _unsent(instance: dg.DagsterInstance) -> list[dict]:
 
 def alert_or_keep(instance: dg.DagsterInstance, text: str, alerts: AlertsResource, fields: dict, log=None) -> bool:
     """:func:`~scrape_assets.alerts.send_alert`, keeping the alert for :func:`unsent_alerts_sensor`
-    when a webhook is set and it was not delivered (unreachable, a 5xx, 408, 425 or 429): a
-    failed daily run must not go unheard because the webhook was down that minute (a
-    run-status sensor sees each failed run once). One the webhook refuses for good (another
-    4xx) is not kept. Returns whether the webhook took it."""
+    when a webhook is set and it was not delivered (unreachable, a 5xx, a URL revoked or
+    mistyped: 401, 403, 404, 410 until it is fixed): a failed daily run must not go unheard
+    because the webhook was down that minute (a run-status sensor sees each failed run once).
+    One the webhook refuses for good (400, 413, 422: the message itself) is not kept.
+    Returns whether the webhook took it."""
     outcome = deliver_alert(text, webhook_url=alerts.webhook_url, fields=fields)
     if outcome == REFUSED_FOR_GOOD and log is not None:
-        log.error("the webhook refused this alert for good (a 4xx: see the line above): not kept to send again")
+        log.error("the webhook refused this alert's message for good (see the line above): not kept to send again")
     if outcome != SENT and outcome != REFUSED_FOR_GOOD and alerts.webhook_url:
         with _UNSENT_LOCK:
             kept = _unsent(instance) + [{"text": text, "fields": fields, "since": utc_now_iso()}]
@@ -303,7 +304,7 @@ def unsent_alerts_sensor(context: dg.SensorEvaluationContext, alerts: AlertsReso
     (:func:`alert_or_keep`), at most :data:`MAX_RESENT` an evaluation, each as it was with
     ``(held since <time>: the webhook refused it then)`` after its text and ``"held_since"``
     among its fields. One not delivered again stops the round (it and those after it wait
-    for the next); one the webhook refuses for good (a 4xx other than 408, 425, 429) is
+    for the next); one whose message the webhook refuses for good (400, 413, 422) is
     dropped, so it cannot hold back the others."""
     kept = _unsent(context.instance)
     if not kept:
@@ -318,7 +319,7 @@ def unsent_alerts_sensor(context: dg.SensorEvaluationContext, alerts: AlertsReso
         outcome = deliver_alert(text, webhook_url=alerts.webhook_url,
                                 fields={**alert["fields"], "held_since": alert["since"]})
         if outcome == REFUSED_FOR_GOOD:
-            context.log.error(f"the webhook refused a held alert for good (a 4xx): dropped: {alert['text'][:200]}")
+            context.log.error(f"the webhook refused a held alert's message for good: dropped: {alert['text'][:200]}")
         elif outcome != SENT:
             break
         done.append(alert)

@@ -1988,14 +1988,17 @@ def test_a_failed_schema_check_of_a_command_line_run_says_how_to_load_what_it_he
     assert {(r["category"], r["stage"]) for r in wh.rows(dead_letters)} == {("mystery", "parse")}
 
 
-def test_the_summary_names_categories_whose_latest_snapshot_is_not_loaded_yet(tmp_path, instance):
+def test_the_summary_names_categories_whose_latest_snapshot_is_not_loaded_yet(tmp_path, instance, monkeypatch):
     """A run killed after raw_pages completed a snapshot leaves it neither parsed nor loaded:
     its pages count as done, and the summary says which categories' rows are still the
     earlier ones, instead of passing them off as today's."""
     import io
 
     from scrape_assets.cli import print_summary, summarize
+    from scrape_assets.demo_site import DATE_ENV_VAR
     from scrape_assets_tests.conftest import make_resources, materialize
+
+    monkeypatch.setenv(DATE_ENV_VAR, "2026-12-01")  # one catalogue day, however long the test runs (midnight)
 
     res = make_resources(tmp_path)
 

@@ -180,7 +180,7 @@ def test_two_loads_of_one_category_at_once_wait_for_each_other(postgres_url):
             with first.engine.connect() as probe:
                 while probe.execute(waiting).scalar_one() < 2 and _time.monotonic() < deadline:
                     _time.sleep(0.05)
-                assert probe.execute(waiting).scalar_one() == 2  # both loads wait: they overlap
+                assert probe.execute(waiting).scalar_one() >= 2  # both loads wait: they overlap
             blocker.rollback()
         for thread in threads:
             thread.join()

@@ -800,12 +800,14 @@ def test_an_error_of_ours_during_an_attempt_fails_the_step_and_the_dead_letter_k
         "attempts_exhausted: unexpected_error on attempt 3: OverflowError: date value out of range"))
 
 
-def test_a_resumed_snapshots_log_says_which_of_its_pages_this_run_did(tmp_path, instance):
+def test_a_resumed_snapshots_log_says_which_of_its_pages_this_run_did(tmp_path, instance, monkeypatch):
     """After a kill, the snapshot's pages done count those the killed run fetched; the 304s,
     requests and failures said with them are this run's: the line says how many pages
     were this run's, so "done minus 304s" is not read as pages downloaded whole."""
+    from scrape_assets.demo_site import DATE_ENV_VAR
     from scrape_assets_tests.conftest import make_resources, materialize
 
+    monkeypatch.setenv(DATE_ENV_VAR, "2026-12-01")  # one catalogue day, however long the test runs (midnight)
     res = make_resources(tmp_path)
     assert materialize(instance, res, ["mystery"], selection=["raw_pages"]).success
     store = ObjectStore(str(tmp_path / "objects"))

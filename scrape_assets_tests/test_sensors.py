@@ -355,6 +355,20 @@ def test_alerts_the_webhook_refused_are_sent_with_the_next_evaluation(tmp_path, 
 
 
 
+def test_a_collapse_message_the_webhook_refuses_for_good_is_not_sent_again(tmp_path, instance, webhook_server):
+    """A 400 (413, 422) refuses the message itself (too long for a chat hook): sent again each
+    minute it would be refused again, and every later collapse with it. Dropped, logged."""
+    assert materialize(instance, make_resources(tmp_path, base_url=DEAD_HOST, max_attempts=1), ["travel"],
+                       selection=["raw_pages"]).success
+    webhook_server.status = 400
+    cursor, result = _tick(instance, None, webhook_server.url)
+    assert result.skip_message == "webhook refused 1 alert(s) in one message for good: dropped"
+    assert "unsent" not in json.loads(cursor)
+    webhook_server.status = 200
+    _tick(instance, cursor, webhook_server.url)
+    assert len(webhook_server.received) == 1  # not sent again
+
+
 def test_while_the_webhook_refuses_the_newest_alerts_are_kept_and_held_since_the_first_refusal(
         tmp_path, instance, webhook_server, monkeypatch):
     """Beyond MAX_UNSENT held alerts the OLDEST go (the newest say how things are now), and
@@ -490,6 +504,17 @@ def test_a_held_alert_the_webhook_refuses_for_good_is_dropped_and_holds_back_no_
     # A revoked or mistyped URL (404, 403, 410) refuses every message until it is fixed: kept.
     webhook_server.status = 404
     assert alert_or_keep(instance, "while the URL is broken", alerts, {"kind": "run_failure"}) is False
+    webhook_server.status = 200
+    assert unsent_alerts_sensor(dg.build_sensor_context(
+        instance=instance, resources={"alerts": alerts})).skip_message == "1 held alert sent"
+    # Two alike kept in the same second are two alerts: one sent leaves the other kept.
+    webhook_server.status = 503
+    for _ in range(2):
+        alert_or_keep(instance, "the same words", alerts, {"kind": "dead_run"})
+    answers = iter([200, 503])
+    webhook_server.status = lambda _posted: next(answers, 503)
+    assert unsent_alerts_sensor(dg.build_sensor_context(
+        instance=instance, resources={"alerts": alerts})).skip_message == "1 held alert sent, 1 still waiting: kept"
     webhook_server.status = 200
     assert unsent_alerts_sensor(dg.build_sensor_context(
         instance=instance, resources={"alerts": alerts})).skip_message == "1 held alert sent"

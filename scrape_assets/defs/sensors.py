@@ -30,11 +30,12 @@ first, until the webhook takes them.
 import json
 import re
 import threading
+import uuid
 from collections.abc import Collection
 
 import dagster as dg
 
-from scrape_assets.alerts import REFUSED_FOR_GOOD, SENT, deliver_alert, send_alert
+from scrape_assets.alerts import REFUSED_FOR_GOOD, SENT, deliver_alert
 from scrape_assets.collapse import CollapseRules, CollapseState, observe_products, observe_rate
 from scrape_assets.counts import counted
 from scrape_assets.defs.assets.parsed_products import SCHEMA_CHECK
@@ -55,7 +56,7 @@ MAX_UNSENT = 100
 MAX_LINES = 30
 #: The instance key-value entry (a run storage cursor, in the instance's database, so on a
 #: shared PostgreSQL instance too) holding the alerts :func:`alert_or_keep` could not deliver:
-#: a JSON list of ``{"text", "fields", "since"}``, oldest first, at most :data:`MAX_UNSENT`.
+#: a JSON list of ``{"id", "text", "fields", "since"}``, oldest first, at most :data:`MAX_UNSENT`.
 UNSENT_KEY = "scrape_assets.unsent_alerts"
 #: Held alerts sent again in one evaluation at most (each POST may take its 10 s timeout; the
 #: daemon gives a sensor 60 s), the rest in the next.
@@ -246,13 +247,17 @@ def success_rate_collapse_sensor(context: dg.SensorEvaluationContext, alerts: Al
     for text in found:
         (context.log.info if _is_recovery(text) else context.log.warning)(
             text if _is_recovery(text) else f"collapse: {text}")
-    pending, sent = unsent + found, True  # oldest first: what is dropped below when too many are held
+    pending, sent, outcome = unsent + found, True, SENT  # oldest first: what is dropped below when too many are held
     if pending:
         shown = sorted(pending, key=_alert_order)
         # "recovery" only when nothing in it collapsed: a consumer that pages on "collapse" is not woken by good news.
         kind = "recovery" if all(map(_is_recovery, shown)) else "collapse"
-        sent = send_alert(alert_message(shown, held_since if unsent else None), webhook_url=alerts.webhook_url,
-                          fields={"kind": kind, "alerts": shown})
+        outcome = deliver_alert(alert_message(shown, held_since if unsent else None), webhook_url=alerts.webhook_url,
+                                fields={"kind": kind, "alerts": shown})
+        sent = outcome in (SENT, REFUSED_FOR_GOOD)  # a message refused for good is not sent again
+        if outcome == REFUSED_FOR_GOOD:
+            context.log.error(f"the webhook refused this message of {counted(len(pending), 'alert')} for good "
+                              "(400, 413 or 422): not kept to send again (each is in this tick's log)")
     cursor = json.loads(new_cursor)
     if pending and not sent and alerts.webhook_url:  # refused or unreachable: try again next time
         if len(pending) > MAX_UNSENT:
@@ -264,6 +269,8 @@ def success_rate_collapse_sensor(context: dg.SensorEvaluationContext, alerts: Al
         return dg.SkipReason("no collapse")
     if not alerts.webhook_url:
         return dg.SkipReason(f"{len(pending)} alert(s) logged (no webhook)")
+    if outcome == REFUSED_FOR_GOOD:
+        return dg.SkipReason(f"webhook refused {len(pending)} alert(s) in one message for good: dropped")
     if sent:
         return dg.SkipReason(f"{len(pending)} alert(s) sent in one message")
     return dg.SkipReason(f"webhook refused {len(pending)} alert(s): kept for the next evaluation")
@@ -287,10 +294,14 @@ def alert_or_keep(instance: dg.DagsterInstance, text: str, alerts: AlertsResourc
     Returns whether the webhook took it."""
     outcome = deliver_alert(text, webhook_url=alerts.webhook_url, fields=fields)
     if outcome == REFUSED_FOR_GOOD and log is not None:
-        log.error("the webhook refused this alert's message for good (see the line above): not kept to send again")
+        log.error(f"the webhook refused this alert's message for good (400, 413 or 422): not kept to send again: "
+                  f"{text[:300]}")
     if outcome != SENT and outcome != REFUSED_FOR_GOOD and alerts.webhook_url:
+        if log is not None:
+            log.warning(f"the webhook did not take this alert: kept, unsent_alerts_sensor sends it again: {text[:300]}")
         with _UNSENT_LOCK:
-            kept = _unsent(instance) + [{"text": text, "fields": fields, "since": utc_now_iso()}]
+            # An id of its own: two alerts alike kept in one second are two, and one sent removes one.
+            kept = _unsent(instance) + [{"id": uuid.uuid4().hex, "text": text, "fields": fields, "since": utc_now_iso()}]
             instance.run_storage.set_cursor_values({UNSENT_KEY: json.dumps(kept[-MAX_UNSENT:])})
         if len(kept) > MAX_UNSENT and log is not None:
             log.warning(f"webhook still refusing: {len(kept) - MAX_UNSENT} oldest unsent alert(s) dropped")

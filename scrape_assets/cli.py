@@ -220,7 +220,7 @@ def summarize(resources: dict) -> dict:
         elif not theirs and (state is None or state.latest_snapshot_id != manifest.snapshot_id
                              or loaded.get(category) != state.input_version):
             not_loaded.append(category)  # fetched, not parsed or not loaded since (a run killed after raw_pages)
-        completed.append(manifest.completed_at or manifest.snapshot_id)
+        completed.append(manifest.completed_at)  # set: the manifest is complete
         counts = manifest.counts()
         done += counts["done"]
         failed += counts["failed"]

@@ -660,8 +660,7 @@ def held_back_load_sensor(
                                      f"read to load those that passed ({type(exc).__name__}: {exc}); load them with "
                                      "load_job", alerts)
     gone = sorted(c for c in passed + failed if c not in keys)  # removed from the spec since: no partition to run
-    ranges = consecutive_ranges([c for c in passed if c in keys], keys)
-    letter_ranges = consecutive_ranges([c for c in failed if c in keys], keys)
+    ranges, letter_ranges = consecutive_ranges(passed, keys), consecutive_ranges(failed, keys)
     if gone:
         context.log.warning(f"run {run.run_id[:8]}: no follow-up for {', '.join(gone)}: no longer categories of the spec")
     if unreadable:

@@ -184,7 +184,7 @@ def held_back_commands(categories: list[str], failing: list[str]) -> str:
     def commands(chosen: list[str], selection: str) -> list[str]:
         return [f"  dagster asset materialize -m scrape_assets.definitions --select {selection} --partition"
                 + ("" if first == last else "-range") + f" {range_label(first, last)}"
-                for first, last in consecutive_ranges([c for c in chosen if c in keys], keys)]
+                for first, last in consecutive_ranges(chosen, keys)]
 
     passed = [c for c in categories if c not in failing]
     lines = commands(passed, "products_table,dead_letters") + commands(failing, "dead_letters")

@@ -61,10 +61,10 @@ class RawPagesConfig(dg.Config):
     )
 
 
-def _done(done: int, this_run: int) -> str:
-    """``"38 done"``; ``"38 done, 20 of them this run"`` when a resumed snapshot's other pages
-    were done by an earlier run (the 304s, requests and bytes said next are this run's)."""
-    return f"{done:,} done" + (f", {this_run:,} of them this run" if this_run != done else "")
+def _of_them_this_run(done: int, this_run: int) -> str:
+    """``", 20 of them this run"`` after "38 done" when a resumed snapshot's other pages were
+    done by an earlier run (the 304s, requests and bytes said next are this run's); else ``""``."""
+    return f", {this_run:,} of them this run" if this_run != done else ""
 
 
 def crawl_metadata(reports: list["CrawlReport"], sitemap: "Sitemap | None" = None) -> tuple[dict, dict[str, dict]]:
@@ -464,7 +464,8 @@ def _raw_pages(
     for r in reports:
         log.add(
             f"{r.category}: snapshot {r.snapshot_id}{' (resumed)' if r.resumed else ''}: "
-            f"{_done(r.pages_done, r.pages_fetched + r.pages_assumed_unchanged)} ({r.pages_not_modified:,} not modified: 304"
+            f"{r.pages_done:,} done{_of_them_this_run(r.pages_done, r.pages_fetched + r.pages_assumed_unchanged)} "
+            f"({r.pages_not_modified:,} not modified: 304"
             + (f", {r.pages_assumed_unchanged:,} kept without a request" if r.pages_assumed_unchanged else "")
             + f"), {r.pages_failed:,} failed, "
             f"{counted(r.requests_made, 'request')}, {r.duration_s:.1f}s"
@@ -475,9 +476,8 @@ def _raw_pages(
         for name in ("success_rate", "pages_done", "pages_failed", "requests_made")})
     this_run = sum(r.pages_fetched + r.pages_assumed_unchanged for r in reports)
     log.close(
-        f"{counted(len(reports), 'category')}: {counted(metadata['pages_done'], 'page')} "
-        f"{_done(metadata['pages_done'], this_run).partition(' ')[2]} "
-        f"({metadata['pages_not_modified']:,} not modified: 304), "
+        f"{counted(len(reports), 'category')}: {counted(metadata['pages_done'], 'page')} done"
+        f"{_of_them_this_run(metadata['pages_done'], this_run)} ({metadata['pages_not_modified']:,} not modified: 304), "
         f"{metadata['pages_failed']:,} failed, {counted(metadata['requests_made'], 'request')}"
     )
     return dg.MaterializeResult(metadata=metadata, data_version=run_data_version(reports))
